@@ -1,0 +1,305 @@
+"""The broker's view of the cluster: brokers and topics, kept fresh from the MetadataStore.
+
+Each broker polls the store for changes (a watch by revision) and tells its
+listeners what changed; it also applies its own writes at once, so a client
+that created a topic can use it on the next request. Topic and broker
+documents are described in :mod:`sluice.metadata.keys`.
+
+This module also holds the writes a broker makes to cluster metadata: its own
+registration, topic creation and deletion (with replica placement while there
+is no controller yet: see docs/architecture.md), and producer-id blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
+from sluice.metadata import keys
+from sluice.metadata.store import Document, MetadataStore, VersionConflict, update
+from sluice.records import now_ms
+
+log = logging.getLogger(__name__)
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = (TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC)
+PID_BLOCK_SIZE = 1000
+MAX_PARTITIONS = 10_000
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+class AdminError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def check_topic_name(name: str, *, allow_internal: bool = False) -> None:
+    if not _TOPIC_NAME.match(name) or name in (".", ".."):
+        raise AdminError(
+            pb.INVALID_TOPIC_EXCEPTION,
+            f"invalid topic name {name!r}: use 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'",
+        )
+    if name.startswith("__") and not allow_internal:
+        raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}")
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    replicas: list[int]
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+
+
+@dataclass(frozen=True)
+class TopicInfo:
+    name: str
+    topic_id: str
+    internal: bool
+    config: dict[str, str]
+    replication_factor: int
+    partitions: list[PartitionInfo] = field(default_factory=list)
+
+    @classmethod
+    def from_doc(cls, value: dict[str, Any]) -> TopicInfo:
+        return cls(
+            name=value["name"],
+            topic_id=value["topic_id"],
+            internal=value.get("internal", False),
+            config=dict(value.get("config", {})),
+            replication_factor=value.get("replication_factor", 1),
+            partitions=[PartitionInfo(**p) for p in value["partitions"]],
+        )
+
+
+@dataclass(frozen=True)
+class BrokerEndpoint:
+    broker_id: int
+    host: str
+    port: int
+    rack: str = ""
+
+
+TopicListener = Callable[[TopicInfo | None, TopicInfo | None], None]  # (old, new)
+
+
+class ClusterView:
+    def __init__(self, store: MetadataStore, config: BrokerConfig) -> None:
+        self.store = store
+        self.config = config
+        self.cluster_id = ""
+        self.topics: dict[str, TopicInfo] = {}
+        self.brokers: dict[int, BrokerEndpoint] = {}
+        self.listeners: list[TopicListener] = []
+        self._revision = 0
+        self._pid_next = 0
+        self._pid_end = -1  # inclusive end of the block this broker holds
+
+    # -- start-up ---------------------------------------------------------------------------------
+
+    def register(self) -> None:
+        """Make sure the cluster document exists and register this broker's endpoint."""
+        doc = update(self.store, keys.CLUSTER, lambda v: None if v else {"cluster_id": uuid.uuid4().hex})
+        assert doc is not None and doc.value is not None
+        self.cluster_id = doc.value["cluster_id"]
+        cfg = self.config
+        endpoint = {
+            "broker_id": cfg.broker_id,
+            "host": cfg.host,
+            "port": cfg.port,
+            "rack": cfg.get("broker.rack"),
+            "started_ms": now_ms(),
+        }
+        update(self.store, keys.broker(cfg.broker_id), lambda _v: endpoint)
+
+    def ensure_internal_topics(self) -> None:
+        for name, key in (
+            (TRANSACTION_STATE_TOPIC, "transaction.state.log"),
+            (CONSUMER_OFFSETS_TOPIC, "offsets.topic"),
+        ):
+            if self.store.get(keys.topic(name)) is not None:
+                continue
+            try:
+                self.create_topic(
+                    name,
+                    self.config.int(f"{key}.num.partitions"),
+                    self.config.int(f"{key}.replication.factor"),
+                    {"cleanup.policy": "compact", "retention.ms": "-1"},
+                    internal=True,
+                )
+            except AdminError as exc:
+                if exc.code != pb.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    # -- watching ---------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Apply every change since the last refresh; listeners hear about topic changes."""
+        for doc in self.store.changes_since(self._revision):
+            self._revision = max(self._revision, doc.revision)
+            self._apply(doc)
+
+    def _apply(self, doc: Document) -> None:
+        if doc.key.startswith(keys.BROKERS):
+            broker_id = int(doc.key[len(keys.BROKERS) :])
+            if doc.value is None:
+                self.brokers.pop(broker_id, None)
+            else:
+                v = doc.value
+                self.brokers[broker_id] = BrokerEndpoint(v["broker_id"], v["host"], v["port"], v.get("rack", ""))
+        elif doc.key.startswith(keys.TOPICS):
+            name = doc.key[len(keys.TOPICS) :]
+            old = self.topics.get(name)
+            new = None if doc.value is None else TopicInfo.from_doc(doc.value)
+            if new is None:
+                self.topics.pop(name, None)
+            else:
+                self.topics[name] = new
+            if old != new:
+                for listener in self.listeners:
+                    listener(old, new)
+        elif doc.key == keys.CLUSTER and doc.value:
+            self.cluster_id = doc.value["cluster_id"]
+
+    # -- topic administration ---------------------------------------------------------------------
+
+    def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[dict[str, Any]]:
+        live = sorted(self.brokers) or [self.config.broker_id]
+        if replication_factor > len(live):
+            raise AdminError(
+                pb.INVALID_REPLICATION_FACTOR,
+                f"replication factor {replication_factor} is larger than the {len(live)} available broker(s)",
+            )
+        out = []
+        for p in range(offset, offset + partitions):
+            replicas = [live[(p + i) % len(live)] for i in range(replication_factor)]
+            out.append({"replicas": replicas, "leader": replicas[0], "leader_epoch": 0, "isr": list(replicas)})
+        return out
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        config: dict[str, str],
+        *,
+        internal: bool = False,
+        validate_only: bool = False,
+    ) -> str:
+        check_topic_name(name, allow_internal=internal)
+        partitions = partitions or self.config.int("num.partitions")
+        replication_factor = replication_factor or self.config.int("default.replication.factor")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise AdminError(pb.INVALID_PARTITIONS, f"partitions must be in [1, {MAX_PARTITIONS}], not {partitions}")
+        if replication_factor < 1:
+            raise AdminError(
+                pb.INVALID_REPLICATION_FACTOR, f"replication factor must be >= 1, not {replication_factor}"
+            )
+        try:
+            clean = validate_topic_config(config)
+        except ConfigError as exc:
+            raise AdminError(pb.INVALID_CONFIG, str(exc)) from None
+        self.refresh()
+        placement = self._place(partitions, replication_factor)
+        topic_id = uuid.uuid4().hex
+        if validate_only:
+            if name in self.topics:
+                raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            return topic_id
+        value = {
+            "name": name,
+            "topic_id": topic_id,
+            "internal": internal,
+            "config": clean,
+            "replication_factor": replication_factor,
+            "partitions": placement,
+        }
+        try:
+            self.store.compare_and_set(keys.topic(name), value, None)
+        except VersionConflict:
+            raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists") from None
+        self.refresh()
+        return topic_id
+
+    def delete_topic(self, name: str) -> str:
+        self.refresh()
+        doc = self.store.get(keys.topic(name))
+        if doc is None or doc.value is None:
+            raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        if doc.value.get("internal"):
+            raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be deleted")
+        try:
+            self.store.delete(keys.topic(name), doc.version)
+        except VersionConflict:
+            raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} changed while deleting") from None
+        self.refresh()
+        return str(doc.value["topic_id"])
+
+    def create_partitions(self, name: str, count: int, validate_only: bool = False) -> str:
+        self.refresh()
+        for _ in range(20):
+            doc = self.store.get(keys.topic(name))
+            if doc is None or doc.value is None:
+                raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+            value = dict(doc.value)
+            current = len(value["partitions"])
+            if value.get("internal"):
+                raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be changed")
+            if count <= current:
+                raise AdminError(
+                    pb.INVALID_PARTITIONS,
+                    f"topic {name!r} has {current} partitions; the new count {count} must be larger",
+                )
+            if count > MAX_PARTITIONS:
+                raise AdminError(pb.INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
+            added = self._place(count - current, value.get("replication_factor", 1), offset=current)
+            if validate_only:
+                return str(value["topic_id"])
+            value["partitions"] = value["partitions"] + added
+            try:
+                self.store.compare_and_set(keys.topic(name), value, doc.version)
+            except VersionConflict:
+                continue
+            self.refresh()
+            return str(value["topic_id"])
+        raise AdminError(pb.UNKNOWN_SERVER_ERROR, f"topic {name!r} kept changing; try again")
+
+    # -- producer ids -----------------------------------------------------------------------------
+
+    def next_producer_id(self) -> int:
+        """A new producer id from this broker's block, claiming a new block when it runs out.
+
+        Blocks of 1000 are claimed with a compare-and-set on one document, the
+        way Kafka used ZooKeeper's /latest_producer_id_block, so two brokers
+        never hand out the same id. Ids start at 1.
+        """
+        if self._pid_next > self._pid_end:
+            claimed: dict[str, int] = {}
+
+            def claim(value: dict[str, Any] | None) -> dict[str, Any]:
+                end = (value or {}).get("block_end", 0)
+                claimed["start"] = end + 1
+                claimed["end"] = end + PID_BLOCK_SIZE
+                return {"broker_id": self.config.broker_id, "block_start": end + 1, "block_end": end + PID_BLOCK_SIZE}
+
+            update(self.store, keys.PID_BLOCK, claim)
+            self._pid_next, self._pid_end = claimed["start"], claimed["end"]
+            log.info("claimed producer id block [%d, %d]", self._pid_next, self._pid_end)
+        pid = self._pid_next
+        self._pid_next += 1
+        return pid
+
+
+def coordinator_partition(key: str, partitions: int) -> int:
+    """The internal-topic partition that coordinates a transactional id or group: crc32(key) % n."""
+    return zlib.crc32(key.encode()) % partitions

@@ -1,0 +1,157 @@
+"""Broker settings: Kafka's names, Kafka's defaults.
+
+Every key a user can pass with ``--config KEY=VALUE`` is declared in
+:data:`DEFAULTS` with its type; an unknown key or a value of the wrong type is
+refused at start-up with a message naming it, rather than silently ignored.
+Topic-level keys (retention.ms ...) double as broker-wide defaults, as in
+Kafka where ``log.retention.ms`` sets the default of ``retention.ms``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DAY_MS = 24 * 3600 * 1000
+
+# key -> (type, default)
+DEFAULTS: dict[str, tuple[type, Any]] = {
+    # topics
+    "num.partitions": (int, 1),
+    "default.replication.factor": (int, 1),
+    "min.insync.replicas": (int, 1),
+    "auto.create.topics.enable": (bool, False),
+    "retention.ms": (int, 7 * DAY_MS),
+    "retention.bytes": (int, -1),
+    "max.message.bytes": (int, 1024 * 1024 + 12),
+    "message.timestamp.type": (str, "CreateTime"),
+    "cleanup.policy": (str, "delete"),
+    "log.retention.check.interval.ms": (int, 300_000),
+    # transactions
+    "transaction.state.log.num.partitions": (int, 50),
+    "transaction.state.log.replication.factor": (int, 1),
+    "transaction.max.timeout.ms": (int, 900_000),
+    "transactional.id.expiration.ms": (int, 7 * DAY_MS),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (int, 10_000),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": (int, 3_600_000),
+    "producer.id.expiration.ms": (int, DAY_MS),
+    # consumer groups
+    "offsets.topic.num.partitions": (int, 50),
+    "offsets.topic.replication.factor": (int, 1),
+    "offsets.retention.minutes": (int, 7 * 24 * 60),
+    "group.consumer.session.timeout.ms": (int, 45_000),
+    "group.consumer.min.session.timeout.ms": (int, 1_000),
+    "group.consumer.max.session.timeout.ms": (int, 300_000),
+    "group.consumer.heartbeat.interval.ms": (int, 5_000),
+    # requests
+    "message.max.bytes": (int, 1024 * 1024 + 12),
+    "socket.request.max.bytes": (int, 100 * 1024 * 1024),
+    "fetch.max.bytes": (int, 50 * 1024 * 1024),
+    "replica.fetch.max.bytes": (int, 1024 * 1024),
+    # replication (used from the replication work on; declared so configs can name them)
+    "replica.lag.time.max.ms": (int, 30_000),
+    "unclean.leader.election.enable": (bool, False),
+    "broker.rack": (str, ""),
+    # test-only hooks (never set in production): see docs/architecture.md
+    "sluice.test.hooks": (str, ""),
+}
+
+# Keys a topic may override, and the validation each gets.
+TOPIC_KEYS = {
+    "retention.ms",
+    "retention.bytes",
+    "max.message.bytes",
+    "message.timestamp.type",
+    "cleanup.policy",
+    "min.insync.replicas",
+    "unclean.leader.election.enable",
+    "segment.bytes",
+    "segment.ms",
+    "delete.retention.ms",
+    "min.compaction.lag.ms",
+}
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value has the wrong type."""
+
+
+def parse_value(key: str, kind: type, raw: Any) -> Any:
+    if isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    text = str(raw).strip()
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError(text)
+            return text.lower() == "true"
+        if kind is int:
+            return int(text)
+        return text
+    except ValueError:
+        raise ConfigError(f"{key}: {raw!r} is not a valid {kind.__name__}") from None
+
+
+def validate_topic_config(config: Mapping[str, str]) -> dict[str, str]:
+    """Check a topic's config overrides; returns them normalised as strings."""
+    out: dict[str, str] = {}
+    for key, raw in config.items():
+        if key not in TOPIC_KEYS:
+            raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_KEYS))}")
+        kind = DEFAULTS.get(key, (int, 0))[0]
+        value = parse_value(key, kind, raw)
+        if key == "cleanup.policy" and not set(str(value).split(",")) <= {"delete", "compact"}:
+            raise ConfigError(f"cleanup.policy must be delete, compact or both, not {raw!r}")
+        if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
+            raise ConfigError(f"message.timestamp.type must be CreateTime or LogAppendTime, not {raw!r}")
+        if key in ("retention.ms", "retention.bytes") and value < -1:
+            raise ConfigError(f"{key} must be -1 (unlimited) or >= 0, not {raw!r}")
+        if key in ("max.message.bytes", "min.insync.replicas") and value < 1:
+            raise ConfigError(f"{key} must be positive, not {raw!r}")
+        out[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
+
+
+@dataclass
+class BrokerConfig:
+    broker_id: int
+    host: str
+    port: int
+    data_dir: str
+    metadata_url: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(
+        cls,
+        broker_id: int,
+        host: str,
+        port: int,
+        data_dir: str,
+        metadata_url: str,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> BrokerConfig:
+        values = {k: default for k, (_kind, default) in DEFAULTS.items()}
+        for key, raw in (overrides or {}).items():
+            if key not in DEFAULTS:
+                raise ConfigError(f"unknown broker config {key!r}")
+            values[key] = parse_value(key, DEFAULTS[key][0], raw)
+        return cls(broker_id, host, port, data_dir, metadata_url, values)
+
+    def get(self, key: str) -> Any:
+        return self.values[key]
+
+    def int(self, key: str) -> int:
+        return int(self.values[key])
+
+    def topic_value(self, topic_config: Mapping[str, str], key: str) -> Any:
+        """A topic setting: the topic's override, else the broker-wide default."""
+        kind, _ = DEFAULTS[key]
+        if key in topic_config:
+            return parse_value(key, kind, topic_config[key])
+        return self.values[key]
+
+    def hook(self, name: str) -> bool:
+        """Whether a test-only hook is switched on (``sluice.test.hooks=a,b``)."""
+        return name in str(self.values["sluice.test.hooks"]).split(",")

@@ -1,0 +1,435 @@
+"""One partition's log: offsets, high watermark, LSO, idempotence, aborted-transaction index.
+
+A :class:`PartitionLog` owns the keys of one partition in :class:`Storage` and
+the in-memory state derived from them. Every change is a single atomic
+:class:`WriteSet`, built completely before anything in memory changes, so a
+failed write (or a kill -9 half way) leaves memory and disk as they were.
+
+Offsets:
+  log_start_offset <= last_stable_offset <= high_watermark <= log_end_offset
+LSO is the first offset of the earliest transaction still open on the
+partition (else the HW); read_committed fetches stop there and skip the
+batches of aborted transactions, which the broker knows from its aborted index
+(producer id -> [(first offset, marker offset)]).
+
+The batch is the unit throughout: append validates its header and CRC and
+stores it as it came (with base offset and leader epoch set); reads return
+stored batches. Records are decoded only for timestamp look-ups.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.producer_state import (
+    NO_OFFSET,
+    Action,
+    ProducerEntry,
+    check_append,
+    check_marker,
+)
+from sluice.broker.storage import Storage, WriteSet
+from sluice.records import RecordBatch, compute_crc, control_batch, decode_records, now_ms, verify_crc
+
+_OFFSET = struct.Struct(">q")
+_PID = struct.Struct(">q")
+_ABORTED = struct.Struct(">qq")  # producer id, last offset (the ABORT marker)
+MAX_OFFSET_KEY = _OFFSET.pack(2**63 - 1)
+
+
+class PartitionError(Exception):
+    """A request on the partition failed with a wire ErrorCode."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def partition_prefix(topic_id: str, partition: int) -> bytes:
+    return bytes.fromhex(topic_id.replace("-", "")) + struct.pack(">I", partition)
+
+
+def validate_batch(batch: RecordBatch, max_message_bytes: int) -> None:
+    """The header checks every produced batch passes before anything else looks at it."""
+    if batch.control:
+        raise PartitionError(pb.INVALID_RECORD, "control batches are written by the broker only")
+    if batch.record_count < 1:
+        raise PartitionError(pb.INVALID_RECORD, f"record_count must be >= 1, not {batch.record_count}")
+    if batch.compression not in (
+        pb.COMPRESSION_NONE,
+        pb.COMPRESSION_GZIP,
+        pb.COMPRESSION_LZ4,
+        pb.COMPRESSION_ZSTD,
+    ):
+        raise PartitionError(pb.UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression {batch.compression}")
+    size = batch.ByteSize()
+    if size > max_message_bytes:
+        raise PartitionError(
+            pb.MESSAGE_TOO_LARGE, f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}"
+        )
+    has_pid = batch.producer_id > 0
+    if has_pid and (batch.producer_epoch < 0 or batch.producer_epoch > 32767 or batch.base_sequence < 0):
+        raise PartitionError(
+            pb.INVALID_RECORD,
+            f"producer id {batch.producer_id} needs an epoch in [0, 32767] and a sequence >= 0",
+        )
+    if batch.transactional and not has_pid:
+        raise PartitionError(pb.INVALID_RECORD, "a transactional batch needs a producer id")
+    if batch.first_timestamp > batch.max_timestamp:
+        raise PartitionError(pb.INVALID_TIMESTAMP, "first_timestamp is after max_timestamp")
+    if not verify_crc(batch):
+        raise PartitionError(pb.CORRUPT_MESSAGE, "the batch's CRC-32C does not match its contents")
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    batches: list[RecordBatch]
+    next_fetch_offset: int
+    aborted: list[tuple[int, int]]  # (producer id, first offset) overlapping the range
+    size: int
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        storage: Storage,
+        topic: str,
+        partition: int,
+        topic_id: str,
+        config: Callable[[str], Any],
+    ) -> None:
+        self.storage = storage
+        self.topic = topic
+        self.partition = partition
+        self.topic_id = topic_id
+        self.config = config  # key -> effective value (topic override, else broker default)
+        self.prefix = partition_prefix(topic_id, partition)
+        self._end_key = self.prefix + MAX_OFFSET_KEY
+        self.log_start_offset = 0
+        self.log_end_offset = 0
+        self.high_watermark = 0
+        self.leader_epoch = 0
+        self.epoch_cache: list[tuple[int, int]] = []  # (leader epoch, its start offset)
+        self.producers: dict[int, ProducerEntry] = {}
+        self.open_txns: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> sorted [(first, last)]
+        self.marker_listeners: list[Callable[[PartitionLog, int, bool, int], None]] = []
+        self._load()
+
+    # -- keys and persistence ---------------------------------------------------------------------
+
+    def _log_key(self, offset: int) -> bytes:
+        return self.prefix + _OFFSET.pack(offset)
+
+    def _meta(self) -> bytes:
+        return json.dumps(
+            {
+                "topic": self.topic,
+                "partition": self.partition,
+                "topic_id": self.topic_id,
+                "log_start_offset": self.log_start_offset,
+                "leader_epoch": self.leader_epoch,
+                "epoch_cache": self.epoch_cache,
+            }
+        ).encode()
+
+    def _load(self) -> None:
+        raw = self.storage.get("partition_meta", self.prefix)
+        if raw is None:
+            ws = WriteSet()
+            ws.put("partition_meta", self.prefix, self._meta())
+            self.storage.write(ws)
+        else:
+            meta = json.loads(raw)
+            self.log_start_offset = meta["log_start_offset"]
+            self.leader_epoch = meta["leader_epoch"]
+            self.epoch_cache = [tuple(e) for e in meta["epoch_cache"]]  # type: ignore[misc]
+        last = self.storage.last("log", self.prefix, self._end_key)
+        if last is not None:
+            batch = RecordBatch.FromString(last[1])
+            self.log_end_offset = batch.base_offset + batch.record_count
+        else:
+            self.log_end_offset = self.log_start_offset
+        # Single replica until replication lands: everything stored was acknowledged.
+        self.high_watermark = self.log_end_offset
+        end = self.prefix + b"\xff" * 8
+        for key, value in self.storage.scan("producers", self.prefix, end):
+            pid = _PID.unpack_from(key, len(self.prefix))[0]
+            entry = ProducerEntry.decode(pid, value)
+            self.producers[pid] = entry
+            if entry.txn_first_offset != NO_OFFSET:
+                self.open_txns[pid] = entry.txn_first_offset
+        for key, value in self.storage.scan("txn_index", self.prefix, end):
+            first = _OFFSET.unpack_from(key, len(self.prefix))[0]
+            pid, last_offset = _ABORTED.unpack(value)
+            self.aborted.setdefault(pid, []).append((first, last_offset))
+        for ranges in self.aborted.values():
+            ranges.sort()
+
+    # -- offsets ----------------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        if self.open_txns:
+            return min(min(self.open_txns.values()), self.high_watermark)
+        return self.high_watermark
+
+    def set_leader_epoch(self, epoch: int) -> None:
+        if epoch == self.leader_epoch and self.epoch_cache:
+            return
+        self.leader_epoch = epoch
+        if not self.epoch_cache or self.epoch_cache[-1][0] < epoch:
+            self.epoch_cache.append((epoch, self.log_end_offset))
+        ws = WriteSet()
+        ws.put("partition_meta", self.prefix, self._meta())
+        self.storage.write(ws)
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def append(self, batch: RecordBatch, *, verified_txn: bool = False) -> tuple[int, bool]:
+        """Append a validated data batch. Returns (base offset, is_duplicate).
+
+        ``verified_txn``: the caller checked with the transaction coordinator
+        that this partition is part of the producer's open transaction (needed
+        for the first transactional batch of a transaction on this partition).
+        """
+        pid = batch.producer_id
+        entry = self.producers.get(pid) if pid > 0 else None
+        if pid > 0:
+            verdict = check_append(
+                entry, pid, batch.producer_epoch, batch.base_sequence, batch.record_count, batch.transactional
+            )
+            if verdict.action is Action.DUPLICATE:
+                return verdict.duplicate_offset, True
+            if verdict.action is Action.REJECT:
+                raise PartitionError(verdict.error, verdict.message)
+            if batch.transactional and pid not in self.open_txns and not verified_txn:
+                raise PartitionError(
+                    pb.INVALID_TXN_STATE,
+                    f"partition {self.topic}-{self.partition} was not added to producer {pid}'s transaction "
+                    "(AddPartitionsToTxn must come before the first write)",
+                )
+        offset = self.log_end_offset
+        batch.base_offset = offset
+        batch.partition_leader_epoch = self.leader_epoch
+        if self.config("message.timestamp.type") == "LogAppendTime":
+            batch.max_timestamp = now_ms()
+            batch.timestamp_type = pb.LOG_APPEND_TIME
+            batch.crc = compute_crc(batch)
+        ws = WriteSet()
+        ws.put("log", self._log_key(offset), batch.SerializeToString())
+        new_entry: ProducerEntry | None = None
+        if pid > 0:
+            new_entry = (
+                ProducerEntry.decode(pid, entry.encode())
+                if entry is not None
+                else ProducerEntry(pid, batch.producer_epoch)
+            )
+            new_entry.appended(
+                batch.producer_epoch,
+                batch.base_sequence,
+                batch.record_count,
+                offset,
+                batch.max_timestamp,
+                batch.transactional,
+            )
+            ws.put("producers", self.prefix + _PID.pack(pid), new_entry.encode())
+        self.storage.write(ws)
+        # The write is durable: now the memory.
+        self.log_end_offset = offset + batch.record_count
+        if new_entry is not None:
+            self.producers[pid] = new_entry
+            if batch.transactional and pid not in self.open_txns:
+                self.open_txns[pid] = offset
+        return offset, False
+
+    def write_marker(self, producer_id: int, epoch: int, committed: bool, coordinator_epoch: int) -> int | None:
+        """Write a COMMIT/ABORT marker for ``producer_id``; returns its offset.
+
+        None when the producer has no transaction open here: the marker was
+        already written (a coordinator retrying after failover) or nothing was
+        ever written, and either way there is nothing to end.
+        """
+        entry = self.producers.get(producer_id)
+        verdict = check_marker(entry, producer_id, epoch, coordinator_epoch)
+        if verdict.action is Action.REJECT:
+            raise PartitionError(verdict.error, verdict.message)
+        if entry is None or producer_id not in self.open_txns:
+            if entry is not None and (epoch > entry.epoch or coordinator_epoch > entry.coordinator_epoch):
+                self._store_entry_change(entry, epoch, coordinator_epoch)
+            return None
+        first = self.open_txns[producer_id]
+        offset = self.log_end_offset
+        marker = control_batch(producer_id, epoch, committed, coordinator_epoch)
+        marker.base_offset = offset
+        marker.partition_leader_epoch = self.leader_epoch
+        new_entry = ProducerEntry.decode(producer_id, entry.encode())
+        new_entry.txn_first_offset = NO_OFFSET
+        new_entry.coordinator_epoch = max(coordinator_epoch, entry.coordinator_epoch)
+        if epoch > new_entry.epoch:
+            new_entry.epoch = epoch
+            new_entry.batches.clear()
+        ws = WriteSet()
+        ws.put("log", self._log_key(offset), marker.SerializeToString())
+        ws.put("producers", self.prefix + _PID.pack(producer_id), new_entry.encode())
+        if not committed:
+            ws.put("txn_index", self.prefix + _OFFSET.pack(first), _ABORTED.pack(producer_id, offset))
+        self.storage.write(ws)
+        self.log_end_offset = offset + 1
+        self.producers[producer_id] = new_entry
+        del self.open_txns[producer_id]
+        if not committed:
+            bisect.insort(self.aborted.setdefault(producer_id, []), (first, offset))
+        for listener in self.marker_listeners:
+            listener(self, producer_id, committed, offset)
+        return offset
+
+    def _store_entry_change(self, entry: ProducerEntry, epoch: int, coordinator_epoch: int) -> None:
+        new_entry = ProducerEntry.decode(entry.producer_id, entry.encode())
+        new_entry.coordinator_epoch = max(coordinator_epoch, entry.coordinator_epoch)
+        if epoch > new_entry.epoch:
+            new_entry.epoch = epoch
+            new_entry.batches.clear()
+        ws = WriteSet()
+        ws.put("producers", self.prefix + _PID.pack(entry.producer_id), new_entry.encode())
+        self.storage.write(ws)
+        self.producers[entry.producer_id] = new_entry
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def _is_aborted(self, pid: int, offset: int) -> bool:
+        ranges = self.aborted.get(pid)
+        if not ranges:
+            return False
+        i = bisect.bisect_right(ranges, (offset, 2**63)) - 1
+        return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]
+
+    def read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> ReadResult:
+        """Batches from ``fetch_offset`` up to the HW (LSO for read_committed), at least one if any."""
+        if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
+            raise PartitionError(
+                pb.OFFSET_OUT_OF_RANGE,
+                f"offset {fetch_offset} is outside [{self.log_start_offset}, {self.log_end_offset}] "
+                f"of {self.topic}-{self.partition}",
+            )
+        limit = self.last_stable_offset if read_committed else self.high_watermark
+        start_key = self._log_key(fetch_offset)
+        floor = self.storage.floor("log", start_key, self.prefix)
+        if floor is not None:
+            start_key = floor[0]
+        out: list[RecordBatch] = []
+        aborted: list[tuple[int, int]] = []
+        size = 0
+        next_offset = fetch_offset
+        for _key, value in self.storage.scan("log", start_key, self._log_key(limit)):
+            batch = RecordBatch.FromString(value)
+            last = batch.base_offset + batch.record_count - 1
+            if last < fetch_offset:
+                continue
+            if out and size + len(value) > max_bytes:
+                break
+            next_offset = last + 1
+            if read_committed and (
+                batch.control or (batch.transactional and self._is_aborted(batch.producer_id, batch.base_offset))
+            ):
+                continue
+            out.append(batch)
+            size += len(value)
+            if size >= max_bytes:
+                break
+        if not read_committed and out:
+            lo, hi = out[0].base_offset, next_offset - 1
+            for pid, ranges in self.aborted.items():
+                aborted.extend((pid, first) for first, last in ranges if first <= hi and last >= lo)
+        return ReadResult(out, next_offset, aborted, size)
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp``; (-1, -1) if none."""
+        for _key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._end_key):
+            batch = RecordBatch.FromString(value)
+            if batch.control or batch.max_timestamp < timestamp or batch.base_offset >= self.high_watermark:
+                continue
+            for rec in decode_records(batch):
+                if rec.timestamp >= timestamp and rec.offset >= self.log_start_offset:
+                    return rec.offset, rec.timestamp
+        return -1, -1
+
+    def max_timestamp_offset(self) -> tuple[int, int]:
+        best = (-1, -1)
+        for _key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._end_key):
+            batch = RecordBatch.FromString(value)
+            if batch.control or batch.base_offset >= self.high_watermark:
+                continue
+            if batch.max_timestamp > best[1]:
+                for rec in decode_records(batch):
+                    if rec.timestamp == batch.max_timestamp:
+                        best = (rec.offset, rec.timestamp)
+                        break
+        return best
+
+    # -- retention --------------------------------------------------------------------------------
+
+    def apply_retention(self, now: int) -> int:
+        """Drop whole batches past retention.ms / retention.bytes; returns the new log start offset.
+
+        Never drops past the LSO, so an open transaction keeps its data and a
+        read_committed consumer never loses what it has not been allowed to read.
+        """
+        retention_ms = int(self.config("retention.ms"))
+        retention_bytes = int(self.config("retention.bytes"))
+        if retention_ms < 0 and retention_bytes < 0:
+            return self.log_start_offset
+        bound = self.last_stable_offset
+        entries = []
+        total = 0
+        for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound)):
+            batch = RecordBatch.FromString(value)
+            entries.append((key, batch.base_offset + batch.record_count, batch.max_timestamp, len(value)))
+            total += len(value)
+        new_start = self.log_start_offset
+        for _key, end, max_ts, size in entries:
+            too_old = retention_ms >= 0 and max_ts < now - retention_ms
+            too_big = retention_bytes >= 0 and total > retention_bytes
+            if not (too_old or too_big):
+                break
+            new_start = end
+            total -= size
+        if new_start > self.log_start_offset:
+            self.advance_log_start(new_start)
+        return self.log_start_offset
+
+    def advance_log_start(self, new_start: int) -> None:
+        ws = WriteSet()
+        ws.delete_range("log", self._log_key(self.log_start_offset), self._log_key(new_start))
+        old_start = self.log_start_offset
+        self.log_start_offset = new_start
+        ws.put("partition_meta", self.prefix, self._meta())
+        for pid, ranges in self.aborted.items():
+            for first, last in ranges:
+                if last < new_start:
+                    ws.delete("txn_index", self.prefix + _OFFSET.pack(first))
+        try:
+            self.storage.write(ws)
+        except Exception:
+            self.log_start_offset = old_start
+            raise
+        for pid in list(self.aborted):
+            self.aborted[pid] = [r for r in self.aborted[pid] if r[1] >= new_start]
+            if not self.aborted[pid]:
+                del self.aborted[pid]
+
+    def delete_all(self) -> None:
+        """Remove every key of this partition (topic deletion)."""
+        ws = WriteSet()
+        end = self.prefix + b"\xff" * 9
+        for cf in ("log", "producers", "txn_index"):
+            ws.delete_range(cf, self.prefix, end)
+        ws.delete("partition_meta", self.prefix)
+        self.storage.write(ws)

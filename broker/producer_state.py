@@ -1,0 +1,184 @@
+"""Idempotent-producer state of one partition: the checks of DESIGN section 3.
+
+Pure logic, no I/O: :class:`PartitionLog` asks :func:`check_append` what to do
+with a batch, appends it, then records it with :meth:`ProducerEntry.appended`,
+and persists :meth:`ProducerEntry.encode` in the same atomic write.
+
+Per producer id the leader keeps the epoch, and the first/last sequence and
+offsets of the last :data:`DUPLICATE_WINDOW` batches. A batch equal to one of
+them is a retry of something already stored: it is acknowledged with the
+original offset and not appended again. Anything else must continue the
+sequence exactly (no gap, no overlap); a new epoch starts again at 0. That is
+what lets a producer keep 5 requests in flight and retry them safely.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from sluice.api.v1 import records_pb2 as pb
+
+DUPLICATE_WINDOW = 5
+SEQ_MODULUS = 2**31
+NO_OFFSET = -1
+
+_HEAD = struct.Struct(">iiqqB")
+_BATCH = struct.Struct(">iiqq")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMeta:
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    producer_id: int
+    epoch: int
+    coordinator_epoch: int = -1
+    txn_first_offset: int = NO_OFFSET  # first offset of the open transaction on this partition
+    last_timestamp: int = -1
+    batches: deque[BatchMeta] = field(default_factory=lambda: deque(maxlen=DUPLICATE_WINDOW))
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    def find_duplicate(self, first_seq: int, last_seq: int) -> BatchMeta | None:
+        for meta in self.batches:
+            if meta.first_seq == first_seq and meta.last_seq == last_seq:
+                return meta
+        return None
+
+    def appended(
+        self,
+        epoch: int,
+        first_seq: int,
+        record_count: int,
+        first_offset: int,
+        timestamp: int,
+        transactional: bool,
+    ) -> None:
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self.batches.clear()
+        if first_seq >= 0:
+            last_seq = (first_seq + record_count - 1) % SEQ_MODULUS
+            self.batches.append(BatchMeta(first_seq, last_seq, first_offset, first_offset + record_count - 1))
+        if transactional and self.txn_first_offset == NO_OFFSET:
+            self.txn_first_offset = first_offset
+        self.last_timestamp = max(self.last_timestamp, timestamp)
+
+    def encode(self) -> bytes:
+        head = _HEAD.pack(
+            self.epoch, self.coordinator_epoch, self.txn_first_offset, self.last_timestamp, len(self.batches)
+        )
+        return head + b"".join(
+            _BATCH.pack(m.first_seq, m.last_seq, m.first_offset, m.last_offset) for m in self.batches
+        )
+
+    @classmethod
+    def decode(cls, producer_id: int, data: bytes) -> ProducerEntry:
+        epoch, coord_epoch, txn_first, last_ts, n = _HEAD.unpack_from(data, 0)
+        entry = cls(producer_id, epoch, coord_epoch, txn_first, last_ts)
+        for i in range(n):
+            entry.batches.append(BatchMeta(*_BATCH.unpack_from(data, _HEAD.size + i * _BATCH.size)))
+        return entry
+
+
+class Action(Enum):
+    APPEND = "append"
+    DUPLICATE = "duplicate"
+    REJECT = "reject"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    action: Action
+    error: int = pb.NONE
+    message: str = ""
+    duplicate_offset: int = NO_OFFSET
+
+    @classmethod
+    def reject(cls, error: int, message: str) -> Verdict:
+        return cls(Action.REJECT, error, message)
+
+
+APPEND = Verdict(Action.APPEND)
+
+
+def check_append(
+    entry: ProducerEntry | None,
+    producer_id: int,
+    epoch: int,
+    base_seq: int,
+    record_count: int,
+    transactional: bool,
+) -> Verdict:
+    """What to do with a data batch from ``producer_id`` given the partition's state for it.
+
+    ``base_seq == -1`` is a coordinator write (transactional offsets): the epoch
+    is checked, sequences are not.
+    """
+    fenced = pb.PRODUCER_FENCED if transactional else pb.INVALID_PRODUCER_EPOCH
+    if entry is None:
+        if base_seq > 0:
+            return Verdict.reject(
+                pb.UNKNOWN_PRODUCER_ID,
+                f"producer {producer_id} is unknown on this partition and its sequence is {base_seq}, not 0",
+            )
+        return APPEND
+    if epoch < entry.epoch:
+        return Verdict.reject(
+            fenced, f"producer {producer_id} epoch {epoch} is older than the current epoch {entry.epoch}"
+        )
+    if entry.txn_first_offset != NO_OFFSET and not transactional:
+        return Verdict.reject(
+            pb.INVALID_TXN_STATE,
+            f"producer {producer_id} has a transaction open on this partition; a non-transactional write is "
+            "not allowed until it ends",
+        )
+    if base_seq < 0:
+        return APPEND
+    if epoch > entry.epoch:
+        if base_seq != 0:
+            return Verdict.reject(
+                pb.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                f"producer {producer_id} starts epoch {epoch} with sequence {base_seq}, not 0",
+            )
+        return APPEND
+    last_seq = (base_seq + record_count - 1) % SEQ_MODULUS
+    dup = entry.find_duplicate(base_seq, last_seq)
+    if dup is not None:
+        return Verdict(Action.DUPLICATE, duplicate_offset=dup.first_offset)
+    expected = (entry.last_seq + 1) % SEQ_MODULUS
+    if base_seq != expected:
+        return Verdict.reject(
+            pb.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            f"producer {producer_id} epoch {epoch}: expected sequence {expected}, got {base_seq}",
+        )
+    return APPEND
+
+
+def check_marker(entry: ProducerEntry | None, producer_id: int, epoch: int, coordinator_epoch: int) -> Verdict:
+    """Whether a COMMIT/ABORT marker from a coordinator may be written."""
+    if entry is None:
+        return APPEND
+    if coordinator_epoch < entry.coordinator_epoch:
+        return Verdict.reject(
+            pb.TRANSACTION_COORDINATOR_FENCED,
+            f"marker from coordinator epoch {coordinator_epoch}, "
+            f"but this partition saw {entry.coordinator_epoch} for producer {producer_id}",
+        )
+    if epoch < entry.epoch:
+        return Verdict.reject(
+            pb.INVALID_PRODUCER_EPOCH,
+            f"marker for producer {producer_id} epoch {epoch} is older than the current epoch {entry.epoch}",
+        )
+    return APPEND

@@ -1,0 +1,24 @@
+"""Names of the documents Sluice keeps in the MetadataStore, and their shapes.
+
+``cluster``                      {"cluster_id": str}
+``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms"}
+``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
+                                  "replication_factor",
+                                  "partitions": [{"replicas": [..], "leader": id,
+                                                  "leader_epoch": n, "isr": [..]}]}
+``producer_id_block``            {"broker_id", "block_start", "block_end"}  (Kafka's
+                                  /latest_producer_id_block: the last block handed out)
+"""
+
+CLUSTER = "cluster"
+PID_BLOCK = "producer_id_block"
+BROKERS = "brokers/"
+TOPICS = "topics/"
+
+
+def broker(broker_id: int) -> str:
+    return f"{BROKERS}{broker_id}"
+
+
+def topic(name: str) -> str:
+    return f"{TOPICS}{name}"

@@ -1,0 +1,71 @@
+"""The MetadataStore interface: get / compare-and-set / watch over named documents.
+
+Every write is a compare-and-set against the document's version, so two
+writers (two brokers claiming a producer-id block, a leader and the controller
+changing an ISR) can never overwrite each other silently: the loser gets
+:class:`VersionConflict`, re-reads and decides again. ``changes_since`` gives a
+poll-based watch: each write gets a store-wide, increasing revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class VersionConflict(Exception):
+    """The document changed (or appeared, or vanished) since the caller read it."""
+
+
+@dataclass(frozen=True)
+class Document:
+    key: str
+    value: dict[str, Any] | None  # None: deleted (only seen through changes_since)
+    version: int  # per document, starts at 1
+    revision: int  # store-wide, increases with every write
+
+
+class MetadataStore(Protocol):
+    def get(self, key: str) -> Document | None: ...
+
+    def list(self, prefix: str) -> list[Document]: ...
+
+    def compare_and_set(self, key: str, value: dict[str, Any], expected_version: int | None) -> Document:
+        """Write ``value`` if the document is at ``expected_version`` (None: must not exist)."""
+        ...
+
+    def delete(self, key: str, expected_version: int) -> None: ...
+
+    def changes_since(self, revision: int, prefix: str = "") -> list[Document]:
+        """Documents written or deleted after ``revision``, oldest first."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def update(
+    store: MetadataStore,
+    key: str,
+    change: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+    attempts: int = 50,
+) -> Document | None:
+    """Read-modify-write with retries on conflict. ``change`` returns None to leave it as it is."""
+    for _ in range(attempts):
+        doc = store.get(key)
+        new = change(None if doc is None else dict(doc.value or {}))
+        if new is None:
+            return doc
+        try:
+            return store.compare_and_set(key, new, None if doc is None else doc.version)
+        except VersionConflict:
+            continue
+    raise VersionConflict(f"{key}: gave up after {attempts} conflicting updates")
+
+
+def open_store(url: str) -> MetadataStore:
+    """A store from a location: a SQLite file path (or sqlite:///path)."""
+    from sluice.metadata.local import SqliteMetadataStore
+
+    path = url.removeprefix("sqlite://")
+    return SqliteMetadataStore(path)
