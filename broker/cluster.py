@@ -37,7 +37,7 @@ _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
 class AdminError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: pb.ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message

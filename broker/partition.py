@@ -46,7 +46,7 @@ MAX_OFFSET_KEY = _OFFSET.pack(2**63 - 1)
 class PartitionError(Exception):
     """A request on the partition failed with a wire ErrorCode."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: pb.ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -411,7 +411,7 @@ class PartitionLog:
         old_start = self.log_start_offset
         self.log_start_offset = new_start
         ws.put("partition_meta", self.prefix, self._meta())
-        for pid, ranges in self.aborted.items():
+        for ranges in self.aborted.values():
             for first, last in ranges:
                 if last < new_start:
                     ws.delete("txn_index", self.prefix + _OFFSET.pack(first))

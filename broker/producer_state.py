@@ -101,12 +101,12 @@ class Action(Enum):
 @dataclass(frozen=True, slots=True)
 class Verdict:
     action: Action
-    error: int = pb.NONE
+    error: pb.ErrorCode = pb.NONE
     message: str = ""
     duplicate_offset: int = NO_OFFSET
 
     @classmethod
-    def reject(cls, error: int, message: str) -> Verdict:
+    def reject(cls, error: pb.ErrorCode, message: str) -> Verdict:
         return cls(Action.REJECT, error, message)
 
 

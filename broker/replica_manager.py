@@ -20,6 +20,7 @@ watermark follows the log end offset. The seams for it are ``leader_epoch``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -37,7 +38,7 @@ log = logging.getLogger(__name__)
 
 TopicPartitionKey = tuple[str, int]
 # (transactional id, producer id, epoch, topic, partition) -> (error code, message)
-TxnVerifier = Callable[[str, int, int, str, int], Awaitable[tuple[int, str]]]
+TxnVerifier = Callable[[str, int, int, str, int], Awaitable[tuple[pb.ErrorCode, str]]]
 LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, is_leader, leader epoch
 
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
@@ -228,10 +229,8 @@ class ReplicaManager:
             remaining = deadline - time.monotonic()
             if total >= max(min_bytes, 1) or errors or remaining <= 0:
                 return resp
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), remaining)
-            except TimeoutError:
-                pass
 
     def _fetch_once(
         self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool

@@ -126,4 +126,10 @@ class RocksStorage:
         return None
 
     def close(self) -> None:
+        # Column-family views hold references to the DB: drop them first, or
+        # RocksDB keeps its LOCK file and the same process cannot reopen it.
+        for cf in self._cfs.values():
+            cf.close()
+        self._cfs.clear()
+        self._handles.clear()
         self._db.close()

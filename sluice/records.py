@@ -228,7 +228,7 @@ class BatchBuilder:
             record_count=self.count,
             first_timestamp=self._first_ts,
             max_timestamp=self._max_ts,
-            compression=compression,
+            compression=compression,  # type: ignore[arg-type]
             timestamp_type=records_pb2.CREATE_TIME,
             records=compress(b"".join(self._parts), compression),
         )

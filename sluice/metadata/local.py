@@ -9,6 +9,8 @@ with a NULL value so watchers see the deletion.
 
 from __future__ import annotations
 
+import builtins
+
 import json
 import sqlite3
 import threading
@@ -49,7 +51,7 @@ class SqliteMetadataStore:
             ).fetchone()
         return None if row is None else self._doc(row)
 
-    def list(self, prefix: str) -> list[Document]:
+    def list(self, prefix: str) -> builtins.list[Document]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT key, value, version, revision FROM documents "
@@ -92,7 +94,7 @@ class SqliteMetadataStore:
     def delete(self, key: str, expected_version: int) -> None:
         self._write(key, None, expected_version)
 
-    def changes_since(self, revision: int, prefix: str = "") -> list[Document]:
+    def changes_since(self, revision: int, prefix: str = "") -> builtins.list[Document]:
         with self._lock:
             rows = self._db.execute(
                 "SELECT key, value, version, revision FROM documents "

@@ -9,6 +9,8 @@ poll-based watch: each write gets a store-wide, increasing revision.
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,7 +31,7 @@ class Document:
 class MetadataStore(Protocol):
     def get(self, key: str) -> Document | None: ...
 
-    def list(self, prefix: str) -> list[Document]: ...
+    def list(self, prefix: str) -> builtins.list[Document]: ...
 
     def compare_and_set(self, key: str, value: dict[str, Any], expected_version: int | None) -> Document:
         """Write ``value`` if the document is at ``expected_version`` (None: must not exist)."""
@@ -37,7 +39,7 @@ class MetadataStore(Protocol):
 
     def delete(self, key: str, expected_version: int) -> None: ...
 
-    def changes_since(self, revision: int, prefix: str = "") -> list[Document]:
+    def changes_since(self, revision: int, prefix: str = "") -> builtins.list[Document]:
         """Documents written or deleted after ``revision``, oldest first."""
         ...
 

@@ -1,0 +1,148 @@
+"""The broker process: ``python -m sluice.broker`` / ``sluice broker``.
+
+Start-up order matters: the coordinators subscribe to leadership before the
+first metadata refresh, so loading their internal partitions is the first
+thing that happens when this broker learns it leads them; the health service
+says SERVING only once they are loaded, which is what LocalCluster (and a
+Kubernetes readiness probe) waits for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+
+from sluice.broker.cluster import ClusterView
+from sluice.broker.config import BrokerConfig, ConfigError
+from sluice.broker.group import GroupCoordinator
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.server import BrokerServicer
+from sluice.broker.storage import RocksStorage
+from sluice.broker.txn import TransactionCoordinator
+from sluice.metadata import open_store
+
+log = logging.getLogger("sluice.broker")
+
+METADATA_POLL_S = 0.1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sluice broker", description="Run a Sluice broker.")
+    parser.add_argument("--id", type=int, required=True, help="broker id (>= 0), unique in the cluster")
+    parser.add_argument("--listen", required=True, help="HOST:PORT to serve gRPC on")
+    parser.add_argument("--data", required=True, help="data directory (RocksDB lives in DATA/rocksdb)")
+    parser.add_argument(
+        "--metadata", default=None, help="metadata store: a SQLite file path (default: DATA/metadata.sqlite)"
+    )
+    parser.add_argument(
+        "--config", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (Kafka's names)"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> BrokerConfig:
+    host, sep, port = args.listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    if args.id < 0:
+        raise ConfigError(f"--id must be >= 0, not {args.id}")
+    overrides: dict[str, str] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--config takes KEY=VALUE, not {item!r}")
+        overrides[key.strip()] = value
+    metadata = args.metadata or os.path.join(args.data, "metadata.sqlite")
+    return BrokerConfig.build(args.id, host, int(port), args.data, metadata, overrides)
+
+
+async def serve(config: BrokerConfig) -> None:
+    os.makedirs(config.data_dir, exist_ok=True)
+    store = open_store(config.metadata_url)
+    storage = RocksStorage(os.path.join(config.data_dir, "rocksdb"))
+    cluster = ClusterView(store, config)
+    cluster.register()
+    replicas = ReplicaManager(storage, cluster, config)
+    txn = TransactionCoordinator(replicas, cluster, config)
+    groups = GroupCoordinator(replicas, cluster, config)
+    await txn.start()
+    await groups.start()
+    cluster.ensure_internal_topics()
+    cluster.refresh()
+
+    max_bytes = config.int("socket.request.max.bytes")
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    servicer = BrokerServicer(config, cluster, replicas, txn, groups)
+    server.add_generic_rpc_handlers(servicer.handlers())
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.add_insecure_port(f"{config.host}:{config.port}")
+    await server.start()
+    log.info("broker %d listening on %s:%d", config.broker_id, config.host, config.port)
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+
+    async def watch_metadata() -> None:
+        while True:
+            try:
+                cluster.refresh()
+            except Exception:
+                log.exception("metadata refresh failed")
+            serving = txn.is_ready() and groups.is_ready()
+            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            await health.set("", status)
+            await health.set("sluice.v1.Broker", status)
+            await asyncio.sleep(METADATA_POLL_S)
+
+    async def retention() -> None:
+        interval = config.int("log.retention.check.interval.ms") / 1000
+        while True:
+            await asyncio.sleep(interval)
+            replicas.apply_retention()
+
+    tasks = [asyncio.create_task(watch_metadata()), asyncio.create_task(retention())]
+    await stopping.wait()
+    log.info("broker %d shutting down", config.broker_id)
+    await health.enter_graceful_shutdown()
+    for task in tasks:
+        task.cancel()
+    await server.stop(grace=2.0)
+    await groups.stop()
+    await txn.stop()
+    storage.close()
+    store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s [broker] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        print(f"sluice broker: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(serve(config))
+    return 0

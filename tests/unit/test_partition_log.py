@@ -1,0 +1,132 @@
+"""PartitionLog over a real RocksDB: offsets, idempotence, transactions, retention, reload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.config import DEFAULTS
+from sluice.broker.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.storage import RocksStorage
+from sluice.records import build_batch, decode_records
+
+TOPIC_ID = "0123456789abcdef0123456789abcdef"
+
+
+def config(overrides: dict[str, object] | None = None):  # type: ignore[no-untyped-def]
+    values = {k: d for k, (_t, d) in DEFAULTS.items()} | (overrides or {})
+    return values.__getitem__
+
+
+@pytest.fixture
+def storage(tmp_path: Path):  # type: ignore[no-untyped-def]
+    s = RocksStorage(str(tmp_path / "db"))
+    yield s
+    s.close()
+
+
+def part(storage: RocksStorage, **overrides: object) -> PartitionLog:
+    p = PartitionLog(storage, "t", 0, TOPIC_ID, config(overrides))
+    p.high_watermark = p.log_end_offset
+    return p
+
+
+def append(p: PartitionLog, n: int = 1, **header: int | bool) -> int:
+    batch = build_batch([(None, f"v{i}".encode()) for i in range(n)], **header)
+    validate_batch(batch, 1 << 20)
+    offset, _dup = p.append(batch, verified_txn=True)
+    p.high_watermark = p.log_end_offset
+    return offset
+
+
+def test_offsets_are_assigned_in_order_and_survive_reopen(tmp_path: Path) -> None:
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s)
+    assert [append(p, 3), append(p, 2)] == [0, 3]
+    s.close()
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s)
+    assert p.log_end_offset == 5
+    values = [r.value for b in p.read(0, 1 << 20, False).batches for r in decode_records(b)]
+    assert values == [b"v0", b"v1", b"v2", b"v0", b"v1"]
+    s.close()
+
+
+def test_retried_batch_is_stored_once_with_original_offset(storage: RocksStorage) -> None:
+    p = part(storage)
+    first = build_batch([(None, b"a")], producer_id=9, producer_epoch=0, base_sequence=0)
+    assert p.append(first) == (0, False)
+    append(p, 1)
+    retry = build_batch([(None, b"a")], producer_id=9, producer_epoch=0, base_sequence=0)
+    assert p.append(retry) == (0, True)
+    assert p.log_end_offset == 2
+
+
+def test_corrupt_and_oversize_batches_are_refused() -> None:
+    batch = build_batch([(None, b"x" * 100)])
+    batch.records = batch.records[:-1] + b"y"
+    with pytest.raises(PartitionError) as err:
+        validate_batch(batch, 1 << 20)
+    assert err.value.code == pb.CORRUPT_MESSAGE
+    with pytest.raises(PartitionError) as err:
+        validate_batch(build_batch([(None, b"x" * 2000)]), 1000)
+    assert err.value.code == pb.MESSAGE_TOO_LARGE
+
+
+def test_read_committed_stops_at_lso_and_skips_aborted(storage: RocksStorage) -> None:
+    p = part(storage)
+    append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)  # offset 0
+    append(p, 1)  # plain write after the open transaction: offset 1
+    assert p.last_stable_offset == 0
+    assert p.read(0, 1 << 20, True).batches == []
+    assert len(p.read(0, 1 << 20, False).batches) == 2
+    assert p.write_marker(5, 0, False, 0) == 2  # abort
+    p.high_watermark = p.log_end_offset
+    committed = p.read(0, 1 << 20, True)
+    assert [b.base_offset for b in committed.batches] == [1]
+    assert committed.next_fetch_offset == 3
+    uncommitted = p.read(0, 1 << 20, False)
+    assert uncommitted.aborted == [(5, 0)]
+
+
+def test_marker_without_open_transaction_writes_nothing(storage: RocksStorage) -> None:
+    p = part(storage)
+    append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
+    assert p.write_marker(5, 0, True, 0) == 1
+    assert p.write_marker(5, 0, True, 0) is None  # a coordinator re-sending after failover
+    assert p.log_end_offset == 2
+
+
+def test_aborted_index_and_open_transactions_survive_reopen(tmp_path: Path) -> None:
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s)
+    append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
+    p.write_marker(5, 0, False, 0)
+    append(p, 1, producer_id=6, producer_epoch=0, base_sequence=0, transactional=True)
+    s.close()
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s)
+    assert p.last_stable_offset == 2  # producer 6's transaction is still open
+    assert p._is_aborted(5, 0)
+    s.close()
+
+
+def test_retention_by_bytes_advances_log_start(storage: RocksStorage) -> None:
+    p = part(storage, **{"retention.bytes": 300, "retention.ms": -1})
+    for _ in range(10):
+        append(p, 1)
+    start = p.apply_retention(0)
+    assert 0 < start < 10
+    with pytest.raises(PartitionError) as err:
+        p.read(0, 1 << 20, False)
+    assert err.value.code == pb.OFFSET_OUT_OF_RANGE
+    assert p.read(start, 1 << 20, False).batches[0].base_offset == start
+
+
+def test_retention_never_passes_an_open_transaction(storage: RocksStorage) -> None:
+    p = part(storage, **{"retention.ms": 0})
+    append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
+    append(p, 1)
+    assert p.apply_retention(10**15) == 0
