@@ -1,0 +1,93 @@
+"""Ports and health probes for local brokers.
+
+Ports are picked by binding port 0 and reading what the kernel chose; the
+port is then released and handed to the broker. A port handed out once is
+never handed out again by this process, so two clusters of one test run never
+collide even though the probe socket is closed before the broker binds.
+
+Health is the standard ``grpc.health.v1.Health/Check`` with service "" (the
+whole broker), the same probe Kubernetes uses for readiness. Each probe uses a
+fresh channel: a channel that failed to connect backs off for up to minutes
+before trying again, which would make a wait loop far slower than the broker.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVING = "SERVING"
+UNREACHABLE = "UNREACHABLE"
+
+# Loopback only: never let an http_proxy variable route a probe elsewhere.
+CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
+
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+    """A port that is free on ``host`` now and that this process has not handed out before."""
+    with _ports_lock:
+        for _ in range(attempts):
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError(f"no free port found on {host} after {attempts} attempts")
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now.
+
+    SO_REUSEADDR as gRPC servers set it: connections of a killed broker left in
+    TIME_WAIT do not keep its port from being reused, only a listener does.
+    """
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def check_health(address: str, timeout: float = 1.0) -> str:
+    """The broker's overall health status name (``SERVING``, ``NOT_SERVING`` ...) or ``UNREACHABLE``."""
+    try:
+        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+    except grpc.RpcError:
+        return UNREACHABLE
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+def poll_until(
+    predicate: Callable[[], bool],
+    timeout: float,
+    interval: float = 0.1,
+    max_interval: float = 0.5,
+) -> bool:
+    """Call ``predicate`` until it is true or ``timeout`` s have passed; bounded in time and count.
+
+    The interval grows by half each round up to ``max_interval``.
+    """
+    deadline = time.monotonic() + timeout
+    max_rounds = int(timeout / max(interval, 0.001)) + 2
+    for _ in range(max_rounds):
+        if predicate():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(interval, left))
+        interval = min(interval * 1.5, max_interval)
+    return predicate()

@@ -1,0 +1,353 @@
+"""LocalCluster: a real Sluice cluster of broker processes on loopback.
+
+Used by the integration tests, by ``sluice dev up``/``sluice demo``/``sluice
+bench`` and by users in their own tests::
+
+    with LocalCluster(brokers=1) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        cluster.kill(0); cluster.restart(0)   # crash, then recover on the same data and port
+
+Why real processes and not an in-process server: exactly-once is about what
+survives a crash. Only a separate process can be SIGKILLed in the middle of a
+write, SIGSTOPped to look dead to its peers while holding its state, and
+restarted on the RocksDB it left behind. Everything here is the production
+broker started as ``python -m sluice.broker``, nothing is mocked.
+
+Layout of ``data_dir``::
+
+    metadata.sqlite      the local MetadataStore, shared by every process of the cluster
+    broker-N/            broker N's RocksDB
+    broker-N.log         broker N's stdout and stderr, appended across restarts
+
+Broker ids are 0..N-1 and equal the index used by kill(i), restart(i) ...
+Each broker keeps its port across restarts, so clients reconnect to the same
+address the way they would to a restarted pod.
+
+Replication (several brokers): every broker gets the same ``--metadata``
+file; that file is the cluster, as the Kubernetes API is in production.
+The local controller (leader election, reaction to a dead broker) will be one
+more :class:`ManagedProcess` in ``self._processes``, started before the
+brokers in :meth:`LocalCluster._start_controller` and stopped after them; the
+rest of this class treats it like any other process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sluice.testing._net import SERVING, UNREACHABLE, check_health, free_port, poll_until, port_is_free
+from sluice.testing._process import ManagedProcess, stop_all
+
+__all__ = ["BrokerProcess", "ClusterError", "LocalCluster"]
+
+ConfigValue = str | int | float | bool
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be started, or a broker failed to become healthy."""
+
+
+def _config_str(value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class BrokerProcess(ManagedProcess):
+    """A broker process of a :class:`LocalCluster`: its id, address and data directory."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        host: str,
+        port: int,
+        data_path: Path,
+        metadata_path: Path,
+        log_path: Path,
+        config: Mapping[str, str],
+        *,
+        python: str,
+        env: Mapping[str, str],
+    ) -> None:
+        self.broker_id = broker_id
+        self.host = host
+        self.port = port
+        self.data_path = data_path
+        self.config = dict(config)
+        listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        argv = [
+            python, "-m", "sluice.broker",
+            "--id", str(broker_id),
+            "--listen", listen,
+            "--data", str(data_path),
+            "--metadata", str(metadata_path),
+        ]  # fmt: skip
+        for key, value in self.config.items():
+            argv += ["--config", f"{key}={value}"]
+        super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def health(self, timeout: float = 1.0) -> str:
+        """The broker's grpc.health.v1 status (``SERVING`` ...), or ``UNREACHABLE``/``PAUSED``/its state."""
+        state = self.state
+        if state == "paused":
+            return "PAUSED"
+        if state != "running":
+            return state.upper()
+        return check_health(self.address, timeout=timeout)
+
+
+def _cleanup(processes: list[ManagedProcess], tmp_dir: str | None) -> None:
+    """Finalizer of a LocalCluster: must not reference the cluster itself."""
+    stop_all([p for p in processes if p.is_alive()], timeout=10.0)
+    if tmp_dir is not None:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+class LocalCluster:
+    """A cluster of ``brokers`` broker processes on ``host`` (loopback).
+
+    ``config`` is passed to every broker as ``--config KEY=VALUE`` (Kafka's
+    names: ``transaction.max.timeout.ms``, ``num.partitions`` ...);
+    ``broker_config`` adds or overrides keys for single brokers (``{1:
+    {"broker.rack": "b"}}``). ``data_dir=None`` uses a temporary directory that
+    is removed on exit; a given ``data_dir`` is kept, and a cluster started on
+    it again finds its data. ``ports`` fixes the brokers' ports (default: free
+    ports picked by the kernel).
+    """
+
+    def __init__(
+        self,
+        brokers: int = 1,
+        data_dir: str | os.PathLike[str] | None = None,
+        config: Mapping[str, ConfigValue] | None = None,
+        *,
+        broker_config: Mapping[int, Mapping[str, ConfigValue]] | None = None,
+        host: str = "127.0.0.1",
+        ports: Sequence[int] | None = None,
+        startup_timeout: float = 60.0,
+        python: str = sys.executable,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        if brokers < 1:
+            raise ValueError(f"brokers must be >= 1, not {brokers}")
+        if ports is not None and len(ports) != brokers:
+            raise ValueError(f"ports gives {len(ports)} ports for {brokers} brokers")
+        self.host = host
+        self.startup_timeout = startup_timeout
+        self._python = python
+        self._tmp_dir: str | None = None
+        if data_dir is None:
+            self._tmp_dir = tempfile.mkdtemp(prefix="sluice-cluster-")
+            data_dir = self._tmp_dir
+        self.data_dir = Path(data_dir).resolve()
+        self.metadata_path = self.data_dir / "metadata.sqlite"
+        common = {k: _config_str(v) for k, v in (config or {}).items()}
+        per_broker = broker_config or {}
+        unknown = set(per_broker) - set(range(brokers))
+        if unknown:
+            raise ValueError(f"broker_config names brokers {sorted(unknown)}; ids are 0..{brokers - 1}")
+        child_env = dict(os.environ if env is None else env)
+        # Unbuffered output: the log file is what we show when a broker fails.
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        self._brokers: list[BrokerProcess] = []
+        for i in range(brokers):
+            cfg = dict(common)
+            cfg.update({k: _config_str(v) for k, v in per_broker.get(i, {}).items()})
+            port = ports[i] if ports is not None and ports[i] else free_port(host)
+            self._brokers.append(
+                BrokerProcess(
+                    i,
+                    host,
+                    port,
+                    self.data_dir / f"broker-{i}",
+                    self.metadata_path,
+                    self.data_dir / f"broker-{i}.log",
+                    cfg,
+                    python=python,
+                    env=child_env,
+                )
+            )
+        # Every process of the cluster (brokers now, the local controller later).
+        self._processes: list[ManagedProcess] = list(self._brokers)
+        self._started = False
+        self._finalizer = weakref.finalize(self, _cleanup, self._processes, self._tmp_dir)
+
+    # -- whole cluster ---------------------------------------------------------------------------
+
+    @property
+    def brokers(self) -> Sequence[BrokerProcess]:
+        return tuple(self._brokers)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every broker's address, comma-separated: what clients take as ``bootstrap_servers``."""
+        return ",".join(b.address for b in self._brokers)
+
+    def start(self) -> LocalCluster:
+        """Start every process and wait until every broker is healthy (or raise ClusterError)."""
+        if self._started:
+            raise ClusterError("the cluster is already started")
+        self._check_runnable()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        busy = [b.address for b in self._brokers if not port_is_free(b.host, b.port)]
+        if busy:
+            raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
+        self._started = True
+        try:
+            self._start_controller()
+            for b in self._brokers:
+                b.start()
+            self.wait_until_healthy(timeout=self.startup_timeout)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_controller(self) -> None:
+        """Start the local controller process, once there is one (replication work).
+
+        It will be ``python -m sluice.operator.local --metadata PATH``: a
+        ManagedProcess appended to ``self._processes`` before the brokers start.
+        Until then there is nothing to start: a broker alone leads what it holds.
+        """
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop every process (SIGTERM, then SIGKILL after ``timeout`` s); remove a temporary data_dir."""
+        stop_all([p for p in self._processes if p.is_alive()], timeout=timeout)
+        self._finalizer()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- one broker ------------------------------------------------------------------------------
+
+    def broker(self, i: int) -> BrokerProcess:
+        try:
+            return self._brokers[i]
+        except IndexError:
+            raise IndexError(f"no broker {i}: the cluster has brokers 0..{len(self._brokers) - 1}") from None
+
+    def address(self, i: int) -> str:
+        return self.broker(i).address
+
+    def kill(self, i: int) -> None:
+        """SIGKILL broker ``i`` (a crash: no shutdown code runs) and reap it."""
+        self.broker(i).kill()
+
+    def stop(self, i: int, timeout: float = 20.0) -> int | None:
+        """Clean shutdown of broker ``i`` (SIGTERM; SIGKILL after ``timeout`` s). Returns its exit code."""
+        return self.broker(i).stop(timeout=timeout)
+
+    def pause(self, i: int) -> None:
+        """SIGSTOP broker ``i``: alive, holding its state and connections, but answering nothing."""
+        self.broker(i).pause()
+
+    def resume(self, i: int) -> None:
+        """SIGCONT a paused broker."""
+        self.broker(i).resume()
+
+    def restart(self, i: int, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Start broker ``i`` again on the same data and port.
+
+        A running (or paused) broker is first stopped cleanly; to restart after
+        a crash, ``kill(i)`` first. With ``wait`` (default), returns once it is
+        healthy.
+        """
+        b = self.broker(i)
+        if b.is_alive():
+            b.stop()
+        # The port may linger for a moment after the old process is reaped.
+        poll_until(lambda: port_is_free(b.host, b.port), timeout=10.0)
+        b.start()
+        if wait:
+            self.wait_until_healthy(timeout=self.startup_timeout if timeout is None else timeout, brokers=[i])
+
+    def is_healthy(self, i: int, timeout: float = 1.0) -> bool:
+        return self.broker(i).health(timeout) == SERVING
+
+    def health(self) -> dict[int, str]:
+        """Every broker's status: SERVING, NOT_SERVING, UNREACHABLE, PAUSED, KILLED, STOPPED, EXITED ..."""
+        return {b.broker_id: b.health() for b in self._brokers}
+
+    def wait_until_healthy(self, timeout: float = 30.0, brokers: Iterable[int] | None = None) -> None:
+        """Wait until the brokers are SERVING; raise ClusterError with their log tails if not.
+
+        ``brokers=None`` means every broker whose process is running (paused,
+        stopped and killed ones are left out). A broker whose process exits
+        while we wait fails the wait at once.
+        """
+        targets = (
+            [self.broker(i) for i in brokers]
+            if brokers is not None
+            else [b for b in self._brokers if b.state == "running"]
+        )
+        pending = list(targets)
+
+        def check() -> bool:
+            for b in list(pending):
+                if b.state not in ("running", "paused"):
+                    raise ClusterError(self._failure(b, f"{b.name} exited with code {b.returncode}"))
+                if b.health(timeout=1.0) == SERVING:
+                    pending.remove(b)
+            return not pending
+
+        if not poll_until(check, timeout=timeout):
+            b = pending[0]
+            raise ClusterError(
+                self._failure(b, f"{b.name} at {b.address} not healthy after {timeout:.0f}s ({b.health()})")
+            )
+
+    def _failure(self, b: ManagedProcess, what: str) -> str:
+        tail = b.log_tail(40) or "(empty)"
+        return f"{what}\n--- last lines of {b.log_path} ---\n{tail}\n---"
+
+    def _check_runnable(self) -> None:
+        if self._python == sys.executable and importlib.util.find_spec("sluice.broker") is None:
+            raise ClusterError(
+                "cannot import sluice.broker: install the project first (pip install -e .)"
+            )
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able snapshot: data directory, metadata file, and each broker's pid, address, state."""
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "data_dir": str(self.data_dir),
+            "metadata": str(self.metadata_path),
+            "brokers": [
+                {
+                    "id": b.broker_id,
+                    "address": b.address,
+                    "pid": b.pid,
+                    "state": b.state,
+                    "log": str(b.log_path),
+                    "data": str(b.data_path),
+                }
+                for b in self._brokers
+            ],
+        }
+
+    def log_tail(self, i: int, lines: int = 40) -> str:
+        return self.broker(i).log_tail(lines)
+
+    def __repr__(self) -> str:
+        return f"<LocalCluster {self.bootstrap_servers} data_dir={self.data_dir}>"

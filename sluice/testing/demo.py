@@ -1,0 +1,329 @@
+"""``sluice demo``: exactly-once copy of a topic through transactions, verified.
+
+On a fresh local cluster:
+
+1. write ``records`` numbered records into ``demo-input`` (idempotent producer);
+2. copy them to ``demo-output`` with Kafka's consume-transform-produce loop:
+   a read_committed consumer in group ``demo-copier``, a transactional
+   producer, the consumed offsets committed *inside* each transaction
+   (``send_offsets_to_transaction``). Every ``abort_every``-th transaction
+   is aborted on purpose after its records reached the log, and the consumer
+   seeks back so the same records are copied again in the next transaction;
+3. read ``demo-output`` back with a fresh read_committed consumer and check
+   that every input record is there exactly once, that the group's committed
+   offsets are the end of the input (a restart would copy nothing twice), and
+   show what read_uncommitted sees: the aborted copies too.
+
+Exit status 0 only if the output is exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from sluice.testing.progress import Progress
+
+INPUT = "demo-input"
+OUTPUT = "demo-output"
+GROUP = "demo-copier"
+TRANSACTIONAL_ID = "demo-copier-1"
+PREFIX = b"copied:"
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+@dataclass
+class DemoReport:
+    input_records: int = 0
+    output_records: int = 0
+    duplicates: int = 0
+    lost: int = 0
+    unexpected: int = 0
+    committed_transactions: int = 0
+    aborted_transactions: int = 0
+    aborted_records: int = 0
+    uncommitted_view_records: int = 0
+    offsets_at_end: bool = False
+    order_preserved: bool = True
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exactly_once(self) -> bool:
+        return (
+            self.input_records > 0
+            and self.output_records == self.input_records
+            and self.duplicates == 0
+            and self.lost == 0
+            and self.unexpected == 0
+            and self.offsets_at_end
+        )
+
+    def render(self) -> str:
+        yes = {True: "yes", False: "NO"}
+        lines = [
+            "",
+            "Sluice exactly-once demo: consume-transform-produce through transactions",
+            f"  input records (demo-input)             {self.input_records:>8,}",
+            f"  output records, read_committed         {self.output_records:>8,}",
+            f"  duplicates                             {self.duplicates:>8,}",
+            f"  lost                                   {self.lost:>8,}",
+            f"  unexpected records                     {self.unexpected:>8,}",
+            f"  transactions committed                 {self.committed_transactions:>8,}",
+            f"  transactions aborted on purpose, redone{self.aborted_transactions:>8,}"
+            f"  ({self.aborted_records:,} records written, then aborted)",
+            f"  output records, read_uncommitted       {self.uncommitted_view_records:>8,}"
+            "  (includes the aborted copies)",
+            f"  group offsets committed at input end   {yes[self.offsets_at_end]:>8}",
+            f"  order per key preserved                {yes[self.order_preserved]:>8}",
+            f"  time                                   {self.seconds:>7.1f}s",
+        ]
+        lines += [f"  note: {n}" for n in self.notes]
+        verdict = "EXACTLY ONCE: every input record is in the output once" if self.exactly_once else (
+            "NOT EXACTLY ONCE"
+        )
+        lines += ["", f"verdict: {verdict}", ""]
+        return "\n".join(lines)
+
+
+def _offset_of(value: Any) -> int:
+    """A committed offset as an int, whether the client returns ints or OffsetAndMetadata-like objects."""
+    if value is None:
+        return -1
+    if isinstance(value, int):
+        return value
+    return int(value.offset)
+
+
+def _record_id(value: bytes | None) -> int | None:
+    if value is None or not value.startswith(PREFIX + b"record-"):
+        return None
+    try:
+        return int(value[len(PREFIX) + len(b"record-") :])
+    except ValueError:
+        return None
+
+
+def _read_all(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    isolation_level: str,
+    deadline: float,
+    progress: Progress | None = None,
+) -> list[Any]:
+    """Every record of ``topic`` up to its current end (LSO for read_committed), in offset order per partition."""
+    from sluice.client import Consumer, TopicPartition
+
+    consumer = Consumer(
+        bootstrap_servers=bootstrap,
+        group_id=f"demo-verifier-{isolation_level}",
+        isolation_level=isolation_level,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        for tp, offset in consumer.beginning_offsets(tps).items():
+            consumer.seek(tp, offset)
+        ends: Mapping[Any, int] = consumer.end_offsets(tps)
+        out: list[Any] = []
+        while time.monotonic() < deadline:
+            if all(consumer.position(tp) >= ends[tp] for tp in tps):
+                return out
+            out.extend(consumer.poll(timeout=0.5))
+            if progress is not None:
+                progress.update(len(out))
+        raise DemoError(f"timed out reading {topic} ({isolation_level}) after {len(out)} records")
+    finally:
+        consumer.close()
+
+
+def _produce_input(bootstrap: str, records: int, deadline: float, progress: bool) -> None:
+    from sluice.client import Producer
+
+    producer = Producer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    bar = Progress("writing demo-input", records, enabled=progress)
+    try:
+        futures = []
+        for i in range(records):
+            futures.append(producer.send(INPUT, key=f"key-{i % 37}".encode(), value=f"record-{i:08d}".encode()))
+            bar.update(i + 1)
+        producer.flush()
+        for fut in futures:
+            fut.result(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        bar.close()
+        producer.close()
+
+
+def _copy(
+    bootstrap: str,
+    records: int,
+    txn_size: int,
+    abort_every: int,
+    deadline: float,
+    report: DemoReport,
+    progress: bool,
+) -> None:
+    from sluice.client import Consumer, Producer, TopicPartition
+
+    consumer = Consumer(
+        bootstrap_servers=bootstrap,
+        group_id=GROUP,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=txn_size,
+    )
+    producer = Producer(
+        bootstrap_servers=bootstrap, transactional_id=TRANSACTIONAL_ID, acks="all", enable_idempotence=True
+    )
+    bar = Progress("copying exactly once", records, enabled=progress)
+    copied = 0
+    txn_no = 0
+    try:
+        consumer.subscribe([INPUT])
+        producer.init_transactions()
+        while copied < records:
+            if time.monotonic() > deadline:
+                raise DemoError(f"timed out copying: {copied} of {records} records copied")
+            batch = consumer.poll(timeout=1.0)
+            if not batch:
+                continue
+            txn_no += 1
+            first: dict[Any, int] = {}
+            after: dict[Any, int] = {}
+            producer.begin_transaction()
+            for r in batch:
+                tp = TopicPartition(r.topic, r.partition)
+                first.setdefault(tp, r.offset)
+                after[tp] = r.offset + 1
+                source = f"{r.topic}/{r.partition}/{r.offset}".encode()
+                producer.send(OUTPUT, key=r.key, value=PREFIX + (r.value or b""), headers=[("source", source)])
+            producer.send_offsets_to_transaction(after, consumer.group_metadata())
+            if abort_every and txn_no % abort_every == 0:
+                producer.flush()  # the aborted copies really reach the log; read_committed must hide them
+                producer.abort_transaction()
+                report.aborted_transactions += 1
+                report.aborted_records += len(batch)
+                for tp, offset in first.items():
+                    consumer.seek(tp, offset)  # copy the same records again in the next transaction
+            else:
+                producer.commit_transaction()
+                report.committed_transactions += 1
+                copied += len(batch)
+            bar.update(copied, f"{report.committed_transactions} committed, {report.aborted_transactions} aborted")
+    finally:
+        bar.close()
+        with contextlib.suppress(Exception):
+            producer.close()
+        with contextlib.suppress(Exception):
+            consumer.close()
+
+
+def verify(
+    bootstrap: str, records: int, partitions: int, deadline: float, report: DemoReport, progress: bool = True
+) -> None:
+    """Fill the verification part of ``report`` from what is in the cluster."""
+    from sluice.client import Consumer, TopicPartition
+
+    bar = Progress("verifying demo-output", records, enabled=progress)
+    try:
+        committed = _read_all(bootstrap, OUTPUT, partitions, "read_committed", deadline, bar)
+    finally:
+        bar.close()
+    ids = [_record_id(r.value) for r in committed]
+    counts = Counter(i for i in ids if i is not None)
+    report.output_records = len(committed)
+    report.unexpected = sum(1 for i in ids if i is None or not 0 <= i < records)
+    report.duplicates = sum(c - 1 for c in counts.values() if c > 1)
+    report.lost = sum(1 for i in range(records) if i not in counts)
+    last_by_key: dict[Any, int] = {}
+    for r in committed:  # per partition in offset order, and a key always maps to one partition
+        i = _record_id(r.value)
+        if i is None:
+            continue
+        if last_by_key.get(r.key, -1) > i:
+            report.order_preserved = False
+        last_by_key[r.key] = i
+    report.uncommitted_view_records = len(
+        _read_all(bootstrap, OUTPUT, partitions, "read_uncommitted", deadline)
+    )
+
+    consumer = Consumer(
+        bootstrap_servers=bootstrap, group_id=GROUP, isolation_level="read_committed", enable_auto_commit=False
+    )
+    try:
+        tps = [TopicPartition(INPUT, p) for p in range(partitions)]
+        ends = consumer.end_offsets(tps)
+        done = consumer.committed(tps)
+        report.offsets_at_end = all(_offset_of(done.get(tp)) == ends[tp] for tp in tps)
+        if not report.offsets_at_end:
+            got = {str(tp): _offset_of(done.get(tp)) for tp in tps}
+            report.notes.append(f"committed offsets {got}, input ends { {str(k): v for k, v in ends.items()} }")
+    finally:
+        consumer.close()
+
+
+def run_demo(
+    records: int = 2000,
+    partitions: int = 3,
+    txn_size: int = 100,
+    abort_every: int = 4,
+    brokers: int = 1,
+    data_dir: str | Path | None = None,
+    timeout: float = 600.0,
+    progress: bool = True,
+    out: TextIO | None = None,
+    bootstrap_servers: str | None = None,
+) -> DemoReport:
+    """Run the whole demo (on a fresh LocalCluster unless ``bootstrap_servers`` is given)."""
+    if records < 1 or partitions < 1 or txn_size < 1:
+        raise ValueError("records, partitions and txn_size must be >= 1")
+    if abort_every == 1 or abort_every < 0:
+        raise ValueError("abort_every must be 0 (never abort) or >= 2 (an aborted batch is redone next)")
+    from sluice.client import Admin
+
+    started = time.monotonic()
+    deadline = started + timeout
+    report = DemoReport(input_records=records)
+    note = Progress("demo", enabled=progress)
+    with contextlib.ExitStack() as stack:
+        if bootstrap_servers is None:
+            from sluice.testing.cluster import LocalCluster
+
+            note.message(f"starting a local cluster of {brokers} broker(s)...")
+            cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir))
+            bootstrap_servers = cluster.bootstrap_servers
+            note.message(f"cluster up at {bootstrap_servers} (data in {cluster.data_dir})")
+        admin = Admin(bootstrap_servers=bootstrap_servers)
+        stack.callback(lambda: _close_quietly(admin))
+        rf = min(brokers, 3)
+        for topic in (INPUT, OUTPUT):
+            admin.create_topic(topic, partitions=partitions, replication_factor=rf)
+        _produce_input(bootstrap_servers, records, deadline, progress)
+        _copy(bootstrap_servers, records, txn_size, abort_every, deadline, report, progress)
+        verify(bootstrap_servers, records, partitions, deadline, report, progress)
+    report.seconds = time.monotonic() - started
+    if out is not None:
+        out.write(report.render())
+        out.flush()
+    return report
+
+
+def _close_quietly(obj: Any) -> None:
+    close = getattr(obj, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+

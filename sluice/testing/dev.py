@@ -1,0 +1,286 @@
+"""The background dev cluster behind ``sluice dev up|down|status``.
+
+``sluice dev up`` must return to the shell while the cluster keeps running.
+Rather than leave broker processes orphaned, it starts one detached
+*supervisor* process (``python -m sluice.testing.dev --data DIR ...``) that
+owns a :class:`LocalCluster` exactly as a test would. Consequences:
+
+* the brokers die with the supervisor (PR_SET_PDEATHSIG), so killing one pid
+  (``dev down``, or ``kill -9`` as a last resort) stops the whole cluster;
+* the controller process of the replication work comes for free, since the
+  supervisor runs whatever LocalCluster runs;
+* ``dev down`` is a SIGTERM to the supervisor, which shuts the brokers down
+  cleanly and removes its state file.
+
+State lives in the data directory (default ``$SLUICE_HOME/dev``, with
+``SLUICE_HOME`` defaulting to ``~/.sluice``): ``dev-cluster.json`` (supervisor
+pid, bootstrap servers, brokers' pids and ports, status) next to the brokers'
+data and logs. ``$SLUICE_HOME/dev-current`` names the data directory of the
+last ``dev up``, so ``dev down``/``status`` and the client commands find a
+cluster started with ``--data`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.testing._net import poll_until
+
+STATE_FILE = "dev-cluster.json"
+SUPERVISOR_LOG = "dev-supervisor.log"
+_SUPERVISOR_MODULE = "sluice.testing.dev"
+
+
+def sluice_home() -> Path:
+    return Path(os.environ.get("SLUICE_HOME") or "~/.sluice").expanduser()
+
+
+def default_data_dir() -> Path:
+    return sluice_home() / "dev"
+
+
+def _pointer() -> Path:
+    return sluice_home() / "dev-current"
+
+
+def resolve_data_dir(data: str | os.PathLike[str] | None) -> Path:
+    """``data`` if given, else the data directory of the last ``dev up``, else the default."""
+    if data:
+        return Path(data).expanduser().resolve()
+    try:
+        recorded = _pointer().read_text().strip()
+    except OSError:
+        recorded = ""
+    return Path(recorded) if recorded else default_data_dir()
+
+
+@dataclass
+class DevState:
+    supervisor_pid: int
+    data_dir: str
+    status: str = "starting"  # starting | running | failed
+    bootstrap_servers: str = ""
+    brokers: list[dict[str, Any]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> DevState:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+def read_state(data_dir: Path) -> DevState | None:
+    try:
+        return DevState.from_json(json.loads((data_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_state(data_dir: Path, state: DevState) -> None:
+    """Atomic (write + rename): a reader never sees half a file."""
+    path = data_dir / STATE_FILE
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def pid_alive(pid: int, cmdline_contains: str | None = None) -> bool:
+    """Whether ``pid`` runs (zombies count as dead), optionally checking its command line against pid reuse."""
+    if pid <= 0:
+        return False
+    proc = Path(f"/proc/{pid}")
+    if proc.is_dir():
+        try:
+            stat = (proc / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return False
+            if cmdline_contains is not None:
+                return cmdline_contains in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            return False
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not sys.platform.startswith("linux")
+
+
+def running_state(data_dir: Path) -> DevState | None:
+    """The state of a dev cluster whose supervisor is alive, else None."""
+    state = read_state(data_dir)
+    if state is None or not pid_alive(state.supervisor_pid, _SUPERVISOR_MODULE):
+        return None
+    return state
+
+
+def _log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_bytes()[-64 * 1024 :].decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class DevClusterError(RuntimeError):
+    pass
+
+
+def up(
+    data_dir: Path,
+    brokers: int = 1,
+    port: int = 9092,
+    config: Mapping[str, str] | None = None,
+    timeout: float = 90.0,
+    on_wait: Callable[[float], None] | None = None,
+    python: str = sys.executable,
+) -> tuple[DevState, bool]:
+    """Start the dev cluster in the background; returns (state, started_now).
+
+    An already running dev cluster in ``data_dir`` is returned as it is
+    (``started_now`` False). ``port`` is broker 0's port, the others follow;
+    0 picks free ports.
+    """
+    existing = running_state(data_dir)
+    if existing is not None:
+        return existing, False
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / STATE_FILE).unlink(missing_ok=True)
+    argv = [sys.executable, "-m", _SUPERVISOR_MODULE, "--data", str(data_dir), "--brokers", str(brokers)]
+    argv += ["--port", str(port), "--startup-timeout", str(timeout), "--python", python]
+    for key, value in (config or {}).items():
+        argv += ["--config", f"{key}={value}"]
+    log_path = data_dir / SUPERVISOR_LOG
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # detached: survives this command and the terminal
+            close_fds=True,
+        )
+    started = time.monotonic()
+    result: list[DevState] = []
+
+    def ready() -> bool:
+        if on_wait is not None:
+            on_wait(time.monotonic() - started)
+        state = read_state(data_dir)
+        if state is not None and state.status in ("running", "failed"):
+            result.append(state)
+            return True
+        return proc.poll() is not None
+
+    poll_until(ready, timeout=timeout + 15.0, interval=0.2)
+    state = result[0] if result else None
+    if state is None or state.status != "running":
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        why = state.error if state is not None and state.error else "the dev cluster did not start"
+        raise DevClusterError(f"{why}\n--- last lines of {log_path} ---\n{_log_tail(log_path)}\n---")
+    _pointer().parent.mkdir(parents=True, exist_ok=True)
+    _pointer().write_text(str(data_dir) + "\n")
+    return state, True
+
+
+def down(data_dir: Path, timeout: float = 30.0) -> DevState | None:
+    """Stop the dev cluster of ``data_dir``; returns its last state, None if none was running."""
+    state = running_state(data_dir)
+    if state is None:
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+        return None
+    pid = state.supervisor_pid
+    os.kill(pid, signal.SIGTERM)
+    if not poll_until(lambda: not pid_alive(pid), timeout=timeout, interval=0.1):
+        # The brokers die with their supervisor (PR_SET_PDEATHSIG).
+        os.kill(pid, signal.SIGKILL)
+        poll_until(lambda: not pid_alive(pid), timeout=10.0)
+    (data_dir / STATE_FILE).unlink(missing_ok=True)
+    return state
+
+
+# -- the supervisor process ---------------------------------------------------------------------
+
+
+def _parse_kv(items: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--config wants KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    """Supervisor main: run a LocalCluster until SIGTERM/SIGINT, keeping the state file current."""
+    from sluice.testing.cluster import LocalCluster
+
+    ap = argparse.ArgumentParser(prog="python -m sluice.testing.dev")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--brokers", type=int, default=1)
+    ap.add_argument("--port", type=int, default=9092)
+    ap.add_argument("--startup-timeout", type=float, default=90.0)
+    ap.add_argument("--config", action="append", default=[])
+    ap.add_argument("--python", default=sys.executable, help="interpreter that runs the brokers")
+    args = ap.parse_args(argv)
+    data_dir = Path(args.data)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir))
+    write_state(data_dir, state)
+    ports = [args.port + i for i in range(args.brokers)] if args.port else None
+    try:
+        cluster = LocalCluster(
+            brokers=args.brokers,
+            data_dir=data_dir,
+            config=_parse_kv(args.config),
+            ports=ports,
+            startup_timeout=args.startup_timeout,
+            python=args.python,
+        )
+        cluster.start()
+    except Exception as exc:
+        state.status, state.error = "failed", str(exc)
+        write_state(data_dir, state)
+        print(f"dev cluster failed to start: {exc}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        state.status = "running"
+        while not stop.is_set():
+            snapshot = cluster.describe()
+            if snapshot["brokers"] != state.brokers or not state.bootstrap_servers:
+                state.bootstrap_servers = snapshot["bootstrap_servers"]
+                state.brokers = snapshot["brokers"]
+                write_state(data_dir, state)
+                print(f"state: {json.dumps(state.brokers)}", flush=True)
+            stop.wait(1.0)
+    finally:
+        print("stopping the dev cluster", flush=True)
+        cluster.close()
+        (data_dir / STATE_FILE).unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
