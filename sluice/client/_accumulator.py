@@ -1,0 +1,528 @@
+"""The record accumulator: per-partition batches between ``send()`` and the sender thread.
+
+Design:
+
+* ``send()`` (any thread) appends a record to the last open batch of its
+  partition (:class:`ProducerBatch`, which wraps a :class:`sluice.records.BatchBuilder`)
+  and gets a future; a batch is closed for appends when it reaches
+  ``batch_size`` (a record larger than that gets a batch of its own, up to
+  ``max_request_size``).
+* The sender thread asks which partitions have a batch worth sending
+  (:meth:`RecordAccumulator.ready`: full, older than ``linger_ms``, a retry,
+  or a flush/close under way) and takes at most one batch per partition
+  (:meth:`RecordAccumulator.drain`), which is what one Produce request carries.
+* Idempotence: a batch gets its producer id, epoch and base sequence the first
+  time it is drained, and is sealed (encoded, compressed, CRC'd) then; a retry
+  resends exactly the same bytes, so the broker recognises a duplicate.
+  The partition's next sequence advances by the record count and wraps from
+  2^31-1 to 0, as Kafka's does.
+* Ordering with up to ``max_in_flight`` (<= 5) batches in flight per
+  partition: when a batch fails with a retriable error, it goes back into the
+  queue in sequence order and the partition enters *recovery*: nothing more
+  is sent for it until every in-flight batch has come back (later ones fail
+  with OUT_OF_ORDER_SEQUENCE_NUMBER, since the broker saw a gap, and are
+  queued back in order too); then batches are resent one at a time until
+  every batch that already had a sequence is acknowledged. Then pipelining
+  resumes. A broker that already stored a retried batch answers with its
+  original offset, which is simply accepted.
+* Every mutation happens under one lock; the sender thread is woken through a
+  callback when a batch becomes sendable.
+
+The accumulator does no I/O and knows nothing of brokers; unit tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sluice import errors
+from sluice.api.v1 import records_pb2
+from sluice.client._types import FutureRecordMetadata, RecordMetadata, TopicPartition
+from sluice.records import BatchBuilder, Headers, RecordBatch, now_ms
+
+SEQUENCE_MODULUS = 2**31
+RECORD_OVERHEAD = 22  # the fixed part of one encoded record (sluice.records._RECORD)
+BATCH_OVERHEAD = 128  # a generous bound on a RecordBatch header plus request framing
+
+
+def next_sequence(sequence: int, count: int) -> int:
+    """The sequence after a batch of ``count`` records starting at ``sequence`` (wraps at 2^31)."""
+    return (sequence + count) % SEQUENCE_MODULUS
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Headers | None) -> int:
+    """Encoded size of one record in a batch, as sluice.records encodes it."""
+    size = RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0)
+    if headers:
+        for hk, hv in headers:
+            size += 6 + len(hk.encode()) + len(hv)
+    return size
+
+
+class ProducerBatch:
+    """Records for one partition that travel (and are retried) together."""
+
+    __slots__ = (
+        "attempts",
+        "builder",
+        "created",
+        "done",
+        "futures",
+        "last_error",
+        "maybe_stored",
+        "order",
+        "producer_epoch",
+        "producer_id",
+        "retry_at",
+        "sequence",
+        "tp",
+        "transactional",
+        "wire",
+    )
+
+    def __init__(self, tp: TopicPartition, transactional: bool, created: float) -> None:
+        self.tp = tp
+        self.transactional = transactional
+        self.created = created
+        self.builder = BatchBuilder()
+        self.futures: list[tuple[FutureRecordMetadata, int]] = []
+        self.sequence = -1  # assigned on first drain when idempotent
+        self.order = -1  # position in the partition's send order (never wraps)
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.wire: RecordBatch | None = None  # sealed on first drain
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.maybe_stored = False  # a send had an unknown outcome (timeout, connection lost)
+        self.last_error: errors.SluiceError | None = None
+        self.done = threading.Event()
+
+    @property
+    def record_count(self) -> int:
+        return self.builder.count
+
+    @property
+    def size(self) -> int:
+        return self.builder.size
+
+    @property
+    def sealed(self) -> bool:
+        return self.wire is not None
+
+    def append(
+        self, key: bytes | None, value: bytes | None, headers: Headers | None, timestamp: int
+    ) -> FutureRecordMetadata:
+        self.builder.append(key, value, headers, timestamp)
+        future = FutureRecordMetadata()
+        future.set_running_or_notify_cancel()
+        self.futures.append((future, timestamp))
+        return future
+
+    def seal(self, producer_id: int, producer_epoch: int, sequence: int, compression: int) -> RecordBatch:
+        self.producer_id = producer_id
+        self.producer_epoch = producer_epoch
+        self.sequence = sequence
+        self.wire = self.builder.build(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=sequence,
+            transactional=self.transactional,
+            compression=compression,
+        )
+        return self.wire
+
+    def unseal(self) -> None:
+        """Forget the sequence and encoding (after an epoch bump: it is sent again as a new batch)."""
+        self.wire = None
+        self.sequence = -1
+        self.producer_id = -1
+        self.producer_epoch = -1
+
+    def complete(self, base_offset: int, log_append_time: int = -1) -> None:
+        """Resolve every record's future; ``base_offset`` -1 means unknown (acks=0)."""
+        topic, partition = self.tp.topic, self.tp.partition
+        for i, (future, ts) in enumerate(self.futures):
+            offset = base_offset + i if base_offset >= 0 else -1
+            stamp = log_append_time if log_append_time >= 0 else ts
+            if not future.done():
+                future.set_result(RecordMetadata(topic, partition, offset, stamp))
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        for future, _ts in self.futures:
+            if not future.done():
+                future.set_exception(exc)
+        self.done.set()
+
+    def __repr__(self) -> str:
+        return (
+            f"ProducerBatch({self.tp}, records={self.record_count}, sequence={self.sequence}, attempts={self.attempts})"
+        )
+
+
+class _PartitionQueue:
+    __slots__ = ("in_flight", "next_order", "next_sequence", "queue", "recovering")
+
+    def __init__(self) -> None:
+        self.queue: deque[ProducerBatch] = deque()  # not in flight; sealed retries first, in order
+        self.in_flight: list[ProducerBatch] = []  # in send order
+        self.next_sequence = 0
+        self.next_order = 0
+        self.recovering = False
+
+    def has_sealed_queued(self) -> bool:
+        return bool(self.queue) and self.queue[0].sealed
+
+
+@dataclass(slots=True)
+class AccumulatorConfig:
+    batch_size: int = 262_144
+    linger_ms: float = 5.0
+    max_request_size: int = 1_048_576
+    compression: int = records_pb2.COMPRESSION_NONE
+    max_in_flight: int = 5
+    idempotent: bool = True
+    delivery_timeout_ms: int = 120_000
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+
+
+class RecordAccumulator:
+    """Per-partition queues of batches. Thread-safe."""
+
+    def __init__(self, config: AccumulatorConfig, wakeup: Callable[[], None] | None = None) -> None:
+        self.config = config
+        self._wakeup = wakeup or (lambda: None)
+        self._lock = threading.Lock()
+        self._parts: dict[TopicPartition, _PartitionQueue] = {}
+        self._flushes = 0
+        self._closing = False
+        self._incomplete: set[ProducerBatch] = set()
+
+    # ------------------------------------------------------------------ append (any thread)
+
+    def append(
+        self,
+        tp: TopicPartition,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None = None,
+        timestamp: int | None = None,
+        *,
+        transactional: bool = False,
+        abort_on_new_batch: bool = False,
+    ) -> FutureRecordMetadata | None:
+        """Append a record; its future, or None if ``abort_on_new_batch`` and it needed a new batch.
+
+        A record that can never be sent (larger than max_request_size) gets a
+        future failed with MessageTooLargeError.
+        """
+        size = record_size(key, value, headers)
+        if size + BATCH_OVERHEAD > self.config.max_request_size:
+            future = FutureRecordMetadata()
+            future.set_running_or_notify_cancel()
+            future.set_exception(
+                errors.MessageTooLargeError(
+                    f"the record is {size} bytes when encoded, more than max_request_size "
+                    f"({self.config.max_request_size} bytes)"
+                )
+            )
+            return future
+        ts = now_ms() if timestamp is None else timestamp
+        wake = False
+        with self._lock:
+            if self._closing:
+                raise errors.IllegalStateError("cannot send: the producer is closed")
+            part = self._parts.get(tp)
+            if part is None:
+                part = self._parts[tp] = _PartitionQueue()
+            last = part.queue[-1] if part.queue else None
+            if last is not None and not last.sealed and last.size + size <= self.config.batch_size:
+                future = last.append(key, value, headers, ts)
+                if last.size >= self.config.batch_size:
+                    wake = True
+            else:
+                if abort_on_new_batch:
+                    return None
+                batch = ProducerBatch(tp, transactional, time.monotonic())
+                future = batch.append(key, value, headers, ts)
+                part.queue.append(batch)
+                self._incomplete.add(batch)
+                # the sender must learn of the new batch (its linger timer) or of the full one before it
+                wake = True
+        if wake:
+            self._wakeup()
+        return future
+
+    # ------------------------------------------------------------------ sender side
+
+    def _sendable(self, part: _PartitionQueue, now: float) -> tuple[bool, float]:
+        """(head batch may be drained now, seconds until it may be when not)."""
+        if not part.queue:
+            return False, float("inf")
+        head = part.queue[0]
+        if part.recovering:
+            if part.in_flight:
+                return False, float("inf")  # a response will wake us
+        elif len(part.in_flight) >= self.config.max_in_flight:
+            return False, float("inf")
+        if head.retry_at > now:
+            return False, head.retry_at - now
+        if head.sealed or self._flushes or self._closing or len(part.queue) > 1:
+            return True, 0.0
+        if head.size >= self.config.batch_size:
+            return True, 0.0
+        linger_left = head.created + self.config.linger_ms / 1000.0 - now
+        if linger_left <= 0:
+            return True, 0.0
+        return False, linger_left
+
+    def ready(
+        self, now: float, can_send: Callable[[TopicPartition], bool] | None = None
+    ) -> tuple[list[TopicPartition], float]:
+        """Partitions with a batch to drain now, and seconds until the next may be (inf: none waits)."""
+        out: list[TopicPartition] = []
+        wait = float("inf")
+        with self._lock:
+            for tp, part in self._parts.items():
+                ok, delay = self._sendable(part, now)
+                if ok and (can_send is None or can_send(tp)):
+                    out.append(tp)
+                elif not ok:
+                    wait = min(wait, delay)
+        return out, wait
+
+    def drain(
+        self,
+        tps: Iterable[TopicPartition],
+        now: float,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        max_bytes: int | None = None,
+    ) -> list[ProducerBatch]:
+        """Take one batch from each of ``tps`` (that is still sendable), mark it in flight.
+
+        New batches are sealed here with the producer id, epoch and the
+        partition's next sequence (when idempotent). ``max_bytes`` bounds the
+        total (one batch is always taken).
+        """
+        out: list[ProducerBatch] = []
+        total = 0
+        limit = max_bytes if max_bytes is not None else self.config.max_request_size
+        idempotent = self.config.idempotent and producer_id >= 0
+        with self._lock:
+            for tp in tps:
+                part = self._parts.get(tp)
+                if part is None:
+                    continue
+                ok, _ = self._sendable(part, now)
+                if not ok:
+                    continue
+                head = part.queue[0]
+                if out and total + head.size > limit:
+                    continue
+                if part.recovering and not head.sealed and not part.in_flight:
+                    part.recovering = False
+                part.queue.popleft()
+                if not head.sealed:
+                    sequence = part.next_sequence if idempotent else -1
+                    head.seal(
+                        producer_id if idempotent else -1,
+                        producer_epoch if idempotent else -1,
+                        sequence,
+                        self.config.compression,
+                    )
+                    head.order = part.next_order
+                    part.next_order += 1
+                    if idempotent:
+                        part.next_sequence = next_sequence(part.next_sequence, head.record_count)
+                head.attempts += 1
+                part.in_flight.append(head)
+                total += head.size
+                out.append(head)
+        return out
+
+    def _remove_in_flight(self, batch: ProducerBatch) -> _PartitionQueue | None:
+        part = self._parts.get(batch.tp)
+        if part is not None and batch in part.in_flight:
+            part.in_flight.remove(batch)
+        return part
+
+    def _maybe_end_recovery(self, part: _PartitionQueue) -> None:
+        if part.recovering and not part.in_flight and not part.has_sealed_queued():
+            part.recovering = False
+
+    def complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int = -1) -> None:
+        """The broker stored ``batch`` (or a duplicate of it) at ``base_offset``."""
+        with self._lock:
+            part = self._remove_in_flight(batch)
+            if part is not None:
+                self._maybe_end_recovery(part)
+            self._incomplete.discard(batch)
+        batch.complete(base_offset, log_append_time)
+        self._wakeup()
+
+    def fail(self, batch: ProducerBatch, exc: BaseException) -> None:
+        """``batch`` failed for good: fail its records' futures."""
+        with self._lock:
+            part = self._remove_in_flight(batch)
+            if part is not None:
+                if batch in part.queue:
+                    part.queue.remove(batch)
+                self._maybe_end_recovery(part)
+            self._incomplete.discard(batch)
+        batch.fail(exc)
+        self._wakeup()
+
+    def requeue(self, batch: ProducerBatch, now: float, exc: errors.SluiceError | None = None) -> None:
+        """``batch`` failed with a retriable error: queue it again, in order, after a backoff."""
+        with self._lock:
+            part = self._remove_in_flight(batch)
+            if part is None:
+                return
+            batch.last_error = exc
+            delay = min(
+                self.config.retry_backoff_max_ms,
+                self.config.retry_backoff_ms * (2 ** max(0, batch.attempts - 1)),
+            )
+            batch.retry_at = now + delay / 1000.0
+            # sealed batches are ordered by `order`, before every unsealed one
+            index = 0
+            for index, queued in enumerate(part.queue):  # noqa: B007
+                if not queued.sealed or queued.order > batch.order:
+                    break
+            else:
+                index = len(part.queue)
+            part.queue.insert(index, batch)
+            part.recovering = True
+        self._wakeup()
+
+    def earlier_unacknowledged(self, batch: ProducerBatch) -> bool:
+        """Is a batch sent before ``batch`` on its partition still unacknowledged?
+
+        An OUT_OF_ORDER_SEQUENCE_NUMBER for ``batch`` is then expected (the
+        broker saw the gap left by that batch) and ``batch`` is retried, not failed.
+        """
+        with self._lock:
+            part = self._parts.get(batch.tp)
+            if part is None:
+                return False
+            return any(b.order < batch.order for b in part.in_flight) or any(
+                b.sealed and b.order < batch.order for b in part.queue
+            )
+
+    def in_flight_count(self, tp: TopicPartition | None = None) -> int:
+        with self._lock:
+            if tp is not None:
+                part = self._parts.get(tp)
+                return len(part.in_flight) if part else 0
+            return sum(len(p.in_flight) for p in self._parts.values())
+
+    def queued_count(self) -> int:
+        with self._lock:
+            return sum(len(p.queue) for p in self._parts.values())
+
+    def has_incomplete(self) -> bool:
+        with self._lock:
+            return bool(self._incomplete)
+
+    def incomplete(self) -> list[ProducerBatch]:
+        with self._lock:
+            return list(self._incomplete)
+
+    def pending_partitions(self) -> set[TopicPartition]:
+        """Partitions with queued batches (the sender needs their leaders)."""
+        with self._lock:
+            return {tp for tp, p in self._parts.items() if p.queue}
+
+    def expire(self, now: float) -> list[ProducerBatch]:
+        """Remove and return queued batches older than delivery_timeout_ms (the caller fails them)."""
+        limit = self.config.delivery_timeout_ms / 1000.0
+        out: list[ProducerBatch] = []
+        with self._lock:
+            for part in self._parts.values():
+                if not part.queue:
+                    continue
+                keep: deque[ProducerBatch] = deque()
+                for batch in part.queue:
+                    if now - batch.created >= limit:
+                        out.append(batch)
+                        self._incomplete.discard(batch)
+                    else:
+                        keep.append(batch)
+                part.queue = keep
+                self._maybe_end_recovery(part)
+        return out
+
+    def is_expired(self, batch: ProducerBatch, now: float) -> bool:
+        return now - batch.created >= self.config.delivery_timeout_ms / 1000.0
+
+    def abort_queued(self, predicate: Callable[[ProducerBatch], bool] | None = None) -> list[ProducerBatch]:
+        """Remove and return every queued (not in-flight) batch matching ``predicate``."""
+        out: list[ProducerBatch] = []
+        with self._lock:
+            for part in self._parts.values():
+                keep: deque[ProducerBatch] = deque()
+                for batch in part.queue:
+                    if predicate is None or predicate(batch):
+                        out.append(batch)
+                        self._incomplete.discard(batch)
+                    else:
+                        keep.append(batch)
+                part.queue = keep
+                self._maybe_end_recovery(part)
+        return out
+
+    def reset_sequences(self) -> list[ProducerBatch]:
+        """After a new producer id/epoch: every partition starts again at sequence 0.
+
+        Queued batches that were sealed are unsealed and will be sent as new
+        batches, except those whose earlier send may have been stored (their
+        outcome is unknown): those are removed and returned, for the caller to
+        fail, so they are never written twice.
+        """
+        dropped: list[ProducerBatch] = []
+        with self._lock:
+            for part in self._parts.values():
+                part.next_sequence = 0
+                part.recovering = False
+                keep: deque[ProducerBatch] = deque()
+                for batch in part.queue:
+                    if batch.sealed and batch.maybe_stored:
+                        dropped.append(batch)
+                        self._incomplete.discard(batch)
+                        continue
+                    if batch.sealed:
+                        batch.unseal()
+                    keep.append(batch)
+                part.queue = keep
+        return dropped
+
+    def begin_flush(self) -> None:
+        with self._lock:
+            self._flushes += 1
+        self._wakeup()
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self._flushes -= 1
+
+    @property
+    def flushing(self) -> bool:
+        with self._lock:
+            return self._flushes > 0
+
+    def close(self) -> None:
+        """No more appends; every queued batch is sendable now."""
+        with self._lock:
+            self._closing = True
+        self._wakeup()
+
+    @property
+    def closing(self) -> bool:
+        with self._lock:
+            return self._closing

@@ -1,0 +1,499 @@
+"""The producer's background sender thread: from the accumulator to partition leaders.
+
+One loop, one thread, and every decision about a batch's fate made in it:
+
+1. Take the responses that arrived (gRPC completes the calls on its own
+   threads; their callbacks only queue the result and wake this thread).
+   Success completes the batch's futures; a retriable error queues it again
+   in sequence order (see ``_accumulator``), after forgetting the leader when
+   the error says it moved; anything else fails the batch's records.
+2. Idempotent producer without a producer id yet: InitProducerId (empty
+   transactional id). After a batch with a sequence failed for good, the
+   partition's sequence has a gap the broker will never accept: once nothing
+   is in flight, bump the epoch (InitProducerId with the current id and
+   epoch, KIP-360) and start every partition at sequence 0 again.
+3. Transactional producer: AddPartitionsToTxn for the partitions ``send()``
+   used for the first time in this transaction, all of them in one request.
+   Their batches are not drained before the coordinator confirmed them.
+4. Expire batches older than delivery_timeout_ms.
+5. Ask the accumulator which partitions are ready, group them by leader
+   (refreshing metadata for partitions without a known leader) and send one
+   Produce request per leader, carrying one batch per partition, without
+   waiting for the answer (``grpc.Future``).
+6. Sleep until the next batch's linger time, a retry backoff, or a wakeup.
+
+Errors that break a transaction (a batch that cannot be delivered) move the
+transaction manager to ABORTABLE_ERROR; fencing errors move it to FATAL_ERROR.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2, records_pb2
+from sluice.client._accumulator import ProducerBatch, RecordAccumulator
+from sluice.client._network import (
+    METADATA_REFRESH_CODES,
+    TRANSACTION,
+    Backoff,
+    Cluster,
+    Deadline,
+    map_rpc_error,
+)
+from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client._types import TopicPartition
+
+log = logging.getLogger("sluice.client.producer")
+
+# Codes that fail only the batch they answer (the records are refused, the producer lives on).
+_SEQUENCE_BREAKING = frozenset({records_pb2.OUT_OF_ORDER_SEQUENCE_NUMBER, records_pb2.UNKNOWN_PRODUCER_ID})
+
+
+class TransactionAbortedError(errors.SluiceError):
+    """The record was not sent: its transaction was aborted first (Kafka's TransactionAbortedException)."""
+
+    code = records_pb2.NONE
+
+
+class ProducerClosedError(errors.IllegalStateError):
+    """The producer was closed before the record could be delivered."""
+
+
+@dataclass(slots=True)
+class SenderConfig:
+    acks: int = -1
+    request_timeout_ms: int = 30_000
+    delivery_timeout_ms: int = 120_000
+    max_request_size: int = 1_048_576
+    transaction_timeout_ms: int = 60_000
+    idempotent: bool = True
+
+
+@dataclass(slots=True)
+class _Request:
+    addr: str
+    batches: dict[TopicPartition, ProducerBatch]
+    future: grpc.Future[Any] | None = None
+
+
+class Sender(threading.Thread):
+    """Drains the accumulator into Produce requests. Started by the Producer."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        accumulator: RecordAccumulator,
+        txn: TransactionManager,
+        config: SenderConfig,
+        name: str = "sluice-producer-sender",
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.cluster = cluster
+        self.accumulator = accumulator
+        self.txn = txn
+        self.config = config
+        self._event = threading.Event()
+        self._completions: deque[_Request] = deque()
+        self._in_flight: set[int] = set()  # ids of requests under way
+        self._running = True
+        self._force = False
+        self._broken: set[TopicPartition] = set()  # partitions whose sequence has a gap
+        self._init_backoff = Backoff(0.1, 1.0)
+        self._init_retry_at = 0.0
+        self._add_backoff = Backoff(0.02, 0.5)
+        self._add_retry_at = 0.0
+        self._stopped = threading.Event()
+
+    # ------------------------------------------------------------------ control
+
+    def wakeup(self) -> None:
+        self._event.set()
+
+    def initiate_close(self) -> None:
+        """Send what is queued, then stop."""
+        self._running = False
+        self.wakeup()
+
+    def force_close(self) -> None:
+        """Stop now; fail what is not delivered."""
+        self._force = True
+        self._running = False
+        self.wakeup()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        try:
+            while self._running:
+                self._run_once()
+            while not self._force and (self.accumulator.has_incomplete() or self._in_flight):
+                self._fail_unsendable_on_close()
+                self._run_once()
+        except Exception:  # never die silently: records would hang forever
+            log.exception("the producer's sender thread failed")
+        finally:
+            exc = ProducerClosedError("the producer was closed before the record was delivered")
+            for batch in self.accumulator.abort_queued():
+                batch.fail(exc)
+            for batch in self.accumulator.incomplete():
+                self.accumulator.fail(batch, exc)
+            self._stopped.set()
+
+    def _run_once(self) -> None:
+        self._process_completions()
+        now = time.monotonic()
+        wait = 1.0
+
+        if self.txn.state is TransactionState.FATAL_ERROR:
+            err = self.txn.last_error or errors.IllegalStateError("the producer is in a fatal error state")
+            for batch in self.accumulator.abort_queued():
+                batch.fail(err)
+
+        idempotent_only = self.config.idempotent and not self.txn.is_transactional
+        if idempotent_only and not self._ensure_producer_id(now):
+            self._sleep(min(wait, max(0.01, self._init_retry_at - now)))
+            return
+
+        if self.txn.is_transactional:
+            self._add_partitions(now)
+            if self.txn.has_pending_partitions():
+                wait = min(wait, max(0.005, self._add_retry_at - now))
+
+        for batch in self.accumulator.expire(now):
+            self._fail_batch(
+                batch,
+                errors.KafkaTimeoutError(
+                    f"{batch.record_count} record(s) for {batch.tp} expired after "
+                    f"{self.config.delivery_timeout_ms} ms (delivery_timeout_ms)"
+                    + (f": last error: {batch.last_error}" if batch.last_error else "")
+                ),
+            )
+
+        if self._broken and idempotent_only:
+            # no new batch until in-flight ones are back and the epoch was bumped
+            self._sleep(0.05)
+            return
+
+        producer_id, producer_epoch = self.txn.producer_id_and_epoch()
+        if self.config.idempotent and (producer_id < 0 or not self.txn.has_producer_id):
+            self._sleep(min(wait, 0.05))
+            return
+        ready, delay = self.accumulator.ready(now, self.txn.is_partition_added)
+        wait = min(wait, delay)
+        by_leader: dict[str, list[TopicPartition]] = defaultdict(list)
+        unknown: set[str] = set()
+        for tp in ready:
+            leader = self.cluster.leader(tp.topic, tp.partition)
+            if leader is None:
+                unknown.add(tp.topic)
+            else:
+                by_leader[leader[0]].append(tp)
+        if unknown:
+            self.cluster.refresh_if_stale(unknown, min_age=0.1)
+            wait = min(wait, 0.05)
+        for addr, tps in by_leader.items():
+            batches = self.accumulator.drain(tps, now, producer_id, producer_epoch, self.config.max_request_size)
+            if batches:
+                self._send(addr, batches)
+        if self.accumulator.queued_count():
+            wait = min(wait, 0.1)
+        self._sleep(wait)
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and not self._completions:
+            self._event.wait(seconds)
+        self._event.clear()
+
+    def _fail_unsendable_on_close(self) -> None:
+        """On close, batches of a transaction that can no longer commit will never be sent."""
+        if not self.txn.is_transactional:
+            return
+        if self.txn.state not in (TransactionState.IN_TRANSACTION, TransactionState.COMMITTING_TRANSACTION):
+            exc = ProducerClosedError(
+                f"the producer was closed in state {self.txn.state.value}: the record was not sent"
+            )
+            for batch in self.accumulator.abort_queued():
+                batch.fail(exc)
+
+    # ------------------------------------------------------------------ producer id (idempotent)
+
+    def _ensure_producer_id(self, now: float) -> bool:
+        """Make sure an idempotent producer has a producer id; True when it may send."""
+        state = self.txn.state
+        if state is TransactionState.FATAL_ERROR:
+            return True  # batches are failed above
+        need_init = not self.txn.has_producer_id
+        need_bump = bool(self._broken)
+        if not need_init and not need_bump:
+            return True
+        if not self.accumulator.has_incomplete() and need_init:
+            return True  # nothing to send: initialise lazily
+        if need_bump and self.accumulator.in_flight_count():
+            return True  # wait for in-flight batches to come back first (handled by the caller)
+        if now < self._init_retry_at:
+            return False
+        old_id, old_epoch = self.txn.producer_id_and_epoch()
+        try:
+            if need_init:
+                self.txn.begin_init()
+            else:
+                self.txn.begin_epoch_bump()
+            request = broker_pb2.InitProducerIdRequest(
+                transactional_id="",
+                transaction_timeout_ms=self.config.transaction_timeout_ms,
+                producer_id=old_id if need_bump else -1,
+                producer_epoch=old_epoch if need_bump else -1,
+            )
+            response: broker_pb2.InitProducerIdResponse = self.cluster.call_any(
+                "InitProducerId", request, self.config.request_timeout_ms / 1000.0
+            )
+            errors.check(response.error_code, response.error_message)
+        except errors.SluiceError as exc:
+            if exc.retriable:
+                self.txn.init_failed(exc)
+                if need_bump:  # back to READY with the old id; the bump is retried
+                    self.txn.complete_init(old_id, old_epoch)
+                self._init_retry_at = time.monotonic() + self._init_backoff.next()
+                log.debug("InitProducerId failed, retrying: %s", exc)
+                return False
+            log.error("the idempotent producer cannot get a producer id: %s", exc)
+            self.txn.set_fatal_error(exc)
+            return True
+        self._init_backoff.reset()
+        self.txn.complete_init(response.producer_id, response.producer_epoch)
+        if need_bump:
+            self._broken.clear()
+            for batch in self.accumulator.reset_sequences():
+                self._fail_batch(
+                    batch,
+                    batch.last_error or errors.OutOfOrderSequenceError("the batch's outcome is unknown"),
+                )
+            log.info(
+                "producer epoch bumped to %d.%d after a sequence gap", response.producer_id, response.producer_epoch
+            )
+        return True
+
+    # ------------------------------------------------------------------ transactions
+
+    def _add_partitions(self, now: float) -> None:
+        if now < self._add_retry_at or not self.txn.has_pending_partitions():
+            return
+        tps = self.txn.take_pending_partitions()
+        if not tps:
+            return
+        txn_id = self.txn.transactional_id or ""
+        producer_id, producer_epoch = self.txn.producer_id_and_epoch()
+        by_topic: dict[str, list[int]] = defaultdict(list)
+        for tp in tps:
+            by_topic[tp.topic].append(tp.partition)
+        request = broker_pb2.AddPartitionsToTxnRequest(
+            transactional_id=txn_id,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            topics=[broker_pb2.TxnTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        timeout = self.config.request_timeout_ms / 1000.0
+        try:
+            _node, addr = self.cluster.find_coordinator(txn_id, TRANSACTION, Deadline(timeout))
+            response: broker_pb2.AddPartitionsToTxnResponse = self.cluster.call(
+                addr, "AddPartitionsToTxn", request, timeout
+            )
+        except errors.SluiceError as exc:
+            self.cluster.forget_coordinator(txn_id, TRANSACTION)
+            self._add_failed(tps, exc)
+            return
+        results = {TopicPartition(r.topic, r.partition): r for r in response.results}
+        added: list[TopicPartition] = []
+        retry: list[TopicPartition] = []
+        fatal: errors.SluiceError | None = None
+        for tp in tps:
+            r = results.get(tp)
+            code = r.error_code if r is not None else records_pb2.NONE
+            if code == records_pb2.NONE:
+                added.append(tp)
+                continue
+            err = errors.error_for(code, r.error_message if r is not None else "")
+            if code in (records_pb2.NOT_COORDINATOR, records_pb2.COORDINATOR_NOT_AVAILABLE):
+                self.cluster.forget_coordinator(txn_id, TRANSACTION)
+            if err.retriable:
+                retry.append(tp)
+            else:
+                fatal = fatal or err
+        if added:
+            self.txn.partitions_added(added)
+            self._add_backoff.reset()
+        if fatal is not None:
+            self.txn.partitions_add_failed(retry, retry=False)
+            self._txn_error(fatal)
+        elif retry:
+            self.txn.partitions_add_failed(retry, retry=True)
+            self._add_retry_at = time.monotonic() + self._add_backoff.next()
+        self.wakeup()
+
+    def _add_failed(self, tps: list[TopicPartition], exc: errors.SluiceError) -> None:
+        if exc.retriable:
+            self.txn.partitions_add_failed(tps, retry=True)
+            self._add_retry_at = time.monotonic() + self._add_backoff.next()
+            log.debug("AddPartitionsToTxn failed, retrying: %s", exc)
+        else:
+            self.txn.partitions_add_failed(tps, retry=False)
+            self._txn_error(exc)
+
+    def _txn_error(self, exc: errors.SluiceError) -> None:
+        """A transactional request failed for good: fenced -> fatal; otherwise the transaction must abort."""
+        if is_fencing_error(exc) or isinstance(
+            exc, errors.TransactionalIdAuthorizationFailedError | errors.InvalidTxnStateError
+        ):
+            self.txn.set_fatal_error(exc)
+        else:
+            self.txn.set_abortable_error(exc)
+
+    # ------------------------------------------------------------------ produce
+
+    def _send(self, addr: str, batches: list[ProducerBatch]) -> None:
+        by_topic: dict[str, list[broker_pb2.ProducePartitionData]] = defaultdict(list)
+        for batch in batches:
+            by_topic[batch.tp.topic].append(
+                broker_pb2.ProducePartitionData(partition=batch.tp.partition, batch=batch.wire)
+            )
+        transactional = any(b.transactional for b in batches)
+        request = broker_pb2.ProduceRequest(
+            transactional_id=(self.txn.transactional_id or "") if transactional else "",
+            acks=self.config.acks,
+            timeout_ms=self.config.request_timeout_ms,
+            topics=[broker_pb2.ProduceTopicData(name=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        req = _Request(addr, {b.tp: b for b in batches})
+        self._in_flight.add(id(req))
+        try:
+            req.future = self.cluster.call_future(
+                addr, "Produce", request, self.config.request_timeout_ms / 1000.0 + 5.0
+            )
+        except Exception as exc:  # the channel could not even start the call
+            self._in_flight.discard(id(req))
+            err = exc if isinstance(exc, errors.SluiceError) else errors.BrokerNotAvailableError(str(exc))
+            for batch in batches:
+                self._retry_or_fail(batch, err, maybe_stored=False)
+            return
+
+        def done(_f: grpc.Future[Any], req: _Request = req) -> None:
+            self._completions.append(req)
+            self._event.set()
+
+        req.future.add_done_callback(done)
+
+    def _process_completions(self) -> None:
+        while self._completions:
+            req = self._completions.popleft()
+            self._in_flight.discard(id(req))
+            self._handle_response(req)
+
+    def _handle_response(self, req: _Request) -> None:
+        assert req.future is not None
+        try:
+            response: broker_pb2.ProduceResponse = req.future.result()
+        except grpc.RpcError as rpc_exc:
+            exc = map_rpc_error(rpc_exc, req.addr, "Produce")
+            for batch in req.batches.values():
+                if exc.retriable:
+                    self.cluster.forget_leader(batch.tp.topic, batch.tp.partition)
+                # the broker may have stored the batch before the connection dropped or the call timed out
+                self._retry_or_fail(batch, exc, maybe_stored=True)
+            return
+        except Exception as other:  # cancelled on shutdown, ...
+            for batch in req.batches.values():
+                self._retry_or_fail(batch, errors.BrokerNotAvailableError(str(other)), maybe_stored=True)
+            return
+        if self.config.acks == 0:
+            for batch in req.batches.values():
+                self.accumulator.complete(batch, -1)
+            return
+        answered: dict[TopicPartition, broker_pb2.ProducePartitionResponse] = {}
+        for topic in response.topics:
+            for p in topic.partitions:
+                answered[TopicPartition(topic.name, p.partition)] = p
+        for tp, batch in req.batches.items():
+            pr = answered.get(tp)
+            if pr is None:
+                self._retry_or_fail(
+                    batch, errors.UnknownServerError(f"the Produce response of {req.addr} omits {tp}"), True
+                )
+            elif pr.error_code in (records_pb2.NONE, records_pb2.DUPLICATE_SEQUENCE_NUMBER):
+                self.accumulator.complete(batch, pr.base_offset, pr.log_append_time)
+            else:
+                self._handle_error(batch, pr.error_code, pr.error_message)
+
+    def _handle_error(self, batch: ProducerBatch, code: int, message: str) -> None:
+        tp = batch.tp
+        exc = errors.error_for(code, message)
+        if code in METADATA_REFRESH_CODES:
+            self.cluster.forget_leader(tp.topic, tp.partition)
+        if code in _SEQUENCE_BREAKING and self.config.idempotent:
+            if tp in self._broken or self.accumulator.earlier_unacknowledged(batch):
+                # the broker saw the gap left by an earlier batch: this one was not stored, resend it in order
+                self._retry_or_fail(batch, exc, maybe_stored=False)
+                return
+            self._sequence_broken(batch, exc)
+            return
+        if exc.retriable:
+            self._retry_or_fail(batch, exc, maybe_stored=False)
+            return
+        if is_fencing_error(exc) and self.txn.is_transactional:
+            self.txn.set_fatal_error(exc)
+            self._fail_batch(batch, self.txn.last_error or exc)
+            return
+        # refused for good (too large, invalid ...): the sequence it held is now a gap
+        self._fail_batch(batch, exc)
+        if batch.sealed and batch.sequence >= 0 and self.config.idempotent:
+            self._mark_broken(tp)
+
+    def _sequence_broken(self, batch: ProducerBatch, exc: errors.SluiceError) -> None:
+        log.warning("%s: %s (sequence %d); the producer resets its sequence numbers", batch.tp, exc, batch.sequence)
+        self._fail_batch(batch, exc)
+        self._mark_broken(batch.tp)
+
+    def _mark_broken(self, tp: TopicPartition) -> None:
+        if self.txn.is_transactional:
+            # the transaction must be aborted; the abort bumps the epoch, which resets sequences
+            self.txn.request_epoch_bump()
+            return
+        self._broken.add(tp)
+
+    def _retry_or_fail(self, batch: ProducerBatch, exc: errors.SluiceError, maybe_stored: bool) -> None:
+        now = time.monotonic()
+        if maybe_stored:
+            batch.maybe_stored = True
+        if not exc.retriable and not isinstance(exc, errors.OutOfOrderSequenceError | errors.UnknownProducerIdError):
+            self._fail_batch(batch, exc)
+            if batch.sealed and batch.sequence >= 0 and self.config.idempotent:
+                self._mark_broken(batch.tp)
+            return
+        if self.accumulator.is_expired(batch, now) or self._force:
+            self._fail_batch(
+                batch,
+                errors.KafkaTimeoutError(
+                    f"{batch.record_count} record(s) for {batch.tp} not delivered within "
+                    f"delivery_timeout_ms ({self.config.delivery_timeout_ms} ms): last error: {exc}"
+                ),
+            )
+            if batch.sealed and batch.sequence >= 0 and self.config.idempotent:
+                self._mark_broken(batch.tp)
+            return
+        log.debug("retrying %s after %s", batch, exc)
+        self.accumulator.requeue(batch, now, exc)
+
+    def _fail_batch(self, batch: ProducerBatch, exc: errors.SluiceError) -> None:
+        self.accumulator.fail(batch, exc)
+        if batch.transactional:
+            self.txn.set_abortable_error(exc)  # fencing errors make it fatal
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)

@@ -1,0 +1,404 @@
+"""The producer's transaction state machine: plain state, no network.
+
+Why a separate module: the rules of a transactional producer (what may be
+called when, what an error does to the producer) are the part users get
+wrong and reviewers must check. Here they are a table, :data:`TRANSITIONS`,
+and a lock; the network code (``producer.py`` and ``_sender.py``) asks this
+object what is allowed and reports what happened, and never keeps a state of
+its own. Unit tests drive it without a broker.
+
+States (Kafka's names)::
+
+    UNINITIALIZED --init_transactions--> INITIALIZING --ok--> READY
+    READY --begin_transaction--> IN_TRANSACTION
+    IN_TRANSACTION --commit--> COMMITTING_TRANSACTION --EndTxn ok--> READY
+    IN_TRANSACTION --abort---> ABORTING_TRANSACTION   --EndTxn ok--> READY
+    IN_TRANSACTION / COMMITTING --a send or offset commit failed--> ABORTABLE_ERROR
+    ABORTABLE_ERROR --abort--> ABORTING_TRANSACTION
+    any --fenced, or an error the producer cannot recover from--> FATAL_ERROR
+
+A producer without a transactional id uses the same object for its producer
+id and epoch (idempotence): UNINITIALIZED -> INITIALIZING -> READY, and
+READY -> INITIALIZING again when it must bump its epoch after a broken
+sequence.
+
+In ABORTABLE_ERROR the only way on is ``abort_transaction()``; commit and
+send raise the error that broke the transaction. In FATAL_ERROR every call
+raises that error (for a fenced producer, ``ProducerFencedError``): the
+application must close the producer.
+
+The manager also tracks which partitions the coordinator knows are part of
+the current transaction: ``send()`` registers a partition
+(:meth:`TransactionManager.maybe_add_partition`), the sender takes the
+pending ones in one AddPartitionsToTxn (:meth:`TransactionManager.take_pending_partitions`),
+and only drains batches of partitions the coordinator has confirmed
+(:meth:`TransactionManager.is_partition_added`).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Iterable
+
+from sluice import errors
+from sluice.client._types import TopicPartition
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+
+
+class TransactionState(enum.Enum):
+    UNINITIALIZED = "UNINITIALIZED"
+    INITIALIZING = "INITIALIZING"
+    READY = "READY"
+    IN_TRANSACTION = "IN_TRANSACTION"
+    COMMITTING_TRANSACTION = "COMMITTING_TRANSACTION"
+    ABORTING_TRANSACTION = "ABORTING_TRANSACTION"
+    ABORTABLE_ERROR = "ABORTABLE_ERROR"
+    FATAL_ERROR = "FATAL_ERROR"
+
+
+S = TransactionState
+
+#: Legal transitions. FATAL_ERROR is reachable from every state and is final.
+#: A state listed as reachable from itself is a retry of the same operation
+#: (init, commit or abort after a timeout).
+TRANSITIONS: dict[TransactionState, frozenset[TransactionState]] = {
+    S.UNINITIALIZED: frozenset({S.INITIALIZING, S.FATAL_ERROR}),
+    S.INITIALIZING: frozenset({S.INITIALIZING, S.READY, S.UNINITIALIZED, S.FATAL_ERROR}),
+    S.READY: frozenset({S.IN_TRANSACTION, S.INITIALIZING, S.FATAL_ERROR}),
+    S.IN_TRANSACTION: frozenset({S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION, S.ABORTABLE_ERROR, S.FATAL_ERROR}),
+    S.COMMITTING_TRANSACTION: frozenset({S.COMMITTING_TRANSACTION, S.READY, S.ABORTABLE_ERROR, S.FATAL_ERROR}),
+    S.ABORTING_TRANSACTION: frozenset({S.ABORTING_TRANSACTION, S.READY, S.FATAL_ERROR}),
+    S.ABORTABLE_ERROR: frozenset({S.ABORTABLE_ERROR, S.ABORTING_TRANSACTION, S.FATAL_ERROR}),
+    S.FATAL_ERROR: frozenset({S.FATAL_ERROR}),
+}
+
+# Errors that fence the producer for good.
+_FENCING = (
+    errors.ProducerFencedError,
+    errors.InvalidProducerEpochError,
+    errors.TransactionCoordinatorFencedError,
+)
+
+
+def is_fencing_error(exc: BaseException) -> bool:
+    return isinstance(exc, _FENCING)
+
+
+class TransactionManager:
+    """State of one producer's id, epoch and transaction. Thread-safe; no I/O."""
+
+    def __init__(self, transactional_id: str | None, transaction_timeout_ms: int = 60_000) -> None:
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self._lock = threading.RLock()
+        self._state = S.UNINITIALIZED
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self._last_error: errors.SluiceError | None = None
+        self._added: set[TopicPartition] = set()  # confirmed by the coordinator
+        self._pending: set[TopicPartition] = set()  # sent to, not yet added
+        self._in_flight_add: set[TopicPartition] = set()  # AddPartitionsToTxn under way
+        self._offsets_added = False
+        self._epoch_bump_needed = False
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def is_transactional(self) -> bool:
+        return self.transactional_id is not None
+
+    @property
+    def state(self) -> TransactionState:
+        with self._lock:
+            return self._state
+
+    @property
+    def last_error(self) -> errors.SluiceError | None:
+        with self._lock:
+            return self._last_error
+
+    def _transition(self, target: TransactionState, action: str) -> None:
+        if target not in TRANSITIONS[self._state]:
+            if self._state is S.FATAL_ERROR and self._last_error is not None:
+                raise self._fatal_copy(action)
+            if self._state is S.ABORTABLE_ERROR and self._last_error is not None:
+                raise self._abortable_copy(action)
+            raise errors.IllegalStateError(
+                f"cannot {action}: the producer is in state {self._state.value} "
+                f"(legal next states: {', '.join(sorted(s.value for s in TRANSITIONS[self._state]))})"
+            )
+        self._state = target
+
+    def transition_to(self, target: TransactionState, action: str = "change state") -> None:
+        """Move to ``target`` or raise IllegalStateError (or the stored error in an error state)."""
+        with self._lock:
+            self._transition(target, action)
+
+    def _fatal_copy(self, action: str) -> errors.SluiceError:
+        err = self._last_error
+        assert err is not None
+        exc = type(err)(f"cannot {action}: the producer hit a fatal error and must be closed: {err.message}")
+        exc.__cause__ = err
+        return exc
+
+    def _abortable_copy(self, action: str) -> errors.SluiceError:
+        err = self._last_error
+        assert err is not None
+        exc = type(err)(f"cannot {action}: the transaction must be aborted after an earlier error: {err.message}")
+        exc.__cause__ = err
+        return exc
+
+    def _require_transactional(self, action: str) -> None:
+        if self.transactional_id is None:
+            raise errors.IllegalStateError(f"cannot {action}: the producer has no transactional_id")
+
+    # ------------------------------------------------------------------ producer id
+
+    def begin_init(self) -> None:
+        """init_transactions() (or the idempotent producer's first InitProducerId) starts."""
+        with self._lock:
+            if self.transactional_id is not None and self._state not in (S.UNINITIALIZED, S.INITIALIZING):
+                if self._state is S.FATAL_ERROR:
+                    raise self._fatal_copy("init_transactions")
+                raise errors.IllegalStateError(
+                    "init_transactions() was already called: it may be called once per producer "
+                    f"(state {self._state.value})"
+                )
+            self._transition(S.INITIALIZING, "initialize the producer id")
+
+    def begin_epoch_bump(self) -> None:
+        """An idempotent producer re-initializes after a broken sequence (READY -> INITIALIZING)."""
+        with self._lock:
+            self._transition(S.INITIALIZING, "bump the producer epoch")
+
+    def complete_init(self, producer_id: int, producer_epoch: int) -> None:
+        with self._lock:
+            self._transition(S.READY, "complete initialization")
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._epoch_bump_needed = False
+
+    def init_failed(self, exc: errors.SluiceError) -> None:
+        """InitProducerId failed: a retriable error allows calling init again; others are fatal."""
+        with self._lock:
+            if exc.retriable:
+                self._transition(S.UNINITIALIZED, "reset after a failed initialization")
+            else:
+                self._set_fatal(exc)
+
+    @property
+    def has_producer_id(self) -> bool:
+        with self._lock:
+            return self.producer_id >= 0 and self._state not in (S.UNINITIALIZED, S.INITIALIZING)
+
+    def producer_id_and_epoch(self) -> tuple[int, int]:
+        with self._lock:
+            return self.producer_id, self.producer_epoch
+
+    # ------------------------------------------------------------------ transaction
+
+    def begin_transaction(self) -> None:
+        with self._lock:
+            self._require_transactional("begin_transaction")
+            if self._state in (S.UNINITIALIZED, S.INITIALIZING):
+                raise errors.IllegalStateError("cannot begin_transaction: call init_transactions() first")
+            if self._state is S.IN_TRANSACTION:
+                raise errors.IllegalStateError("cannot begin_transaction: a transaction is already open")
+            self._transition(S.IN_TRANSACTION, "begin_transaction")
+
+    def check_can_send(self) -> None:
+        """Raise unless a record may be sent now."""
+        with self._lock:
+            if self._state is S.FATAL_ERROR and self._last_error is not None:
+                raise self._fatal_copy("send")
+            if self.transactional_id is None:
+                return
+            if self._state is S.ABORTABLE_ERROR and self._last_error is not None:
+                raise self._abortable_copy("send")
+            if self._state is not S.IN_TRANSACTION:
+                hint = (
+                    "call init_transactions() first"
+                    if self._state in (S.UNINITIALIZED, S.INITIALIZING)
+                    else "call begin_transaction() first"
+                )
+                raise errors.IllegalStateError(
+                    f"cannot send: a transactional producer sends only inside a transaction "
+                    f"(state {self._state.value}); {hint}"
+                )
+
+    def check_in_transaction(self, action: str) -> None:
+        with self._lock:
+            self._require_transactional(action)
+            if self._state is S.FATAL_ERROR and self._last_error is not None:
+                raise self._fatal_copy(action)
+            if self._state is S.ABORTABLE_ERROR and self._last_error is not None:
+                raise self._abortable_copy(action)
+            if self._state is not S.IN_TRANSACTION:
+                raise errors.IllegalStateError(f"cannot {action}: no transaction is open (state {self._state.value})")
+
+    def maybe_add_partition(self, tp: TopicPartition) -> None:
+        """A record for ``tp`` is being sent in this transaction."""
+        with self._lock:
+            if self.transactional_id is None:
+                return
+            if tp not in self._added and tp not in self._in_flight_add:
+                self._pending.add(tp)
+
+    def is_partition_added(self, tp: TopicPartition) -> bool:
+        """May batches of ``tp`` be sent now?"""
+        with self._lock:
+            if self.transactional_id is None:
+                return True
+            return tp in self._added and self._state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION)
+
+    def has_pending_partitions(self) -> bool:
+        with self._lock:
+            return bool(self._pending) and self._state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION)
+
+    def take_pending_partitions(self) -> list[TopicPartition]:
+        """The partitions to add in one AddPartitionsToTxn (empty unless the transaction is live)."""
+        with self._lock:
+            if self._state not in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION) or not self._pending:
+                return []
+            tps = sorted(self._pending)
+            self._in_flight_add.update(tps)
+            self._pending.clear()
+            return tps
+
+    def partitions_added(self, tps: Iterable[TopicPartition]) -> None:
+        with self._lock:
+            for tp in tps:
+                self._in_flight_add.discard(tp)
+                self._added.add(tp)
+
+    def partitions_add_failed(self, tps: Iterable[TopicPartition], retry: bool) -> None:
+        with self._lock:
+            for tp in tps:
+                self._in_flight_add.discard(tp)
+                if retry:
+                    self._pending.add(tp)
+
+    def adding_partitions(self) -> bool:
+        """Is an AddPartitionsToTxn under way?"""
+        with self._lock:
+            return bool(self._in_flight_add)
+
+    def offsets_added(self) -> None:
+        with self._lock:
+            self._offsets_added = True
+
+    @property
+    def partitions_in_transaction(self) -> frozenset[TopicPartition]:
+        with self._lock:
+            return frozenset(self._added)
+
+    def needs_end_txn(self) -> bool:
+        """Does the coordinator know of this transaction (anything was added)?"""
+        with self._lock:
+            return bool(self._added) or self._offsets_added
+
+    def begin_commit(self) -> None:
+        with self._lock:
+            self._require_transactional("commit_transaction")
+            if self._state is S.READY:
+                raise errors.IllegalStateError("cannot commit_transaction: no transaction is open")
+            self._transition(S.COMMITTING_TRANSACTION, "commit_transaction")
+
+    def begin_abort(self) -> None:
+        with self._lock:
+            self._require_transactional("abort_transaction")
+            if self._state is S.READY:
+                raise errors.IllegalStateError("cannot abort_transaction: no transaction is open")
+            self._transition(S.ABORTING_TRANSACTION, "abort_transaction")
+            # An abort after an error may leave sequence numbers the broker does not expect.
+            if self._last_error is not None:
+                self._epoch_bump_needed = True
+
+    @property
+    def epoch_bump_needed(self) -> bool:
+        with self._lock:
+            return self._epoch_bump_needed
+
+    def request_epoch_bump(self) -> None:
+        with self._lock:
+            self._epoch_bump_needed = True
+
+    def complete_transaction(self) -> None:
+        """EndTxn succeeded (or was not needed): back to READY for the next transaction."""
+        with self._lock:
+            self._transition(S.READY, "complete the transaction")
+            self._added.clear()
+            self._pending.clear()
+            self._in_flight_add.clear()
+            self._offsets_added = False
+            self._last_error = None
+
+    def complete_epoch_bump(self, producer_id: int, producer_epoch: int) -> None:
+        with self._lock:
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._epoch_bump_needed = False
+
+    @property
+    def is_completing(self) -> bool:
+        with self._lock:
+            return self._state in (S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION)
+
+    @property
+    def is_aborting(self) -> bool:
+        with self._lock:
+            return self._state in (S.ABORTING_TRANSACTION, S.ABORTABLE_ERROR)
+
+    # ------------------------------------------------------------------ errors
+
+    def _set_fatal(self, exc: errors.SluiceError) -> None:
+        if is_fencing_error(exc) and not isinstance(exc, errors.ProducerFencedError):
+            fenced = errors.ProducerFencedError(exc.message)
+            fenced.__cause__ = exc
+            exc = fenced
+        if self._state is not S.FATAL_ERROR or self._last_error is None:
+            self._last_error = exc
+        self._state = S.FATAL_ERROR
+
+    def set_fatal_error(self, exc: errors.SluiceError) -> None:
+        with self._lock:
+            self._set_fatal(exc)
+
+    def set_abortable_error(self, exc: errors.SluiceError) -> None:
+        """A send or offset commit of the transaction failed: only abort is possible now.
+
+        Fencing errors are fatal instead. Outside a transaction (or while
+        aborting anyway) an error changes nothing but is remembered.
+        """
+        with self._lock:
+            if is_fencing_error(exc):
+                self._set_fatal(exc)
+                return
+            if self.transactional_id is None or self._state is S.FATAL_ERROR:
+                return
+            if self._state is S.ABORTING_TRANSACTION:
+                if self._last_error is None:
+                    self._last_error = exc
+                self._epoch_bump_needed = True
+                return
+            if S.ABORTABLE_ERROR in TRANSITIONS[self._state]:
+                self._state = S.ABORTABLE_ERROR
+                if self._last_error is None:
+                    self._last_error = exc
+
+    def raise_if_error(self, action: str) -> None:
+        """Raise the stored error if the manager is in ABORTABLE_ERROR or FATAL_ERROR."""
+        with self._lock:
+            if self._state is S.FATAL_ERROR and self._last_error is not None:
+                raise self._fatal_copy(action)
+            if self._state is S.ABORTABLE_ERROR and self._last_error is not None:
+                raise self._abortable_copy(action)
+
+    def __repr__(self) -> str:
+        return (
+            f"TransactionManager(transactional_id={self.transactional_id!r}, state={self.state.value}, "
+            f"producer_id={self.producer_id}, producer_epoch={self.producer_epoch})"
+        )

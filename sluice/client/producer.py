@@ -1,0 +1,526 @@
+"""The Sluice producer: idempotent by default, transactional with a transactional_id.
+
+The pieces, each in its own module:
+
+* ``send()`` (thread-safe, any number of threads) picks the partition
+  (``_partitioner``), appends the record to the partition's open batch in the
+  :class:`~sluice.client._accumulator.RecordAccumulator` and returns a future.
+* The :class:`~sluice.client._sender.Sender` thread drains ready batches into
+  Produce requests, one per partition leader, and resolves the futures.
+* The :class:`~sluice.client._transaction_manager.TransactionManager` holds the
+  producer id, epoch and transaction state and decides what is legal.
+* This module drives the transaction coordinator for the calls the
+  application makes and waits for (init_transactions, send_offsets_to_transaction,
+  commit_transaction, abort_transaction), in the caller's thread.
+
+Semantics are Kafka's (the Java client's), with two deliberate choices spelled out:
+
+* ``close()`` with a transaction open does not abort it: the coordinator
+  aborts it when transaction_timeout_ms passes, or the next producer with the
+  same transactional_id aborts it in ``init_transactions()``.
+* Keys are partitioned with CRC-32, not murmur2 (see ``_partitioner``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Literal
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2
+from sluice.client._accumulator import AccumulatorConfig, ProducerBatch, RecordAccumulator
+from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error
+from sluice.client._partitioner import StickyPartitioner, partition_for_key
+from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
+from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client._types import FutureRecordMetadata, GroupMetadata, TopicPartition
+from sluice.records import compression_code
+
+log = logging.getLogger("sluice.client.producer")
+
+HeadersArg = Iterable[tuple[str, bytes | str]] | Mapping[str, bytes | str] | None
+Acks = Literal["all", -1, 0, 1, "0", "1", "-1"]
+
+
+def _acks(value: Acks | int | str) -> int:
+    if value in ("all", -1, "-1"):
+        return -1
+    if value in (1, "1"):
+        return 1
+    if value in (0, "0"):
+        return 0
+    raise ValueError(f"acks must be 'all' (-1), 1 or 0, not {value!r}")
+
+
+def _as_bytes(value: bytes | bytearray | memoryview | str | None, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    raise TypeError(f"{what} must be bytes, str or None, not {type(value).__name__}")
+
+
+def _headers(headers: HeadersArg) -> list[tuple[str, bytes]] | None:
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    out: list[tuple[str, bytes]] = []
+    for k, v in items:
+        if not isinstance(k, str):
+            raise TypeError(f"header keys must be str, not {type(k).__name__}")
+        b = _as_bytes(v, f"header {k!r}")
+        out.append((k, b if b is not None else b""))
+    return out
+
+
+class Producer:
+    """Sends records to Sluice topics.
+
+    Arguments (Kafka's producer configs, in Python spelling):
+
+    * ``transactional_id``: enables transactions (``init_transactions()``
+      first); None gives an idempotent, non-transactional producer.
+    * ``acks``: "all" (-1, the default), 1 or 0. With acks=0 futures resolve
+      with offset -1 and idempotence is turned off (without acknowledgements
+      there are no retries to deduplicate).
+    * ``enable_idempotence``: producer id + per-partition sequence numbers, so
+      retries never write duplicates and never reorder (on by default, as in
+      Kafka 3). Required by transactions.
+    * ``linger_ms``, ``batch_size``: how long a batch waits to fill, and its size in bytes.
+    * ``compression``: None, "gzip", "lz4" or "zstd".
+    * ``max_in_flight``: Produce requests in flight per partition (<= 5 with idempotence).
+    * ``delivery_timeout_ms``: upper bound for a record from ``send()`` to
+      success or failure, retries included.
+    * ``max_request_size``: the largest record (and request) sent; a larger
+      record fails with MessageTooLargeError.
+    * ``max_block_ms``: how long ``send()`` waits for a topic's metadata and
+      transactional calls wait for the coordinator.
+
+    Futures are resolved (and their callbacks run) on the sender thread: a
+    callback must not block on the producer (``flush()`` in a callback deadlocks).
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        *,
+        transactional_id: str | None = None,
+        acks: Acks | int | str = "all",
+        enable_idempotence: bool = True,
+        linger_ms: float = 5,
+        batch_size: int = 262_144,
+        compression: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+        max_in_flight: int = 5,
+        delivery_timeout_ms: int = 120_000,
+        request_timeout_ms: int = 30_000,
+        max_request_size: int = 1_048_576,
+        max_block_ms: int = 60_000,
+        retry_backoff_ms: int = 100,
+        client_id: str | None = None,
+    ) -> None:
+        acks_int = _acks(acks)
+        if transactional_id is not None:
+            if not transactional_id:
+                raise ValueError("transactional_id must not be empty (use None for a non-transactional producer)")
+            if not enable_idempotence:
+                raise ValueError("a transactional producer requires enable_idempotence=True")
+            if acks_int != -1:
+                raise ValueError("a transactional producer requires acks='all'")
+        idempotent = enable_idempotence and acks_int != 0
+        if idempotent and not 1 <= max_in_flight <= 5:
+            raise ValueError("max_in_flight must be between 1 and 5 with idempotence")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        if batch_size <= 0 or linger_ms < 0 or delivery_timeout_ms <= 0:
+            raise ValueError("batch_size and delivery_timeout_ms must be positive, linger_ms not negative")
+        self.client_id = client_id or "sluice-producer"
+        self.transactional_id = transactional_id
+        self._max_block = max_block_ms / 1000.0
+        self._request_timeout = request_timeout_ms / 1000.0
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._txn = TransactionManager(transactional_id, transaction_timeout_ms)
+        self._sticky = StickyPartitioner()
+        self._accumulator = RecordAccumulator(
+            AccumulatorConfig(
+                batch_size=batch_size,
+                linger_ms=linger_ms,
+                max_request_size=max_request_size,
+                compression=compression_code(compression),
+                max_in_flight=max_in_flight,
+                idempotent=idempotent,
+                delivery_timeout_ms=delivery_timeout_ms,
+                retry_backoff_ms=retry_backoff_ms,
+            ),
+            wakeup=self._wakeup,
+        )
+        self._sender = Sender(
+            self._cluster,
+            self._accumulator,
+            self._txn,
+            SenderConfig(
+                acks=acks_int,
+                request_timeout_ms=request_timeout_ms,
+                delivery_timeout_ms=delivery_timeout_ms,
+                max_request_size=max_request_size,
+                transaction_timeout_ms=transaction_timeout_ms,
+                idempotent=idempotent,
+            ),
+            name=f"{self.client_id}-sender",
+        )
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._sender.start()
+
+    def _wakeup(self) -> None:
+        sender = getattr(self, "_sender", None)
+        if sender is not None:
+            sender.wakeup()
+
+    # ------------------------------------------------------------------ sending
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        headers: HeadersArg = None,
+        timestamp_ms: int | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue a record; the future resolves to its RecordMetadata once stored.
+
+        Blocks only to learn the topic's partitions (up to max_block_ms). Raises
+        IllegalStateError when sending is not legal now (closed, no
+        transaction open on a transactional producer) and ProducerFencedError
+        after the producer was fenced; delivery errors fail the future.
+        """
+        if self._closed:
+            raise errors.IllegalStateError("cannot send: the producer is closed")
+        self._txn.check_can_send()
+        key_b = _as_bytes(key, "key")
+        value_b = _as_bytes(value, "value")
+        hdrs = _headers(headers)
+        try:
+            info = self._cluster.wait_for_topic(topic, Deadline(self._max_block))
+        except errors.SluiceError as exc:
+            return _failed(exc)
+        num = len(info.partitions)
+        transactional = self._txn.is_transactional
+        if partition is None and key_b is None:
+            available = [p for p, meta in info.partitions.items() if meta.leader >= 0] or None
+            chosen = self._sticky.partition(topic, num, available)
+            tp = TopicPartition(topic, chosen)
+            future = self._accumulator.append(
+                tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional, abort_on_new_batch=True
+            )
+            if future is None:  # the sticky batch is full or gone: stick to another partition
+                self._sticky.on_new_batch(topic, num, chosen, available)
+                tp = TopicPartition(topic, self._sticky.partition(topic, num, available))
+                future = self._accumulator.append(tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional)
+        else:
+            if partition is None:
+                assert key_b is not None
+                partition = partition_for_key(key_b, num)
+            elif not 0 <= partition < num:
+                self._cluster.refresh_if_stale([topic])
+                num = self._cluster.partition_count(topic) or num
+                if not 0 <= partition < num:
+                    return _failed(
+                        errors.UnknownTopicOrPartitionError(
+                            f"partition {partition} of topic {topic!r} does not exist (it has {num})"
+                        )
+                    )
+            tp = TopicPartition(topic, partition)
+            future = self._accumulator.append(tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional)
+        assert future is not None
+        if transactional:
+            self._txn.maybe_add_partition(tp)
+            self._wakeup()
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send every queued record now and wait until each has succeeded or failed.
+
+        Raises KafkaTimeoutError if ``timeout`` (seconds) passes first. Errors of
+        individual records are on their futures, not raised here.
+        """
+        self._flush(Deadline(timeout))
+
+    def _flush(self, deadline: Deadline) -> None:
+        self._accumulator.begin_flush()
+        try:
+            for batch in self._accumulator.incomplete():
+                if not batch.done.wait(deadline.remaining() if deadline.at != float("inf") else None):
+                    raise errors.KafkaTimeoutError("flush() timed out before every record was delivered")
+        finally:
+            self._accumulator.end_flush()
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The partition numbers of ``topic`` (waits up to max_block_ms for its metadata)."""
+        info = self._cluster.wait_for_topic(topic, Deadline(self._max_block))
+        return sorted(info.partitions)
+
+    # ------------------------------------------------------------------ transactions
+
+    def _txn_id(self, action: str) -> str:
+        if self.transactional_id is None:
+            raise errors.IllegalStateError(f"cannot {action}: the producer has no transactional_id")
+        if self._closed:
+            raise errors.IllegalStateError(f"cannot {action}: the producer is closed")
+        return self.transactional_id
+
+    def _deadline(self, timeout: float | None) -> Deadline:
+        return Deadline(self._max_block if timeout is None else timeout)
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Get the producer id and epoch for the transactional_id; fences older instances.
+
+        The coordinator completes or aborts a transaction the previous
+        instance left open. Call once, before the first transaction; a
+        second call raises IllegalStateError. ``timeout`` (seconds) defaults
+        to max_block_ms; after a timeout the call may be repeated.
+        """
+        txn_id = self._txn_id("init_transactions")
+        self._txn.begin_init()
+        try:
+            producer_id, producer_epoch = self._init_producer_id(txn_id, -1, -1, self._deadline(timeout))
+        except errors.SluiceError as exc:
+            self._txn.init_failed(exc)
+            raise
+        self._txn.complete_init(producer_id, producer_epoch)
+        self._wakeup()
+
+    def _init_producer_id(
+        self, txn_id: str, producer_id: int, producer_epoch: int, deadline: Deadline
+    ) -> tuple[int, int]:
+        request = broker_pb2.InitProducerIdRequest(
+            transactional_id=txn_id,
+            transaction_timeout_ms=self._transaction_timeout_ms,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+        )
+        response: broker_pb2.InitProducerIdResponse = self._cluster.coordinator_call(
+            txn_id,
+            TRANSACTION,
+            "InitProducerId",
+            request,
+            lambda r: (r.error_code, r.error_message),
+            deadline,
+        )
+        return response.producer_id, response.producer_epoch
+
+    def begin_transaction(self) -> None:
+        """Start a transaction (local only: the coordinator learns of it with the first send)."""
+        self._txn_id("begin_transaction")
+        self._txn.begin_transaction()
+
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        group_metadata: GroupMetadata | str,
+        timeout: float | None = None,
+    ) -> None:
+        """Commit consumed ``offsets`` (next offset to read, per partition) as part of the transaction.
+
+        ``group_metadata`` is ``consumer.group_metadata()``: with the member id
+        and epoch, the group coordinator refuses the commit of a consumer that
+        lost its partitions in a rebalance (a zombie, KIP-447). The offsets
+        become visible to the group only if the transaction commits.
+        """
+        txn_id = self._txn_id("send_offsets_to_transaction")
+        self._txn.check_in_transaction("send_offsets_to_transaction")
+        gm = group_metadata if isinstance(group_metadata, GroupMetadata) else GroupMetadata(str(group_metadata))
+        if not gm.group_id:
+            raise errors.InvalidGroupIdError("send_offsets_to_transaction needs a consumer group id")
+        deadline = self._deadline(timeout)
+        producer_id, producer_epoch = self._txn.producer_id_and_epoch()
+        try:
+            self._cluster.coordinator_call(
+                txn_id,
+                TRANSACTION,
+                "AddOffsetsToTxn",
+                broker_pb2.AddOffsetsToTxnRequest(
+                    transactional_id=txn_id,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    group_id=gm.group_id,
+                ),
+                lambda r: (r.error_code, r.error_message),
+                deadline,
+            )
+            self._txn.offsets_added()
+            by_topic: dict[str, list[broker_pb2.OffsetCommitPartition]] = {}
+            for tp, offset in offsets.items():
+                by_topic.setdefault(tp.topic, []).append(
+                    broker_pb2.OffsetCommitPartition(
+                        partition=tp.partition, committed_offset=int(offset), committed_leader_epoch=-1
+                    )
+                )
+            if by_topic:
+                self._cluster.coordinator_call(
+                    gm.group_id,
+                    GROUP,
+                    "TxnOffsetCommit",
+                    broker_pb2.TxnOffsetCommitRequest(
+                        transactional_id=txn_id,
+                        group_id=gm.group_id,
+                        producer_id=producer_id,
+                        producer_epoch=producer_epoch,
+                        member_id=gm.member_id,
+                        member_epoch=gm.member_epoch,
+                        topics=[broker_pb2.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+                    ),
+                    lambda r: first_error((x.error_code, x.error_message) for x in r.results),
+                    deadline,
+                )
+        except errors.SluiceError as exc:
+            raise self._transactional_failure(exc, "send_offsets_to_transaction") from None
+
+    def _transactional_failure(self, exc: errors.SluiceError, action: str) -> errors.SluiceError:
+        """Record what a failed coordinator call means for the producer; the error to raise."""
+        if exc.retriable:
+            return exc  # ran out of time: the call may be repeated
+        if is_fencing_error(exc) or isinstance(
+            exc, errors.TransactionalIdAuthorizationFailedError | errors.InvalidTxnStateError
+        ):
+            self._txn.set_fatal_error(exc)
+            return self._txn.last_error or exc
+        self._txn.set_abortable_error(exc)
+        return exc
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush the transaction's records, then commit it (EndTxn).
+
+        Raises the error that broke the transaction if a send or an offset
+        commit in it failed (abort_transaction() is then the only way on),
+        ProducerFencedError if another instance took over, KafkaTimeoutError
+        (or the last retriable error) when ``timeout`` passes: the call may
+        then be repeated.
+        """
+        txn_id = self._txn_id("commit_transaction")
+        self._txn.begin_commit()
+        deadline = self._deadline(timeout)
+        self._flush(deadline)
+        self._txn.raise_if_error("commit_transaction")
+        if self._txn.needs_end_txn():
+            self._end_txn(txn_id, True, deadline)
+        self._txn.complete_transaction()
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the transaction: unsent records fail with TransactionAbortedError, the rest is rolled back.
+
+        Legal in a transaction and after an (abortable) error in one; after a
+        fatal error (fenced) it raises that error.
+        """
+        txn_id = self._txn_id("abort_transaction")
+        self._txn.begin_abort()
+        deadline = self._deadline(timeout)
+        dropped = self._accumulator.abort_queued(lambda b: b.transactional)
+        aborted = TransactionAbortedError("the transaction was aborted before the record was sent")
+        for batch in dropped:
+            batch.fail(aborted)
+            if batch.sealed:
+                self._txn.request_epoch_bump()
+        self._wait_in_flight(deadline)
+        if self._txn.needs_end_txn():
+            self._end_txn(txn_id, False, deadline)
+        if self._txn.epoch_bump_needed:
+            producer_id, producer_epoch = self._txn.producer_id_and_epoch()
+            try:
+                new_id, new_epoch = self._init_producer_id(txn_id, producer_id, producer_epoch, deadline)
+            except errors.SluiceError as exc:
+                raise self._transactional_failure(exc, "abort_transaction") from None
+            self._txn.complete_epoch_bump(new_id, new_epoch)
+            for batch in self._accumulator.reset_sequences():
+                batch.fail(aborted)
+        self._txn.complete_transaction()
+        self._wakeup()
+
+    def _wait_in_flight(self, deadline: Deadline) -> None:
+        """Wait until no batch is in flight and no AddPartitionsToTxn is under way."""
+        pending: list[ProducerBatch] = self._accumulator.incomplete()
+        for batch in pending:
+            if not batch.done.wait(deadline.remaining() if deadline.at != float("inf") else None):
+                raise errors.KafkaTimeoutError("timed out waiting for in-flight records before ending the transaction")
+        while self._txn.adding_partitions():
+            if deadline.expired():
+                raise errors.KafkaTimeoutError("timed out waiting for AddPartitionsToTxn")
+            threading.Event().wait(0.005)
+
+    def _end_txn(self, txn_id: str, committed: bool, deadline: Deadline) -> None:
+        producer_id, producer_epoch = self._txn.producer_id_and_epoch()
+        try:
+            self._cluster.coordinator_call(
+                txn_id,
+                TRANSACTION,
+                "EndTxn",
+                broker_pb2.EndTxnRequest(
+                    transactional_id=txn_id,
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    committed=committed,
+                ),
+                lambda r: (r.error_code, r.error_message),
+                deadline,
+            )
+        except errors.SluiceError as exc:
+            action = "commit_transaction" if committed else "abort_transaction"
+            if not exc.retriable and not committed and not is_fencing_error(exc):
+                # the abort cannot go through for a reason the producer cannot repair
+                self._txn.set_fatal_error(exc)
+                raise self._txn.last_error or exc from None
+            raise self._transactional_failure(exc, action) from None
+
+    @property
+    def transaction_state(self) -> TransactionState:
+        """The transaction manager's state (for tests and diagnostics)."""
+        return self._txn.state
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, timeout: float | None = None) -> None:
+        """Deliver queued records (up to ``timeout`` seconds), then stop; undelivered records fail.
+
+        An open transaction is left as it is (not aborted): the coordinator
+        aborts it after transaction_timeout_ms, or the next producer with the
+        same transactional_id aborts it in init_transactions().
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._accumulator.close()
+        self._sender.initiate_close()
+        self._sender.join(timeout)
+        if self._sender.is_alive():
+            self._sender.force_close()
+            self._sender.join(5.0)
+        self._cluster.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Producer(transactional_id={self.transactional_id!r}, state={self._txn.state.value})"
+
+
+def _failed(exc: BaseException) -> FutureRecordMetadata:
+    future = FutureRecordMetadata()
+    future.set_running_or_notify_cancel()
+    future.set_exception(exc)
+    return future
+
+
+__all__ = ["Producer", "TransactionAbortedError"]
