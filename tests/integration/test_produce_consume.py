@@ -1,0 +1,105 @@
+"""Plain produce/consume, compression, offsets look-ups and topic administration on a real broker."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from sluice import errors
+from sluice.client import Admin, Consumer, Producer, TopicPartition
+from sluice.testing import LocalCluster
+
+from .helpers import read_topic
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])
+def test_round_trip_with_keys_headers_and_compression(
+    cluster: LocalCluster, unique_topic: str, compression: str | None
+) -> None:
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    admin.create_topic(unique_topic, partitions=3, replication_factor=1)
+    p = Producer(bootstrap_servers=cluster.bootstrap_servers, compression=compression, linger_ms=2)
+    sent = [(f"k{i}".encode(), f"value-{i}".encode() * 20, [("h", str(i).encode())]) for i in range(300)]
+    futures = [p.send(unique_topic, value=v, key=k, headers=h) for k, v, h in sent]
+    p.flush()
+    metas = [f.result(timeout=30) for f in futures]
+    p.close()
+    # the same key always lands on the same partition
+    by_key = {}
+    for (k, _v, _h), m in zip(sent, metas, strict=True):
+        assert by_key.setdefault(k, m.partition) == m.partition
+    got = read_topic(cluster.bootstrap_servers, unique_topic)
+    assert sorted((r[2], r[3]) for r in got) == sorted((k, v) for k, v, _h in sent)
+    c = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=None)
+    c.assign([TopicPartition(unique_topic, metas[0].partition)])
+    records = []
+    deadline = time.monotonic() + 20
+    while not records and time.monotonic() < deadline:
+        records = c.poll(timeout=1.0)
+    c.close()
+    first = next(r for r in records if r.offset == metas[0].offset)
+    assert first.headers == [("h", b"0")] and first.key == b"k0"
+    admin.close()
+
+
+def test_list_offsets_and_timestamps(cluster: LocalCluster, unique_topic: str) -> None:
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    admin.create_topic(unique_topic, partitions=1, replication_factor=1)
+    p = Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=0)
+    for i in range(10):
+        p.send(unique_topic, value=b"x", timestamp_ms=1_000_000 + i * 1000).result(timeout=30)
+    p.close()
+    tp = TopicPartition(unique_topic, 0)
+    c = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=None)
+    assert c.beginning_offsets([tp])[tp] == 0
+    assert c.end_offsets([tp])[tp] == 10
+    if hasattr(c, "offsets_for_times"):
+        found = c.offsets_for_times({tp: 1_004_500})
+        assert found[tp] is not None and found[tp].offset == 5
+    c.seek(tp, 7)
+    assert c.position(tp) == 7
+    c.close()
+    admin.close()
+
+
+def test_topic_admin(cluster: LocalCluster, unique_topic: str) -> None:
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    admin.create_topic(unique_topic, partitions=2, replication_factor=1, config={"retention.ms": "-1"})
+    assert unique_topic in admin.list_topics()
+    assert "__consumer_offsets" not in admin.list_topics()
+    described = admin.describe_topic(unique_topic)
+    assert len(described.partitions) == 2 and described.config["retention.ms"] == "-1"
+    with pytest.raises(errors.TopicAlreadyExistsError):
+        admin.create_topic(unique_topic, partitions=1, replication_factor=1)
+    admin.create_partitions(unique_topic, 4)
+    assert len(admin.describe_topic(unique_topic).partitions) == 4
+    p = Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=0)
+    p.send(unique_topic, value=b"old", partition=3).result(timeout=30)
+    p.close()
+    admin.delete_topic(unique_topic)
+    assert unique_topic not in admin.list_topics()
+    with pytest.raises(errors.UnknownTopicOrPartitionError):
+        admin.describe_topic(unique_topic)
+    admin.create_topic(unique_topic, partitions=4, replication_factor=1)  # a new topic: nothing of the old
+    assert read_topic(cluster.bootstrap_servers, unique_topic, idle_s=1.0) == []
+    admin.close()
+
+
+def test_retention_drops_old_batches(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with LocalCluster(brokers=1, data_dir=tmp_path, config={"log.retention.check.interval.ms": "200"}) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("short", partitions=1, replication_factor=1, config={"retention.ms": "1000"})
+        p = Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=0)
+        old = int(time.time() * 1000) - 60_000
+        for i in range(5):
+            p.send("short", value=b"old", timestamp_ms=old + i).result(timeout=30)
+        p.close()
+        tp = TopicPartition("short", 0)
+        c = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=None)
+        deadline = time.monotonic() + 20
+        while c.beginning_offsets([tp])[tp] < 5 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert c.beginning_offsets([tp])[tp] == 5
+        c.close()
+        admin.close()
