@@ -44,7 +44,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sluice.testing._net import SERVING, UNREACHABLE, check_health, free_port, poll_until, port_is_free
+from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
 
 __all__ = ["BrokerProcess", "ClusterError", "LocalCluster"]
@@ -321,9 +321,7 @@ class LocalCluster:
 
     def _check_runnable(self) -> None:
         if self._python == sys.executable and importlib.util.find_spec("sluice.broker") is None:
-            raise ClusterError(
-                "cannot import sluice.broker: install the project first (pip install -e .)"
-            )
+            raise ClusterError("cannot import sluice.broker: install the project first (pip install -e .)")
 
     # -- introspection ---------------------------------------------------------------------------
 

@@ -87,8 +87,8 @@ class DemoReport:
             f"  time                                   {self.seconds:>7.1f}s",
         ]
         lines += [f"  note: {n}" for n in self.notes]
-        verdict = "EXACTLY ONCE: every input record is in the output once" if self.exactly_once else (
-            "NOT EXACTLY ONCE"
+        verdict = (
+            "EXACTLY ONCE: every input record is in the output once" if self.exactly_once else ("NOT EXACTLY ONCE")
         )
         lines += ["", f"verdict: {verdict}", ""]
         return "\n".join(lines)
@@ -256,9 +256,7 @@ def verify(
         if last_by_key.get(r.key, -1) > i:
             report.order_preserved = False
         last_by_key[r.key] = i
-    report.uncommitted_view_records = len(
-        _read_all(bootstrap, OUTPUT, partitions, "read_uncommitted", deadline)
-    )
+    report.uncommitted_view_records = len(_read_all(bootstrap, OUTPUT, partitions, "read_uncommitted", deadline))
 
     consumer = Consumer(
         bootstrap_servers=bootstrap, group_id=GROUP, isolation_level="read_committed", enable_auto_commit=False
@@ -326,4 +324,3 @@ def _close_quietly(obj: Any) -> None:
     if close is not None:
         with contextlib.suppress(Exception):
             close()
-
