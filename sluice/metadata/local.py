@@ -10,7 +10,6 @@ with a NULL value so watchers see the deletion.
 from __future__ import annotations
 
 import builtins
-
 import json
 import sqlite3
 import threading

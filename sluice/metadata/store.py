@@ -10,7 +10,6 @@ poll-based watch: each write gets a store-wide, increasing revision.
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol

@@ -58,7 +58,11 @@ def test_random_bytes_on_every_rpc(wire: Wire) -> None:
 def test_truncated_protobuf_is_invalid_argument(wire: Wire, unique_topic: str) -> None:
     req = bpb.ProduceRequest(
         acks=-1,
-        topics=[bpb.ProduceTopicData(name=unique_topic, partitions=[bpb.ProducePartitionData(partition=0, batch=batch_of([b"x" * 50]))])],
+        topics=[
+            bpb.ProduceTopicData(
+                name=unique_topic, partitions=[bpb.ProducePartitionData(partition=0, batch=batch_of([b"x" * 50]))]
+            )
+        ],
     ).SerializeToString()
     code, details = raw_call(wire, "Broker", "Produce", req[:-10])
     assert code == grpc.StatusCode.INVALID_ARGUMENT
@@ -120,9 +124,18 @@ def test_invalid_topic_names(wire: Wire, name: str) -> None:
 def test_invalid_topic_settings(wire: Wire, unique_topic: str) -> None:
     cases = [
         (bpb.CreatableTopic(name=f"{unique_topic}-n", num_partitions=-3), pb.INVALID_PARTITIONS),
-        (bpb.CreatableTopic(name=f"{unique_topic}-r", num_partitions=1, replication_factor=9), pb.INVALID_REPLICATION_FACTOR),
-        (bpb.CreatableTopic(name=f"{unique_topic}-c", num_partitions=1, config={"retention.ms": "soon"}), pb.INVALID_CONFIG),
-        (bpb.CreatableTopic(name=f"{unique_topic}-k", num_partitions=1, config={"no.such.key": "1"}), pb.INVALID_CONFIG),
+        (
+            bpb.CreatableTopic(name=f"{unique_topic}-r", num_partitions=1, replication_factor=9),
+            pb.INVALID_REPLICATION_FACTOR,
+        ),
+        (
+            bpb.CreatableTopic(name=f"{unique_topic}-c", num_partitions=1, config={"retention.ms": "soon"}),
+            pb.INVALID_CONFIG,
+        ),
+        (
+            bpb.CreatableTopic(name=f"{unique_topic}-k", num_partitions=1, config={"no.such.key": "1"}),
+            pb.INVALID_CONFIG,
+        ),
         (bpb.CreatableTopic(name=unique_topic, num_partitions=1), pb.TOPIC_ALREADY_EXISTS),
     ]
     for topic, code in cases:
@@ -152,16 +165,21 @@ def test_transaction_calls_with_wrong_ids_and_epochs(wire: Wire, unique_topic: s
     pid, epoch = wire.init_producer_id(txn_id)
     add = wire.stub.AddPartitionsToTxn(
         bpb.AddPartitionsToTxnRequest(
-            transactional_id=txn_id, producer_id=pid + 1000, producer_epoch=epoch,
+            transactional_id=txn_id,
+            producer_id=pid + 1000,
+            producer_epoch=epoch,
             topics=[bpb.TxnTopic(name=unique_topic, partitions=[0])],
         )
     )
     assert add.results[0].error_code == pb.INVALID_PRODUCER_ID_MAPPING
-    end = wire.stub.EndTxn(bpb.EndTxnRequest(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch - 1, committed=True))
+    end = wire.stub.EndTxn(
+        bpb.EndTxnRequest(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch - 1, committed=True)
+    )
     assert end.error_code in (pb.PRODUCER_FENCED, pb.INVALID_PRODUCER_EPOCH)
     # a transactional write to a partition that was never added to the transaction (KIP-890)
     resp = wire.produce(
-        unique_topic, 0,
+        unique_topic,
+        0,
         batch_of([b"sneaky"], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True),
         transactional_id=txn_id,
     )

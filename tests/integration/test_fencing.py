@@ -11,9 +11,7 @@ from sluice.testing import LocalCluster
 from .helpers import read_topic, values
 
 
-def test_second_producer_fences_the_first_and_aborts_its_transaction(
-    cluster: LocalCluster, unique_topic: str
-) -> None:
+def test_second_producer_fences_the_first_and_aborts_its_transaction(cluster: LocalCluster, unique_topic: str) -> None:
     admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
     admin.create_topic(unique_topic, partitions=1, replication_factor=1)
     admin.close()

@@ -16,10 +16,14 @@ def test_retried_batch_is_stored_once_with_its_original_offset(cluster: LocalClu
     wire = Wire(cluster.bootstrap_servers.split(",")[0])
     wire.create_topic(unique_topic)
     pid, epoch = wire.init_producer_id()
-    first = wire.produce(unique_topic, 0, batch_of([b"a", b"b"], producer_id=pid, producer_epoch=epoch, base_sequence=0))
+    first = wire.produce(
+        unique_topic, 0, batch_of([b"a", b"b"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+    )
     assert first.error_code == pb.NONE and first.base_offset == 0
     wire.produce(unique_topic, 0, batch_of([b"c"], producer_id=pid, producer_epoch=epoch, base_sequence=2))
-    retry = wire.produce(unique_topic, 0, batch_of([b"a", b"b"], producer_id=pid, producer_epoch=epoch, base_sequence=0))
+    retry = wire.produce(
+        unique_topic, 0, batch_of([b"a", b"b"], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+    )
     assert retry.error_code == pb.NONE and retry.base_offset == 0
     assert [v for _o, v in wire.read_all(unique_topic, 0)] == [b"a", b"b", b"c"]
     wire.close()
@@ -60,7 +64,9 @@ def test_five_in_flight_with_retries_keep_order(cluster: LocalCluster, unique_to
     lock = threading.Lock()
 
     def send(i: int) -> None:
-        batch = batch_of([f"{i}-{j}".encode() for j in range(3)], producer_id=pid, producer_epoch=epoch, base_sequence=3 * i)
+        batch = batch_of(
+            [f"{i}-{j}".encode() for j in range(3)], producer_id=pid, producer_epoch=epoch, base_sequence=3 * i
+        )
         deadline = time.monotonic() + 30
         sends = 0
         while time.monotonic() < deadline:

@@ -22,7 +22,8 @@ class Wire:
     def __init__(self, address: str) -> None:
         self.address = address
         self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", 200 << 20), ("grpc.max_send_message_length", 200 << 20)]
+            address,
+            options=[("grpc.max_receive_message_length", 200 << 20), ("grpc.max_send_message_length", 200 << 20)],
         )
         self.stub = broker_pb2_grpc.BrokerStub(self.channel)  # type: ignore[no-untyped-call]
 
@@ -61,7 +62,11 @@ class Wire:
             acks=acks,
             timeout_ms=30000,
             transactional_id=transactional_id,
-            topics=[bpb.ProduceTopicData(name=topic, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)])],
+            topics=[
+                bpb.ProduceTopicData(
+                    name=topic, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)]
+                )
+            ],
         )
         resp = self.stub.Produce(req)
         return resp.topics[0].partitions[0]
@@ -78,7 +83,12 @@ class Wire:
             max_wait_ms=max_wait_ms,
             min_bytes=1,
             isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
-            topics=[bpb.FetchTopic(name=topic, partitions=[bpb.FetchPartition(partition=partition, fetch_offset=offset, current_leader_epoch=-1)])],
+            topics=[
+                bpb.FetchTopic(
+                    name=topic,
+                    partitions=[bpb.FetchPartition(partition=partition, fetch_offset=offset, current_leader_epoch=-1)],
+                )
+            ],
             replica_id=-1,
         )
         return self.stub.Fetch(req).topics[0].partitions[0]

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Static checks: generated code is current, ruff, mypy, import-linter contracts.
+#
+# broker/ and operator/ are imported as sluice.broker and sluice.operator
+# (setuptools package-dir), which neither mypy nor import-linter can follow.
+# We build that layout from symlinks in a scratch directory and run both
+# there; paths in their output are relative to it (sluice/broker/x.py is
+# broker/x.py in the repository).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+python scripts/gen_proto.py --check
+ruff check .
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/sluice"
+for entry in "$root"/sluice/*; do
+    ln -s "$entry" "$tmp/sluice/$(basename "$entry")"
+done
+ln -s "$root/broker" "$tmp/sluice/broker"
+ln -s "$root/operator" "$tmp/sluice/operator"
+(cd "$tmp" && mypy --config-file "$root/pyproject.toml" -p sluice)
+(cd "$tmp" && PYTHONPATH="$tmp" lint-imports --config "$root/pyproject.toml")
+echo "static checks passed"
