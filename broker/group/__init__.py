@@ -1,0 +1,11 @@
+"""The group coordinator (DESIGN section 5): consumer offsets and membership.
+
+``offsets``     committed and pending offsets, and their ``__consumer_offsets`` records (pure)
+``assignor``    balanced, sticky, deterministic server-side assignment (pure)
+``membership``  members, epochs, sessions and hand-over, KIP-848 shaped (pure, clock injected)
+``coordinator`` orchestration: leadership, loading, appends, the RPCs the servicer calls
+"""
+
+from sluice.broker.group.coordinator import GroupCoordinator
+
+__all__ = ["GroupCoordinator"]

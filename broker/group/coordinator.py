@@ -1,0 +1,542 @@
+"""The group coordinator: offsets and membership of the groups this broker coordinates.
+
+The coordinator of a group is the leader of partition
+``crc32(group_id) % n`` of ``__consumer_offsets``. This module is the
+orchestration around two pure parts: :mod:`.offsets` (what is committed or
+pending, and the record format) and :mod:`.membership` (members, epochs,
+assignment). Everything here is I/O and routing:
+
+* Leadership. A ``ReplicaManager`` leadership listener tells us when this
+  broker starts or stops leading a ``__consumer_offsets`` partition. Starting
+  launches a load task that replays the partition (offset records, and the
+  transactional ones with their COMMIT/ABORT markers); requests for its groups
+  answer COORDINATOR_LOAD_IN_PROGRESS until the replay reaches the end of the
+  log. The marker listener is registered in the same synchronous step that
+  finishes the replay, so no marker is applied twice or missed: markers written
+  while loading are in the log the replay is still reading. Stopping drops the
+  partition's groups (members included): NOT_COORDINATOR from then on.
+* Writes. An offset commit is one record batch appended to the group's
+  partition with ``append_internal`` (synchronous, atomic); memory changes only
+  after the append succeeded, with the record offsets the log assigned.
+* Transactions. TxnOffsetCommit first asks the transaction coordinator
+  (``replicas.txn_verifier``) that the partition is in the producer's open
+  transaction, then re-checks everything that may have changed during that
+  await (leadership, membership) before appending a transactional batch with
+  the producer's id and epoch: the partition fences stale epochs
+  (PRODUCER_FENCED). The offsets stay pending until the marker arrives.
+* Sessions. A periodic task removes members whose session expired.
+
+Concurrency: one asyncio loop. The only await inside a request is the
+verifier's; all state changes happen in synchronous stretches after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
+
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView, coordinator_partition
+from sluice.broker.config import BrokerConfig
+from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
+from sluice.broker.group.offsets import (
+    METADATA_MAX_BYTES,
+    OffsetAndMetadata,
+    OffsetRecordError,
+    OffsetStore,
+    TopicPartition,
+    offset_records,
+    with_record_offset,
+)
+from sluice.broker.partition import PartitionError, PartitionLog
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.records import RecordBatch, RecordDecodeError, build_batch, now_ms
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]  # monotonic milliseconds
+MarkerListener = Callable[[PartitionLog, int, bool, int], None]
+
+_LOAD_YIELD_EVERY = 64  # batches replayed between yields to the event loop
+_LOAD_RETRY_S = 1.0
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class CoordinatorError(Exception):
+    def __init__(self, code: pb.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _PartitionState:
+    """What this broker knows about one ``__consumer_offsets`` partition it leads."""
+
+    partition: int
+    leader_epoch: int
+    loaded: bool = False
+    offsets: OffsetStore = field(default_factory=OffsetStore)
+    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
+    log: PartitionLog | None = None
+    marker_listener: MarkerListener | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
+class _Item:
+    """One partition of a commit request, and what becomes of it."""
+
+    topic: str
+    partition: int
+    value: OffsetAndMetadata | None = None
+    code: pb.ErrorCode = pb.NONE
+    message: str = ""
+
+    def fail(self, code: pb.ErrorCode, message: str) -> None:
+        if self.code == pb.NONE:
+            self.code, self.message = code, message
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        cluster: ClusterView,
+        config: BrokerConfig,
+        *,
+        clock: Clock = _monotonic_ms,
+    ) -> None:
+        self.replicas = replicas
+        self.cluster = cluster
+        self.config = config
+        self.settings = GroupSettings.from_config(config)
+        self.clock = clock
+        self._states: dict[int, _PartitionState] = {}
+        self._running = False
+        self._expiry_task: asyncio.Task[None] | None = None
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._running = True
+        self.replicas.leadership_listeners.append(self._on_leadership)
+        for topic, partition in sorted(self.replicas.leader_of):
+            if topic == CONSUMER_OFFSETS_TOPIC:
+                part = self.replicas.partitions[(topic, partition)]
+                self._on_leadership(topic, partition, True, part.leader_epoch)
+        self._expiry_task = asyncio.create_task(self._expiry_loop(), name="group-session-expiry")
+
+    async def stop(self) -> None:
+        self._running = False
+        with contextlib.suppress(ValueError):
+            self.replicas.leadership_listeners.remove(self._on_leadership)
+        tasks = [t for t in (self._expiry_task, *(s.task for s in self._states.values())) if t is not None]
+        for state in list(self._states.values()):
+            self._unload(state)
+        self._states.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._expiry_task = None
+
+    def is_ready(self) -> bool:
+        """Every ``__consumer_offsets`` partition this broker leads is loaded."""
+        for topic, partition in self.replicas.leader_of:
+            if topic == CONSUMER_OFFSETS_TOPIC:
+                state = self._states.get(partition)
+                if state is None or not state.loaded:
+                    return False
+        return True
+
+    def partition_for(self, group_id: str) -> int | None:
+        """The ``__consumer_offsets`` partition of a group (None while the topic does not exist)."""
+        info = self.cluster.topics.get(CONSUMER_OFFSETS_TOPIC)
+        if info is None or not info.partitions:
+            return None
+        return int(coordinator_partition(group_id, len(info.partitions)))
+
+    # -- leadership and loading -----------------------------------------------------------------
+
+    def _on_leadership(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
+        if topic != CONSUMER_OFFSETS_TOPIC:
+            return
+        old = self._states.pop(partition, None)
+        if old is not None:
+            self._unload(old)
+            log.info("group coordinator: unloaded %s-%d", topic, partition)
+        if is_leader and self._running:
+            state = _PartitionState(partition, leader_epoch)
+            self._states[partition] = state
+            self._start_load(state)
+
+    def _start_load(self, state: _PartitionState) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # told outside the loop (a synchronous refresh): the expiry loop starts it
+        state.task = loop.create_task(self._load(state), name=f"group-load-{state.partition}")
+
+    def _unload(self, state: _PartitionState) -> None:
+        state.loaded = False
+        if state.task is not None and not state.task.done():
+            state.task.cancel()
+        if state.log is not None and state.marker_listener is not None:
+            with contextlib.suppress(ValueError):
+                state.log.marker_listeners.remove(state.marker_listener)
+        state.groups.clear()
+
+    async def _load(self, state: _PartitionState) -> None:
+        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
+        while self._states.get(state.partition) is state:
+            started = time.monotonic()
+            state.offsets = OffsetStore()
+            try:
+                part = self.replicas.partitions[key]
+                count = 0
+                for batch in self.replicas.iter_batches(*key):
+                    self._replay(state, batch)
+                    count += 1
+                    if count % _LOAD_YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+                        if self._states.get(state.partition) is not state:
+                            return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("group coordinator: loading %s-%d failed; retrying", *key)
+                await asyncio.sleep(_LOAD_RETRY_S)
+                continue
+
+            # No await from the end of the replay to here: a marker cannot fall in between.
+            def listener(_part: PartitionLog, pid: int, committed: bool, _offset: int) -> None:
+                self._on_marker(state, pid, committed)
+
+            part.marker_listeners.append(listener)
+            state.log, state.marker_listener, state.loaded = part, listener, True
+            log.info(
+                "group coordinator: loaded %s-%d (leader epoch %d): %d batches, %d groups with offsets, "
+                "%d producers with pending offsets, in %.3f s",
+                *key,
+                state.leader_epoch,
+                count,
+                len(state.offsets.groups),
+                len(state.offsets.pending_producers()),
+                time.monotonic() - started,
+            )
+            return
+
+    @staticmethod
+    def _replay(state: _PartitionState, batch: RecordBatch) -> None:
+        try:
+            state.offsets.replay(batch)
+        except (OffsetRecordError, RecordDecodeError) as exc:
+            # One bad batch must not keep every group of the partition unavailable.
+            log.error(
+                "group coordinator: skipping undecodable batch at offset %d of %s-%d: %s",
+                batch.base_offset,
+                CONSUMER_OFFSETS_TOPIC,
+                state.partition,
+                exc,
+            )
+
+    def _on_marker(self, state: _PartitionState, producer_id: int, committed: bool) -> None:
+        if self._states.get(state.partition) is not state:
+            return
+        groups = state.offsets.end_txn(producer_id, committed)
+        if groups:
+            log.debug(
+                "group coordinator: %s of producer %d applied to groups %s",
+                "COMMIT" if committed else "ABORT",
+                producer_id,
+                groups,
+            )
+
+    def _locate(self, group_id: str) -> _PartitionState:
+        """The loaded state of the group's partition, or the CoordinatorError a client should see."""
+        if not group_id:
+            raise CoordinatorError(pb.INVALID_GROUP_ID, "the group id must not be empty")
+        if not self._running:
+            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, "the group coordinator is not running")
+        partition = self.partition_for(group_id)
+        if partition is None:
+            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
+        if (CONSUMER_OFFSETS_TOPIC, partition) not in self.replicas.leader_of:
+            raise CoordinatorError(
+                pb.NOT_COORDINATOR,
+                f"broker {self.config.broker_id} is not the coordinator of group {group_id!r} "
+                f"({CONSUMER_OFFSETS_TOPIC}-{partition})",
+            )
+        state = self._states.get(partition)
+        if state is None or not state.loaded:
+            raise CoordinatorError(
+                pb.COORDINATOR_LOAD_IN_PROGRESS,
+                f"broker {self.config.broker_id} is loading {CONSUMER_OFFSETS_TOPIC}-{partition}",
+            )
+        return state
+
+    # -- offset commits -------------------------------------------------------------------------
+
+    def _items(self, topics: list[bpb.OffsetCommitTopic]) -> list[_Item]:
+        """One item per requested partition, validated; valid ones carry the value to write."""
+        now = now_ms()
+        items: list[_Item] = []
+        for topic in topics:
+            info = self.cluster.topics.get(topic.name)
+            for p in topic.partitions:
+                item = _Item(topic.name, p.partition)
+                items.append(item)
+                if info is None or not 0 <= p.partition < len(info.partitions):
+                    item.fail(pb.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition {topic.name}-{p.partition}")
+                elif p.committed_offset < 0:
+                    item.fail(pb.INVALID_REQUEST, f"committed offset {p.committed_offset} must be >= 0")
+                elif len(p.metadata.encode()) > METADATA_MAX_BYTES:
+                    item.fail(pb.INVALID_REQUEST, f"offset metadata is longer than {METADATA_MAX_BYTES} bytes")
+                else:
+                    item.value = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch, p.metadata, now)
+        return items
+
+    def _append(self, state: _PartitionState, group_id: str, items: list[_Item], **header: int | bool) -> int | None:
+        """Append the valid items as one batch; returns its base offset (None: nothing written)."""
+        valid = [i for i in items if i.code == pb.NONE and i.value is not None]
+        if not valid:
+            return None
+        batch = build_batch(
+            offset_records(group_id, [((i.topic, i.partition), i.value) for i in valid if i.value]), **header
+        )
+        try:
+            return int(self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch))
+        except PartitionError as exc:
+            code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
+            for item in valid:
+                item.fail(code, exc.message)
+        except Exception as exc:
+            log.exception("group coordinator: writing offsets of group %r failed", group_id)
+            for item in valid:
+                item.fail(pb.KAFKA_STORAGE_ERROR, f"writing the offsets failed: {exc}")
+        return None
+
+    @staticmethod
+    def _written(items: list[_Item], base_offset: int) -> list[tuple[TopicPartition, OffsetAndMetadata]]:
+        """(partition, value with its record offset) of the items just written at ``base_offset``."""
+        valid = [i for i in items if i.code == pb.NONE and i.value is not None]
+        return [
+            ((i.topic, i.partition), with_record_offset(i.value, base_offset + n))
+            for n, i in enumerate(valid)
+            if i.value
+        ]
+
+    @staticmethod
+    def _fail_all(items: list[_Item], code: pb.ErrorCode, message: str) -> None:
+        for item in items:
+            item.fail(code, message)
+
+    @staticmethod
+    def _results(items: list[_Item], results: RepeatedCompositeFieldContainer[bpb.TxnPartitionResult]) -> None:
+        for item in items:
+            results.add(topic=item.topic, partition=item.partition, error_code=item.code, error_message=item.message)
+
+    async def offset_commit(self, req: bpb.OffsetCommitRequest) -> bpb.OffsetCommitResponse:
+        resp = bpb.OffsetCommitResponse()
+        items = self._items(list(req.topics))
+        try:
+            state = self._locate(req.group_id)
+            group = state.groups.get(req.group_id)
+            if req.member_id:
+                if group is None:
+                    raise CoordinatorError(
+                        pb.UNKNOWN_MEMBER_ID, f"member {req.member_id!r} is not in group {req.group_id!r}"
+                    )
+                code, message = group.check_commit(
+                    req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items]
+                )
+                if code != pb.NONE:
+                    raise CoordinatorError(code, message)
+            elif group is not None and not group.is_empty:
+                # Kafka's rule: commits from outside the group only while it has no members.
+                raise CoordinatorError(
+                    pb.UNKNOWN_MEMBER_ID,
+                    f"group {req.group_id!r} has active members: commit with a member id and epoch",
+                )
+        except CoordinatorError as exc:
+            self._fail_all(items, exc.code, exc.message)
+        else:
+            base = self._append(state, req.group_id, items)
+            if base is not None:
+                for tp, value in self._written(items, base):
+                    state.offsets.commit(req.group_id, tp, value)
+        self._results(items, resp.results)
+        return resp
+
+    async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest) -> bpb.TxnOffsetCommitResponse:
+        resp = bpb.TxnOffsetCommitResponse()
+        items = self._items(list(req.topics))
+        try:
+            await self._txn_offset_commit(req, items)
+        except CoordinatorError as exc:
+            self._fail_all(items, exc.code, exc.message)
+        self._results(items, resp.results)
+        return resp
+
+    async def _txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, items: list[_Item]) -> None:
+        state = self._locate(req.group_id)
+        if not req.transactional_id:
+            raise CoordinatorError(pb.INVALID_REQUEST, "TxnOffsetCommit needs a transactional id")
+        if req.producer_id <= 0 or not 0 <= req.producer_epoch <= 32767:
+            raise CoordinatorError(
+                pb.INVALID_REQUEST,
+                f"producer id {req.producer_id} / epoch {req.producer_epoch} are not a valid producer",
+            )
+        if all(i.code != pb.NONE for i in items):
+            return
+        verifier = self.replicas.txn_verifier
+        if verifier is None:
+            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator is not running")
+        try:
+            verdict, message = await verifier(
+                req.transactional_id, req.producer_id, req.producer_epoch, CONSUMER_OFFSETS_TOPIC, state.partition
+            )
+        except Exception as exc:
+            log.exception("group coordinator: transaction verification failed for %r", req.transactional_id)
+            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, f"cannot verify the transaction: {exc}") from exc
+        if verdict != pb.NONE:
+            raise CoordinatorError(verdict, message)
+        # The await may have seen leadership or membership change: check again from here on, synchronously.
+        if self._locate(req.group_id) is not state:
+            raise CoordinatorError(pb.NOT_COORDINATOR, f"the coordinator of group {req.group_id!r} moved")
+        if req.member_id:
+            group = state.groups.get(req.group_id)
+            if group is None:
+                raise CoordinatorError(
+                    pb.UNKNOWN_MEMBER_ID, f"member {req.member_id!r} is not in group {req.group_id!r}"
+                )
+            code, message = group.check_commit(req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items])
+            if code != pb.NONE:
+                raise CoordinatorError(code, message)
+        base = self._append(
+            state,
+            req.group_id,
+            items,
+            producer_id=req.producer_id,
+            producer_epoch=req.producer_epoch,
+            base_sequence=-1,
+            transactional=True,
+        )
+        if base is not None:
+            for tp, value in self._written(items, base):
+                state.offsets.stage(req.group_id, req.producer_id, tp, value)
+
+    # -- offset fetch ---------------------------------------------------------------------------
+
+    async def offset_fetch(self, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse:
+        resp = bpb.OffsetFetchResponse()
+        try:
+            state = self._locate(req.group_id)
+        except CoordinatorError as exc:
+            resp.error_code, resp.error_message = exc.code, exc.message
+            return resp
+        offsets = state.offsets
+        if req.partitions:
+            tps = [(tp.topic, tp.partition) for tp in req.partitions]
+        else:
+            tps = offsets.partitions(req.group_id, include_pending=req.require_stable)
+        for tp in tps:
+            out = resp.partitions.add(topic=tp[0], partition=tp[1], committed_offset=-1, committed_leader_epoch=-1)
+            if req.require_stable and offsets.has_pending(req.group_id, tp):
+                out.error_code = pb.UNSTABLE_OFFSET_COMMIT
+                out.error_message = (
+                    f"group {req.group_id!r} has offsets for {tp[0]}-{tp[1]} pending in an open transaction"
+                )
+                continue
+            value = offsets.committed(req.group_id, tp)
+            if value is not None:
+                out.committed_offset = value.offset
+                out.committed_leader_epoch = value.leader_epoch
+                out.metadata = value.metadata
+        return resp
+
+    # -- membership -----------------------------------------------------------------------------
+
+    def _topic_sizes(self) -> dict[str, int]:
+        return {name: len(info.partitions) for name, info in self.cluster.topics.items()}
+
+    async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest) -> bpb.ConsumerGroupHeartbeatResponse:
+        resp = bpb.ConsumerGroupHeartbeatResponse(
+            member_id=req.member_id,
+            member_epoch=req.member_epoch,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+        )
+        try:
+            state = self._locate(req.group_id)
+        except CoordinatorError as exc:
+            resp.error_code, resp.error_message = exc.code, exc.message
+            return resp
+        names = tuple(req.subscribed_topic_names)
+        hb = HeartbeatInput(
+            member_id=req.member_id,
+            member_epoch=req.member_epoch,
+            subscription=None if req.subscription_unchanged and not names else names,
+            owned=frozenset((tp.topic, tp.partition) for tp in req.owned_partitions),
+            session_timeout_ms=req.session_timeout_ms,
+            rebalance_timeout_ms=req.rebalance_timeout_ms,
+        )
+        group = state.groups.get(req.group_id) or ConsumerGroup(req.group_id, self.settings)
+        before = group.epoch
+        result = group.heartbeat(hb, self._topic_sizes(), self.clock())
+        if group.is_empty:
+            state.groups.pop(req.group_id, None)
+        else:
+            state.groups[req.group_id] = group
+        if group.epoch != before:
+            log.info(
+                "group %r: epoch %d -> %d (member %s, epoch %d: %s), %d members",
+                req.group_id,
+                before,
+                group.epoch,
+                result.member_id or "-",
+                req.member_epoch,
+                pb.ErrorCode.Name(result.error),
+                len(group.members),
+            )
+        resp.error_code, resp.error_message = result.error, result.message
+        resp.member_id, resp.member_epoch = result.member_id, result.member_epoch
+        for topic, partition in result.assignment:
+            resp.assignment.add(topic=topic, partition=partition)
+        return resp
+
+    async def _expiry_loop(self) -> None:
+        s = self.settings
+        interval = min(max(min(s.heartbeat_interval_ms, s.min_session_timeout_ms) / 4000, 0.05), 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.expire_sessions()
+            except Exception:
+                log.exception("group coordinator: session expiry failed")
+
+    def expire_sessions(self) -> None:
+        """Remove members whose session expired (or that did not revoke in time), in every group."""
+        now = self.clock()
+        sizes: dict[str, int] | None = None
+        for state in list(self._states.values()):
+            if not state.loaded:
+                if state.task is None:
+                    self._start_load(state)
+                continue
+            for group_id, group in list(state.groups.items()):
+                if sizes is None:
+                    sizes = self._topic_sizes()
+                for member_id, reason in group.expire(sizes, now):
+                    log.info("group %r: removed member %s (%s); epoch now %d", group_id, member_id, reason, group.epoch)
+                if group.is_empty:
+                    del state.groups[group_id]
