@@ -1,0 +1,235 @@
+"""The `sluice` command: argument parsing, bootstrap resolution and errors, without a broker."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sluice import cli
+from sluice.api.v1 import records_pb2
+from sluice.testing import dev, free_port
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Never read or write the real ~/.sluice; no bootstrap from the environment."""
+    home = tmp_path / "sluice-home"
+    monkeypatch.setenv("SLUICE_HOME", str(home))
+    monkeypatch.delenv(cli.ENV_BOOTSTRAP, raising=False)
+    monkeypatch.delenv("SLUICE_DEBUG", raising=False)
+    return home
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(list(argv))
+
+
+def closed_address() -> str:
+    return f"127.0.0.1:{free_port()}"  # free now: nothing listens there
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def test_every_command_parses_with_defaults() -> None:
+    assert parse("dev", "up").brokers == 1
+    assert parse("dev", "up").port == 9092
+    assert parse("topics", "create", "orders").partitions is None
+    assert parse("topics", "describe", "a", "b").topics == ["a", "b"]
+    p = parse("produce", "orders")
+    assert (p.acks, p.key_separator, p.header, p.transactional_id) == ("all", None, [], None)
+    c = parse("consume", "orders")
+    assert c.isolation_level == "read_committed"  # Sluice's default, not Kafka's
+    assert (c.from_beginning, c.max_messages, c.timeout, c.group) == (False, None, None, None)
+    assert parse("transactions", "describe", "tx-1").transactional_ids == ["tx-1"]
+    assert parse("bench", "transactions").commit_interval_ms == 100
+    assert parse("bench", "latency").rate_mb_s == 10.0
+    assert parse("demo").abort_every == 4
+
+
+def test_option_values_are_normalised() -> None:
+    assert parse("produce", "t", "--acks", "-1").acks == "all"
+    assert parse("produce", "t", "--acks", "1").acks == "1"
+    assert parse("produce", "t", "--compression", "ZSTD").compression == "zstd"
+    assert parse("produce", "t", "--compression", "none").compression is None
+    assert parse("produce", "t", "--key-separator", "\\t").key_separator == "\t"
+    assert parse("produce", "t", "--header", "a=1", "--header", "b=x=y").header == [("a", "1"), ("b", "x=y")]
+    assert parse("topics", "create", "t", "--config", "retention.ms=-1").config == [("retention.ms", "-1")]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nope"],
+        [],
+        ["topics"],
+        ["produce", "t", "--header", "novalue"],
+        ["produce", "t", "--acks", "2"],
+        ["produce", "t", "--compression", "snappy"],
+        ["consume", "t", "--max-messages", "0"],
+        ["consume", "t", "--timeout", "-1"],
+        ["consume", "t", "--isolation-level", "dirty"],
+        ["topics", "create", "t", "--partitions", "zero"],
+        ["dev", "up", "--brokers", "0"],
+        ["bench", "produce", "--record-size", "0"],
+    ],
+)
+def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert "sluice" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("sluice ")
+
+
+def test_inconsistent_options_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["consume", "t", "--offset", "5"]) == 2
+    assert "--offset needs --partition" in capsys.readouterr().err
+    assert cli.main(["consume", "t", "--partition", "0", "--group", "g"]) == 2
+    assert cli.main(["demo", "--abort-every", "1"]) == 2
+
+
+# -- broker -------------------------------------------------------------------------------------
+
+
+def test_broker_hands_the_rest_of_the_line_to_the_broker_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("sluice.broker.main")
+    fake.main = lambda argv: seen.append(argv) or 7  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sluice.broker", types.ModuleType("sluice.broker"))
+    monkeypatch.setitem(sys.modules, "sluice.broker.main", fake)
+    argv = ["--id", "3", "--listen", "127.0.0.1:1", "--data", "d", "--metadata", "m", "--help"]
+    assert cli.main(["broker", *argv]) == 7
+    assert seen == [argv]
+
+
+# -- where to connect -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_supervisor() -> Iterator[int]:
+    """A live process whose command line looks like a dev-cluster supervisor's."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "sluice.testing.dev"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bootstrap_resolution_order(monkeypatch: pytest.MonkeyPatch, fake_supervisor: int) -> None:
+    assert cli.resolve_bootstrap(None) == (cli.DEFAULT_BOOTSTRAP, "the default")
+    data = dev.default_data_dir()
+    data.mkdir(parents=True)
+    state = dev.DevState(supervisor_pid=fake_supervisor, data_dir=str(data), status="running")
+    state.bootstrap_servers = "127.0.0.1:1111"
+    dev.write_state(data, state)
+    assert cli.resolve_bootstrap(None)[0] == "127.0.0.1:1111"
+    monkeypatch.setenv(cli.ENV_BOOTSTRAP, "10.0.0.1:2222")
+    assert cli.resolve_bootstrap(None)[0] == "10.0.0.1:2222"
+    assert cli.resolve_bootstrap("h:3333") == ("h:3333", "--bootstrap-server")
+
+
+def test_stale_dev_state_is_ignored() -> None:
+    data = dev.default_data_dir()
+    data.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dev.write_state(data, dev.DevState(supervisor_pid=dead.pid, data_dir=str(data), bootstrap_servers="x:1"))
+    assert dev.running_state(data) is None
+    assert cli.resolve_bootstrap(None)[0] == cli.DEFAULT_BOOTSTRAP
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["topics", "list"],
+        ["topics", "describe", "orders"],
+        ["produce", "orders"],
+        ["consume", "orders"],
+        ["transactions", "list"],
+    ],
+)
+def test_no_cluster_is_a_one_line_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([*argv, "--bootstrap-server", closed_address()]) == 1
+    err = capsys.readouterr().err
+    assert "no Sluice broker is ready" in err and "sluice dev up" in err
+    assert "Traceback" not in err
+
+
+def test_dev_status_and_down_without_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["dev", "status"]) == 1
+    assert "no dev cluster is running" in capsys.readouterr().err
+    assert cli.main(["dev", "down"]) == 0
+
+
+def test_dev_data_dir_resolution(tmp_path: Path) -> None:
+    assert dev.resolve_data_dir(None) == dev.default_data_dir()
+    assert dev.resolve_data_dir(str(tmp_path / "x")) == (tmp_path / "x").resolve()
+
+
+# -- output helpers -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Rec:
+    partition: int = 1
+    offset: int = 42
+    key: bytes | None = b"k"
+    value: bytes | None = b"v"
+    headers: list[tuple[str, bytes]] = dataclasses.field(default_factory=lambda: [("h", b"1")])
+    timestamp: int = 1000
+
+
+def test_record_formatting() -> None:
+    args = parse("consume", "t")
+    assert cli._format_record(_Rec(), args) == b"v\n"
+    args = parse("consume", "t", "--print-key", "--print-offset", "--print-headers", "--separator", "|")
+    assert cli._format_record(_Rec(), args) == b"1:42|h=1|k|v\n"
+    assert cli._format_record(_Rec(key=None, value=None, headers=[]), args) == b"1:42|NO_HEADERS|null|null\n"
+
+
+def test_key_separator_parsing() -> None:
+    assert cli._split_line(b"k:v:w", b":", 1) == (b"k", b"v:w")
+    assert cli._split_line(b"plain", None, 1) == (None, b"plain")
+    with pytest.raises(cli.CliError, match="line 3 has no key separator"):
+        cli._split_line(b"novalue", b":", 3)
+
+
+def test_to_plain_handles_client_result_shapes() -> None:
+    msg = records_pb2.TopicPartition(topic="t", partition=2)
+    assert cli.to_plain(msg) == {"topic": "t", "partition": 2}
+    assert cli.to_plain(_Rec(headers=[]))["key"] == "k"
+    assert cli.to_plain({"a": [b"x", (1, 2)]}) == {"a": ["x", [1, 2]]}
+
+
+def test_table() -> None:
+    assert cli._table([["a", 1], ["bbb", None]], ["X", "Y"]).splitlines() == ["X    Y", "a    1", "bbb"]
+
+
+def test_console_script_help_runs() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "SLUICE_HOME": "/nonexistent"},
+    )
+    assert out.returncode == 0
+    for command in ("broker", "dev", "topics", "produce", "consume", "transactions", "bench", "demo"):
+        assert command in out.stdout
