@@ -1,0 +1,64 @@
+"""gRPC channels from this broker to the others, for coordinator traffic.
+
+The coordinator talks to other brokers for two things: WriteTxnMarkers to the
+leaders of the partitions in a transaction, and DescribeTransactions to
+another broker's coordinator when a partition led here verifies a
+transactional write (KIP-890). One channel per broker is reused; it is
+replaced when the broker's registered endpoint changes (a restarted pod with
+a new address). grpc.aio channels reconnect by themselves, so a broker that is
+down only costs failed calls, which the callers retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+
+from sluice.broker.cluster import ClusterView
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", 100 * 1024 * 1024),
+    ("grpc.max_send_message_length", 100 * 1024 * 1024),
+]
+
+
+def target(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class BrokerChannels:
+    def __init__(self, cluster: ClusterView) -> None:
+        self.cluster = cluster
+        self._channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def get(self, broker_id: int) -> grpc.aio.Channel | None:
+        """A channel to ``broker_id``, or None when the cluster view has no endpoint for it."""
+        endpoint = self.cluster.brokers.get(broker_id)
+        if endpoint is None:
+            return None
+        address = target(endpoint.host, endpoint.port)
+        cached = self._channels.get(broker_id)
+        if cached is not None:
+            if cached[0] == address:
+                return cached[1]
+            self._close_later(cached[1])
+        channel = grpc.aio.insecure_channel(address, options=_OPTIONS)
+        self._channels[broker_id] = (address, channel)
+        return channel
+
+    def _close_later(self, channel: grpc.aio.Channel) -> None:
+        task = asyncio.get_running_loop().create_task(channel.close(None))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close(self) -> None:
+        channels = [ch for _addr, ch in self._channels.values()]
+        self._channels.clear()
+        for channel in channels:
+            with contextlib.suppress(Exception):
+                await channel.close(None)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -1,0 +1,737 @@
+"""The transaction coordinator: Kafka's transaction protocol over ``__transaction_state``.
+
+The coordinator of a transactional id is the leader of partition
+``coordinator_partition(id, n)`` of ``__transaction_state``. This broker keeps,
+for every such partition it leads, a :class:`TxnPartition`: the coordinator
+epoch (the partition's leader epoch, carried by every marker) and the
+:class:`TxnMetadata` of each id it coordinates.
+
+Write-ahead, always: a state change is first appended to the id's partition
+(:mod:`.log` encoding), and only then becomes current in memory. A request is
+answered after its write, so whatever a client was told survives a restart or
+a failover: the next leader replays the partition (last value per key wins)
+and carries on. While a write is in flight the id's entry holds it as
+``pending``; any other request for the id meanwhile gets
+CONCURRENT_TRANSACTIONS (retriable), so requests for one id never interleave
+across awaits. (Appends are synchronous today; the guard is there for when
+they wait for replication.)
+
+Ending a transaction (EndTxn, a timeout, or a new instance fencing an open
+transaction) is two logged steps with markers in between::
+
+    Ongoing --EndTxn--> PrepareCommit/PrepareAbort   logged; the client is answered
+            markers to every partition (MarkerSender), __consumer_offsets included
+    --> CompleteCommit/CompleteAbort                 logged; partitions cleared
+
+While an id is in Prepare* its requests get CONCURRENT_TRANSACTIONS. A broker
+that becomes leader of a partition loads it (answering
+COORDINATOR_LOAD_IN_PROGRESS meanwhile) and completes every Prepare* it finds
+by sending the markers again; duplicates are harmless.
+
+Fencing follows Kafka: InitProducerId on an id with an open transaction
+aborts it with the epoch bumped (Ongoing -> PrepareEpochFence -> PrepareAbort,
+epoch + 1), answers CONCURRENT_TRANSACTIONS, and the client's retry then gets
+the next epoch. The timeout scan does the same to transactions open longer
+than their timeout, so the old producer's next request is fenced.
+
+Test-only hook ``txn.stop_before_complete_commit`` (broker config
+``sluice.test.hooks``): after EndTxn(commit) the coordinator logs
+PrepareCommit, answers and writes the markers, but never logs CompleteCommit,
+leaving the id in PrepareCommit for failover tests. It applies only to
+commits this coordinator decided itself, not to Prepare* states it completes
+after loading a partition, so the broker that takes over completes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import broker_pb2_grpc
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.cluster import (
+    CONSUMER_OFFSETS_TOPIC,
+    TRANSACTION_STATE_TOPIC,
+    ClusterView,
+    coordinator_partition,
+)
+from sluice.broker.config import BrokerConfig
+from sluice.broker.partition import PartitionError
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.txn.channels import BrokerChannels
+from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
+from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
+from sluice.broker.txn.state import (
+    IDLE,
+    TopicPartition,
+    TxnMetadata,
+    TxnState,
+    epoch_exhausted,
+)
+from sluice.records import now_ms
+
+log = logging.getLogger(__name__)
+
+S = TxnState
+HOOK_STOP_BEFORE_COMPLETE_COMMIT = "txn.stop_before_complete_commit"
+LOAD_YIELD_EVERY = 200  # batches replayed between yields to the event loop
+VERIFY_RPC_TIMEOUT_S = 5.0
+
+
+class Refused(Exception):
+    """A request cannot proceed: the wire ErrorCode and message to answer with."""
+
+    def __init__(self, code: pb.ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(eq=False)
+class TxnEntry:
+    """One transactional id in memory."""
+
+    meta: TxnMetadata | None  # None only until the first write of a new id lands
+    pending: TxnMetadata | None = None  # the state being written right now
+
+
+@dataclass(eq=False)
+class TxnPartition:
+    """A ``__transaction_state`` partition this broker leads."""
+
+    partition: int
+    coordinator_epoch: int
+    loaded: bool = False
+    active: bool = True  # False once leadership is lost (or the coordinator stopped)
+    txns: dict[str, TxnEntry] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+def verdict(
+    state: str,
+    producer_id: int,
+    producer_epoch: int,
+    partitions: Iterable[TopicPartition],
+    pid: int,
+    epoch: int,
+    tp: TopicPartition,
+) -> tuple[pb.ErrorCode, str]:
+    """The answer to a partition leader's verification of a first transactional write (KIP-890)."""
+    if pid == producer_id and epoch < producer_epoch:
+        return pb.PRODUCER_FENCED, f"producer {pid} epoch {epoch} was fenced by epoch {producer_epoch}"
+    if state == S.ONGOING and pid == producer_id and epoch == producer_epoch and tp in set(partitions):
+        return pb.NONE, ""
+    return pb.INVALID_TXN_STATE, (
+        f"{tp[0]}-{tp[1]} is not part of an open transaction of producer {pid} epoch {epoch} "
+        f"(the coordinator has producer {producer_id} epoch {producer_epoch} in state {state}); "
+        "AddPartitionsToTxn must come before the first write"
+    )
+
+
+class TransactionCoordinator:
+    def __init__(self, replicas: ReplicaManager, cluster: ClusterView, config: BrokerConfig) -> None:
+        self.replicas = replicas
+        self.cluster = cluster
+        self.config = config
+        self.clock: Callable[[], int] = now_ms  # tests may replace it
+        self.channels = BrokerChannels(cluster)
+        self.markers = MarkerSender(replicas, cluster, config, self.channels)
+        self._partitions: dict[int, TxnPartition] = {}
+        self._loops: list[asyncio.Task[None]] = []
+        self._running = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._running = True
+        self.replicas.leadership_listeners.append(self._on_leadership)
+        self.replicas.txn_verifier = self.verify_partition
+        # Partitions led before we listened (a caller that refreshed metadata first).
+        info = self.cluster.topics.get(TRANSACTION_STATE_TOPIC)
+        for topic, p in sorted(self.replicas.leader_of):
+            if topic == TRANSACTION_STATE_TOPIC and info is not None and p < len(info.partitions):
+                self._on_leadership(topic, p, True, info.partitions[p].leader_epoch)
+        cfg = self.config
+        self._loops = [
+            asyncio.create_task(
+                self._every(
+                    cfg.int("transaction.abort.timed.out.transaction.cleanup.interval.ms"),
+                    self.abort_timed_out_transactions,
+                )
+            ),
+            asyncio.create_task(
+                self._every(
+                    cfg.int("transaction.remove.expired.transaction.cleanup.interval.ms"),
+                    self.remove_expired_transactional_ids,
+                )
+            ),
+        ]
+
+    async def stop(self) -> None:
+        self._running = False
+        with contextlib.suppress(ValueError):
+            self.replicas.leadership_listeners.remove(self._on_leadership)
+        if self.replicas.txn_verifier == self.verify_partition:
+            self.replicas.txn_verifier = None
+        tasks: list[asyncio.Task[None]] = list(self._loops)
+        for tp in list(self._partitions.values()):
+            tasks.extend(tp.tasks)
+            self._drop(tp)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loops = []
+        await self.channels.close()
+
+    def is_ready(self) -> bool:
+        for topic, p in self.replicas.leader_of:
+            if topic == TRANSACTION_STATE_TOPIC:
+                tp = self._partitions.get(p)
+                if tp is None or not tp.loaded:
+                    return False
+        return True
+
+    async def _every(self, interval_ms: int, job: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(max(interval_ms, 1) / 1000)
+            try:
+                await job()
+            except Exception:
+                log.exception("transaction coordinator housekeeping failed")
+
+    def _spawn(self, tp: TxnPartition, coro: Awaitable[None], what: str) -> None:
+        async def run() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("%s failed (__transaction_state-%d)", what, tp.partition)
+
+        task = asyncio.get_running_loop().create_task(run())
+        tp.tasks.add(task)
+        task.add_done_callback(tp.tasks.discard)
+
+    # -- leadership and loading -------------------------------------------------------------------
+
+    def _on_leadership(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
+        if topic != TRANSACTION_STATE_TOPIC:
+            return
+        old = self._partitions.get(partition)
+        if not is_leader:
+            if old is not None:
+                log.info("no longer coordinator of __transaction_state-%d: dropping its state", partition)
+                self._drop(old)
+            return
+        if old is not None:
+            if old.coordinator_epoch == leader_epoch:
+                return
+            self._drop(old)
+        tp = TxnPartition(partition, leader_epoch)
+        self._partitions[partition] = tp
+        if self._running:
+            self._spawn(tp, self._load(tp), "loading")
+
+    def _drop(self, tp: TxnPartition) -> None:
+        tp.active = False
+        if self._partitions.get(tp.partition) is tp:
+            del self._partitions[tp.partition]
+        for task in list(tp.tasks):
+            task.cancel()
+
+    async def _load(self, tp: TxnPartition) -> None:
+        started = self.clock()
+        states: dict[str, TxnMetadata] = {}
+        for count, batch in enumerate(self.replicas.iter_batches(TRANSACTION_STATE_TOPIC, tp.partition), 1):
+            try:
+                apply_batch(states, batch)
+            except TxnLogError:
+                log.exception("__transaction_state-%d: skipping an undecodable batch", tp.partition)
+            if count % LOAD_YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+                if not tp.active:
+                    return
+        tp.txns = {tid: TxnEntry(meta) for tid, meta in states.items()}
+        tp.loaded = True
+        log.info(
+            "loaded __transaction_state-%d (coordinator epoch %d): %d transactional id(s) in %d ms",
+            tp.partition,
+            tp.coordinator_epoch,
+            len(states),
+            self.clock() - started,
+        )
+        for tid, entry in tp.txns.items():
+            assert entry.meta is not None
+            if entry.meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
+                self._spawn(tp, self._complete(tp, tid, entry, entry.meta, recovering=True), f"completing {tid!r}")
+
+    # -- lookups and checks -----------------------------------------------------------------------
+
+    def _coordinator_partition(self, transactional_id: str) -> int:
+        info = self.cluster.topics.get(TRANSACTION_STATE_TOPIC)
+        if info is None or not info.partitions:
+            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"{TRANSACTION_STATE_TOPIC} does not exist yet")
+        return coordinator_partition(transactional_id, len(info.partitions))
+
+    def _partition_for(self, transactional_id: str) -> TxnPartition:
+        p = self._coordinator_partition(transactional_id)
+        tp = self._partitions.get(p)
+        if tp is None or (TRANSACTION_STATE_TOPIC, p) not in self.replicas.leader_of:
+            raise Refused(
+                pb.NOT_COORDINATOR,
+                f"broker {self.config.broker_id} is not the coordinator of {transactional_id!r} "
+                f"({TRANSACTION_STATE_TOPIC}-{p})",
+            )
+        if not tp.loaded:
+            raise Refused(pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is being loaded")
+        return tp
+
+    def _entry(self, tp: TxnPartition, transactional_id: str) -> tuple[TxnEntry, TxnMetadata]:
+        """The id's entry and current state for a request that will change it."""
+        entry = tp.txns.get(transactional_id)
+        if entry is None or entry.meta is None:
+            if entry is not None:  # its first write is in flight
+                raise Refused(pb.CONCURRENT_TRANSACTIONS, f"{transactional_id!r} is being initialized")
+            raise Refused(
+                pb.INVALID_PRODUCER_ID_MAPPING,
+                f"transactional id {transactional_id!r} has no producer id: call InitProducerId first",
+            )
+        if entry.pending is not None:
+            raise Refused(
+                pb.CONCURRENT_TRANSACTIONS,
+                f"{transactional_id!r} is changing to {entry.pending.state} right now; retry",
+            )
+        return entry, entry.meta
+
+    @staticmethod
+    def _check_producer(meta: TxnMetadata, producer_id: int, producer_epoch: int) -> None:
+        if producer_id != meta.producer_id:
+            raise Refused(
+                pb.INVALID_PRODUCER_ID_MAPPING,
+                f"producer id {producer_id} does not belong to {meta.transactional_id!r} "
+                f"(its producer id is {meta.producer_id})",
+            )
+        if producer_epoch < meta.producer_epoch:
+            raise Refused(
+                pb.PRODUCER_FENCED,
+                f"producer {producer_id} epoch {producer_epoch} was fenced: {meta.transactional_id!r} "
+                f"is at epoch {meta.producer_epoch}",
+            )
+        if producer_epoch > meta.producer_epoch:
+            raise Refused(
+                pb.INVALID_PRODUCER_EPOCH,
+                f"producer {producer_id} epoch {producer_epoch} is newer than the coordinator's {meta.producer_epoch}",
+            )
+
+    # -- the write-ahead step ---------------------------------------------------------------------
+
+    async def _write(self, tp: TxnPartition, transactional_id: str, entry: TxnEntry, new: TxnMetadata) -> None:
+        """Log ``new`` for the id, then make it current (or remove the id, for Dead)."""
+        if not tp.active or self._partitions.get(tp.partition) is not tp:
+            raise Refused(pb.NOT_COORDINATOR, f"no longer the coordinator of {transactional_id!r}")
+        entry.pending = new
+        try:
+            self.replicas.append_internal(TRANSACTION_STATE_TOPIC, tp.partition, state_batch(new))
+        except Exception as exc:
+            entry.pending = None
+            if entry.meta is None and tp.txns.get(transactional_id) is entry:
+                del tp.txns[transactional_id]  # the first write of a new id failed: forget it
+            if isinstance(exc, PartitionError):
+                code = (
+                    pb.NOT_COORDINATOR
+                    if exc.code in (pb.NOT_LEADER_OR_FOLLOWER, pb.KAFKA_STORAGE_ERROR)
+                    else pb.COORDINATOR_NOT_AVAILABLE
+                )
+                raise Refused(code, f"cannot log the state of {transactional_id!r}: {exc.message}") from exc
+            log.exception("logging the state of %r failed", transactional_id)
+            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"cannot log the state of {transactional_id!r}: {exc}") from exc
+        entry.pending = None
+        if new.state is S.DEAD:
+            if tp.txns.get(transactional_id) is entry:
+                del tp.txns[transactional_id]
+        else:
+            entry.meta = new
+
+    # -- InitProducerId ---------------------------------------------------------------------------
+
+    async def init_producer_id(self, req: bpb.InitProducerIdRequest) -> bpb.InitProducerIdResponse:
+        resp = bpb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+        try:
+            pid, epoch = await self._init_producer_id(req)
+            resp.producer_id, resp.producer_epoch = pid, epoch
+        except Refused as exc:
+            resp.error_code, resp.error_message = exc.code, exc.message
+        return resp
+
+    def _new_producer_id(self) -> int:
+        try:
+            return self.cluster.next_producer_id()
+        except Exception as exc:
+            log.exception("allocating a producer id failed")
+            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"cannot allocate a producer id: {exc}") from exc
+
+    async def _init_producer_id(self, req: bpb.InitProducerIdRequest) -> tuple[int, int]:
+        tid = req.transactional_id
+        if not tid:
+            return self._new_producer_id(), 0  # an idempotent producer: any broker answers
+        max_timeout = self.config.int("transaction.max.timeout.ms")
+        if not 0 < req.transaction_timeout_ms <= max_timeout:
+            raise Refused(
+                pb.INVALID_TRANSACTION_TIMEOUT,
+                f"transaction timeout {req.transaction_timeout_ms} ms must be in (0, {max_timeout}] "
+                "(transaction.max.timeout.ms)",
+            )
+        tp = self._partition_for(tid)
+        now = self.clock()
+        if tid not in tp.txns:
+            new = TxnMetadata.new(tid, self._new_producer_id(), req.transaction_timeout_ms, now)
+            entry = TxnEntry(None)
+            tp.txns[tid] = entry
+            await self._write(tp, tid, entry, new)
+            return new.producer_id, new.producer_epoch
+        entry, meta = self._entry(tp, tid)
+        # KIP-360: the producer says which id/epoch it has. Producer ids start at 1, so 0 (the
+        # proto default of a client that did not set the field) counts as "none", like -1.
+        expected = req.producer_id > 0
+        if expected and req.producer_id not in (meta.producer_id, meta.last_producer_id):
+            raise Refused(
+                pb.PRODUCER_FENCED,
+                f"producer id {req.producer_id} is not the current one of {tid!r} ({meta.producer_id})",
+            )
+        if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
+            raise Refused(
+                pb.CONCURRENT_TRANSACTIONS, f"the previous transaction of {tid!r} is being completed ({meta.state})"
+            )
+        if meta.state is S.ONGOING:
+            if expected and (req.producer_id, req.producer_epoch) != (meta.producer_id, meta.producer_epoch):
+                raise Refused(
+                    pb.PRODUCER_FENCED,
+                    f"producer {req.producer_id} epoch {req.producer_epoch} is not the current "
+                    f"{meta.producer_id}/{meta.producer_epoch} of {tid!r}",
+                )
+            # A new instance (or a KIP-360 re-init): abort the open transaction with the epoch
+            # bumped, so the old instance is fenced, and let the client retry for its epoch.
+            fenced = meta.fence_and_abort(now)
+            await self._write(tp, tid, entry, fenced)
+            self._spawn(tp, self._complete(tp, tid, entry, fenced), f"aborting {tid!r}")
+            raise Refused(
+                pb.CONCURRENT_TRANSACTIONS,
+                f"aborting the open transaction of {tid!r} (producer {meta.producer_id} fenced at epoch "
+                f"{fenced.producer_epoch}); retry",
+            )
+        if meta.state not in IDLE:
+            raise Refused(pb.INVALID_TXN_STATE, f"{tid!r} is in state {meta.state}")
+        if expected:
+            current = (req.producer_id, req.producer_epoch) == (meta.producer_id, meta.producer_epoch)
+            previous = (req.producer_id, req.producer_epoch) == (meta.last_producer_id, meta.last_producer_epoch)
+            if not current:
+                if previous and meta.state is S.EMPTY:
+                    # A retry whose response was lost: answer what it was given, do not bump again.
+                    return meta.producer_id, meta.producer_epoch
+                code = pb.INVALID_PRODUCER_EPOCH if req.producer_epoch > meta.producer_epoch else pb.PRODUCER_FENCED
+                raise Refused(
+                    code,
+                    f"producer {req.producer_id} epoch {req.producer_epoch} is not the current "
+                    f"{meta.producer_id}/{meta.producer_epoch} of {tid!r}",
+                )
+        new_pid = self._new_producer_id() if epoch_exhausted(meta.producer_epoch) else None
+        new = meta.bump_epoch(req.transaction_timeout_ms, now, new_pid)
+        await self._write(tp, tid, entry, new)
+        return new.producer_id, new.producer_epoch
+
+    # -- AddPartitionsToTxn / AddOffsetsToTxn -----------------------------------------------------
+
+    async def add_partitions_to_txn(self, req: bpb.AddPartitionsToTxnRequest) -> bpb.AddPartitionsToTxnResponse:
+        wanted = [(t.name, p) for t in req.topics for p in t.partitions]
+        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, wanted)
+        resp = bpb.AddPartitionsToTxnResponse()
+        for (topic, partition), (code, message) in results.items():
+            resp.results.add(topic=topic, partition=partition, error_code=code, error_message=message)
+        return resp
+
+    async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest) -> bpb.AddOffsetsToTxnResponse:
+        resp = bpb.AddOffsetsToTxnResponse()
+        if not req.group_id:
+            resp.error_code, resp.error_message = pb.INVALID_GROUP_ID, "group_id must not be empty"
+            return resp
+        info = self.cluster.topics.get(CONSUMER_OFFSETS_TOPIC)
+        if info is None or not info.partitions:
+            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
+            resp.error_message = f"{CONSUMER_OFFSETS_TOPIC} does not exist yet"
+            return resp
+        tp = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(req.group_id, len(info.partitions)))
+        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, [tp])
+        resp.error_code, resp.error_message = results[tp]
+        return resp
+
+    async def _add(
+        self, tid: str, producer_id: int, producer_epoch: int, wanted: list[TopicPartition]
+    ) -> dict[TopicPartition, tuple[pb.ErrorCode, str]]:
+        """Add partitions to the id's transaction; a result per partition.
+
+        Unknown partitions get UNKNOWN_TOPIC_OR_PARTITION and the others are
+        added (there is no OPERATION_NOT_ATTEMPTED on this wire; adding a
+        partition that is never written costs one marker).
+        """
+        results: dict[TopicPartition, tuple[pb.ErrorCode, str]] = {}
+        try:
+            tp = self._partition_for(tid)
+            entry, meta = self._entry(tp, tid)
+            self._check_producer(meta, producer_id, producer_epoch)
+            if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
+                raise Refused(
+                    pb.CONCURRENT_TRANSACTIONS,
+                    f"the previous transaction of {tid!r} is being completed ({meta.state}); retry",
+                )
+            if meta.state is not S.ONGOING and meta.state not in IDLE:
+                raise Refused(pb.INVALID_TXN_STATE, f"{tid!r} is in state {meta.state}")
+            valid: list[TopicPartition] = []
+            for topic, partition in wanted:
+                info = self.cluster.topics.get(topic)
+                if info is None or not 0 <= partition < len(info.partitions):
+                    results[(topic, partition)] = (
+                        pb.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"unknown topic or partition {topic}-{partition}",
+                    )
+                else:
+                    valid.append((topic, partition))
+            if valid and (meta.state is not S.ONGOING or not set(valid) <= meta.partitions):
+                await self._write(tp, tid, entry, meta.add_partitions(valid, self.clock()))
+            for key in valid:
+                results[key] = (pb.NONE, "")
+        except Refused as exc:
+            return {key: (exc.code, exc.message) for key in wanted}
+        return results
+
+    # -- EndTxn -----------------------------------------------------------------------------------
+
+    async def end_txn(self, req: bpb.EndTxnRequest) -> bpb.EndTxnResponse:
+        resp = bpb.EndTxnResponse()
+        try:
+            await self._end_txn(req.transactional_id, req.producer_id, req.producer_epoch, req.committed)
+        except Refused as exc:
+            resp.error_code, resp.error_message = exc.code, exc.message
+        return resp
+
+    async def _end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        tp = self._partition_for(tid)
+        entry, meta = self._entry(tp, tid)
+        self._check_producer(meta, producer_id, producer_epoch)
+        outcome = "commit" if commit else "abort"
+        same = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
+        done = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
+        if meta.state is S.ONGOING:
+            new = meta.prepare_end(commit, self.clock())
+            await self._write(tp, tid, entry, new)
+            self._spawn(tp, self._complete(tp, tid, entry, new), f"completing {tid!r}")
+            return
+        if meta.state is done:
+            return  # a retry of the EndTxn that completed it
+        if meta.state is same:
+            raise Refused(pb.CONCURRENT_TRANSACTIONS, f"the {outcome} of {tid!r} is being completed; retry")
+        raise Refused(pb.INVALID_TXN_STATE, f"cannot {outcome}: {tid!r} is in state {meta.state}")
+
+    # -- completing a transaction -----------------------------------------------------------------
+
+    async def _complete(
+        self, tp: TxnPartition, tid: str, entry: TxnEntry, prepared: TxnMetadata, *, recovering: bool = False
+    ) -> None:
+        """Markers for a Prepare* state, then Complete*. Runs as a task; stops if leadership is lost."""
+        committed = prepared.state is S.PREPARE_COMMIT
+        job = MarkerJob(
+            transactional_id=tid,
+            producer_id=prepared.producer_id,
+            producer_epoch=prepared.producer_epoch,
+            committed=committed,
+            coordinator_epoch=tp.coordinator_epoch,
+            partitions=prepared.partitions,
+        )
+
+        def still_valid() -> bool:
+            return tp.active and tp.txns.get(tid) is entry and entry.meta is prepared
+
+        result = await self.markers.send(job, still_valid)
+        if result is not MarkerResult.DONE:
+            log.warning("markers of %r not completed (%s): leaving it to the next coordinator", tid, result.value)
+            return
+        if committed and not recovering and self.config.hook(HOOK_STOP_BEFORE_COMPLETE_COMMIT):
+            log.warning("test hook %s: %r stays in PrepareCommit", HOOK_STOP_BEFORE_COMPLETE_COMMIT, tid)
+            return
+        backoff = 0.05
+        while still_valid():
+            if entry.pending is not None:
+                await asyncio.sleep(backoff)
+                continue
+            try:
+                await self._write(tp, tid, entry, prepared.complete(self.clock()))
+                return
+            except Refused as exc:
+                if exc.code == pb.NOT_COORDINATOR:
+                    return
+                log.warning("cannot log the completion of %r yet: %s", tid, exc.message)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    # -- housekeeping -----------------------------------------------------------------------------
+
+    async def abort_timed_out_transactions(self) -> None:
+        """Abort (with an epoch bump, fencing the producer) every Ongoing transaction past its timeout."""
+        now = self.clock()
+        for tp in list(self._partitions.values()):
+            if not tp.loaded or not tp.active:
+                continue
+            for tid, entry in list(tp.txns.items()):
+                meta = entry.meta
+                if meta is None or entry.pending is not None or meta.state is not S.ONGOING:
+                    continue
+                if now - meta.txn_start_ms <= meta.timeout_ms:
+                    continue
+                log.info(
+                    "transaction of %r (producer %d epoch %d) timed out after %d ms: aborting it",
+                    tid,
+                    meta.producer_id,
+                    meta.producer_epoch,
+                    now - meta.txn_start_ms,
+                )
+                fenced = meta.fence_and_abort(now)
+                try:
+                    await self._write(tp, tid, entry, fenced)
+                except Refused as exc:
+                    log.warning("cannot abort the timed-out transaction of %r: %s", tid, exc.message)
+                    continue
+                self._spawn(tp, self._complete(tp, tid, entry, fenced), f"aborting {tid!r}")
+
+    async def remove_expired_transactional_ids(self) -> None:
+        """Tombstone ids idle longer than transactional.id.expiration.ms."""
+        now = self.clock()
+        expiration = self.config.int("transactional.id.expiration.ms")
+        for tp in list(self._partitions.values()):
+            if not tp.loaded or not tp.active:
+                continue
+            for tid, entry in list(tp.txns.items()):
+                meta = entry.meta
+                if meta is None or entry.pending is not None or meta.state not in IDLE:
+                    continue
+                if now - meta.last_update_ms <= expiration:
+                    continue
+                try:
+                    await self._write(tp, tid, entry, meta.expire(now))
+                    log.info("transactional id %r expired (idle since %d)", tid, meta.last_update_ms)
+                except Refused as exc:
+                    log.warning("cannot expire %r: %s", tid, exc.message)
+
+    # -- verification for partition leaders (KIP-890) ---------------------------------------------
+
+    async def verify_partition(
+        self, transactional_id: str, producer_id: int, epoch: int, topic: str, partition: int
+    ) -> tuple[pb.ErrorCode, str]:
+        """Is ``topic-partition`` in the open transaction of this producer and epoch?
+
+        Answered from memory when this broker coordinates the id, else by
+        asking the coordinator with DescribeTransactions. Errors a producer
+        should retry (coordinator moving or loading) come back retriable.
+        """
+        tpk = (topic, partition)
+        try:
+            p = self._coordinator_partition(transactional_id)
+        except Refused as exc:
+            return exc.code, exc.message
+        local = self._partitions.get(p)
+        if local is not None:
+            if not local.loaded:
+                return pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is being loaded"
+            entry = local.txns.get(transactional_id)
+            meta = entry.meta if entry is not None else None
+            if meta is None:
+                return pb.INVALID_TXN_STATE, f"unknown transactional id {transactional_id!r}"
+            return verdict(meta.state, meta.producer_id, meta.producer_epoch, meta.partitions, producer_id, epoch, tpk)
+        leader = self.cluster.topics[TRANSACTION_STATE_TOPIC].partitions[p].leader
+        if leader == self.config.broker_id:
+            return pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is not loaded yet"
+        channel = self.channels.get(leader)
+        if channel is None:
+            return pb.COORDINATOR_NOT_AVAILABLE, f"the coordinator of {transactional_id!r} is not available"
+        try:
+            stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
+            resp = await stub.DescribeTransactions(
+                bpb.DescribeTransactionsRequest(transactional_ids=[transactional_id]), timeout=VERIFY_RPC_TIMEOUT_S
+            )
+        except grpc.aio.AioRpcError as exc:
+            return pb.COORDINATOR_NOT_AVAILABLE, f"coordinator broker {leader}: {exc.code().name} {exc.details()}"
+        if len(resp.transactions) != 1:
+            return pb.COORDINATOR_NOT_AVAILABLE, f"coordinator broker {leader} gave no answer"
+        st = resp.transactions[0]
+        if st.error_code == pb.TRANSACTIONAL_ID_NOT_FOUND:
+            return pb.INVALID_TXN_STATE, f"unknown transactional id {transactional_id!r}"
+        if st.error_code in (pb.COORDINATOR_LOAD_IN_PROGRESS, pb.COORDINATOR_NOT_AVAILABLE):
+            return st.error_code, st.error_message
+        if st.error_code != pb.NONE:  # NOT_COORDINATOR: our metadata is behind; the producer retries
+            return pb.COORDINATOR_NOT_AVAILABLE, st.error_message
+        return verdict(
+            st.state,
+            st.producer_id,
+            st.producer_epoch,
+            [(x.topic, x.partition) for x in st.partitions],
+            producer_id,
+            epoch,
+            tpk,
+        )
+
+    # -- describe / list --------------------------------------------------------------------------
+
+    def describe_transactions(self, req: bpb.DescribeTransactionsRequest) -> bpb.DescribeTransactionsResponse:
+        resp = bpb.DescribeTransactionsResponse()
+        for tid in req.transactional_ids:
+            st = resp.transactions.add(
+                transactional_id=tid, producer_id=-1, producer_epoch=-1, transaction_start_time_ms=-1
+            )
+            try:
+                tp = self._partition_for(tid)
+            except Refused as exc:
+                st.error_code, st.error_message = exc.code, exc.message
+                continue
+            entry = tp.txns.get(tid)
+            meta = entry.meta if entry is not None else None
+            if meta is None:
+                st.error_code = pb.TRANSACTIONAL_ID_NOT_FOUND
+                st.error_message = f"no transactional id {tid!r}"
+                continue
+            st.state = meta.state.value
+            st.producer_id = meta.producer_id
+            st.producer_epoch = meta.producer_epoch
+            st.transaction_timeout_ms = meta.timeout_ms
+            st.transaction_start_time_ms = meta.txn_start_ms
+            st.last_update_time_ms = meta.last_update_ms
+            st.coordinator_id = self.config.broker_id
+            for topic, partition in sorted(meta.partitions):
+                st.partitions.add(topic=topic, partition=partition)
+        return resp
+
+    def list_transactions(self, req: bpb.ListTransactionsRequest) -> bpb.ListTransactionsResponse:
+        """The ids of every loaded partition this broker coordinates (clients ask every broker)."""
+        resp = bpb.ListTransactionsResponse()
+        states = set(req.state_filters)
+        pids = set(req.producer_id_filters)
+        for tp in sorted(self._partitions.values(), key=lambda x: x.partition):
+            if not tp.loaded:
+                resp.error_code = pb.COORDINATOR_LOAD_IN_PROGRESS
+                continue
+            for tid, entry in sorted(tp.txns.items()):
+                meta = entry.meta
+                if meta is None or (states and meta.state.value not in states):
+                    continue
+                if pids and meta.producer_id not in pids:
+                    continue
+                resp.transactions.add(
+                    transactional_id=tid,
+                    producer_id=meta.producer_id,
+                    state=meta.state.value,
+                    coordinator_id=self.config.broker_id,
+                )
+        return resp
