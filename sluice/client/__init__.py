@@ -1,0 +1,76 @@
+"""The Sluice Python client: Producer, Consumer and Admin, with Kafka's semantics.
+
+::
+
+    from sluice.client import Producer, Consumer, Admin, TopicPartition
+    from sluice import errors
+
+    admin = Admin(bootstrap_servers="127.0.0.1:9092")
+    admin.create_topic("orders", partitions=3, replication_factor=1)
+
+    producer = Producer(bootstrap_servers="127.0.0.1:9092", transactional_id="tx-1")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("orders", value=b"v", key=b"k")
+    producer.commit_transaction()
+
+    consumer = Consumer(bootstrap_servers="127.0.0.1:9092", group_id="g")  # read_committed
+    consumer.subscribe(["orders"])
+    for record in consumer.poll(timeout=1.0):
+        ...
+
+Module map (each module's docstring explains its design):
+
+* ``producer``: the Producer; ``_accumulator`` (batches per partition),
+  ``_sender`` (the background sender thread), ``_transaction_manager`` (the
+  transaction state machine, no I/O), ``_partitioner`` (crc32 / sticky).
+* ``consumer``: the Consumer; ``_group_member`` (group heartbeats and assignment).
+* ``admin``: the Admin client.
+* ``_network``: channels, metadata cache, coordinator lookup, retries.
+* ``_types``: TopicPartition, RecordMetadata, ConsumerRecord, GroupMetadata.
+
+Errors are the classes of :mod:`sluice.errors`, one per Kafka error code.
+"""
+
+from sluice.client._partitioner import partition_for_key
+from sluice.client._sender import ProducerClosedError, TransactionAbortedError
+from sluice.client._transaction_manager import TransactionState
+from sluice.client._types import (
+    ConsumerRecord,
+    FutureRecordMetadata,
+    GroupMetadata,
+    RecordMetadata,
+    TopicPartition,
+)
+from sluice.client.admin import (
+    Admin,
+    BrokerDescription,
+    ClusterDescription,
+    ListedTransaction,
+    PartitionDescription,
+    TopicDescription,
+    TransactionDescription,
+)
+from sluice.client.consumer import Consumer
+from sluice.client.producer import Producer
+
+__all__ = [
+    "Admin",
+    "BrokerDescription",
+    "ClusterDescription",
+    "Consumer",
+    "ConsumerRecord",
+    "FutureRecordMetadata",
+    "GroupMetadata",
+    "ListedTransaction",
+    "PartitionDescription",
+    "Producer",
+    "ProducerClosedError",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicPartition",
+    "TransactionAbortedError",
+    "TransactionDescription",
+    "TransactionState",
+    "partition_for_key",
+]

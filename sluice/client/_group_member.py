@@ -1,0 +1,262 @@
+"""Consumer group membership: one heartbeat RPC, server-side assignment (the shape of KIP-848).
+
+A :class:`GroupMember` is a background thread that keeps a consumer in its
+group:
+
+* It joins with ``member_epoch`` 0 and an empty ``member_id``; the group
+  coordinator answers with a member id, an epoch, the heartbeat interval and
+  the member's complete *target* assignment.
+* Every ``heartbeat_interval_ms`` it heartbeats with its epoch, its
+  subscription and the partitions it *owns*, i.e. the ones the consumer has
+  actually taken on (or still holds). The coordinator hands a partition to
+  a new owner only once the previous owner stopped reporting it, so two
+  members never consume one partition at once.
+* When the target differs from what is owned, the member tells the consumer
+  (``on_assignment``): the consumer drops revoked partitions (committing
+  their positions first when auto-commit is on) and takes on new ones. The
+  member heartbeats again right away, so revoked partitions are released
+  without waiting a whole interval.
+* UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH: the coordinator no longer counts
+  this member (its session expired, or it fell behind). Its partitions are
+  *lost*: dropped without committing, since another member may own them
+  already. It rejoins with epoch 0. The same happens when no heartbeat
+  succeeded for a whole session timeout.
+* Leaving (close or unsubscribe) is a heartbeat with epoch -1.
+
+Reconciliation runs on this thread rather than in ``poll()``: a consumer
+that is busy between polls still releases partitions promptly, and
+rebalances do not wait for the application.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2, records_pb2
+from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline
+from sluice.client._types import GroupMetadata, TopicPartition
+
+log = logging.getLogger("sluice.client.consumer")
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+_REJOIN_CODES = frozenset({records_pb2.UNKNOWN_MEMBER_ID, records_pb2.FENCED_MEMBER_EPOCH})
+
+#: on_assignment(target, lost): ``lost`` is True when partitions are taken away without a
+#: chance to commit (the member was fenced or its session expired).
+AssignmentCallback = Callable[[frozenset[TopicPartition], bool], None]
+
+
+class GroupMember(threading.Thread):
+    """Heartbeats a consumer's membership in a group. Thread-safe accessors."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        group_id: str,
+        topics: list[str],
+        *,
+        owned: Callable[[], list[TopicPartition]],
+        on_assignment: AssignmentCallback,
+        session_timeout_ms: int = 45_000,
+        rebalance_timeout_ms: int = 300_000,
+        heartbeat_interval_ms: int = 3_000,
+        name: str = "sluice-consumer-heartbeat",
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.cluster = cluster
+        self.group_id = group_id
+        self._topics = sorted(set(topics))
+        self._owned = owned
+        self._on_assignment = on_assignment
+        self.session_timeout_ms = session_timeout_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self._interval = heartbeat_interval_ms / 1000.0
+        self._lock = threading.Lock()
+        self._member_id = ""
+        self._member_epoch = JOIN_EPOCH
+        self._target: frozenset[TopicPartition] | None = None
+        self._fatal: errors.SluiceError | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._joined = threading.Event()
+        self._last_success = time.monotonic()
+        self._backoff = Backoff(0.05, 1.0)
+        self.assignment_changed = threading.Condition()
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def member_id(self) -> str:
+        with self._lock:
+            return self._member_id
+
+    @property
+    def member_epoch(self) -> int:
+        with self._lock:
+            return self._member_epoch
+
+    def metadata(self) -> GroupMetadata:
+        with self._lock:
+            return GroupMetadata(self.group_id, self._member_id, self._member_epoch)
+
+    @property
+    def fatal_error(self) -> errors.SluiceError | None:
+        with self._lock:
+            return self._fatal
+
+    def wait_joined(self, timeout: float) -> bool:
+        """Wait until the first heartbeat gave this member an assignment."""
+        return self._joined.wait(timeout)
+
+    def set_subscription(self, topics: list[str]) -> None:
+        with self._lock:
+            self._topics = sorted(set(topics))
+        self.heartbeat_now()
+
+    def heartbeat_now(self) -> None:
+        self._wake.set()
+
+    def fenced(self) -> None:
+        """A commit was refused (UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH): rejoin."""
+        self._lose_partitions("a commit was refused as coming from a stale member")
+        self.heartbeat_now()
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                again = self._heartbeat()
+            except Exception:  # keep heartbeating whatever happens; the error is logged
+                log.exception("consumer group heartbeat failed unexpectedly")
+                again = False
+            if self.fatal_error is not None:
+                return
+            if again:
+                continue
+            self._wake.wait(self._delay())
+            self._wake.clear()
+
+    def _delay(self) -> float:
+        with self._lock:
+            joined = self._member_epoch > 0
+        return self._interval if joined else 0.1
+
+    def _heartbeat(self) -> bool:
+        """One heartbeat; True when another should follow immediately."""
+        now = time.monotonic()
+        if now - self._last_success > self.session_timeout_ms / 1000.0:
+            self._lose_partitions("no successful heartbeat within the session timeout")
+            self._last_success = now
+        owned = self._owned()
+        with self._lock:
+            member_id, epoch, topics = self._member_id, self._member_epoch, list(self._topics)
+        request = broker_pb2.ConsumerGroupHeartbeatRequest(
+            group_id=self.group_id,
+            member_id=member_id,
+            member_epoch=epoch,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
+            subscribed_topic_names=topics,
+            subscription_unchanged=False,
+            owned_partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in owned],
+            session_timeout_ms=self.session_timeout_ms,
+        )
+        deadline = Deadline(min(self.cluster.request_timeout, max(1.0, self._interval)))
+        try:
+            _node, addr = self.cluster.find_coordinator(self.group_id, GROUP, deadline)
+            response: broker_pb2.ConsumerGroupHeartbeatResponse = self.cluster.call(
+                addr, "ConsumerGroupHeartbeat", request, deadline.timeout(self.cluster.request_timeout)
+            )
+        except errors.SluiceError as exc:
+            if not exc.retriable:
+                self._set_fatal(exc)
+                return False
+            self.cluster.forget_coordinator(self.group_id, GROUP)
+            log.debug("heartbeat of group %r failed: %s", self.group_id, exc)
+            self._sleep(self._backoff.next())
+            return True
+        code = response.error_code
+        if code == records_pb2.NONE:
+            self._backoff.reset()
+            self._last_success = time.monotonic()
+            return self._apply(response, owned)
+        err = errors.error_for(code, response.error_message)
+        if code in _REJOIN_CODES:
+            log.info("group %r: %s; rejoining", self.group_id, err.code_name)
+            self._lose_partitions(err.message)
+            return True
+        if code in COORDINATOR_MOVED_CODES:
+            self.cluster.forget_coordinator(self.group_id, GROUP)
+        if err.retriable:
+            self._sleep(self._backoff.next())
+            return True
+        self._set_fatal(err)
+        return False
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _apply(self, response: broker_pb2.ConsumerGroupHeartbeatResponse, owned: list[TopicPartition]) -> bool:
+        target = frozenset(TopicPartition(tp.topic, tp.partition) for tp in response.assignment)
+        with self._lock:
+            self._member_id = response.member_id or self._member_id
+            self._member_epoch = response.member_epoch
+            if response.heartbeat_interval_ms > 0:
+                self._interval = response.heartbeat_interval_ms / 1000.0
+            self._target = target
+        changed = target != frozenset(owned)
+        if changed:
+            self._on_assignment(target, False)
+        self._joined.set()
+        with self.assignment_changed:
+            self.assignment_changed.notify_all()
+        return changed
+
+    def _lose_partitions(self, why: str) -> None:
+        with self._lock:
+            self._member_epoch = JOIN_EPOCH
+            self._member_id = ""
+            self._target = None
+        log.info("group %r: partitions lost (%s)", self.group_id, why)
+        self._on_assignment(frozenset(), True)
+
+    def _set_fatal(self, exc: errors.SluiceError) -> None:
+        log.error("group %r: fatal heartbeat error: %s", self.group_id, exc)
+        with self._lock:
+            self._fatal = exc
+        self._joined.set()
+        with self.assignment_changed:
+            self.assignment_changed.notify_all()
+
+    # ------------------------------------------------------------------ leave
+
+    def leave(self, timeout: float = 5.0) -> None:
+        """Stop heartbeating and leave the group (epoch -1) so partitions move at once."""
+        self._stop.set()
+        self._wake.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+        with self._lock:
+            member_id, epoch = self._member_id, self._member_epoch
+            self._member_epoch = LEAVE_EPOCH
+        if not member_id or epoch <= 0:
+            return
+        request = broker_pb2.ConsumerGroupHeartbeatRequest(
+            group_id=self.group_id, member_id=member_id, member_epoch=LEAVE_EPOCH
+        )
+        try:
+            self.cluster.coordinator_call(
+                self.group_id,
+                GROUP,
+                "ConsumerGroupHeartbeat",
+                request,
+                lambda r: (r.error_code, r.error_message),
+                Deadline(timeout),
+            )
+        except errors.SluiceError as exc:
+            log.debug("leaving group %r: %s", self.group_id, exc)

@@ -1,0 +1,399 @@
+"""The Sluice admin client: topics, transactions and group offsets, one RPC each.
+
+Thin on purpose: every method is one request (to any broker, to each broker,
+or to the coordinator of a key), retried while the error is retriable and
+the broker answers, and the per-item error code raised as its
+:mod:`sluice.errors` class (``TopicAlreadyExistsError``,
+``InvalidTopicError``, ``TransactionalIdNotFoundError`` ...). Results are
+frozen dataclasses named as in Kafka's admin API.
+
+Two differences from the retry rule elsewhere, because an admin call
+answers a question about *now*: UNKNOWN_TOPIC_OR_PARTITION (retriable for
+producers, since a new topic takes a moment to appear) is raised at once by
+``describe_topic`` and ``delete_topic``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2, records_pb2
+from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, first_error
+from sluice.client._types import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    partition: int
+    leader: int  # broker id, -1 without a leader
+    replicas: list[int]
+    isr: list[int]
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: list[PartitionDescription]
+    config: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+    replication_factor: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    """A transactional id as its coordinator sees it (mirrors TransactionState in broker.proto)."""
+
+    transactional_id: str
+    state: str  # Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int  # -1 when no transaction is open
+    partitions: list[TopicPartition]
+    coordinator_id: int
+    last_update_time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListedTransaction:
+    transactional_id: str
+    producer_id: int
+    state: str
+    coordinator_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerDescription:
+    broker_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    cluster_id: str
+    controller_id: int
+    brokers: list[BrokerDescription]
+
+
+class Admin:
+    """Administers topics, transactions and consumer group offsets."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        *,
+        request_timeout_ms: int = 30_000,
+        client_id: str | None = None,
+    ) -> None:
+        self.client_id = client_id or "sluice-admin"
+        self._timeout = request_timeout_ms / 1000.0
+        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+
+    def _deadline(self, timeout: float | None) -> Deadline:
+        return Deadline(self._timeout if timeout is None else timeout)
+
+    def _any(
+        self,
+        method: str,
+        request: Any,
+        error_of: Callable[[Any], tuple[int, str]],
+        deadline: Deadline,
+        no_retry: frozenset[int] = frozenset(),
+    ) -> Any:
+        """An RPC any broker answers, retried while its error is retriable (and not in ``no_retry``)."""
+        backoff = Backoff()
+        while True:
+            try:
+                response = self._cluster.call_any(method, request, deadline.timeout(self._timeout))
+            except errors.SluiceError as exc:
+                if not exc.retriable or deadline.expired():
+                    raise
+                backoff.sleep(deadline)
+                continue
+            code, message = error_of(response)
+            if code == records_pb2.NONE:
+                return response
+            err = errors.error_for(code, message)
+            if not err.retriable or code in no_retry or deadline.expired():
+                raise err
+            backoff.sleep(deadline)
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        config: Mapping[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+        timeout: float | None = None,
+    ) -> str:
+        """Create a topic; returns its topic id. None for partitions/replication_factor: the broker's default.
+
+        Raises TopicAlreadyExistsError, InvalidTopicError, InvalidPartitionsError,
+        InvalidReplicationFactorError, InvalidConfigError ...
+        """
+        request = broker_pb2.CreateTopicsRequest(
+            topics=[
+                broker_pb2.CreatableTopic(
+                    name=name,
+                    num_partitions=partitions or 0,
+                    replication_factor=replication_factor or 0,
+                    config={k: str(v) for k, v in (config or {}).items()},
+                )
+            ],
+            validate_only=validate_only,
+        )
+        response: broker_pb2.CreateTopicsResponse = self._any(
+            "CreateTopics", request, _topic_error(name), self._deadline(timeout)
+        )
+        return next((t.topic_id for t in response.topics if t.name == name), "")
+
+    def delete_topic(self, name: str, timeout: float | None = None) -> None:
+        """Delete a topic. Raises UnknownTopicOrPartitionError if there is none of that name."""
+        request = broker_pb2.DeleteTopicsRequest(names=[name])
+        self._any(
+            "DeleteTopics",
+            request,
+            _topic_error(name),
+            self._deadline(timeout),
+            no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
+        )
+
+    def create_partitions(
+        self, name: str, count: int, *, validate_only: bool = False, timeout: float | None = None
+    ) -> None:
+        """Grow a topic to ``count`` partitions in total (never fewer: InvalidPartitionsError)."""
+        request = broker_pb2.CreatePartitionsRequest(
+            topics=[broker_pb2.CreatePartitionsTopic(name=name, count=count)], validate_only=validate_only
+        )
+        self._any(
+            "CreatePartitions",
+            request,
+            _topic_error(name),
+            self._deadline(timeout),
+            no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
+        )
+
+    def list_topics(self, include_internal: bool = False, timeout: float | None = None) -> list[str]:
+        """Names of the cluster's topics (the internal ones too with ``include_internal``)."""
+        request = broker_pb2.MetadataRequest(topics=[], include_internal=include_internal)
+        response: broker_pb2.MetadataResponse = self._any(
+            "Metadata", request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
+        )
+        return sorted(
+            t.name for t in response.topics if t.error_code == records_pb2.NONE and (include_internal or not t.internal)
+        )
+
+    def describe_topic(self, name: str, timeout: float | None = None) -> TopicDescription:
+        """Partitions (leader, replicas, ISR, leader epoch), config and id of a topic."""
+        return self.describe_topics([name], timeout)[0]
+
+    def describe_topics(self, names: Iterable[str], timeout: float | None = None) -> list[TopicDescription]:
+        wanted = list(names)
+        request = broker_pb2.MetadataRequest(topics=wanted, include_internal=True)
+
+        def error_of(r: broker_pb2.MetadataResponse) -> tuple[int, str]:
+            found = {t.name for t in r.topics}
+            missing = [n for n in wanted if n not in found]
+            if missing:
+                return records_pb2.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {missing[0]!r}"
+            return first_error((t.error_code, t.error_message or f"topic {t.name!r}") for t in r.topics)
+
+        response: broker_pb2.MetadataResponse = self._any(
+            "DescribeTopics",
+            request,
+            error_of,
+            self._deadline(timeout),
+            no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
+        )
+        by_name = {t.name: t for t in response.topics}
+        return [_describe(by_name[n]) for n in wanted]
+
+    def describe_cluster(self, timeout: float | None = None) -> ClusterDescription:
+        request = broker_pb2.MetadataRequest(topics=[])
+        response: broker_pb2.MetadataResponse = self._any(
+            "Metadata", request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
+        )
+        return ClusterDescription(
+            cluster_id=response.cluster_id,
+            controller_id=response.controller_id,
+            brokers=[BrokerDescription(b.broker_id, b.host, b.port, b.rack or None) for b in response.brokers],
+        )
+
+    # ------------------------------------------------------------------ transactions
+
+    def describe_transactions(
+        self, transactional_ids: Iterable[str], timeout: float | None = None
+    ) -> list[TransactionDescription]:
+        """The state of each transactional id, from its coordinator. Raises TransactionalIdNotFoundError."""
+        deadline = self._deadline(timeout)
+        out: list[TransactionDescription] = []
+        for txn_id in transactional_ids:
+
+            def error_of(r: broker_pb2.DescribeTransactionsResponse, txn_id: str = txn_id) -> tuple[int, str]:
+                for t in r.transactions:
+                    if t.transactional_id == txn_id:
+                        return t.error_code, t.error_message
+                return records_pb2.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {txn_id!r}"
+
+            response: broker_pb2.DescribeTransactionsResponse = self._cluster.coordinator_call(
+                txn_id,
+                TRANSACTION,
+                "DescribeTransactions",
+                broker_pb2.DescribeTransactionsRequest(transactional_ids=[txn_id]),
+                error_of,
+                deadline,
+            )
+            t = next(t for t in response.transactions if t.transactional_id == txn_id)
+            out.append(
+                TransactionDescription(
+                    transactional_id=t.transactional_id,
+                    state=t.state,
+                    producer_id=t.producer_id,
+                    producer_epoch=t.producer_epoch,
+                    transaction_timeout_ms=t.transaction_timeout_ms,
+                    transaction_start_time_ms=t.transaction_start_time_ms,
+                    partitions=[TopicPartition(p.topic, p.partition) for p in t.partitions],
+                    coordinator_id=t.coordinator_id,
+                    last_update_time_ms=t.last_update_time_ms,
+                )
+            )
+        return out
+
+    def list_transactions(
+        self,
+        states: Iterable[str] | None = None,
+        producer_ids: Iterable[int] | None = None,
+        timeout: float | None = None,
+    ) -> list[ListedTransaction]:
+        """Transactional ids known to the coordinators (every broker is asked), optionally filtered."""
+        request = broker_pb2.ListTransactionsRequest(
+            state_filters=list(states or ()), producer_id_filters=list(producer_ids or ())
+        )
+        seen: dict[str, ListedTransaction] = {}
+        for _broker_id, response in self._cluster.call_all(
+            "ListTransactions", request, self._deadline(timeout).timeout(self._timeout)
+        ):
+            errors.check(response.error_code, "ListTransactions failed")
+            for t in response.transactions:
+                seen.setdefault(
+                    t.transactional_id,
+                    ListedTransaction(t.transactional_id, t.producer_id, t.state, t.coordinator_id),
+                )
+        return sorted(seen.values(), key=lambda t: t.transactional_id)
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """The group's committed offsets (stable ones only), for ``partitions`` or all it has."""
+        request = broker_pb2.OffsetFetchRequest(
+            group_id=group_id,
+            partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions or ()],
+            require_stable=False,
+        )
+        response: broker_pb2.OffsetFetchResponse = self._cluster.coordinator_call(
+            group_id,
+            GROUP,
+            "OffsetFetch",
+            request,
+            lambda r: (r.error_code, r.error_message),
+            self._deadline(timeout),
+        )
+        return {
+            TopicPartition(p.topic, p.partition): p.committed_offset
+            for p in response.partitions
+            if p.error_code == records_pb2.NONE and p.committed_offset >= 0
+        }
+
+    def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int], timeout: float | None = None
+    ) -> None:
+        """Commit ``offsets`` for a group from outside it (e.g. to reset a stopped group)."""
+        by_topic: dict[str, list[broker_pb2.OffsetCommitPartition]] = {}
+        for tp, off in offsets.items():
+            by_topic.setdefault(tp.topic, []).append(
+                broker_pb2.OffsetCommitPartition(
+                    partition=tp.partition, committed_offset=off, committed_leader_epoch=-1
+                )
+            )
+        request = broker_pb2.OffsetCommitRequest(
+            group_id=group_id,
+            member_id="",
+            member_epoch=-1,
+            topics=[broker_pb2.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+        )
+        self._cluster.coordinator_call(
+            group_id,
+            GROUP,
+            "OffsetCommit",
+            request,
+            lambda r: first_error((x.error_code, x.error_message) for x in r.results),
+            self._deadline(timeout),
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        self._cluster.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _topic_error(name: str) -> Callable[[Any], tuple[int, str]]:
+    def error_of(response: Any) -> tuple[int, str]:
+        for t in response.topics:
+            if t.name == name:
+                return t.error_code, t.error_message or f"topic {name!r}"
+        return records_pb2.NONE, ""
+
+    return error_of
+
+
+def _describe(t: broker_pb2.TopicMetadata) -> TopicDescription:
+    return TopicDescription(
+        name=t.name,
+        topic_id=t.topic_id,
+        partitions=[
+            PartitionDescription(
+                partition=p.partition,
+                leader=p.leader,
+                replicas=list(p.replicas),
+                isr=list(p.isr),
+                leader_epoch=p.leader_epoch,
+            )
+            for p in sorted(t.partitions, key=lambda p: p.partition)
+        ],
+        config=dict(t.config),
+        internal=t.internal,
+        replication_factor=t.replication_factor,
+    )
+
+
+__all__ = [
+    "Admin",
+    "BrokerDescription",
+    "ClusterDescription",
+    "ListedTransaction",
+    "PartitionDescription",
+    "TopicDescription",
+    "TransactionDescription",
+]
