@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -432,7 +433,7 @@ def latency(
                 while sent < due:
                     t0 = time.perf_counter()
                     fut = producer.send(topic, value=values[sent % len(values)])
-                    fut.add_done_callback(lambda f, t0=t0: on_done(f, t0))
+                    fut.add_done_callback(functools.partial(on_done, t0=t0))
                     sent += 1
                 bar.update(sent, f"{acked.acked} acked")
                 time.sleep(0.0005)

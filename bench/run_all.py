@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Run the standard benchmark set and record it.
+
+    python bench/run_all.py                       # fresh single-broker local cluster
+    python bench/run_all.py --quick               # 10x fewer records: a smoke run (~1-2 min)
+    python bench/run_all.py --bootstrap-server H:P
+
+The set (bench/README.md explains each):
+
+1. produce, 1 KiB records, idempotent, acks=all          -> MB/s
+2. produce, 100 B records, idempotent, acks=all          -> records/s
+3. 1 KiB records, transactional, commit every 100 ms     -> MB/s, next to (1) without transactions
+4. consume read_committed, 1 KiB records (transactional data) -> MB/s
+5. produce latency at a steady 10 MB/s, 1 KiB, acks=all  -> p50/p99 ms
+
+Every result is appended to bench/results/results.json (a JSON list, one
+entry per run of one benchmark); the set of this run is also written to
+bench/results/latest.json, a markdown table to bench/results/latest.md, and,
+if matplotlib is installed (pip install -e '.[bench]'), a chart to
+bench/results/latest.png. The engine is sluice.testing.bench, the same code
+`sluice bench` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from sluice.testing import bench
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+def run_set(bootstrap: str, scale: float, progress: bool) -> list[bench.BenchResult]:
+    def n(count: int) -> int:
+        return max(1000, int(count * scale))
+
+    produce_s = 120.0
+    return [
+        bench.produce(bootstrap, name="produce-1KiB-acks-all", record_size=1024, count=n(200_000),
+                      max_seconds=produce_s, progress=progress),
+        bench.produce(bootstrap, name="produce-100B-acks-all", record_size=100, count=n(500_000),
+                      max_seconds=produce_s, progress=progress),
+        bench.produce(bootstrap, name="transactions-1KiB-100ms", record_size=1024, count=n(200_000),
+                      max_seconds=produce_s, commit_interval_ms=100, progress=progress),
+        bench.consume(bootstrap, name="consume-read_committed-1KiB", record_size=1024, count=n(200_000),
+                      isolation_level="read_committed", progress=progress),
+        bench.latency(bootstrap, name="latency-10MBps-1KiB", record_size=1024, rate_mb_s=10.0,
+                      seconds=max(5.0, 30.0 * scale), progress=progress),
+    ]  # fmt: skip
+
+
+def table(results: list[bench.BenchResult]) -> str:
+    rows = [
+        "| benchmark | records | MB/s | records/s | p50 ms | p99 ms | notes |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        lat = r.latency_ms or {}
+        p50 = f"{lat['p50']:.1f}" if lat else ""
+        p99 = f"{lat['p99']:.1f}" if lat else ""
+        notes = "; ".join(x for x in (r.notes, r.error and f"FAILED: {r.error}") if x)
+        rows.append(
+            f"| {r.name} | {r.records:,} | {r.mb_per_s:.1f} | {r.records_per_s:,.0f} | {p50} | {p99} | {notes} |"
+        )
+    return "\n".join(rows)
+
+
+def plot(results: list[bench.BenchResult], path: Path) -> bool:
+    try:
+        import matplotlib  # type: ignore[import-not-found]
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    thr = [r for r in results if r.kind != "latency"]
+    ax1.barh([r.name for r in thr], [r.mb_per_s for r in thr], color="#3b7dd8")
+    ax1.set_xlabel("MB/s")
+    ax1.set_title("Throughput (single broker, client on the same machine)")
+    for r in results:
+        if r.latency_ms:
+            keys = ["p50", "p95", "p99", "max"]
+            ax2.bar(keys, [r.latency_ms[k] for k in keys], color="#d8823b")
+            ax2.set_ylabel("ms")
+            ax2.set_title(f"Produce latency at {r.params.get('rate_mb_s')} MB/s, acks=all")
+    env = results[0].environment if results else {}
+    fig.suptitle(f"Sluice {env.get('sluice', '')} ({env.get('git_commit', '')}), {env.get('cpus')} CPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bootstrap-server", help="measure this cluster (default: a fresh local one)")
+    ap.add_argument("--quick", action="store_true", help="10x fewer records (smoke run)")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="output directory (default bench/results)")
+    args = ap.parse_args(argv)
+    scale = 0.1 if args.quick else 1.0
+    args.results.mkdir(parents=True, exist_ok=True)
+    with bench.bench_cluster(args.bootstrap_server) as bootstrap:
+        results = run_set(bootstrap, scale, not args.no_progress)
+    for r in results:
+        r.params["set"] = "quick" if args.quick else "standard"
+        bench.append_result(args.results / "results.json", r)
+        print(r.summary())
+    (args.results / "latest.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    md = table(results)
+    (args.results / "latest.md").write_text(md + "\n")
+    print()
+    print(md)
+    if plot(results, args.results / "latest.png"):
+        print(f"\nchart: {args.results / 'latest.png'}")
+    else:
+        print("\n(no chart: matplotlib is not installed; pip install -e '.[bench]')")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
