@@ -64,7 +64,7 @@ class GroupMember(threading.Thread):
         on_assignment: AssignmentCallback,
         session_timeout_ms: int = 45_000,
         rebalance_timeout_ms: int = 300_000,
-        heartbeat_interval_ms: int = 3_000,
+        heartbeat_interval_ms: int | None = None,
         name: str = "sluice-consumer-heartbeat",
     ) -> None:
         super().__init__(name=name, daemon=True)
@@ -75,14 +75,16 @@ class GroupMember(threading.Thread):
         self._on_assignment = on_assignment
         self.session_timeout_ms = session_timeout_ms
         self.rebalance_timeout_ms = rebalance_timeout_ms
-        self._interval = heartbeat_interval_ms / 1000.0
+        # The coordinator says how often to heartbeat (KIP-848); a client setting only shortens it.
+        self._max_interval = heartbeat_interval_ms / 1000.0 if heartbeat_interval_ms else None
+        self._interval = self._max_interval or 3.0
         self._lock = threading.Lock()
         self._member_id = ""
         self._member_epoch = JOIN_EPOCH
         self._target: frozenset[TopicPartition] | None = None
         self._fatal: errors.SluiceError | None = None
-        self._wake = threading.Event()
-        self._stop = threading.Event()
+        self._wake_event = threading.Event()
+        self._stop_event = threading.Event()
         self._joined = threading.Event()
         self._last_success = time.monotonic()
         self._backoff = Backoff(0.05, 1.0)
@@ -119,7 +121,7 @@ class GroupMember(threading.Thread):
         self.heartbeat_now()
 
     def heartbeat_now(self) -> None:
-        self._wake.set()
+        self._wake_event.set()
 
     def fenced(self) -> None:
         """A commit was refused (UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH): rejoin."""
@@ -129,7 +131,7 @@ class GroupMember(threading.Thread):
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop_event.is_set():
             try:
                 again = self._heartbeat()
             except Exception:  # keep heartbeating whatever happens; the error is logged
@@ -139,8 +141,8 @@ class GroupMember(threading.Thread):
                 return
             if again:
                 continue
-            self._wake.wait(self._delay())
-            self._wake.clear()
+            self._wake_event.wait(self._delay())
+            self._wake_event.clear()
 
     def _delay(self) -> float:
         with self._lock:
@@ -199,7 +201,7 @@ class GroupMember(threading.Thread):
         return False
 
     def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
+        self._stop_event.wait(seconds)
 
     def _apply(self, response: broker_pb2.ConsumerGroupHeartbeatResponse, owned: list[TopicPartition]) -> bool:
         target = frozenset(TopicPartition(tp.topic, tp.partition) for tp in response.assignment)
@@ -208,6 +210,8 @@ class GroupMember(threading.Thread):
             self._member_epoch = response.member_epoch
             if response.heartbeat_interval_ms > 0:
                 self._interval = response.heartbeat_interval_ms / 1000.0
+                if self._max_interval is not None:
+                    self._interval = min(self._interval, self._max_interval)
             self._target = target
         changed = target != frozenset(owned)
         if changed:
@@ -237,8 +241,8 @@ class GroupMember(threading.Thread):
 
     def leave(self, timeout: float = 5.0) -> None:
         """Stop heartbeating and leave the group (epoch -1) so partitions move at once."""
-        self._stop.set()
-        self._wake.set()
+        self._stop_event.set()
+        self._wake_event.set()
         if self.is_alive() and threading.current_thread() is not self:
             self.join(timeout)
         with self._lock:

@@ -100,41 +100,41 @@ class Sender(threading.Thread):
         self.accumulator = accumulator
         self.txn = txn
         self.config = config
-        self._event = threading.Event()
+        self._wake_event = threading.Event()
         self._completions: deque[_Request] = deque()
         self._in_flight: set[int] = set()  # ids of requests under way
-        self._running = True
-        self._force = False
+        self._keep_running = True
+        self._force_close = False
         self._broken: set[TopicPartition] = set()  # partitions whose sequence has a gap
         self._init_backoff = Backoff(0.1, 1.0)
         self._init_retry_at = 0.0
         self._add_backoff = Backoff(0.02, 0.5)
         self._add_retry_at = 0.0
-        self._stopped = threading.Event()
+        self._stopped_event = threading.Event()
 
     # ------------------------------------------------------------------ control
 
     def wakeup(self) -> None:
-        self._event.set()
+        self._wake_event.set()
 
     def initiate_close(self) -> None:
         """Send what is queued, then stop."""
-        self._running = False
+        self._keep_running = False
         self.wakeup()
 
     def force_close(self) -> None:
         """Stop now; fail what is not delivered."""
-        self._force = True
-        self._running = False
+        self._force_close = True
+        self._keep_running = False
         self.wakeup()
 
     # ------------------------------------------------------------------ loop
 
     def run(self) -> None:
         try:
-            while self._running:
+            while self._keep_running:
                 self._run_once()
-            while not self._force and (self.accumulator.has_incomplete() or self._in_flight):
+            while not self._force_close and (self.accumulator.has_incomplete() or self._in_flight):
                 self._fail_unsendable_on_close()
                 self._run_once()
         except Exception:  # never die silently: records would hang forever
@@ -145,7 +145,7 @@ class Sender(threading.Thread):
                 batch.fail(exc)
             for batch in self.accumulator.incomplete():
                 self.accumulator.fail(batch, exc)
-            self._stopped.set()
+            self._stopped_event.set()
 
     def _run_once(self) -> None:
         self._process_completions()
@@ -209,8 +209,8 @@ class Sender(threading.Thread):
 
     def _sleep(self, seconds: float) -> None:
         if seconds > 0 and not self._completions:
-            self._event.wait(seconds)
-        self._event.clear()
+            self._wake_event.wait(seconds)
+        self._wake_event.clear()
 
     def _fail_unsendable_on_close(self) -> None:
         """On close, batches of a transaction that can no longer commit will never be sent."""
@@ -386,7 +386,7 @@ class Sender(threading.Thread):
 
         def done(_f: grpc.Future[Any], req: _Request = req) -> None:
             self._completions.append(req)
-            self._event.set()
+            self._wake_event.set()
 
         req.future.add_done_callback(done)
 
@@ -476,7 +476,7 @@ class Sender(threading.Thread):
             if batch.sealed and batch.sequence >= 0 and self.config.idempotent:
                 self._mark_broken(batch.tp)
             return
-        if self.accumulator.is_expired(batch, now) or self._force:
+        if self.accumulator.is_expired(batch, now) or self._force_close:
             self._fail_batch(
                 batch,
                 errors.KafkaTimeoutError(
@@ -496,4 +496,4 @@ class Sender(threading.Thread):
             self.txn.set_abortable_error(exc)  # fencing errors make it fatal
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
+        return self._stopped_event.wait(timeout)

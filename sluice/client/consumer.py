@@ -114,7 +114,10 @@ class Consumer:
     * ``enable_auto_commit``: commit positions every ``auto_commit_interval_ms``
       (in ``poll()``), before partitions are revoked, and on ``close()``. Off by default.
     * ``max_poll_records``: at most this many records per ``poll()``.
-    * ``session_timeout_ms``, ``heartbeat_interval_ms``, ``rebalance_timeout_ms``: group membership.
+    * ``session_timeout_ms``, ``rebalance_timeout_ms``: group membership.
+      ``heartbeat_interval_ms``: the coordinator sets the heartbeat interval
+      (KIP-848, group.consumer.heartbeat.interval.ms); a value here can only
+      shorten it (faster rebalances, more heartbeats).
     * ``fetch_max_wait_ms``, ``fetch_min_bytes``, ``fetch_max_bytes``,
       ``max_partition_fetch_bytes``: the long poll of each Fetch request.
 
@@ -133,7 +136,7 @@ class Consumer:
         max_poll_records: int = 500,
         auto_commit_interval_ms: int = 5_000,
         session_timeout_ms: int = 45_000,
-        heartbeat_interval_ms: int = 3_000,
+        heartbeat_interval_ms: int | None = None,
         rebalance_timeout_ms: int = 300_000,
         fetch_max_wait_ms: int = 500,
         fetch_min_bytes: int = 1,
