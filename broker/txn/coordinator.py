@@ -507,7 +507,7 @@ class TransactionCoordinator:
                 results[key] = (pb.NONE, "")
         except Refused as exc:
             return {key: (exc.code, exc.message) for key in wanted}
-        return results
+        return {key: results[key] for key in wanted}  # in the order asked
 
     # -- EndTxn -----------------------------------------------------------------------------------
 

@@ -42,7 +42,9 @@ LEGAL = {
 }
 
 
-def meta(state: TxnState = S.EMPTY, epoch: int = 0, partitions: frozenset[tuple[str, int]] = frozenset()) -> TxnMetadata:
+def meta(
+    state: TxnState = S.EMPTY, epoch: int = 0, partitions: frozenset[tuple[str, int]] = frozenset()
+) -> TxnMetadata:
     base = TxnMetadata.new("tx", 7, 60_000, now=1000)
     return TxnMetadata(
         transactional_id=base.transactional_id,
