@@ -734,13 +734,20 @@ def cmd_transactions(args: argparse.Namespace) -> int:
                 ]
                 print(_table(rows, ["TRANSACTIONAL_ID", "PRODUCER_ID", "STATE", "COORDINATOR"]))
         else:
-            states = list(admin.describe_transactions(list(args.transactional_ids)))
-            if args.json:
-                _print_json(states)
-            else:
-                print("\n\n".join(_render_txn(s) for s in states))
             errors = importlib.import_module("sluice.errors")
-            failed = [s for s in states if int(_get(s, "error_code", default=0) or 0) != errors.ErrorCode.Value("NONE")]
+            found: list[Any] = []
+            failed: list[dict[str, str]] = []
+            for txn_id in args.transactional_ids:  # one by one: an unknown id must not hide the others
+                try:
+                    found.extend(admin.describe_transactions([txn_id]))
+                except errors.SluiceError as exc:
+                    failed.append({"transactional_id": txn_id, "error": _describe_error(exc)})
+            if args.json:
+                _print_json([*found, *failed])
+            else:
+                print("\n\n".join(_render_txn(s) for s in found))
+            for f in failed:
+                _err(f"error: {f['transactional_id']}: {f['error']}")
             return 1 if failed else 0
     finally:
         _close(admin)

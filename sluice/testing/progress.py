@@ -32,10 +32,13 @@ class Progress:
         self.start = time.monotonic()
         self._last = 0.0
         self._width = 0
+        self._done: int | None = None
+        self._extra = ""
 
     def update(self, done: int, extra: str = "", *, force: bool = False) -> None:
         if not self.enabled:
             return
+        self._done, self._extra = done, extra
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
@@ -59,10 +62,13 @@ class Progress:
             self._width = 0
 
     def close(self, final: str | None = None) -> None:
+        """End the line; shows ``final``, else the last count (so logs always get the end state)."""
         if not self.enabled:
             return
         if final is not None:
             self._write(final)
+        elif self._done is not None:
+            self.update(self._done, self._extra, force=True)
         if self.tty and self._width:
             self.stream.write("\n")
         self.stream.flush()
