@@ -100,8 +100,9 @@ class Member:
     assigned: dict[TopicPartition, int] = field(default_factory=dict)  # as last answered -> epoch since
     revoke_deadline_ms: float | None = None
 
-    def holds(self) -> set[TopicPartition]:
-        return set(self.assigned) | self.owned
+    def holds(self, tp: TopicPartition) -> bool:
+        """Whether the member may be consuming ``tp``: it was given it, or still reports it."""
+        return tp in self.assigned or tp in self.owned
 
 
 class ConsumerGroup:
@@ -200,11 +201,8 @@ class ConsumerGroup:
 
     def _reconcile(self, member: Member, now: float) -> HeartbeatResult:
         target = self.target.get(member.member_id, frozenset())
-        taken: set[TopicPartition] = set()
-        for other in self.members.values():
-            if other is not member:
-                taken |= other.holds()
-        granted = sorted(tp for tp in target if tp not in taken)
+        others = [m for m in self.members.values() if m is not member]
+        granted = sorted(tp for tp in target if not any(o.holds(tp) for o in others))
         if member.epoch != self.epoch:
             member.previous_epoch, member.epoch = member.epoch, self.epoch
         member.assigned = {tp: member.assigned.get(tp, member.epoch) for tp in granted}

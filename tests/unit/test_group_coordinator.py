@@ -368,3 +368,48 @@ def test_load_in_progress_before_the_replay_ran(tmp_path: Path) -> None:
             await b.close()
 
     asyncio.run(main())
+
+
+def test_with_the_real_transaction_coordinator(tmp_path: Path) -> None:
+    """AddOffsetsToTxn + TxnOffsetCommit + EndTxn: the markers of the real coordinator apply the offsets."""
+    from sluice.broker.txn import TransactionCoordinator
+
+    async def body(b: Broker) -> None:
+        txn = TransactionCoordinator(b.replicas, b.cluster, b.groups.config)
+        await txn.start()
+        try:
+            for _ in range(500):
+                if txn.is_ready():
+                    break
+                await asyncio.sleep(0.01)
+            init = await txn.init_producer_id(
+                bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
+            )
+            assert init.error_code == pb.NONE, init.error_message
+            pid, epoch = init.producer_id, init.producer_epoch
+            ids = {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch}
+
+            async def end(commit: bool) -> None:
+                assert (await txn.end_txn(bpb.EndTxnRequest(committed=commit, **ids))).error_code == pb.NONE
+                for _ in range(200):  # markers are sent in the background
+                    if (await fetch(b, ("t", 0), stable=True))[("t", 0)] != "UNSTABLE_OFFSET_COMMIT":
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError("the marker never reached the offsets partition")
+
+            for offset, commit in ((42, True), (99, False)):
+                added = await txn.add_offsets_to_txn(bpb.AddOffsetsToTxnRequest(group_id=GROUP, **ids))
+                assert added.error_code == pb.NONE, added.error_message
+                resp = await b.groups.txn_offset_commit(txn_req({("t", 0): offset}, pid=pid, epoch=epoch))
+                assert codes(resp) == {("t", 0): pb.NONE}
+                assert await fetch(b, ("t", 0), stable=True) == {("t", 0): "UNSTABLE_OFFSET_COMMIT"}
+                await end(commit)
+                assert await fetch(b, ("t", 0), stable=True) == {("t", 0): 42}
+
+            # outside a transaction (no AddOffsetsToTxn) the verifier refuses it
+            resp = await b.groups.txn_offset_commit(txn_req({("t", 0): 7}, pid=pid, epoch=epoch))
+            assert codes(resp) == {("t", 0): pb.INVALID_TXN_STATE}
+        finally:
+            await txn.stop()
+
+    run(tmp_path, body)
