@@ -109,7 +109,12 @@ def test_inconsistent_options_are_usage_errors(capsys: pytest.CaptureFixture[str
 def test_broker_hands_the_rest_of_the_line_to_the_broker_main(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
     fake = types.ModuleType("sluice.broker.main")
-    fake.main = lambda argv: seen.append(argv) or 7  # type: ignore[attr-defined]
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 7
+
+    fake.main = fake_main  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "sluice.broker", types.ModuleType("sluice.broker"))
     monkeypatch.setitem(sys.modules, "sluice.broker.main", fake)
     argv = ["--id", "3", "--listen", "127.0.0.1:1", "--data", "d", "--metadata", "m", "--help"]
