@@ -659,13 +659,17 @@ class Consumer:
     ) -> dict[TopicPartition, int | None]:
         """The group's committed offsets (next offset to read) for ``partitions``; None where there is none.
 
-        A read_committed consumer waits for offsets committed by an open
-        transaction to be resolved (require_stable).
+        Offsets committed by a transaction that is still open are not
+        committed yet: this returns the last stable offset (None if there is
+        none) at once, without waiting for the transaction (Kafka's Java
+        consumer waits, require_stable). Positions of newly assigned
+        partitions do wait (poll() retries UNSTABLE_OFFSET_COMMIT), so a
+        consumer never starts from a half-done transaction's offsets.
         """
         self._check_open()
         tps = list(partitions)
         deadline = Deadline(self._request_timeout if timeout is None else timeout)
-        return self._fetch_committed(tps, deadline, self._isolation == records_pb2.READ_COMMITTED)
+        return self._fetch_committed(tps, deadline, require_stable=False)
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None, timeout: float | None = None) -> None:
         """Commit ``offsets`` (next offset to read per partition), or the positions of every assigned partition.

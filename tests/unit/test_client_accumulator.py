@@ -1,0 +1,312 @@
+"""The producer's accumulator (batching, sequences, retry order) and the default partitioner."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+
+from sluice import errors
+from sluice.client._accumulator import (
+    SEQUENCE_MODULUS,
+    AccumulatorConfig,
+    RecordAccumulator,
+    next_sequence,
+    record_size,
+)
+from sluice.client._partitioner import StickyPartitioner, default_partition, partition_for_key
+from sluice.client._types import TopicPartition
+from sluice.records import decode_records, verify_crc
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+PID, EPOCH = 42, 3
+
+
+def acc(**overrides: object) -> RecordAccumulator:
+    config = AccumulatorConfig(linger_ms=0, retry_backoff_ms=0)
+    for k, v in overrides.items():
+        setattr(config, k, v)
+    return RecordAccumulator(config)
+
+
+def drain_one(a: RecordAccumulator, tp: TopicPartition = TP0, now: float = 1e12):  # type: ignore[no-untyped-def]
+    batches = a.drain([tp], now, PID, EPOCH)
+    assert len(batches) == 1
+    return batches[0]
+
+
+# ------------------------------------------------------------------ batching
+
+
+def test_records_fill_one_batch_until_batch_size() -> None:
+    a = acc(batch_size=1000)
+    size = record_size(b"k", b"x" * 100, None)
+    per_batch = 1000 // size
+    for i in range(per_batch * 2 + 1):
+        assert a.append(TP0, b"k", b"x" * 100, timestamp=i) is not None
+    assert a.queued_count() == 3
+    ready, _ = a.ready(0.0)
+    assert ready == [TP0]
+
+
+def test_a_record_larger_than_batch_size_gets_a_batch_of_its_own() -> None:
+    a = acc(batch_size=100)
+    a.append(TP0, None, b"small")
+    a.append(TP0, None, b"x" * 500)
+    a.append(TP0, None, b"small")
+    assert a.queued_count() == 3
+
+
+def test_a_record_larger_than_max_request_size_fails_its_future() -> None:
+    a = acc(max_request_size=1000)
+    future = a.append(TP0, None, b"x" * 2000)
+    assert future is not None
+    with pytest.raises(errors.MessageTooLargeError):
+        future.result(0)
+    assert a.queued_count() == 0
+
+
+def test_linger_holds_a_batch_until_it_is_due_or_full() -> None:
+    a = acc(linger_ms=50, batch_size=10_000)
+    a.append(TP0, None, b"v")
+    created = a.incomplete()[0].created
+    ready, wait = a.ready(created + 0.01)
+    assert ready == []
+    assert wait == pytest.approx(0.04, abs=1e-6)
+    ready, _ = a.ready(created + 0.05)
+    assert ready == [TP0]
+
+
+def test_flush_makes_lingering_batches_ready() -> None:
+    a = acc(linger_ms=60_000)
+    a.append(TP0, None, b"v")
+    assert a.ready(a.incomplete()[0].created)[0] == []
+    a.begin_flush()
+    assert a.ready(a.incomplete()[0].created)[0] == [TP0]
+    a.end_flush()
+
+
+def test_abort_on_new_batch() -> None:
+    a = acc()
+    assert a.append(TP0, None, b"v", abort_on_new_batch=True) is None
+    assert a.append(TP0, None, b"v") is not None
+    assert a.append(TP0, None, b"w", abort_on_new_batch=True) is not None  # fits in the open batch
+
+
+def test_drained_batch_is_a_valid_record_batch_with_futures_resolved_in_order() -> None:
+    a = acc()
+    futures = [a.append(TP0, b"k%d" % i, b"v%d" % i, [("h", b"1")], 1000 + i) for i in range(3)]
+    batch = drain_one(a)
+    assert batch.wire is not None
+    wire = batch.wire
+    assert verify_crc(wire)
+    assert (wire.producer_id, wire.producer_epoch, wire.base_sequence, wire.record_count) == (PID, EPOCH, 0, 3)
+    wire.base_offset = 100
+    records = decode_records(wire)
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in records] == [
+        (100 + i, b"k%d" % i, b"v%d" % i, 1000 + i) for i in range(3)
+    ]
+    a.complete(batch, 100)
+    metas = [f.result(0) for f in futures if f is not None]
+    assert [(m.partition, m.offset, m.timestamp) for m in metas] == [(0, 100 + i, 1000 + i) for i in range(3)]
+    assert not a.has_incomplete()
+
+
+def test_compression_is_applied_when_sealing() -> None:
+    from sluice.api.v1 import records_pb2
+
+    a = acc(compression=records_pb2.COMPRESSION_ZSTD)
+    a.append(TP0, None, b"a" * 10_000)
+    batch = drain_one(a)
+    assert batch.wire is not None
+    assert batch.wire.compression == records_pb2.COMPRESSION_ZSTD
+    assert len(batch.wire.records) < 1000
+    assert decode_records(batch.wire)[0].value == b"a" * 10_000
+
+
+# ------------------------------------------------------------------ sequences
+
+
+def test_sequences_start_at_zero_and_advance_by_record_count_per_partition() -> None:
+    a = acc(batch_size=record_size(None, b"v", None) * 3)
+    for _ in range(7):
+        a.append(TP0, None, b"v")
+    a.append(TP1, None, b"v")
+    seen = []
+    for _ in range(3):
+        (batch,) = a.drain([TP0], 1e12, PID, EPOCH)
+        seen.append((batch.sequence, batch.record_count))
+        a.complete(batch, 0)
+    assert seen == [(0, 3), (3, 3), (6, 1)]
+    assert drain_one(a, TP1).sequence == 0
+
+
+def test_sequence_wraps_at_2_31() -> None:
+    assert next_sequence(SEQUENCE_MODULUS - 1, 1) == 0
+    assert next_sequence(SEQUENCE_MODULUS - 2, 5) == 3
+    assert next_sequence(10, 5) == 15
+    a = acc()
+    a.append(TP0, None, b"a")
+    a.append(TP0, None, b"b")
+    a._parts[TP0].next_sequence = SEQUENCE_MODULUS - 1
+    batch = drain_one(a)
+    assert batch.sequence == SEQUENCE_MODULUS - 1
+    assert a._parts[TP0].next_sequence == 1
+
+
+def test_no_sequence_without_a_producer_id() -> None:
+    a = acc(idempotent=False)
+    a.append(TP0, None, b"v")
+    (batch,) = a.drain([TP0], 1e12, -1, -1)
+    assert batch.sequence == -1
+    assert batch.wire is not None and batch.wire.producer_id == -1
+
+
+# ------------------------------------------------------------------ in flight, retries, order
+
+
+def test_at_most_max_in_flight_per_partition() -> None:
+    a = acc(max_in_flight=2, batch_size=1)
+    for _ in range(4):
+        a.append(TP0, None, b"v")
+    assert len(a.drain([TP0], 1e12, PID, EPOCH)) == 1  # one batch per partition per drain
+    assert len(a.drain([TP0], 1e12, PID, EPOCH)) == 1
+    assert a.drain([TP0], 1e12, PID, EPOCH) == []
+    assert a.ready(1e12)[0] == []
+    assert a.in_flight_count(TP0) == 2
+
+
+def test_retry_keeps_sequence_order_and_bytes_and_sends_one_at_a_time() -> None:
+    a = acc(max_in_flight=5, batch_size=1)
+    for _ in range(5):
+        a.append(TP0, None, b"v")
+    sent = [drain_one(a) for _ in range(3)]
+    wires = [b.wire for b in sent]
+    assert [b.sequence for b in sent] == [0, 1, 2]
+    # batch 0 fails (leader moved); 1 and 2 come back OUT_OF_ORDER: all requeued in order
+    a.requeue(sent[1], 0.0, errors.OutOfOrderSequenceError())
+    a.requeue(sent[0], 0.0, errors.NotLeaderOrFollowerError())
+    assert a.earlier_unacknowledged(sent[2])
+    # recovery: nothing is sent while a batch is still in flight
+    assert a.drain([TP0], 1e12, PID, EPOCH) == []
+    a.requeue(sent[2], 0.0, errors.OutOfOrderSequenceError())
+    order = []
+    while True:
+        batches = a.drain([TP0], 1e12, PID, EPOCH)
+        if not batches:
+            break
+        for batch in batches:
+            if batch.sequence < 2:
+                # one at a time while batches that had a sequence before the failure are resent
+                assert a.drain([TP0], 1e12, PID, EPOCH) == []
+            order.append(batch.sequence)
+            a.complete(batch, batch.sequence * 10)
+    assert order == [0, 1, 2, 3, 4]
+    assert [b.wire for b in sent] == wires  # retries resend the very same batches
+
+
+def test_pipelining_resumes_after_recovery() -> None:
+    a = acc(max_in_flight=5, batch_size=1)
+    for _ in range(4):
+        a.append(TP0, None, b"v")
+    first = drain_one(a)
+    a.requeue(first, 0.0, errors.NotLeaderOrFollowerError())
+    again = drain_one(a)
+    assert again is first
+    a.complete(again, 0)
+    assert len(a.drain([TP0], 1e12, PID, EPOCH)) == 1
+    assert len(a.drain([TP0], 1e12, PID, EPOCH)) == 1  # two in flight again
+
+
+def test_retry_backoff_delays_the_retry() -> None:
+    a = acc(retry_backoff_ms=100)
+    a.append(TP0, None, b"v")
+    batch = drain_one(a)
+    a.requeue(batch, 10.0, errors.NotLeaderOrFollowerError())
+    assert a.drain([TP0], 10.05, PID, EPOCH) == []
+    assert a.drain([TP0], 10.11, PID, EPOCH) == [batch]
+
+
+def test_expire_and_fail() -> None:
+    a = acc(delivery_timeout_ms=1000, linger_ms=10_000)
+    future = a.append(TP0, None, b"v")
+    created = a.incomplete()[0].created
+    assert a.expire(created + 0.5) == []
+    (batch,) = a.expire(created + 1.0)
+    batch.fail(errors.KafkaTimeoutError("expired"))
+    assert future is not None
+    with pytest.raises(errors.KafkaTimeoutError):
+        future.result(0)
+    assert not a.has_incomplete()
+
+
+def test_reset_sequences_unseals_unsent_retries_and_drops_maybe_stored_ones() -> None:
+    a = acc(batch_size=1)
+    for _ in range(3):
+        a.append(TP0, None, b"v")
+    b0, b1 = drain_one(a), drain_one(a)
+    b0.maybe_stored = True  # e.g. the request timed out
+    a.requeue(b0, 0.0, errors.RequestTimedOutError())
+    a.requeue(b1, 0.0, errors.OutOfOrderSequenceError())
+    assert a.reset_sequences() == [b0]
+    nxt = drain_one(a)
+    assert nxt is b1
+    assert nxt.sequence == 0
+    assert nxt.producer_epoch == EPOCH
+
+
+def test_abort_queued_keeps_in_flight_batches() -> None:
+    a = acc(batch_size=1)
+    for _ in range(3):
+        a.append(TP0, None, b"v", transactional=True)
+    in_flight = drain_one(a)
+    dropped = a.abort_queued(lambda b: b.transactional)
+    assert len(dropped) == 2
+    assert a.incomplete() == [in_flight]
+
+
+def test_appends_after_close_are_refused() -> None:
+    a = acc()
+    a.close()
+    with pytest.raises(errors.IllegalStateError):
+        a.append(TP0, None, b"v")
+
+
+# ------------------------------------------------------------------ partitioner
+
+
+def test_key_partitioning_is_crc32_and_stable() -> None:
+    for key in (b"", b"a", b"order-17", bytes(range(256))):
+        for n in (1, 3, 7, 50):
+            assert partition_for_key(key, n) == zlib.crc32(key) % n
+    # pinned values: changing the partitioner moves every keyed record of every user
+    assert [partition_for_key(b"k%d" % i, 6) for i in range(8)] == [zlib.crc32(b"k%d" % i) % 6 for i in range(8)]
+    assert partition_for_key(b"order-17", 12) == 8
+
+
+def test_sticky_partitioner_sticks_until_a_new_batch() -> None:
+    sticky = StickyPartitioner(random.Random(1))
+    first = sticky.partition("t", 8)
+    assert all(sticky.partition("t", 8) == first for _ in range(10))
+    sticky.on_new_batch("t", 8, first)
+    second = sticky.partition("t", 8)
+    assert second != first
+    sticky.on_new_batch("t", 8, first)  # stale notice: no change
+    assert sticky.partition("t", 8) == second
+
+
+def test_sticky_partitioner_prefers_available_partitions() -> None:
+    sticky = StickyPartitioner(random.Random(2))
+    for _ in range(20):
+        p = sticky.partition("t", 4, [2])
+        assert p == 2
+        sticky.on_new_batch("t", 4, p, [2])
+
+
+def test_default_partition() -> None:
+    sticky = StickyPartitioner(random.Random(3))
+    assert default_partition(sticky, "t", b"abc", 5) == zlib.crc32(b"abc") % 5
+    p = default_partition(sticky, "t", None, 5)
+    assert 0 <= p < 5
