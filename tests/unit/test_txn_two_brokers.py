@@ -1,0 +1,199 @@
+"""Two brokers in one process, talking gRPC: markers to a remote leader, remote verification.
+
+Each broker is the real core (SQLite metadata shared by both, its own RocksDB)
+plus a minimal gRPC server with the two calls the coordinator makes to other
+brokers: InterBroker.WriteTxnMarkers and Broker.DescribeTransactions. A
+background task refreshes both cluster views, as broker/main.py's metadata
+watch does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import broker_pb2_grpc, interbroker_pb2_grpc
+from sluice.api.v1 import interbroker_pb2 as ipb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
+from sluice.broker.config import BrokerConfig
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.storage import RocksStorage
+from sluice.broker.txn import TransactionCoordinator
+from sluice.metadata import MetadataStore, open_store
+from sluice.records import build_batch, parse_control
+
+TOPIC = "orders"
+N = 4
+CONFIG = {"transaction.state.log.num.partitions": str(N), "offsets.topic.num.partitions": "2"}
+
+
+class _InterBroker(interbroker_pb2_grpc.InterBrokerServicer):  # type: ignore[misc]
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def WriteTxnMarkers(self, request: ipb.WriteTxnMarkersRequest, _ctx: Any) -> ipb.WriteTxnMarkersResponse:
+        return self.node.replicas.write_markers(request)
+
+
+class _Broker(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def DescribeTransactions(
+        self, request: bpb.DescribeTransactionsRequest, _ctx: Any
+    ) -> bpb.DescribeTransactionsResponse:
+        return self.node.coord.describe_transactions(request)
+
+
+class Node:
+    def __init__(self, tmp: Path, broker_id: int) -> None:
+        self.tmp = tmp
+        self.broker_id = broker_id
+        self.port = 0
+        self.server: grpc.aio.Server | None = None
+        self.store: MetadataStore
+        self.cluster: ClusterView
+        self.storage: RocksStorage
+        self.replicas: ReplicaManager
+        self.coord: TransactionCoordinator
+
+    async def serve(self) -> None:
+        server = grpc.aio.server()
+        interbroker_pb2_grpc.add_InterBrokerServicer_to_server(_InterBroker(self), server)  # type: ignore[no-untyped-call]
+        broker_pb2_grpc.add_BrokerServicer_to_server(_Broker(self), server)  # type: ignore[no-untyped-call]
+        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await server.start()
+        self.server = server
+
+    async def halt(self) -> None:
+        assert self.server is not None
+        await self.server.stop(None)
+        self.server = None
+
+    async def open(self) -> None:
+        await self.serve()
+        meta = str(self.tmp / "metadata.sqlite")
+        data = str(self.tmp / f"broker-{self.broker_id}")
+        os.makedirs(data, exist_ok=True)
+        self.store = open_store(meta)
+        config = BrokerConfig.build(self.broker_id, "127.0.0.1", self.port, data, meta, CONFIG)
+        self.cluster = ClusterView(self.store, config)
+        self.cluster.register()
+        self.storage = RocksStorage(os.path.join(data, "rocksdb"))
+        self.replicas = ReplicaManager(self.storage, self.cluster, config)
+        self.coord = TransactionCoordinator(self.replicas, self.cluster, config)
+        await self.coord.start()
+        self.coord.markers.max_backoff_s = 0.2
+
+    async def close(self) -> None:
+        await self.coord.stop()
+        if self.server is not None:
+            await self.halt()
+        self.storage.close()
+        self.store.close()
+
+    def markers(self, partition: int) -> list[bool]:
+        return [parse_control(b)[0] for b in self.replicas.iter_batches(TOPIC, partition) if b.control]
+
+    async def produce(self, tid: str, pid: int, epoch: int, partition: int) -> int:
+        batch = build_batch([(None, b"v")], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True)
+        resp = await self.replicas.produce(
+            bpb.ProduceRequest(
+                transactional_id=tid,
+                acks=-1,
+                topics=[
+                    bpb.ProduceTopicData(
+                        name=TOPIC, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)]
+                    )
+                ],
+            )
+        )
+        return resp.topics[0].partitions[0].error_code
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_markers_reach_a_remote_leader_and_remote_verification_works(tmp_path: Path) -> None:
+    async def main() -> None:
+        nodes = [Node(tmp_path, 0), Node(tmp_path, 1)]
+        for node in nodes:
+            await node.open()
+        a, b = nodes
+        a.cluster.ensure_internal_topics()
+        a.cluster.create_topic(TOPIC, 2, 1, {})
+
+        async def watch() -> None:
+            while True:
+                for node in nodes:
+                    node.cluster.refresh()
+                await asyncio.sleep(0.02)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            await until(lambda: all(n.coord.is_ready() and TOPIC in n.cluster.topics for n in nodes), "metadata")
+            info = a.cluster.topics[TOPIC]
+            assert [p.leader for p in info.partitions] == [0, 1]
+            # A transactional id coordinated by broker 0.
+            tid = next(f"tx-{i}" for i in range(100) if coordinator_partition(f"tx-{i}", N) % 2 == 0)
+            assert a.cluster.topics[TRANSACTION_STATE_TOPIC].partitions[coordinator_partition(tid, N)].leader == 0
+            init = bpb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000)
+            elsewhere = await b.coord.init_producer_id(init)
+            assert elsewhere.error_code == pb.NOT_COORDINATOR
+            resp = await a.coord.init_producer_id(init)
+            assert resp.error_code == pb.NONE
+            pid, epoch = resp.producer_id, resp.producer_epoch
+
+            # Broker 1 leads orders-1: before the add, its verification (a DescribeTransactions
+            # to broker 0) refuses the write; after it, accepts it.
+            assert await b.produce(tid, pid, epoch, 1) == pb.INVALID_TXN_STATE
+            add = await a.coord.add_partitions_to_txn(
+                bpb.AddPartitionsToTxnRequest(
+                    transactional_id=tid,
+                    producer_id=pid,
+                    producer_epoch=epoch,
+                    topics=[bpb.TxnTopic(name=TOPIC, partitions=[0, 1])],
+                )
+            )
+            assert [r.error_code for r in add.results] == [pb.NONE, pb.NONE]
+            assert await b.produce(tid, pid, epoch, 1) == pb.NONE
+            assert await a.produce(tid, pid, epoch, 0) == pb.NONE
+
+            # Broker 1 goes away before the commit: its marker waits for it.
+            await b.halt()
+            end = await a.coord.end_txn(
+                bpb.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True)
+            )
+            assert end.error_code == pb.NONE
+
+            def state() -> str:
+                desc = a.coord.describe_transactions(bpb.DescribeTransactionsRequest(transactional_ids=[tid]))
+                return desc.transactions[0].state
+
+            await until(lambda: a.markers(0) == [True], "the local marker")
+            await asyncio.sleep(0.5)
+            assert state() == "PrepareCommit" and b.markers(1) == []
+            await b.serve()  # back on the same port
+            await until(lambda: state() == "CompleteCommit", "the remote marker after the broker returned")
+            assert b.markers(1) == [True]
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            for node in nodes:
+                await node.close()
+
+    asyncio.run(main())
