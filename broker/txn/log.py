@@ -94,8 +94,9 @@ def apply_batch(states: dict[str, TxnMetadata], batch: RecordBatch) -> None:
     """Apply one batch of the log to ``states`` (id -> metadata): the last value per key wins.
 
     Control batches (there are none in this topic) are skipped. A record that
-    cannot be decoded raises :class:`TxnLogError`: loading must not silently
-    forget a transaction.
+    cannot be decoded raises :class:`TxnLogError`, so that the caller decides:
+    the coordinator logs it as an error and skips the batch rather than never
+    finishing the load of the partition.
     """
     if batch.control:
         return
