@@ -92,7 +92,11 @@ def environment() -> dict[str, Any]:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False
         ).stdout.strip()
+    load: tuple[float, ...] = ()
+    with contextlib.suppress(OSError, AttributeError):
+        load = tuple(round(x, 2) for x in os.getloadavg())
     return {
+        "load_average": load,  # other work on the machine skews the figures: recorded to judge them
         "sluice": sluice.__version__,
         "git_commit": commit,
         "python": platform.python_version(),
