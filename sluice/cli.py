@@ -448,7 +448,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
                 data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting
             )
         except dev.DevClusterError as exc:
-            raise CliError(f"the dev cluster failed to start: {exc}") from None
+            hint = " (use --port to pick other ports, or --port 0 for any free ones)" if "in use" in str(exc) else ""
+            raise CliError(f"the dev cluster failed to start{hint}: {exc}") from None
         if not started:
             _err(f"a dev cluster is already running (supervisor pid {state.supervisor_pid}, data {state.data_dir})")
         else:
