@@ -429,8 +429,12 @@ class Cluster:
 
     # ------------------------------------------------------------------ coordinators
 
-    def find_coordinator(self, key: str, key_type: int, deadline: Deadline) -> tuple[int, str]:
-        """(broker id, address) of the coordinator of a group id or transactional id."""
+    def find_coordinator(self, key: str, key_type: int, deadline: Deadline, *, once: bool = False) -> tuple[int, str]:
+        """(broker id, address) of the coordinator of a group id or transactional id.
+
+        Retries until ``deadline``; with ``once``, a single attempt with a
+        short timeout, for callers (the sender thread) that must not block.
+        """
         with self._lock:
             found = self._coordinators.get((key_type, key))
         if found is not None:
@@ -438,13 +442,12 @@ class Cluster:
 
         def attempt() -> tuple[int, str]:
             request = broker_pb2.FindCoordinatorRequest(key=key, key_type=key_type)  # type: ignore[arg-type]
-            response: broker_pb2.FindCoordinatorResponse = self.call_any(
-                "FindCoordinator", request, deadline.timeout(self.request_timeout)
-            )
+            timeout = min(self.request_timeout, 5.0) if once else deadline.timeout(self.request_timeout)
+            response: broker_pb2.FindCoordinatorResponse = self.call_any("FindCoordinator", request, timeout)
             errors.check(response.error_code, response.error_message)
             return response.node_id, broker_address(response.host, response.port)
 
-        found = retry(attempt, deadline)
+        found = attempt() if once else retry(attempt, deadline)
         with self._lock:
             self._coordinators[(key_type, key)] = found
         return found

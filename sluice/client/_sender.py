@@ -110,6 +110,7 @@ class Sender(threading.Thread):
         self._init_retry_at = 0.0
         self._add_backoff = Backoff(0.02, 0.5)
         self._add_retry_at = 0.0
+        self._add_request: tuple[list[TopicPartition], grpc.Future[Any], str] | None = None
         self._stopped_event = threading.Event()
 
     # ------------------------------------------------------------------ control
@@ -133,12 +134,10 @@ class Sender(threading.Thread):
     def run(self) -> None:
         try:
             while self._keep_running:
-                self._run_once()
+                self._run_once_safely()
             while not self._force_close and (self.accumulator.has_incomplete() or self._in_flight):
                 self._fail_unsendable_on_close()
-                self._run_once()
-        except Exception:  # never die silently: records would hang forever
-            log.exception("the producer's sender thread failed")
+                self._run_once_safely()
         finally:
             exc = ProducerClosedError("the producer was closed before the record was delivered")
             for batch in self.accumulator.abort_queued():
@@ -146,6 +145,13 @@ class Sender(threading.Thread):
             for batch in self.accumulator.incomplete():
                 self.accumulator.fail(batch, exc)
             self._stopped_event.set()
+
+    def _run_once_safely(self) -> None:
+        try:
+            self._run_once()
+        except Exception:  # a bug must not stop delivery for good: log it and go on
+            log.exception("unexpected error in the producer's sender thread")
+            self._wake_event.wait(0.1)
 
     def _run_once(self) -> None:
         self._process_completions()
@@ -164,7 +170,7 @@ class Sender(threading.Thread):
 
         if self.txn.is_transactional:
             self._add_partitions(now)
-            if self.txn.has_pending_partitions():
+            if self.txn.has_pending_partitions() and self._add_request is None:
                 wait = min(wait, max(0.005, self._add_retry_at - now))
 
         for batch in self.accumulator.expire(now):
@@ -253,14 +259,15 @@ class Sender(threading.Thread):
                 producer_epoch=old_epoch if need_bump else -1,
             )
             response: broker_pb2.InitProducerIdResponse = self.cluster.call_any(
-                "InitProducerId", request, self.config.request_timeout_ms / 1000.0
+                "InitProducerId", request, min(self.config.request_timeout_ms / 1000.0, 5.0)
             )
             errors.check(response.error_code, response.error_message)
         except errors.SluiceError as exc:
             if exc.retriable:
-                self.txn.init_failed(exc)
                 if need_bump:  # back to READY with the old id; the bump is retried
                     self.txn.complete_init(old_id, old_epoch)
+                else:
+                    self.txn.init_failed(exc)
                 self._init_retry_at = time.monotonic() + self._init_backoff.next()
                 log.debug("InitProducerId failed, retrying: %s", exc)
                 return False
@@ -284,12 +291,29 @@ class Sender(threading.Thread):
     # ------------------------------------------------------------------ transactions
 
     def _add_partitions(self, now: float) -> None:
+        """Send AddPartitionsToTxn for pending partitions, without waiting; handle the answer when it came.
+
+        The sender thread never blocks on the coordinator: a dead coordinator
+        must not stop batches from expiring.
+        """
+        if self._add_request is not None:
+            tps, future, addr = self._add_request
+            if not future.done():
+                return
+            self._add_request = None
+            self._handle_add_response(tps, future, addr)
         if now < self._add_retry_at or not self.txn.has_pending_partitions():
+            return
+        txn_id = self.txn.transactional_id or ""
+        timeout = self.config.request_timeout_ms / 1000.0
+        try:
+            _node, addr = self.cluster.find_coordinator(txn_id, TRANSACTION, Deadline(timeout), once=True)
+        except errors.SluiceError as exc:
+            self._add_failed([], exc)
             return
         tps = self.txn.take_pending_partitions()
         if not tps:
             return
-        txn_id = self.txn.transactional_id or ""
         producer_id, producer_epoch = self.txn.producer_id_and_epoch()
         by_topic: dict[str, list[int]] = defaultdict(list)
         for tp in tps:
@@ -300,15 +324,26 @@ class Sender(threading.Thread):
             producer_epoch=producer_epoch,
             topics=[broker_pb2.TxnTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
         )
-        timeout = self.config.request_timeout_ms / 1000.0
         try:
-            _node, addr = self.cluster.find_coordinator(txn_id, TRANSACTION, Deadline(timeout))
-            response: broker_pb2.AddPartitionsToTxnResponse = self.cluster.call(
-                addr, "AddPartitionsToTxn", request, timeout
-            )
-        except errors.SluiceError as exc:
+            future = self.cluster.call_future(addr, "AddPartitionsToTxn", request, timeout)
+        except Exception as exc:
             self.cluster.forget_coordinator(txn_id, TRANSACTION)
-            self._add_failed(tps, exc)
+            err = exc if isinstance(exc, errors.SluiceError) else errors.BrokerNotAvailableError(str(exc))
+            self._add_failed(tps, err)
+            return
+        self._add_request = (tps, future, addr)
+        future.add_done_callback(lambda _f: self.wakeup())
+
+    def _handle_add_response(self, tps: list[TopicPartition], future: grpc.Future[Any], addr: str) -> None:
+        txn_id = self.txn.transactional_id or ""
+        try:
+            response: broker_pb2.AddPartitionsToTxnResponse = future.result()
+        except grpc.RpcError as rpc_exc:
+            self.cluster.forget_coordinator(txn_id, TRANSACTION)
+            self._add_failed(tps, map_rpc_error(rpc_exc, addr, "AddPartitionsToTxn"))
+            return
+        except Exception as other:
+            self._add_failed(tps, errors.BrokerNotAvailableError(str(other)))
             return
         results = {TopicPartition(r.topic, r.partition): r for r in response.results}
         added: list[TopicPartition] = []
@@ -331,7 +366,7 @@ class Sender(threading.Thread):
             self.txn.partitions_added(added)
             self._add_backoff.reset()
         if fatal is not None:
-            self.txn.partitions_add_failed(retry, retry=False)
+            self.txn.partitions_add_failed([tp for tp in tps if tp not in added], retry=False)
             self._txn_error(fatal)
         elif retry:
             self.txn.partitions_add_failed(retry, retry=True)

@@ -415,7 +415,7 @@ class Consumer:
                     with member.assignment_changed:
                         member.assignment_changed.wait(min(0.1, deadline.remaining()))
                 continue
-            self._update_positions(Deadline(max(deadline.remaining(), 2.0)), raise_errors=False)
+            self._update_positions(Deadline(max(deadline.remaining(), 1.0)), raise_errors=False)
             records = self._drain(limit)
             if records:
                 return records
