@@ -41,6 +41,7 @@ def test_aborted_transaction_is_never_visible_to_read_committed(cluster: LocalCl
     p.begin_transaction()
     p.send(unique_topic, value=b"aborted-1")
     p.send(unique_topic, value=b"aborted-2")
+    p.flush()  # stored, then aborted (abort_transaction drops what is not sent yet, as Kafka's does)
     p.abort_transaction()
     p.begin_transaction()
     p.send(unique_topic, value=b"kept")
