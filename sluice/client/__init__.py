@@ -39,6 +39,7 @@ from sluice.client._types import (
     ConsumerRecord,
     FutureRecordMetadata,
     GroupMetadata,
+    OffsetAndTimestamp,
     RecordMetadata,
     TopicPartition,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "FutureRecordMetadata",
     "GroupMetadata",
     "ListedTransaction",
+    "OffsetAndTimestamp",
     "PartitionDescription",
     "Producer",
     "ProducerClosedError",

@@ -21,6 +21,7 @@ __all__ = [
     "ConsumerRecord",
     "FutureRecordMetadata",
     "GroupMetadata",
+    "OffsetAndTimestamp",
     "RecordMetadata",
     "TopicPartition",
 ]
@@ -88,6 +89,14 @@ class GroupMetadata:
     group_id: str
     member_id: str = ""
     member_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndTimestamp:
+    """An answer of :meth:`Consumer.offsets_for_times`: the offset found and its record's timestamp."""
+
+    offset: int
+    timestamp: int
 
 
 class FutureRecordMetadata(Future[RecordMetadata]):

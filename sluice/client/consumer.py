@@ -60,7 +60,7 @@ from sluice.client._network import (
     first_error,
     map_rpc_error,
 )
-from sluice.client._types import ConsumerRecord, GroupMetadata, TopicPartition
+from sluice.client._types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 from sluice.records import RecordDecodeError, decode_records
 
 log = logging.getLogger("sluice.client.consumer")
@@ -737,14 +737,15 @@ class Consumer:
         self, tps: Iterable[TopicPartition], timestamp: int, deadline: Deadline
     ) -> dict[TopicPartition, int | None]:
         """ListOffsets at the partitions' leaders; offset None where no record matches ``timestamp``."""
-        remaining = {tp: timestamp for tp in tps}
-        return self._list_offsets_at(remaining, deadline)
+        found = self._list_offsets_at(dict.fromkeys(tps, timestamp), deadline)
+        return {tp: off for tp, (off, _ts) in found.items()}
 
     def _list_offsets_at(
         self, wanted: dict[TopicPartition, int], deadline: Deadline
-    ) -> dict[TopicPartition, int | None]:
+    ) -> dict[TopicPartition, tuple[int | None, int]]:
+        """(offset or None, timestamp) per partition, from ListOffsets at each leader."""
         remaining = dict(wanted)
-        out: dict[TopicPartition, int | None] = {}
+        out: dict[TopicPartition, tuple[int | None, int]] = {}
         backoff = Backoff()
         last: errors.SluiceError | None = None
         while remaining:
@@ -791,7 +792,7 @@ class Consumer:
                         if tp not in remaining:
                             continue
                         if p.error_code == records_pb2.NONE:
-                            out[tp] = p.offset if p.offset >= 0 else None
+                            out[tp] = (p.offset if p.offset >= 0 else None, p.timestamp)
                             del remaining[tp]
                             continue
                         err = errors.error_for(p.error_code, p.error_message)
@@ -832,11 +833,16 @@ class Consumer:
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None
-    ) -> dict[TopicPartition, int | None]:
-        """The earliest offset whose timestamp is >= the given one (ms), per partition; None if none."""
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        """Per partition, the earliest offset whose timestamp is >= the given one (ms), with that
+        record's timestamp; None where no record is that recent (Kafka's offsetsForTimes)."""
         self._check_open()
+        for tp, stamp in timestamps.items():
+            if stamp < 0:
+                raise ValueError(f"the timestamp for {tp} must be >= 0")
         deadline = Deadline(self._request_timeout if timeout is None else timeout)
-        return self._list_offsets_at(dict(timestamps), deadline)
+        found = self._list_offsets_at(dict(timestamps), deadline)
+        return {tp: OffsetAndTimestamp(off, ts) if off is not None else None for tp, (off, ts) in found.items()}
 
     def list_topics(self) -> list[str]:
         """Names of the cluster's (non-internal) topics."""
