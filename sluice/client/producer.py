@@ -99,7 +99,13 @@ class Producer:
     * ``max_request_size``: the largest record (and request) sent; a larger
       record fails with MessageTooLargeError.
     * ``max_block_ms``: how long ``send()`` waits for a topic's metadata and
-      transactional calls wait for the coordinator.
+      transactional calls (init, send_offsets, commit, abort) wait for the
+      coordinator, retries included. Transactional calls also stop at
+      ``delivery_timeout_ms`` if that is shorter (a departure from Kafka, which
+      uses max.block.ms alone): an application that gives records 3 s to be
+      delivered learns just as fast that a commit cannot complete. With the
+      defaults the bound is Kafka's 60 s. After such a timeout the call may be
+      repeated, or the transaction aborted.
 
     Futures are resolved (and their callbacks run) on the sender thread: a
     callback must not block on the producer (``flush()`` in a callback deadlocks).
@@ -142,6 +148,8 @@ class Producer:
         self.client_id = client_id or "sluice-producer"
         self.transactional_id = transactional_id
         self._max_block = max_block_ms / 1000.0
+        # Transactional calls wait for the coordinator at most this long (see the class docstring).
+        self._txn_block = min(max_block_ms, delivery_timeout_ms) / 1000.0
         self._request_timeout = request_timeout_ms / 1000.0
         self._transaction_timeout_ms = transaction_timeout_ms
         self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
@@ -277,7 +285,7 @@ class Producer:
         return self.transactional_id
 
     def _deadline(self, timeout: float | None) -> Deadline:
-        return Deadline(self._max_block if timeout is None else timeout)
+        return Deadline(self._txn_block if timeout is None else timeout)
 
     def init_transactions(self, timeout: float | None = None) -> None:
         """Get the producer id and epoch for the transactional_id; fences older instances.
@@ -285,7 +293,7 @@ class Producer:
         The coordinator completes or aborts a transaction the previous
         instance left open. Call once, before the first transaction; a
         second call raises IllegalStateError. ``timeout`` (seconds) defaults
-        to max_block_ms; after a timeout the call may be repeated.
+        to the transactional bound (see the class docstring); after a timeout the call may be repeated.
         """
         txn_id = self._txn_id("init_transactions")
         self._txn.begin_init()
