@@ -54,9 +54,10 @@ def test_list_offsets_and_timestamps(cluster: LocalCluster, unique_topic: str) -
     c = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=None)
     assert c.beginning_offsets([tp])[tp] == 0
     assert c.end_offsets([tp])[tp] == 10
-    if hasattr(c, "offsets_for_times"):
-        found = c.offsets_for_times({tp: 1_004_500})
-        assert found[tp] is not None and found[tp].offset == 5
+    found = c.offsets_for_times({tp: 1_004_500})
+    assert found[tp] is not None and (found[tp].offset, found[tp].timestamp) == (5, 1_005_000)
+    assert c.offsets_for_times({tp: 2_000_000})[tp] is None
+    c.assign([tp])
     c.seek(tp, 7)
     assert c.position(tp) == 7
     c.close()
