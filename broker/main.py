@@ -33,6 +33,7 @@ from sluice.metadata import open_store
 log = logging.getLogger("sluice.broker")
 
 METADATA_POLL_S = 0.1
+LIVENESS_SERVICE = "sluice.liveness"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -94,6 +95,10 @@ async def serve(config: BrokerConfig) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(f"{config.host}:{config.port}")
     await server.start()
+    # Liveness (the process answers) is separate from readiness (""): the controller's failure
+    # detector checks liveness, since a broker only becomes ready once it was elected leader of
+    # the coordinator partitions it loads.
+    await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     log.info("broker %d listening on %s:%d", config.broker_id, config.host, config.port)
 
     stopping = asyncio.Event()
