@@ -40,12 +40,34 @@ class InterBrokerStub:
                 request_serializer=sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetch = channel.unary_unary(
+                '/sluice.v1.InterBroker/ReplicaFetch',
+                request_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
+        self.OffsetsForLeaderEpoch = channel.unary_unary(
+                '/sluice.v1.InterBroker/OffsetsForLeaderEpoch',
+                request_serializer=sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochResponse.FromString,
+                _registered_method=True)
 
 
 class InterBrokerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def WriteTxnMarkers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplicaFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetsForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -58,6 +80,16 @@ def add_InterBrokerServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplicaFetch,
+                    request_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.SerializeToString,
+            ),
+            'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetsForLeaderEpoch,
+                    request_deserializer=sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -87,6 +119,60 @@ class InterBroker:
             '/sluice.v1.InterBroker/WriteTxnMarkers',
             sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersRequest.SerializeToString,
             sluice_dot_v1_dot_interbroker__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.InterBroker/ReplicaFetch',
+            sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
+            sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetsForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.InterBroker/OffsetsForLeaderEpoch',
+            sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+            sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
