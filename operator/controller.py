@@ -1,0 +1,277 @@
+"""The controller's decisions, as pure functions over topic documents (DESIGN 6).
+
+Who leads each partition, and which replicas count as in sync, is decided
+here and nowhere else. The functions take a ``topics/<name>`` document value
+(see :mod:`sluice.metadata.keys`) and what is known about broker liveness,
+and return the new document value, or None when nothing changes. They do no
+I/O: the embedded cluster's local controller
+(:mod:`sluice.operator.local_controller`) and the Kubernetes operator call
+them inside their own compare-and-set loops, and tests call them directly.
+
+Liveness comes as two sets: ``live`` (brokers known to answer) and ``dead``
+(brokers known to have failed for the failure detector's timeout). A broker
+in neither is *unknown* (just registered, or the controller just started):
+it is not elected, and it is not replaced either, so a restarting controller
+does not move every leader before it has checked anyone. ``dead=None`` means
+"every broker not live is dead", the simple form tests use.
+
+The rules, per partition (Kafka's, KRaft flavour):
+
+1. **Election.** A partition whose leader is dead, or which has none (-1),
+   gets as leader the first replica, in replica order, that is live *and*
+   in the ISR. Only ISR members are guaranteed to hold every record below
+   the high watermark, so this "clean" election loses no acknowledged
+   write. Dead brokers leave the ISR.
+2. **Nobody eligible.** If no live ISR member remains, the leader becomes
+   -1 and the ISR is *not* emptied: dead members are removed only while one
+   member stays, so the ISR keeps the last brokers that were in sync, and
+   the first of them to come back is elected by rule 1. Unless the topic
+   sets ``unclean.leader.election.enable=true``: then the first live
+   replica is elected even though it may lack acknowledged records, and the
+   ISR becomes just that replica (Kafka's unclean election; data loss is
+   the price of availability, which is why it is off by default).
+3. **Fencing.** A dead broker is removed from the ISR of every partition it
+   is in, also where the leader is alive (as KRaft fences a broker out of
+   all ISRs): a leader must not count on it for acks=all, and a restarted
+   broker comes back into the ISR only when the leader has seen it catch up.
+   The leader epoch is unchanged by an ISR change; the document version is
+   what leaders compare-and-set against.
+4. **Preferred leader.** When the preferred replica (``replicas[0]``) is
+   live and in the ISR but does not lead, leadership moves back to it, so
+   leadership returns to its even spread after a failure heals. Because the
+   ISR is the condition, a returning broker never leads before the current
+   leader has re-admitted it as caught up.
+5. **Epochs.** Every leadership change, including to and from -1, bumps the
+   partition's ``leader_epoch`` by one, so epochs strictly increase and a
+   deposed leader's requests are fenced (FENCED_LEADER_EPOCH). Nothing else
+   bumps it.
+
+The ISR is otherwise the leader's to change (shrink a lagging follower,
+expand a caught-up one); leaders compare-and-set only the ``isr`` field,
+and only while the document's leader and epoch are still theirs. Both sides
+re-read and re-decide on every conflict, so the rules above are re-applied to
+whatever the leader wrote.
+
+Topic creation and partition addition (:func:`new_topic`,
+:func:`add_partitions`) build documents from
+:func:`sluice.metadata.placement.place_replicas`, with the preferred replica
+leading at epoch 0 and every replica in the ISR (an empty log is in sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from sluice.metadata.placement import place_replicas
+
+__all__ = [
+    "UNCLEAN_KEY",
+    "add_partitions",
+    "describe_changes",
+    "elect_leaders",
+    "new_topic",
+    "reconcile_partition",
+    "reconcile_topic",
+    "restore_preferred_leaders",
+]
+
+NO_LEADER = -1
+UNCLEAN_KEY = "unclean.leader.election.enable"
+
+
+def _is_dead(broker: int, live: AbstractSet[int], dead: AbstractSet[int] | None) -> bool:
+    if broker in live:
+        return False
+    return dead is None or broker in dead
+
+
+def unclean_enabled(topic: Mapping[str, Any], default: bool = False) -> bool:
+    """Whether the topic allows unclean election (its config, else ``default``, the broker-wide setting)."""
+    value = topic.get("config", {}).get(UNCLEAN_KEY)
+    if value is None:
+        return default
+    return str(value).strip().lower() == "true"
+
+
+def reconcile_partition(
+    partition: Mapping[str, Any],
+    live: AbstractSet[int],
+    dead: AbstractSet[int] | None = None,
+    *,
+    unclean: bool = False,
+    elect: bool = True,
+    fence: bool = True,
+    preferred: bool = True,
+) -> dict[str, Any]:
+    """One partition's state after applying the rules of the module docstring.
+
+    ``elect``/``fence``/``preferred`` switch rules 1-2, 3 and 4 on and off
+    (rule 5 always holds). Returns a new dict (other keys are kept as they are).
+    """
+    out = dict(partition)
+    replicas: list[int] = list(partition.get("replicas", []))
+    isr: list[int] = list(partition.get("isr", []))
+    leader: int = partition.get("leader", NO_LEADER)
+    epoch: int = partition.get("leader_epoch", 0)
+    if not replicas:
+        return out
+
+    # Dead members leave the ISR, but it never becomes empty (rule 2).
+    alive_isr = [b for b in isr if not _is_dead(b, live, dead)]
+    fenced = alive_isr or isr
+
+    new_leader = leader
+    new_isr = fenced if fence else isr
+    leaderless = leader == NO_LEADER or _is_dead(leader, live, dead)
+    if elect and leaderless:
+        new_isr = fenced
+        clean = [b for b in replicas if b in live and b in fenced]
+        if clean:
+            new_leader = clean[0]
+        elif unclean and any(b in live for b in replicas):
+            new_leader = next(b for b in replicas if b in live)
+            new_isr = [new_leader]
+        else:
+            new_leader = NO_LEADER
+    elif preferred and not leaderless:
+        first = replicas[0]
+        if first != leader and first in live and first in new_isr:
+            new_leader = first
+
+    out["isr"] = new_isr
+    if new_leader != leader:
+        out["leader"] = new_leader
+        out["leader_epoch"] = epoch + 1
+    return out
+
+
+def reconcile_topic(
+    topic: Mapping[str, Any],
+    live: AbstractSet[int],
+    dead: AbstractSet[int] | None = None,
+    *,
+    preferred: bool = True,
+    default_unclean: bool = False,
+) -> dict[str, Any] | None:
+    """The topic document with every rule applied to each partition; None if nothing changes."""
+    unclean = unclean_enabled(topic, default_unclean)
+    partitions = [
+        reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred) for p in topic.get("partitions", [])
+    ]
+    if partitions == list(topic.get("partitions", [])):
+        return None
+    out = dict(topic)
+    out["partitions"] = partitions
+    return out
+
+
+def elect_leaders(
+    topic: Mapping[str, Any],
+    live: AbstractSet[int],
+    dead: AbstractSet[int] | None = None,
+    *,
+    default_unclean: bool = False,
+) -> dict[str, Any] | None:
+    """Rules 1-3 only: replace dead leaders, elect leaderless partitions, fence dead brokers out of ISRs."""
+    return reconcile_topic(topic, live, dead, preferred=False, default_unclean=default_unclean)
+
+
+def restore_preferred_leaders(topic: Mapping[str, Any], live: AbstractSet[int]) -> dict[str, Any] | None:
+    """Rule 4 only: hand leadership back to live, in-sync preferred replicas."""
+    partitions = [
+        reconcile_partition(p, live, frozenset(), elect=False, fence=False, preferred=True)
+        for p in topic.get("partitions", [])
+    ]
+    if partitions == list(topic.get("partitions", [])):
+        return None
+    out = dict(topic)
+    out["partitions"] = partitions
+    return out
+
+
+def describe_changes(
+    topic: Mapping[str, Any],
+    new: Mapping[str, Any],
+    live: AbstractSet[int],
+    dead: AbstractSet[int] | None = None,
+) -> list[str]:
+    """One human line per partition whose leader or ISR differs between ``topic`` and ``new``."""
+    name = new.get("name", topic.get("name", "?"))
+    lines: list[str] = []
+    old_parts: Sequence[Mapping[str, Any]] = topic.get("partitions", [])
+    for i, (old, cur) in enumerate(zip(old_parts, new.get("partitions", []), strict=False)):
+        tp = f"{name}-{i}"
+        was, now = old.get("leader", NO_LEADER), cur.get("leader", NO_LEADER)
+        epoch = cur.get("leader_epoch", 0)
+        if was != now:
+            if was == NO_LEADER:
+                why = "it had no leader"
+            elif _is_dead(was, live, dead):
+                why = f"broker {was} dead"
+            elif cur.get("replicas", [None])[0] == now:
+                why = f"preferred replica back in sync; broker {was} led"
+            else:
+                why = f"broker {was} led"
+            if now == NO_LEADER:
+                lines.append(f"{tp} has no leader at epoch {epoch} ({why}; no live in-sync replica, ISR {cur['isr']})")
+            elif now not in old.get("isr", []):
+                lines.append(
+                    f"UNCLEAN election of broker {now} as leader of {tp} at epoch {epoch} ({why}): "
+                    "records acknowledged by the old in-sync replicas may be lost"
+                )
+            else:
+                lines.append(f"elected broker {now} leader of {tp} at epoch {epoch} ({why}), ISR {cur['isr']}")
+            continue
+        removed = [b for b in old.get("isr", []) if b not in cur.get("isr", [])]
+        if removed:
+            lines.append(f"removed dead broker(s) {removed} from the ISR of {tp}, now {cur['isr']}")
+    return lines
+
+
+# -- topic creation and partition addition --------------------------------------------------------
+
+
+def _initial(replicas: list[int]) -> dict[str, Any]:
+    return {"replicas": replicas, "leader": replicas[0], "leader_epoch": 0, "isr": list(replicas)}
+
+
+def new_topic(
+    name: str,
+    topic_id: str,
+    partitions: int,
+    replication_factor: int,
+    config: Mapping[str, str],
+    brokers: Sequence[tuple[int, str | None]],
+    *,
+    internal: bool = False,
+) -> dict[str, Any]:
+    """A new ``topics/<name>`` document value. Raises ValueError as place_replicas does."""
+    return {
+        "name": name,
+        "topic_id": topic_id,
+        "internal": internal,
+        "config": dict(config),
+        "replication_factor": replication_factor,
+        "partitions": [_initial(r) for r in place_replicas(brokers, partitions, replication_factor)],
+    }
+
+
+def add_partitions(
+    topic: Mapping[str, Any], count: int, brokers: Sequence[tuple[int, str | None]]
+) -> dict[str, Any] | None:
+    """The topic grown to ``count`` partitions (None if it has that many already).
+
+    Raises ValueError when ``count`` is smaller than the current count (partitions never go away).
+    """
+    current = list(topic.get("partitions", []))
+    if count < len(current):
+        raise ValueError(f"topic {topic.get('name')!r} has {len(current)} partitions; cannot shrink to {count}")
+    if count == len(current):
+        return None
+    rf = int(topic.get("replication_factor", len(current[0]["replicas"]) if current else 1))
+    added = place_replicas(brokers, count - len(current), rf, start_partition=len(current))
+    out = dict(topic)
+    out["partitions"] = current + [_initial(r) for r in added]
+    return out
