@@ -1,0 +1,187 @@
+"""The controller's failure detector: timeouts on a fake clock, and the real gRPC health checker."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from sluice.operator.failure_detector import (
+    ALIVE,
+    DEAD,
+    UNKNOWN,
+    FailureDetector,
+    GrpcHealthChecker,
+    default_check_deadline_ms,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Answers:
+    """A checker that answers what the test says, and records who was asked."""
+
+    def __init__(self) -> None:
+        self.status: dict[int, str] = {}
+        self.asked: list[dict[int, str]] = []
+
+    def __call__(self, targets: Mapping[int, str]) -> dict[int, str]:
+        self.asked.append(dict(targets))
+        return {b: self.status.get(b, "UNAVAILABLE") for b in targets}
+
+
+TARGETS = {0: "h:0", 1: "h:1"}
+
+
+def detector(timeout_ms: int = 1000) -> tuple[FailureDetector, Answers, FakeClock]:
+    answers, clock = Answers(), FakeClock()
+    return FailureDetector(answers, timeout_ms=timeout_ms, clock=clock), answers, clock
+
+
+def test_new_brokers_are_unknown_until_they_answer() -> None:
+    d, answers, _ = detector()
+    answers.status = {0: "SERVING"}
+    changes = d.poll(TARGETS)
+    assert d.live == {0} and d.unknown == {1} and d.dead == frozenset()
+    assert [(c.broker_id, c.old, c.new) for c in changes] == [(0, UNKNOWN, ALIVE)]
+    assert answers.asked == [TARGETS]
+
+
+def test_dead_after_failing_for_the_timeout_and_alive_after_one_success() -> None:
+    d, answers, clock = detector(timeout_ms=1000)
+    answers.status = {0: "SERVING", 1: "SERVING"}
+    d.poll(TARGETS)
+    answers.status = {0: "SERVING", 1: "DEADLINE_EXCEEDED"}
+    for _ in range(4):  # 0.8 s of failures: not yet
+        clock.now += 0.2
+        assert d.poll(TARGETS) == []
+    assert d.state(1) == ALIVE
+    clock.now += 0.2
+    changes = d.poll(TARGETS)
+    assert d.dead == {1} and d.live == {0}
+    assert len(changes) == 1 and changes[0].new == DEAD
+    assert (
+        changes[0].describe()
+        == "broker 1 is dead: no successful health check for 1.0 s (last answer: DEADLINE_EXCEEDED)"
+    )
+    clock.now += 5
+    assert d.poll(TARGETS) == []  # dead stays dead, reported once
+    answers.status[1] = "SERVING"
+    changes = d.poll(TARGETS)
+    assert d.live == {0, 1}
+    assert [c.describe() for c in changes] == ["broker 1 is alive again"]
+
+
+def test_a_success_resets_the_failure_clock() -> None:
+    d, answers, clock = detector(timeout_ms=1000)
+    for i in range(20):
+        answers.status = {0: "SERVING" if i % 4 == 0 else "UNAVAILABLE"}
+        clock.now += 0.3
+        d.poll({0: "h:0"})
+        assert d.state(0) == ALIVE  # never 1 s without success
+
+
+def test_one_late_check_after_a_controller_stall_is_not_a_death() -> None:
+    d, answers, clock = detector(timeout_ms=1000)
+    answers.status = {0: "SERVING"}
+    d.poll({0: "h:0"})
+    clock.now += 30  # the controller itself was stalled
+    answers.status = {0: "DEADLINE_EXCEEDED"}
+    d.poll({0: "h:0"})
+    assert d.state(0) == ALIVE  # needs a second failure in a row
+    d.poll({0: "h:0"})
+    assert d.state(0) == DEAD
+
+
+def test_never_answering_broker_is_dead_a_timeout_after_first_sight() -> None:
+    d, _, clock = detector(timeout_ms=2000)
+    d.poll({0: "h:0"})
+    clock.now += 1.0
+    d.poll({0: "h:0"})
+    assert d.state(0) == UNKNOWN
+    clock.now += 1.0
+    d.poll({0: "h:0"})
+    assert d.state(0) == DEAD
+
+
+def test_deregistered_brokers_are_forgotten() -> None:
+    d, answers, _ = detector()
+    answers.status = {0: "SERVING", 1: "SERVING"}
+    d.poll(TARGETS)
+    d.poll({0: "h:0"})
+    assert d.live == {0} and set(d.brokers) == {0}
+
+
+def test_no_brokers_no_checks() -> None:
+    d, answers, _ = detector()
+    assert d.poll({}) == []
+    assert answers.asked == []
+
+
+def test_bad_timeout_refused() -> None:
+    with pytest.raises(ValueError):
+        FailureDetector(Answers(), timeout_ms=0)
+
+
+def test_check_deadline_defaults() -> None:
+    assert default_check_deadline_ms(5000) == 1000
+    assert default_check_deadline_ms(1000) == 250
+    assert default_check_deadline_ms(100) == 100
+
+
+# -- the real gRPC checker ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[str, health.HealthServicer, grpc.Server]]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield f"127.0.0.1:{port}", servicer, server
+    server.stop(grace=None)
+
+
+def test_grpc_checker_reports_serving_not_found_and_unavailable(
+    health_server: tuple[str, health.HealthServicer, grpc.Server],
+) -> None:
+    address, servicer, _ = health_server
+    checker = GrpcHealthChecker(deadline_ms=1000)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: refused
+        assert checker({0: address, 1: closed}) == {0: "NOT_FOUND", 1: "UNAVAILABLE"}
+        servicer.set("sluice.liveness", health_pb2.HealthCheckResponse.SERVING)
+        assert checker({0: address}) == {0: "SERVING"}
+        servicer.set("sluice.liveness", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert checker({0: address}) == {0: "NOT_SERVING"}
+    finally:
+        checker.close()
+
+
+def test_grpc_checker_deadline_on_a_silent_listener() -> None:
+    """What a SIGSTOPped broker looks like: the kernel accepts the connection, nobody answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        checker = GrpcHealthChecker(deadline_ms=200)
+        try:
+            started = time.monotonic()
+            assert checker({0: address, 1: address}) == {0: "DEADLINE_EXCEEDED", 1: "DEADLINE_EXCEEDED"}
+            assert time.monotonic() - started < 1.5  # concurrent: one deadline, not one per broker
+        finally:
+            checker.close()

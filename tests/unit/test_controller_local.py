@@ -1,0 +1,187 @@
+"""The local controller's loop over a real SQLite MetadataStore, with fake health checks and clock."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.metadata import keys
+from sluice.metadata.store import Document, MetadataStore, open_store
+from sluice.operator.controller import new_topic
+from sluice.operator.failure_detector import FailureDetector
+from sluice.operator.local_controller import CONTROLLER_KEY, ControllerFenced, LocalController
+
+
+class Fake:
+    """Health answers and a clock the test controls."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.down: set[int] = set()
+
+    def clock(self) -> float:
+        return self.now
+
+    def check(self, targets: Mapping[int, str]) -> dict[int, str]:
+        return {b: "UNAVAILABLE" if b in self.down else "SERVING" for b in targets}
+
+
+def register(store: MetadataStore, *ids: int) -> None:
+    for i in ids:
+        value = {"broker_id": i, "host": "127.0.0.1", "port": 9000 + i, "rack": "", "started_ms": 0}
+        store.compare_and_set(keys.broker(i), value, None)
+
+
+def setup(tmp_path: Path) -> tuple[MetadataStore, LocalController, Fake]:
+    store = open_store(str(tmp_path / "metadata.sqlite"))
+    register(store, 0, 1, 2)
+    doc = new_topic("orders", "id", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
+    store.compare_and_set(keys.topic("orders"), doc, None)
+    fake = Fake()
+    controller = LocalController(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller.claim()
+    return store, controller, fake
+
+
+def partitions(store: MetadataStore, name: str = "orders") -> list[dict[str, Any]]:
+    doc = store.get(keys.topic(name))
+    assert doc is not None and doc.value is not None
+    return list(doc.value["partitions"])
+
+
+def fail_for(controller: LocalController, fake: Fake, seconds: float) -> None:
+    for _ in range(int(seconds / 0.2) + 1):
+        fake.now += 0.2
+        controller.step()
+
+
+def test_all_alive_writes_nothing(tmp_path: Path) -> None:
+    store, controller, _ = setup(tmp_path)
+    before = store.get(keys.topic("orders"))
+    assert controller.step() == 0
+    assert store.get(keys.topic("orders")) == before
+    ctl = store.get(CONTROLLER_KEY)
+    assert ctl is not None and ctl.value is not None
+    assert ctl.value["live_brokers"] == [0, 1, 2] and ctl.value["epoch"] == 1
+    assert ctl.value["controller_id"] == -1
+
+
+def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.step()
+    fake.down = {0}
+    with caplog.at_level(logging.INFO, logger="sluice.operator.controller"):
+        fail_for(controller, fake, 1.2)
+    p0, p1, p2 = partitions(store)
+    assert (p0["leader"], p0["leader_epoch"], p0["isr"]) == (1, 1, [1, 2])
+    assert (p1["leader"], p1["leader_epoch"], p1["isr"]) == (1, 0, [1, 2])
+    assert (p2["leader"], p2["leader_epoch"], p2["isr"]) == (2, 0, [2, 1])
+    text = caplog.text
+    assert "broker 0 is dead" in text
+    assert "elected broker 1 leader of orders-0 at epoch 1 (broker 0 dead)" in text
+    ctl = store.get(CONTROLLER_KEY)
+    assert ctl is not None and ctl.value is not None
+    assert ctl.value["live_brokers"] == [1, 2] and ctl.value["dead_brokers"] == [0]
+    # back, but not in sync: no leadership; in sync (the leader's write): leadership returns
+    fake.down = set()
+    controller.step()
+    assert partitions(store)[0]["leader"] == 1
+    doc = store.get(keys.topic("orders"))
+    assert doc is not None and doc.value is not None
+    value = dict(doc.value)
+    value["partitions"][0]["isr"] = [1, 2, 0]
+    store.compare_and_set(doc.key, value, doc.version)
+    controller.step()
+    p0 = partitions(store)[0]
+    assert (p0["leader"], p0["leader_epoch"]) == (0, 2)
+
+
+def test_a_conflicting_isr_write_is_re_read_and_re_decided(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.step()
+    fake.down = {2}
+
+    class Racing:
+        """Lets a 'leader' shrink an ISR between the controller's read and its compare-and-set."""
+
+        def __init__(self, inner: MetadataStore) -> None:
+            self.inner = inner
+            self.raced = False
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+        def compare_and_set(self, key: str, value: dict[str, Any], expected_version: int | None) -> Document:
+            if key.startswith(keys.TOPICS) and not self.raced:
+                self.raced = True
+                doc = self.inner.get(key)
+                assert doc is not None and doc.value is not None
+                racing = dict(doc.value)
+                racing["partitions"][1]["isr"] = [1, 2]  # leader 1 drops follower 0
+                self.inner.compare_and_set(key, racing, doc.version)
+            return self.inner.compare_and_set(key, value, expected_version)
+
+    racing = Racing(store)
+    controller.store = racing  # type: ignore[assignment]
+    fail_for(controller, fake, 1.2)
+    assert racing.raced
+    p = partitions(store)
+    assert p[1]["isr"] == [1], "the controller's decision was made again on the leader's version"
+    assert p[2]["leader"] == 0 and p[2]["leader_epoch"] == 1
+
+
+def test_a_newer_controller_fences_the_older_one(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.step()
+    newer = LocalController(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    assert newer.claim() == 2
+    with pytest.raises(ControllerFenced):
+        controller.step()
+    stop = threading.Event()
+    controller.run(stop, interval_ms=10)  # returns at once instead of looping
+    newer.step()
+
+
+def test_unknown_brokers_keep_leadership_until_declared_dead(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    fake.down = {0}  # never seen alive by this controller
+    controller.step()
+    assert partitions(store)[0]["leader"] == 0
+    fail_for(controller, fake, 1.2)
+    assert partitions(store)[0]["leader"] == 1
+
+
+def test_process_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    path = tmp_path / "metadata.sqlite"
+    store = open_store(str(path))
+    register(store, 0)
+    log = tmp_path / "controller.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.operator.local_controller", "--metadata", str(path),
+             "--failure-timeout-ms", "500", "--interval-ms", "50"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "is dead" not in log.read_text():
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "broker 0 is dead" in text and "controller stopped" in text
+    ctl = store.get(CONTROLLER_KEY)
+    assert ctl is not None and ctl.value is not None and ctl.value["dead_brokers"] == [0]
