@@ -1,4 +1,4 @@
-"""gRPC channels from this broker to the others, for coordinator traffic.
+"""gRPC channels from this broker to the others: coordinator traffic and replication.
 
 The coordinator talks to other brokers for two things: WriteTxnMarkers to the
 leaders of the partitions in a transaction, and DescribeTransactions to

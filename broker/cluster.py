@@ -133,7 +133,7 @@ class ClusterView:
                 self.create_topic(
                     name,
                     self.config.int(f"{key}.num.partitions"),
-                    self.config.int(f"{key}.replication.factor"),
+                    min(self.config.int(f"{key}.replication.factor"), max(len(self.brokers), 1)),
                     {"cleanup.policy": "compact", "retention.ms": "-1"},
                     internal=True,
                 )
@@ -273,6 +273,34 @@ class ClusterView:
             self.refresh()
             return str(value["topic_id"])
         raise AdminError(pb.UNKNOWN_SERVER_ERROR, f"topic {name!r} kept changing; try again")
+
+    def update_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> bool:
+        """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.
+
+        False when the document moved on (a new leader or epoch): the caller is
+        no longer entitled to change the ISR and will hear of its new role.
+        """
+        for _ in range(20):
+            doc = self.store.get(keys.topic(topic))
+            if doc is None or doc.value is None:
+                return False
+            value = dict(doc.value)
+            parts = [dict(p) for p in value["partitions"]]
+            if partition >= len(parts):
+                return False
+            p = parts[partition]
+            if p["leader"] != leader or p["leader_epoch"] != leader_epoch:
+                self.refresh()
+                return False
+            p["isr"] = list(isr)
+            value["partitions"] = parts
+            try:
+                self.store.compare_and_set(keys.topic(topic), value, doc.version)
+            except VersionConflict:
+                continue
+            self.refresh()
+            return True
+        return False
 
     # -- producer ids -----------------------------------------------------------------------------
 

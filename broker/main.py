@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -34,6 +35,34 @@ log = logging.getLogger("sluice.broker")
 
 METADATA_POLL_S = 0.1
 LIVENESS_SERVICE = "sluice.liveness"
+ISR_CHECK_S = 0.5
+HW_CHECKPOINT_S = 1.0
+BROKERS_WAIT_S = 30.0
+
+
+async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
+    """Before creating the internal topics, give the other brokers of the cluster time to register.
+
+    The internal topics are created once, by the first broker, with the configured replication
+    factor; a cluster whose brokers start together should not get them with fewer replicas just
+    because this broker was first. Bounded: after BROKERS_WAIT_S they are created with what is there.
+    """
+    from sluice.broker.cluster import INTERNAL_TOPICS
+
+    cluster.refresh()
+    if all(name in cluster.topics for name in INTERNAL_TOPICS):
+        return
+    wanted = max(
+        config.int("transaction.state.log.replication.factor"), config.int("offsets.topic.replication.factor")
+    )
+    deadline = time.monotonic() + BROKERS_WAIT_S
+    while len(cluster.brokers) < wanted and time.monotonic() < deadline:
+        await asyncio.sleep(METADATA_POLL_S)
+        cluster.refresh()
+    if len(cluster.brokers) < wanted:
+        log.warning(
+            "only %d of %d brokers registered: internal topics get fewer replicas", len(cluster.brokers), wanted
+        )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -78,8 +107,10 @@ async def serve(config: BrokerConfig) -> None:
     groups = GroupCoordinator(replicas, cluster, config)
     await txn.start()
     await groups.start()
+    await wait_for_brokers(cluster, config)
     cluster.ensure_internal_topics()
     cluster.refresh()
+    replicas.fetchers.start()
 
     max_bytes = config.int("socket.request.max.bytes")
     server = grpc.aio.server(
@@ -124,13 +155,33 @@ async def serve(config: BrokerConfig) -> None:
             await asyncio.sleep(interval)
             replicas.apply_retention()
 
-    tasks = [asyncio.create_task(watch_metadata()), asyncio.create_task(retention())]
+    async def replication_housekeeping() -> None:
+        interval = min(config.int("replica.lag.time.max.ms") / 4000, ISR_CHECK_S)
+        last_checkpoint = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                replicas.maintain_isr()
+                if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
+                    replicas.checkpoint_high_watermarks()
+                    last_checkpoint = time.monotonic()
+            except Exception:
+                log.exception("replication housekeeping failed")
+
+    tasks = [
+        asyncio.create_task(watch_metadata()),
+        asyncio.create_task(retention()),
+        asyncio.create_task(replication_housekeeping()),
+    ]
     await stopping.wait()
     log.info("broker %d shutting down", config.broker_id)
     await health.enter_graceful_shutdown()
     for task in tasks:
         task.cancel()
     await server.stop(grace=2.0)
+    await replicas.fetchers.stop()
+    replicas.checkpoint_high_watermarks()
+    await replicas.channels.close()
     await groups.stop()
     await txn.stop()
     storage.close()

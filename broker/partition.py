@@ -35,7 +35,15 @@ from sluice.broker.producer_state import (
     check_marker,
 )
 from sluice.broker.storage import Storage, WriteSet
-from sluice.records import RecordBatch, compute_crc, control_batch, decode_records, now_ms, verify_crc
+from sluice.records import (
+    RecordBatch,
+    compute_crc,
+    control_batch,
+    decode_records,
+    now_ms,
+    parse_control,
+    verify_crc,
+)
 
 _OFFSET = struct.Struct(">q")
 _PID = struct.Struct(">q")
@@ -121,6 +129,7 @@ class PartitionLog:
         self.open_txns: dict[int, int] = {}  # producer id -> first offset of its open transaction
         self.aborted: dict[int, list[tuple[int, int]]] = {}  # producer id -> sorted [(first, last)]
         self.marker_listeners: list[Callable[[PartitionLog, int, bool, int], None]] = []
+        self._checkpointed_hw = -1
         self._load()
 
     # -- keys and persistence ---------------------------------------------------------------------
@@ -128,7 +137,7 @@ class PartitionLog:
     def _log_key(self, offset: int) -> bytes:
         return self.prefix + _OFFSET.pack(offset)
 
-    def _meta(self) -> bytes:
+    def _meta(self, epoch_cache: list[tuple[int, int]] | None = None) -> bytes:
         return json.dumps(
             {
                 "topic": self.topic,
@@ -136,12 +145,22 @@ class PartitionLog:
                 "topic_id": self.topic_id,
                 "log_start_offset": self.log_start_offset,
                 "leader_epoch": self.leader_epoch,
-                "epoch_cache": self.epoch_cache,
+                "epoch_cache": self.epoch_cache if epoch_cache is None else epoch_cache,
+                "high_watermark": self.high_watermark,
             }
         ).encode()
 
+    def checkpoint_high_watermark(self) -> None:
+        """Persist the HW (periodically, as Kafka's checkpoint file): a restarted replica starts there."""
+        if self.high_watermark != self._checkpointed_hw:
+            ws = WriteSet()
+            ws.put("partition_meta", self.prefix, self._meta())
+            self.storage.write(ws)
+            self._checkpointed_hw = self.high_watermark
+
     def _load(self) -> None:
         raw = self.storage.get("partition_meta", self.prefix)
+        persisted_hw = None
         if raw is None:
             ws = WriteSet()
             ws.put("partition_meta", self.prefix, self._meta())
@@ -150,15 +169,20 @@ class PartitionLog:
             meta = json.loads(raw)
             self.log_start_offset = meta["log_start_offset"]
             self.leader_epoch = meta["leader_epoch"]
-            self.epoch_cache = [tuple(e) for e in meta["epoch_cache"]]  # type: ignore[misc]
+            self.epoch_cache = [(int(e), int(o)) for e, o in meta["epoch_cache"]]
+            persisted_hw = meta.get("high_watermark")
         last = self.storage.last("log", self.prefix, self._end_key)
         if last is not None:
             batch = RecordBatch.FromString(last[1])
             self.log_end_offset = batch.base_offset + batch.record_count
         else:
             self.log_end_offset = self.log_start_offset
-        # Single replica until replication lands: everything stored was acknowledged.
-        self.high_watermark = self.log_end_offset
+        # A replica restarts at its checkpointed HW (never above its own log end); the leader
+        # raises it again as followers fetch. Logs written before HW checkpoints existed were
+        # single-replica, where everything stored was committed.
+        hw = self.log_end_offset if persisted_hw is None else min(int(persisted_hw), self.log_end_offset)
+        self.high_watermark = max(hw, self.log_start_offset)
+        self._checkpointed_hw = self.high_watermark
         end = self.prefix + b"\xff" * 8
         for key, value in self.storage.scan("producers", self.prefix, end):
             pid = _PID.unpack_from(key, len(self.prefix))[0]
@@ -182,7 +206,8 @@ class PartitionLog:
         return self.high_watermark
 
     def set_leader_epoch(self, epoch: int) -> None:
-        if epoch == self.leader_epoch and self.epoch_cache:
+        """Become leader at ``epoch``: new batches are stamped with it and it starts at the log end."""
+        if epoch == self.leader_epoch and self.epoch_cache and self.epoch_cache[-1][0] >= epoch:
             return
         self.leader_epoch = epoch
         if not self.epoch_cache or self.epoch_cache[-1][0] < epoch:
@@ -191,18 +216,39 @@ class PartitionLog:
         ws.put("partition_meta", self.prefix, self._meta())
         self.storage.write(ws)
 
+    @property
+    def latest_epoch(self) -> int:
+        return self.epoch_cache[-1][0] if self.epoch_cache else -1
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(largest epoch <= ``epoch`` in this log's history, the offset where it ends); (-1, -1) if none.
+
+        The end of an epoch is the start of the next one, or the log end for the latest.
+        """
+        found = -1
+        for i, (e, _start) in enumerate(self.epoch_cache):
+            if e <= epoch:
+                found = i
+            else:
+                break
+        if found < 0:
+            return -1, -1
+        if found + 1 < len(self.epoch_cache):
+            return self.epoch_cache[found][0], self.epoch_cache[found + 1][1]
+        return self.epoch_cache[found][0], self.log_end_offset
+
     # -- writes -----------------------------------------------------------------------------------
 
     def append(self, batch: RecordBatch, *, verified_txn: bool = False) -> tuple[int, bool]:
-        """Append a validated data batch. Returns (base offset, is_duplicate).
+        """Append a validated data batch as leader. Returns (base offset, is_duplicate).
 
         ``verified_txn``: the caller checked with the transaction coordinator
         that this partition is part of the producer's open transaction (needed
         for the first transactional batch of a transaction on this partition).
         """
         pid = batch.producer_id
-        entry = self.producers.get(pid) if pid > 0 else None
         if pid > 0:
+            entry = self.producers.get(pid)
             verdict = check_append(
                 entry, pid, batch.producer_epoch, batch.base_sequence, batch.record_count, batch.transactional
             )
@@ -223,35 +269,11 @@ class PartitionLog:
             batch.max_timestamp = now_ms()
             batch.timestamp_type = pb.LOG_APPEND_TIME
             batch.crc = compute_crc(batch)
-        ws = WriteSet()
-        ws.put("log", self._log_key(offset), batch.SerializeToString())
-        new_entry: ProducerEntry | None = None
-        if pid > 0:
-            new_entry = (
-                ProducerEntry.decode(pid, entry.encode())
-                if entry is not None
-                else ProducerEntry(pid, batch.producer_epoch)
-            )
-            new_entry.appended(
-                batch.producer_epoch,
-                batch.base_sequence,
-                batch.record_count,
-                offset,
-                batch.max_timestamp,
-                batch.transactional,
-            )
-            ws.put("producers", self.prefix + _PID.pack(pid), new_entry.encode())
-        self.storage.write(ws)
-        # The write is durable: now the memory.
-        self.log_end_offset = offset + batch.record_count
-        if new_entry is not None:
-            self.producers[pid] = new_entry
-            if batch.transactional and pid not in self.open_txns:
-                self.open_txns[pid] = offset
+        self._write_staged(batch)
         return offset, False
 
     def write_marker(self, producer_id: int, epoch: int, committed: bool, coordinator_epoch: int) -> int | None:
-        """Write a COMMIT/ABORT marker for ``producer_id``; returns its offset.
+        """Write a COMMIT/ABORT marker for ``producer_id`` as leader; returns its offset.
 
         None when the producer has no transaction open here: the marker was
         already written (a coordinator retrying after failover) or nothing was
@@ -265,31 +287,96 @@ class PartitionLog:
             if entry is not None and (epoch > entry.epoch or coordinator_epoch > entry.coordinator_epoch):
                 self._store_entry_change(entry, epoch, coordinator_epoch)
             return None
-        first = self.open_txns[producer_id]
         offset = self.log_end_offset
         marker = control_batch(producer_id, epoch, committed, coordinator_epoch)
         marker.base_offset = offset
         marker.partition_leader_epoch = self.leader_epoch
-        new_entry = ProducerEntry.decode(producer_id, entry.encode())
-        new_entry.txn_first_offset = NO_OFFSET
-        new_entry.coordinator_epoch = max(coordinator_epoch, entry.coordinator_epoch)
-        if epoch > new_entry.epoch:
-            new_entry.epoch = epoch
-            new_entry.batches.clear()
-        ws = WriteSet()
-        ws.put("log", self._log_key(offset), marker.SerializeToString())
-        ws.put("producers", self.prefix + _PID.pack(producer_id), new_entry.encode())
-        if not committed:
-            ws.put("txn_index", self.prefix + _OFFSET.pack(first), _ABORTED.pack(producer_id, offset))
-        self.storage.write(ws)
-        self.log_end_offset = offset + 1
-        self.producers[producer_id] = new_entry
-        del self.open_txns[producer_id]
-        if not committed:
-            bisect.insort(self.aborted.setdefault(producer_id, []), (first, offset))
+        self._write_staged(marker)
         for listener in self.marker_listeners:
             listener(self, producer_id, committed, offset)
         return offset
+
+    def append_replica(self, batch: RecordBatch) -> None:
+        """Append a batch copied from the leader as it is (offset and epoch already set).
+
+        No idempotence checks (the leader made them); the producer state, the
+        open transactions, the aborted index and the epoch cache are rebuilt
+        from the batch exactly as the leader built them.
+        """
+        if batch.base_offset != self.log_end_offset:
+            raise PartitionError(
+                pb.UNKNOWN_SERVER_ERROR,
+                f"replica of {self.topic}-{self.partition} expected a batch at offset {self.log_end_offset}, "
+                f"got {batch.base_offset}",
+            )
+        self._write_staged(batch)
+
+    def _write_staged(self, batch: RecordBatch) -> None:
+        ws = WriteSet()
+        commit = self._stage(batch, ws)
+        self.storage.write(ws)
+        commit()  # the write is durable: now the memory
+
+    def _stage(self, batch: RecordBatch, ws: WriteSet) -> Callable[[], None]:
+        """Add everything appending ``batch`` changes on disk to ``ws``; return the change of memory.
+
+        The one place that knows how a batch changes a partition's state, shared
+        by leader appends, markers, follower appends and the rebuild after a
+        truncation, so a follower's state is the leader's by construction.
+        """
+        base = batch.base_offset
+        end = base + batch.record_count
+        ws.put("log", self._log_key(base), batch.SerializeToString())
+        cache = self.epoch_cache
+        if batch.partition_leader_epoch > self.latest_epoch:
+            cache = [*self.epoch_cache, (batch.partition_leader_epoch, base)]
+            ws.put("partition_meta", self.prefix, self._meta(cache))
+        pid = batch.producer_id
+        new: ProducerEntry | None = None
+        opened = closed = False
+        aborted_range: tuple[int, int] | None = None
+        if pid > 0:
+            old = self.producers.get(pid)
+            new = ProducerEntry(pid, batch.producer_epoch) if old is None else ProducerEntry.decode(pid, old.encode())
+            if batch.control:
+                committed, coordinator_epoch = parse_control(batch)
+                new.coordinator_epoch = max(coordinator_epoch, new.coordinator_epoch)
+                if batch.producer_epoch > new.epoch:
+                    new.epoch = batch.producer_epoch
+                    new.batches.clear()
+                new.txn_first_offset = NO_OFFSET
+                first = self.open_txns.get(pid)
+                if first is not None:
+                    closed = True
+                    if not committed:
+                        aborted_range = (first, base)
+                        ws.put("txn_index", self.prefix + _OFFSET.pack(first), _ABORTED.pack(pid, base))
+            else:
+                new.appended(
+                    batch.producer_epoch,
+                    batch.base_sequence,
+                    batch.record_count,
+                    base,
+                    batch.max_timestamp,
+                    batch.transactional,
+                )
+                opened = batch.transactional and pid not in self.open_txns
+            ws.put("producers", self.prefix + _PID.pack(pid), new.encode())
+
+        def commit() -> None:
+            self.log_end_offset = end
+            self.epoch_cache = cache
+            if new is None:
+                return
+            self.producers[pid] = new
+            if opened:
+                self.open_txns[pid] = base
+            if closed:
+                del self.open_txns[pid]
+            if aborted_range is not None:
+                bisect.insort(self.aborted.setdefault(pid, []), aborted_range)
+
+        return commit
 
     def _store_entry_change(self, entry: ProducerEntry, epoch: int, coordinator_epoch: int) -> None:
         new_entry = ProducerEntry.decode(entry.producer_id, entry.encode())
@@ -302,6 +389,51 @@ class PartitionLog:
         self.storage.write(ws)
         self.producers[entry.producer_id] = new_entry
 
+    def truncate_to(self, offset: int) -> None:
+        """Drop every batch at or after ``offset`` (a follower whose history diverged from the leader's).
+
+        The producer states, open transactions and aborted index are rebuilt
+        from what is left, by replaying it through :meth:`_stage`; everything
+        changes on disk in one atomic write.
+        """
+        if offset >= self.log_end_offset:
+            return
+        offset = max(offset, self.log_start_offset)
+        floor = self.storage.floor("log", self._log_key(offset), self.prefix)
+        if floor is not None:
+            batch = RecordBatch.FromString(floor[1])
+            if batch.base_offset < offset < batch.base_offset + batch.record_count:
+                offset = batch.base_offset  # batches are whole: truncate to the start of the one cut
+        kept = [
+            RecordBatch.FromString(v)
+            for _k, v in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(offset))
+        ]
+        saved = (self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset)
+        self.producers, self.open_txns, self.aborted = {}, {}, {}
+        self.epoch_cache = [(e, s) for e, s in saved[3] if s < offset]
+        self.log_end_offset = self.log_start_offset
+        scratch = WriteSet()
+        for batch in kept:
+            self._stage(batch, scratch)()
+        ws = WriteSet()
+        end = self.prefix + b"\xff" * 9
+        ws.delete_range("log", self._log_key(offset), self._end_key + b"\xff")
+        ws.delete_range("producers", self.prefix, end)
+        ws.delete_range("txn_index", self.prefix, end)
+        for pid, entry in self.producers.items():
+            ws.put("producers", self.prefix + _PID.pack(pid), entry.encode())
+        for pid, ranges in self.aborted.items():
+            for first, last in ranges:
+                ws.put("txn_index", self.prefix + _OFFSET.pack(first), _ABORTED.pack(pid, last))
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        ws.put("partition_meta", self.prefix, self._meta())
+        try:
+            self.storage.write(ws)
+        except Exception:
+            self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset = saved
+            raise
+        self._checkpointed_hw = self.high_watermark
+
     # -- reads ------------------------------------------------------------------------------------
 
     def _is_aborted(self, pid: int, offset: int) -> bool:
@@ -311,8 +443,11 @@ class PartitionLog:
         i = bisect.bisect_right(ranges, (offset, 2**63)) - 1
         return i >= 0 and ranges[i][0] <= offset <= ranges[i][1]
 
-    def read(self, fetch_offset: int, max_bytes: int, read_committed: bool) -> ReadResult:
-        """Batches from ``fetch_offset`` up to the HW (LSO for read_committed), at least one if any."""
+    def read(self, fetch_offset: int, max_bytes: int, read_committed: bool, upto: int | None = None) -> ReadResult:
+        """Batches from ``fetch_offset`` up to the HW (LSO for read_committed; ``upto`` for followers).
+
+        At least one batch is returned when there is one, whatever ``max_bytes`` says.
+        """
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
             raise PartitionError(
                 pb.OFFSET_OUT_OF_RANGE,
@@ -320,6 +455,8 @@ class PartitionLog:
                 f"of {self.topic}-{self.partition}",
             )
         limit = self.last_stable_offset if read_committed else self.high_watermark
+        if upto is not None:
+            limit = upto
         start_key = self._log_key(fetch_offset)
         floor = self.storage.floor("log", start_key, self.prefix)
         if floor is not None:
@@ -424,6 +561,19 @@ class PartitionLog:
             self.aborted[pid] = [r for r in self.aborted[pid] if r[1] >= new_start]
             if not self.aborted[pid]:
                 del self.aborted[pid]
+
+    def reset_to(self, offset: int) -> None:
+        """Drop the whole log and start empty at ``offset`` (a follower behind the leader's log start)."""
+        ws = WriteSet()
+        end = self.prefix + b"\xff" * 9
+        for cf in ("log", "producers", "txn_index"):
+            ws.delete_range(cf, self.prefix, end)
+        self.log_start_offset = self.log_end_offset = self.high_watermark = offset
+        self.producers, self.open_txns, self.aborted = {}, {}, {}
+        self.epoch_cache = []
+        ws.put("partition_meta", self.prefix, self._meta())
+        self.storage.write(ws)
+        self._checkpointed_hw = offset
 
     def delete_all(self) -> None:
         """Remove every key of this partition (topic deletion)."""

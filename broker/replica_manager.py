@@ -12,9 +12,14 @@ on the produce path is the transaction verification of a partition's first
 transactional batch, which holds the partition's lock so pipelined batches of
 that producer stay in order.
 
-Replication is not here yet: every partition has one replica, so the high
-watermark follows the log end offset. The seams for it are ``leader_epoch``
-(stamped on every batch), ``high_watermark`` and ``leadership_listeners``.
+Replication (DESIGN 7; the follower side is in :mod:`replication`): the leader
+answers ReplicaFetch, remembers each follower's log end offset, and keeps the
+high watermark at the smallest log end offset of the ISR. acks=all answers once
+the HW covers the batch; fewer in-sync replicas than min.insync.replicas refuses
+the write up front (NOT_ENOUGH_REPLICAS). A follower that has not caught up for
+replica.lag.time.max.ms leaves the ISR, and one that caught up rejoins it; both
+are compare-and-set into the topic document, and only while this broker is
+still the leader at its epoch there, so a deposed leader cannot change an ISR.
 """
 
 from __future__ import annotations
@@ -28,9 +33,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
 from sluice.broker.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.replication import (
+    FollowerTracker,
+    ReplicaFetcherManager,
+    check_epoch,
+    divergence,
+)
+from sluice.broker.replication import now_ms as monotonic_ms
 from sluice.broker.storage import Storage
 from sluice.records import RecordBatch, now_ms
 
@@ -43,19 +56,35 @@ LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, 
 
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+MARKER_REPLICATION_TIMEOUT_S = 30.0
 
 
 class ReplicaManager:
-    def __init__(self, storage: Storage, cluster: ClusterView, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        cluster: ClusterView,
+        config: BrokerConfig,
+        channels: BrokerChannels | None = None,
+    ) -> None:
         self.storage = storage
         self.cluster = cluster
         self.config = config
         self.partitions: dict[TopicPartitionKey, PartitionLog] = {}
         self.leader_of: set[TopicPartitionKey] = set()
+        self.trackers: dict[TopicPartitionKey, FollowerTracker] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
         self._locks: dict[TopicPartitionKey, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
+        self.channels = channels or BrokerChannels(cluster)
+        self.fetchers = ReplicaFetcherManager(
+            config.broker_id,
+            self.partitions,
+            self.channels,
+            config.int("replica.fetch.max.bytes"),
+            self._notify,
+        )
         cluster.listeners.append(self._on_topic_change)
 
     # -- partitions follow the cluster view ------------------------------------------------------
@@ -71,9 +100,12 @@ class ReplicaManager:
         me = self.config.broker_id
         if old is not None and (new is None or new.topic_id != old.topic_id):
             for p in range(len(old.partitions)):
-                part = self.partitions.pop((old.name, p), None)
-                if (old.name, p) in self.leader_of:
-                    self.leader_of.discard((old.name, p))
+                key = (old.name, p)
+                part = self.partitions.pop(key, None)
+                self.fetchers.unfollow(key)
+                self.trackers.pop(key, None)
+                if key in self.leader_of:
+                    self.leader_of.discard(key)
                     self._tell_leadership(old.name, p, False, -1)
                 if part is not None:
                     part.delete_all()
@@ -89,13 +121,25 @@ class ReplicaManager:
                 part = PartitionLog(self.storage, new.name, p, new.topic_id, self._config_lookup(new.name))
                 self.partitions[key] = part
             if info.leader == me:
+                self.fetchers.unfollow(key)
+                epoch_changed = part.leader_epoch != info.leader_epoch
                 part.set_leader_epoch(info.leader_epoch)
-                if key not in self.leader_of:
+                if key not in self.leader_of or epoch_changed:
                     self.leader_of.add(key)
+                    # Followers in the ISR get the lag time from now to show up, then leave it.
+                    self.trackers[key] = FollowerTracker.starting(info.isr, me, monotonic_ms())
                     self._tell_leadership(new.name, p, True, info.leader_epoch)
-            elif key in self.leader_of:
-                self.leader_of.discard(key)
-                self._tell_leadership(new.name, p, False, info.leader_epoch)
+                self._maybe_advance_hw(key, part)
+            else:
+                if key in self.leader_of:
+                    self.leader_of.discard(key)
+                    self.trackers.pop(key, None)
+                    self._tell_leadership(new.name, p, False, info.leader_epoch)
+                part.leader_epoch = max(part.leader_epoch, info.leader_epoch)
+                if info.leader >= 0:
+                    self.fetchers.follow(key, info.leader, info.leader_epoch)
+                else:
+                    self.fetchers.unfollow(key)
 
     def _tell_leadership(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
         for listener in self.leadership_listeners:
@@ -116,16 +160,80 @@ class ReplicaManager:
             )
         return part
 
-    def _after_append(self, part: PartitionLog) -> None:
-        # One replica: what is stored is committed. Replication moves this to the ISR's acks.
-        part.high_watermark = part.log_end_offset
+    def _notify(self) -> None:
+        """Wake every long-polling fetch and every acks=all wait: data or a high watermark moved."""
         self._data_arrived.set()
         self._data_arrived = asyncio.Event()
+
+    def isr(self, key: TopicPartitionKey) -> list[int]:
+        info = self.cluster.topics.get(key[0])
+        if info is None or key[1] >= len(info.partitions):
+            return []
+        return info.partitions[key[1]].isr
+
+    def _maybe_advance_hw(self, key: TopicPartitionKey, part: PartitionLog) -> bool:
+        """HW = the smallest log end offset in the ISR (this leader's included); it never goes back."""
+        tracker = self.trackers.get(key)
+        if tracker is None:
+            return False
+        me = self.config.broker_id
+        hw = part.log_end_offset
+        for replica in self.isr(key):
+            if replica != me:
+                hw = min(hw, tracker.end_offset(replica))
+        if hw > part.high_watermark:
+            part.high_watermark = hw
+            return True
+        return False
+
+    def _after_append(self, part: PartitionLog) -> None:
+        self._maybe_advance_hw((part.topic, part.partition), part)
+        self._notify()
+
+    def _check_min_isr(self, key: TopicPartitionKey, part: PartitionLog) -> None:
+        min_isr = int(str(part.config("min.insync.replicas")))
+        isr = self.isr(key)
+        if len(isr) < min_isr:
+            raise PartitionError(
+                pb.NOT_ENOUGH_REPLICAS,
+                f"{key[0]}-{key[1]} has {len(isr)} in-sync replica(s) {isr}, min.insync.replicas is {min_isr}",
+            )
+
+    async def wait_replicated(self, topic: str, partition: int, end_offset: int, timeout_s: float) -> None:
+        """Wait until the HW reaches ``end_offset`` (acks=all), as long as this broker leads the partition."""
+        key = (topic, partition)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            part = self.partitions.get(key)
+            if part is None or key not in self.leader_of:
+                raise PartitionError(
+                    pb.NOT_LEADER_OR_FOLLOWER,
+                    f"broker {self.config.broker_id} lost the leadership of {topic}-{partition} before the write "
+                    "was replicated",
+                )
+            if part.high_watermark >= end_offset:
+                min_isr = int(str(part.config("min.insync.replicas")))
+                if len(self.isr(key)) < min_isr:
+                    raise PartitionError(
+                        pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                        f"stored, but the ISR of {topic}-{partition} shrank below min.insync.replicas={min_isr}",
+                    )
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PartitionError(
+                    pb.REQUEST_TIMED_OUT,
+                    f"{topic}-{partition}: the in-sync replicas did not acknowledge offset {end_offset - 1} in time",
+                )
+            waiter = self._data_arrived
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), min(remaining, 0.5))
 
     # -- produce ----------------------------------------------------------------------------------
 
     async def produce(self, req: bpb.ProduceRequest) -> bpb.ProduceResponse:
         resp = bpb.ProduceResponse()
+        waits: list[tuple[bpb.ProducePartitionResponse, str, int, int]] = []
         for topic in req.topics:
             tresp = resp.topics.add(name=topic.name)
             for pdata in topic.partitions:
@@ -137,9 +245,23 @@ class ReplicaManager:
                     presp.log_start_offset = part.log_start_offset
                     if part.config("message.timestamp.type") == "LogAppendTime":
                         presp.log_append_time = pdata.batch.max_timestamp
+                    if req.acks == -1:
+                        waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
                 except PartitionError as exc:
                     presp.error_code = exc.code
                     presp.error_message = exc.message
+        # Every partition is appended before any waits, so replication of all of them overlaps.
+        if waits:
+            timeout_s = (req.timeout_ms or 30_000) / 1000
+            results = await asyncio.gather(
+                *(self.wait_replicated(t, p, end, timeout_s) for _r, t, p, end in waits), return_exceptions=True
+            )
+            for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
+                if isinstance(result, PartitionError):
+                    presp.error_code = result.code
+                    presp.error_message = result.message
+                elif isinstance(result, BaseException):
+                    raise result
         return resp
 
     async def _produce_one(
@@ -150,12 +272,14 @@ class ReplicaManager:
         if topic in INTERNAL_TOPICS:
             raise PartitionError(pb.INVALID_TOPIC_EXCEPTION, f"clients cannot write to internal topic {topic}")
         validate_batch(batch, int(str(part.config("max.message.bytes"))))
+        key = (part.topic, part.partition)
+        if req.acks == -1:
+            self._check_min_isr(key, part)
         needs_verification = batch.transactional and batch.producer_id not in part.open_txns
         if not needs_verification:
             result = part.append(batch)
             self._after_append(part)
             return result
-        key = (part.topic, part.partition)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if batch.producer_id not in part.open_txns:
@@ -179,18 +303,27 @@ class ReplicaManager:
     # -- internal writes (coordinators) ---------------------------------------------------------
 
     def append_internal(self, topic: str, partition: int, batch: RecordBatch) -> int:
-        """Append a batch a coordinator built (its crc is trusted). Returns the base offset."""
+        """Append a batch a coordinator built (its crc is trusted). Returns the base offset.
+
+        Coordinators then ``await wait_replicated(...)`` before they answer, as
+        Kafka's write their logs with acks=all.
+        """
         part = self.leader_partition(topic, partition)
+        self._check_min_isr((topic, partition), part)
         offset, _dup = part.append(batch, verified_txn=True)
         self._after_append(part)
         return offset
 
     def iter_batches(self, topic: str, partition: int, start: int = -1) -> Iterator[RecordBatch]:
-        """Every batch from ``start`` (default: log start) to the HW, control batches included."""
+        """Every batch from ``start`` (default: log start) to the log end, control batches included.
+
+        To the log end, not the HW: a coordinator loads as the new leader, whose
+        log is the truth from now on (the HW catches up as followers fetch).
+        """
         part = self.partitions[(topic, partition)]
         offset = part.log_start_offset if start < 0 else start
-        while offset < part.high_watermark:
-            result = part.read(offset, 4 * 1024 * 1024, read_committed=False)
+        while offset < part.log_end_offset:
+            result = part.read(offset, 4 * 1024 * 1024, read_committed=False, upto=part.log_end_offset)
             if not result.batches:
                 break
             yield from result.batches
@@ -198,8 +331,10 @@ class ReplicaManager:
 
     # -- markers ----------------------------------------------------------------------------------
 
-    def write_markers(self, req: ipb.WriteTxnMarkersRequest) -> ipb.WriteTxnMarkersResponse:
+    async def write_markers(self, req: ipb.WriteTxnMarkersRequest) -> ipb.WriteTxnMarkersResponse:
+        """Write COMMIT/ABORT markers; answer once each is replicated (the coordinator then completes)."""
         resp = ipb.WriteTxnMarkersResponse()
+        waits: list[tuple[ipb.MarkerPartitionResult, str, int, int]] = []
         for marker in req.markers:
             mresp = resp.markers.add(producer_id=marker.producer_id)
             for tp in marker.partitions:
@@ -211,10 +346,138 @@ class ReplicaManager:
                     )
                     if offset is not None:
                         self._after_append(part)
+                    # a re-sent marker that wrote nothing still waits for the first one to replicate
+                    waits.append((presp, tp.topic, tp.partition, part.log_end_offset))
                 except PartitionError as exc:
                     presp.error_code = exc.code
                     presp.error_message = exc.message
+        if waits:
+            results = await asyncio.gather(
+                *(self.wait_replicated(t, p, end, MARKER_REPLICATION_TIMEOUT_S) for _r, t, p, end in waits),
+                return_exceptions=True,
+            )
+            for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
+                if isinstance(result, PartitionError):
+                    presp.error_code = result.code
+                    presp.error_message = result.message
+                elif isinstance(result, BaseException):
+                    raise result
         return resp
+
+    # -- replication: the leader's side -----------------------------------------------------------
+
+    async def replica_fetch(self, req: ipb.ReplicaFetchRequest) -> ipb.ReplicaFetchResponse:
+        deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
+        budget = req.max_bytes or self.config.int("replica.fetch.max.bytes")
+        first = True
+        while True:
+            waiter = self._data_arrived
+            resp, total, errors = self._replica_fetch_once(req, budget, record=first)
+            first = False
+            if total or errors or time.monotonic() >= deadline:
+                return resp
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+
+    def _replica_fetch_once(
+        self, req: ipb.ReplicaFetchRequest, budget: int, record: bool
+    ) -> tuple[ipb.ReplicaFetchResponse, int, bool]:
+        resp = ipb.ReplicaFetchResponse()
+        total = 0
+        errors = False
+        hw_moved = False
+        now = monotonic_ms()
+        for fp in req.partitions:
+            presp = resp.partitions.add(topic=fp.topic, partition=fp.partition, high_watermark=-1)
+            key = (fp.topic, fp.partition)
+            try:
+                part = self.leader_partition(fp.topic, fp.partition)
+                check_epoch(part, fp.current_leader_epoch)
+                info = self.cluster.topics[fp.topic].partitions[fp.partition]
+                if req.replica_id not in info.replicas:
+                    raise PartitionError(
+                        pb.NOT_LEADER_OR_FOLLOWER,
+                        f"broker {req.replica_id} is not a replica of {fp.topic}-{fp.partition}",
+                    )
+                presp.log_start_offset = part.log_start_offset
+                presp.log_end_offset = part.log_end_offset
+                diverging = divergence(part, fp.fetch_offset, fp.last_fetched_epoch)
+                if diverging is not None:
+                    presp.diverging_epoch.CopyFrom(diverging)
+                    presp.high_watermark = part.high_watermark
+                    errors = True  # answer at once: the follower must truncate before anything else
+                    continue
+                if fp.fetch_offset < part.log_start_offset:
+                    raise PartitionError(
+                        pb.OFFSET_OUT_OF_RANGE,
+                        f"offset {fp.fetch_offset} is before the log start {part.log_start_offset}",
+                    )
+                if record:
+                    tracker = self.trackers.setdefault(key, FollowerTracker())
+                    tracker.fetched(req.replica_id, fp.fetch_offset, part.log_end_offset, now)
+                    hw_moved |= self._maybe_advance_hw(key, part)
+                presp.high_watermark = part.high_watermark
+                if fp.fetch_offset < part.log_end_offset:
+                    result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=part.log_end_offset)
+                    presp.batches.extend(result.batches)
+                    total += result.size
+            except PartitionError as exc:
+                presp.error_code = exc.code
+                presp.error_message = exc.message
+                errors = True
+        if hw_moved:
+            self._notify()
+        return resp, total, errors
+
+    def offsets_for_leader_epoch(self, req: ipb.OffsetsForLeaderEpochRequest) -> ipb.OffsetsForLeaderEpochResponse:
+        resp = ipb.OffsetsForLeaderEpochResponse()
+        for p in req.partitions:
+            presp = resp.partitions.add(topic=p.topic, partition=p.partition, leader_epoch=-1, end_offset=-1)
+            try:
+                part = self.leader_partition(p.topic, p.partition)
+                check_epoch(part, p.current_leader_epoch)
+                presp.leader_epoch, presp.end_offset = part.end_offset_for_epoch(p.leader_epoch)
+            except PartitionError as exc:
+                presp.error_code = exc.code
+                presp.error_message = exc.message
+        return resp
+
+    def maintain_isr(self) -> None:
+        """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones."""
+        me = self.config.broker_id
+        lag_max = self.config.int("replica.lag.time.max.ms")
+        now = monotonic_ms()
+        for key in list(self.leader_of):
+            info = self.cluster.topics.get(key[0])
+            part = self.partitions.get(key)
+            tracker = self.trackers.get(key)
+            if info is None or part is None or tracker is None or key[1] >= len(info.partitions):
+                continue
+            pinfo = info.partitions[key[1]]
+            if len(pinfo.replicas) < 2:
+                continue
+            isr = [r for r in pinfo.isr if r == me or not tracker.lagging(r, now, lag_max)]
+            epoch_start = part.end_offset_for_epoch(part.leader_epoch - 1)[1] if part.leader_epoch > 0 else 0
+            for r in pinfo.replicas:
+                if r not in isr and r != me:
+                    leo = tracker.end_offset(r)
+                    if leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
+                        isr.append(r)
+            if me not in isr:
+                isr.insert(0, me)
+            if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(
+                key[0], key[1], me, part.leader_epoch, isr
+            ):
+                log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
+                if self._maybe_advance_hw(key, part):
+                    self._notify()
+
+    def checkpoint_high_watermarks(self) -> None:
+        for part in list(self.partitions.values()):
+            try:
+                part.checkpoint_high_watermark()
+            except Exception:
+                log.exception("high watermark checkpoint failed on %s-%d", part.topic, part.partition)
 
     # -- fetch ------------------------------------------------------------------------------------
 

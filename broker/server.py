@@ -143,7 +143,11 @@ class BrokerServicer:
         )
         inter = _service(
             "sluice.v1.InterBroker",
-            {"WriteTxnMarkers": (self.write_txn_markers, ipb.WriteTxnMarkersRequest)},
+            {
+                "WriteTxnMarkers": (self.write_txn_markers, ipb.WriteTxnMarkersRequest),
+                "ReplicaFetch": (self.replica_fetch, ipb.ReplicaFetchRequest),
+                "OffsetsForLeaderEpoch": (self.offsets_for_leader_epoch, ipb.OffsetsForLeaderEpochRequest),
+            },
         )
         return [broker, inter]
 
@@ -210,7 +214,21 @@ class BrokerServicer:
     async def write_txn_markers(
         self, req: ipb.WriteTxnMarkersRequest, _ctx: Ctx
     ) -> ipb.WriteTxnMarkersResponse:
-        return self.replicas.write_markers(req)
+        return await self.replicas.write_markers(req)
+
+    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> ipb.ReplicaFetchResponse:
+        _nonneg(req.max_wait_ms, "max_wait_ms")
+        _nonneg(req.max_bytes, "max_bytes")
+        if req.replica_id < 0:
+            raise InvalidRequest(f"replica_id must be a broker id, not {req.replica_id}")
+        if req.max_wait_ms > 300_000:
+            raise InvalidRequest(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
+        return await self.replicas.replica_fetch(req)
+
+    async def offsets_for_leader_epoch(
+        self, req: ipb.OffsetsForLeaderEpochRequest, _ctx: Ctx
+    ) -> ipb.OffsetsForLeaderEpochResponse:
+        return self.replicas.offsets_for_leader_epoch(req)
 
     # -- topic admin ------------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ Clock = Callable[[], float]  # monotonic milliseconds
 MarkerListener = Callable[[PartitionLog, int, bool, int], None]
 
 _LOAD_YIELD_EVERY = 64  # batches replayed between yields to the event loop
+_REPLICATION_TIMEOUT_S = 30.0
 _LOAD_RETRY_S = 1.0
 
 
@@ -375,6 +376,7 @@ class GroupCoordinator:
             if base is not None:
                 for tp, value in self._written(items, base):
                     state.offsets.commit(req.group_id, tp, value)
+                await self._await_replication(state, items)
         self._results(items, resp.results)
         return resp
 
@@ -435,6 +437,26 @@ class GroupCoordinator:
         if base is not None:
             for tp, value in self._written(items, base):
                 state.offsets.stage(req.group_id, req.producer_id, tp, value)
+            await self._await_replication(state, items)
+
+    async def _await_replication(self, state: _PartitionState, items: list[_Item]) -> None:
+        """acks=all for the offsets log: answer once the ISR has the write.
+
+        Memory was updated right after the append, so it always mirrors this
+        leader's log (a marker may arrive at any await); a write that fails to
+        replicate is reported to the client, which retries.
+        """
+        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
+        part = self.replicas.partitions.get(key)
+        if part is None:
+            return
+        try:
+            await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
+        except PartitionError as exc:
+            code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
+            for item in items:
+                if item.code == pb.NONE:
+                    item.fail(code, exc.message)
 
     # -- offset fetch ---------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ import grpc
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import (
     CONSUMER_OFFSETS_TOPIC,
     TRANSACTION_STATE_TOPIC,
@@ -64,7 +65,6 @@ from sluice.broker.cluster import (
 from sluice.broker.config import BrokerConfig
 from sluice.broker.partition import PartitionError
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.txn.channels import BrokerChannels
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
 from sluice.broker.txn.state import (
@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 S = TxnState
 HOOK_STOP_BEFORE_COMPLETE_COMMIT = "txn.stop_before_complete_commit"
 LOAD_YIELD_EVERY = 200  # batches replayed between yields to the event loop
+STATE_REPLICATION_TIMEOUT_S = 30.0
 VERIFY_RPC_TIMEOUT_S = 5.0
 
 
@@ -337,7 +338,12 @@ class TransactionCoordinator:
             raise Refused(pb.NOT_COORDINATOR, f"no longer the coordinator of {transactional_id!r}")
         entry.pending = new
         try:
-            self.replicas.append_internal(TRANSACTION_STATE_TOPIC, tp.partition, state_batch(new))
+            batch = state_batch(new)
+            base = self.replicas.append_internal(TRANSACTION_STATE_TOPIC, tp.partition, batch)
+            # acks=all for our own log: a decision only counts once the ISR has it
+            await self.replicas.wait_replicated(
+                TRANSACTION_STATE_TOPIC, tp.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
+            )
         except Exception as exc:
             entry.pending = None
             if entry.meta is None and tp.txns.get(transactional_id) is entry:

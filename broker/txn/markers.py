@@ -39,10 +39,10 @@ import grpc
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.txn.channels import BrokerChannels
 from sluice.broker.txn.state import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class MarkerSender:
         req = job.request(partitions)
         try:
             if broker_id == self.config.broker_id:
-                resp = self.replicas.write_markers(req)
+                resp = await self.replicas.write_markers(req)
             else:
                 channel = self.channels.get(broker_id)
                 if channel is None:

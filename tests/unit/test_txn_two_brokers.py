@@ -40,7 +40,7 @@ class _InterBroker(interbroker_pb2_grpc.InterBrokerServicer):  # type: ignore[mi
         self.node = node
 
     async def WriteTxnMarkers(self, request: ipb.WriteTxnMarkersRequest, _ctx: Any) -> ipb.WriteTxnMarkersResponse:
-        return self.node.replicas.write_markers(request)
+        return await self.node.replicas.write_markers(request)
 
 
 class _Broker(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]

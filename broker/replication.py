@@ -1,0 +1,247 @@
+"""Replication: the leader's bookkeeping of its followers, and the followers' fetchers.
+
+Followers pull (DESIGN 7). Each follower runs one :class:`LeaderFetcher` task
+per leader broker it follows, sending ReplicaFetch for all its partitions of
+that leader. The fetch carries the follower's log end offset (it has every
+offset below) and the epoch of its last batch; the leader answers batches as
+stored, or ``diverging_epoch`` when the follower has history the leader never
+had (an old leader that comes back), and the follower truncates to where the
+histories agree before fetching on (KIP-595's inline divergence check, so no
+separate OffsetsForLeaderEpoch round trip is needed, though the RPC exists).
+
+On the leader, :class:`FollowerTracker` remembers each follower's log end
+offset and when it was last caught up; the replica manager derives the high
+watermark (the smallest log end offset in the ISR) and the ISR changes from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from sluice.api.v1 import interbroker_pb2 as ipb
+from sluice.api.v1 import interbroker_pb2_grpc
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
+from sluice.broker.partition import PartitionError, PartitionLog
+
+log = logging.getLogger(__name__)
+
+TopicPartitionKey = tuple[str, int]
+
+FETCH_MAX_WAIT_MS = 500
+RETRY_BACKOFF_S = 0.1
+
+
+@dataclass
+class FollowerState:
+    log_end_offset: int = -1  # -1: has not fetched since this broker became leader
+    last_caught_up_ms: float = 0.0  # when it last had everything the leader had
+
+
+@dataclass
+class FollowerTracker:
+    """What a leader knows of the followers of one partition (reset when leadership changes)."""
+
+    followers: dict[int, FollowerState] = field(default_factory=dict)
+
+    @classmethod
+    def starting(cls, isr: list[int], me: int, now_ms: float) -> FollowerTracker:
+        return cls({r: FollowerState(-1, now_ms) for r in isr if r != me})
+
+    def fetched(self, replica_id: int, fetch_offset: int, leader_end: int, now_ms: float) -> None:
+        state = self.followers.setdefault(replica_id, FollowerState(last_caught_up_ms=now_ms))
+        state.log_end_offset = fetch_offset
+        if fetch_offset >= leader_end:
+            state.last_caught_up_ms = now_ms
+
+    def end_offset(self, replica_id: int) -> int:
+        state = self.followers.get(replica_id)
+        return -1 if state is None else state.log_end_offset
+
+    def lagging(self, replica_id: int, now_ms: float, lag_max_ms: int) -> bool:
+        state = self.followers.get(replica_id)
+        if state is None:
+            return False  # not in the ISR when we became leader, and never fetched: nothing to shrink
+        return now_ms - state.last_caught_up_ms > lag_max_ms
+
+
+@dataclass
+class Followed:
+    key: TopicPartitionKey
+    leader: int
+    leader_epoch: int
+
+
+class ReplicaFetcherManager:
+    """The follower side: one fetch loop per leader broker this broker follows partitions of."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        partitions: dict[TopicPartitionKey, PartitionLog],
+        channels: BrokerChannels,
+        max_bytes: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self.broker_id = broker_id
+        self.partitions = partitions
+        self.channels = channels
+        self.max_bytes = max_bytes
+        self.on_change = on_change
+        self.followed: dict[TopicPartitionKey, Followed] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._running = False
+
+    def start(self) -> None:
+        self._running = True
+        for leader in {f.leader for f in self.followed.values()}:
+            self._ensure_task(leader)
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    def follow(self, key: TopicPartitionKey, leader: int, leader_epoch: int) -> None:
+        current = self.followed.get(key)
+        if current is not None and (current.leader, current.leader_epoch) == (leader, leader_epoch):
+            return
+        self.followed[key] = Followed(key, leader, leader_epoch)
+        if self._running:
+            self._ensure_task(leader)
+
+    def unfollow(self, key: TopicPartitionKey) -> None:
+        self.followed.pop(key, None)
+
+    def _ensure_task(self, leader: int) -> None:
+        task = self._tasks.get(leader)
+        if task is None or task.done():
+            self._tasks[leader] = asyncio.get_running_loop().create_task(self._run(leader))
+
+    async def _run(self, leader: int) -> None:
+        while self._running:
+            mine = [f for f in self.followed.values() if f.leader == leader and f.key in self.partitions]
+            if not mine:
+                self._tasks.pop(leader, None)
+                return
+            try:
+                await self._fetch_once(leader, mine)
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                log.debug("replica fetch from broker %d failed: %s", leader, exc.code())
+                await asyncio.sleep(RETRY_BACKOFF_S)
+            except Exception:
+                log.exception("replica fetch from broker %d failed", leader)
+                await asyncio.sleep(RETRY_BACKOFF_S)
+
+    async def _fetch_once(self, leader: int, mine: list[Followed]) -> None:
+        channel = self.channels.get(leader)
+        if channel is None:
+            await asyncio.sleep(RETRY_BACKOFF_S)
+            return
+        stub = interbroker_pb2_grpc.InterBrokerStub(channel)  # type: ignore[no-untyped-call]
+        req = ipb.ReplicaFetchRequest(
+            replica_id=self.broker_id, max_wait_ms=FETCH_MAX_WAIT_MS, max_bytes=self.max_bytes
+        )
+        for f in mine:
+            sent = self.partitions[f.key]
+            req.partitions.add(
+                topic=f.key[0],
+                partition=f.key[1],
+                fetch_offset=sent.log_end_offset,
+                current_leader_epoch=f.leader_epoch,
+                last_fetched_epoch=sent.latest_epoch,
+            )
+        resp = await stub.ReplicaFetch(req, timeout=FETCH_MAX_WAIT_MS / 1000 + 10)
+        changed = False
+        backoff = False
+        for presp in resp.partitions:
+            key = (presp.topic, presp.partition)
+            followed = self.followed.get(key)
+            part = self.partitions.get(key)
+            if followed is None or followed.leader != leader or part is None:
+                continue  # leadership moved while the fetch was out
+            if presp.error_code == pb.OFFSET_OUT_OF_RANGE and presp.log_start_offset > part.log_end_offset:
+                log.warning("%s-%d: the leader's log starts at %d, past ours: starting over there", *key,
+                            presp.log_start_offset)
+                part.reset_to(presp.log_start_offset)
+                changed = True
+                continue
+            if presp.error_code != pb.NONE:
+                # NOT_LEADER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH: metadata is about to change
+                backoff = True
+                continue
+            if presp.HasField("diverging_epoch") and presp.diverging_epoch.end_offset >= 0:
+                self._truncate(part, presp.diverging_epoch)
+                changed = True
+                continue
+            for batch in presp.batches:
+                if batch.base_offset < part.log_end_offset:
+                    continue
+                part.append_replica(batch)
+                changed = True
+            new_hw = min(presp.high_watermark, part.log_end_offset)
+            if new_hw > part.high_watermark:
+                part.high_watermark = new_hw
+                changed = True
+        if changed:
+            self.on_change()
+        if backoff:
+            await asyncio.sleep(RETRY_BACKOFF_S)
+
+    @staticmethod
+    def _truncate(part: PartitionLog, diverging: ipb.EpochEndOffset) -> None:
+        _epoch, own_end = part.end_offset_for_epoch(diverging.epoch)
+        target = diverging.end_offset if own_end < 0 else min(diverging.end_offset, own_end)
+        log.warning(
+            "%s-%d diverges from the leader after epoch %d: truncating from %d to %d",
+            part.topic,
+            part.partition,
+            diverging.epoch,
+            part.log_end_offset,
+            target,
+        )
+        part.truncate_to(target)
+
+
+def now_ms() -> float:
+    return time.monotonic() * 1000
+
+
+def divergence(part: PartitionLog, fetch_offset: int, last_fetched_epoch: int) -> ipb.EpochEndOffset | None:
+    """The leader's answer to "where does my history end?": None when the follower's log agrees."""
+    if fetch_offset > part.log_end_offset:
+        # More than the leader has: cut back to the leader's view of the follower's last epoch.
+        epoch, end = part.end_offset_for_epoch(last_fetched_epoch if last_fetched_epoch >= 0 else part.latest_epoch)
+        return ipb.EpochEndOffset(epoch=epoch, end_offset=min(end if end >= 0 else 0, part.log_end_offset))
+    if last_fetched_epoch < 0:
+        return None
+    epoch, end = part.end_offset_for_epoch(last_fetched_epoch)
+    if epoch < 0:
+        return ipb.EpochEndOffset(epoch=-1, end_offset=part.log_start_offset)
+    if epoch < last_fetched_epoch or end < fetch_offset:
+        return ipb.EpochEndOffset(epoch=epoch, end_offset=end)
+    return None
+
+
+def check_epoch(part: PartitionLog, current_leader_epoch: int) -> None:
+    if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
+        return
+    code = pb.FENCED_LEADER_EPOCH if current_leader_epoch < part.leader_epoch else pb.UNKNOWN_LEADER_EPOCH
+    raise PartitionError(
+        code,
+        f"leader epoch {current_leader_epoch} in the request, {part.topic}-{part.partition} is at {part.leader_epoch}",
+    )
