@@ -27,6 +27,7 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "max.message.bytes": (int, 1024 * 1024 + 12),
     "message.timestamp.type": (str, "CreateTime"),
     "cleanup.policy": (str, "delete"),
+    "delete.retention.ms": (int, 86_400_000),
     "log.retention.check.interval.ms": (int, 300_000),
     # transactions
     "transaction.state.log.num.partitions": (int, 50),

@@ -303,11 +303,11 @@ class PartitionLog:
         open transactions, the aborted index and the epoch cache are rebuilt
         from the batch exactly as the leader built them.
         """
-        if batch.base_offset != self.log_end_offset:
+        if batch.base_offset < self.log_end_offset:
             raise PartitionError(
                 pb.UNKNOWN_SERVER_ERROR,
-                f"replica of {self.topic}-{self.partition} expected a batch at offset {self.log_end_offset}, "
-                f"got {batch.base_offset}",
+                f"replica of {self.topic}-{self.partition} expected a batch at offset {self.log_end_offset} or "
+                f"later (a gap is a batch compacted away), got {batch.base_offset}",
             )
         self._write_staged(batch)
 
@@ -541,6 +541,88 @@ class PartitionLog:
         if new_start > self.log_start_offset:
             self.advance_log_start(new_start)
         return self.log_start_offset
+
+    def compact(self, now: int) -> int:
+        """Drop the batches of a compacted partition that no reader of the latest values needs.
+
+        Only the decided part of the log is cleaned: below min(LSO, HW), every
+        transaction there has its marker. A data batch stays if one of its
+        records is the latest for its key (a tombstone only until
+        delete.retention.ms has passed), or if its transaction is undecided; an
+        aborted batch goes; a marker stays while a batch of its transaction
+        does. Whole batches are dropped, never rewritten, so offsets and batch
+        headers are untouched and followers copy gaps as gaps. The last batch of
+        the log always stays: the log end offset is read from it at start-up.
+        Returns the number of batches dropped.
+        """
+        bound = min(self.last_stable_offset, self.high_watermark)
+        delete_retention_ms = int(str(self.config("delete.retention.ms")))
+        entries = [
+            (key, RecordBatch.FromString(value))
+            for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound))
+        ]
+        if len(entries) < 2:
+            return 0
+        last_key = self.storage.last("log", self.prefix, self._end_key)
+        pending: dict[int, list[int]] = {}  # producer id -> its undecided transactional batches
+        marker_of: dict[int, int] = {}  # data batch offset -> its marker's offset
+        aborted: set[int] = set()
+        for _key, b in entries:
+            if b.control:
+                committed, _epoch = parse_control(b)
+                for offset in pending.pop(b.producer_id, []):
+                    marker_of[offset] = b.base_offset
+                    if not committed:
+                        aborted.add(offset)
+            elif b.transactional:
+                pending.setdefault(b.producer_id, []).append(b.base_offset)
+        undecided = {o for offsets in pending.values() for o in offsets}
+        latest: dict[bytes, int] = {}
+        records: dict[int, list[tuple[bytes | None, int, bool, int]]] = {}
+        for _key, b in entries:
+            if b.control or b.base_offset in aborted or b.base_offset in undecided:
+                continue
+            recs = [(r.key, r.offset, r.value is None, r.timestamp) for r in decode_records(b)]
+            records[b.base_offset] = recs
+            for k, offset, _tomb, _ts in recs:
+                if k is not None:
+                    latest[k] = offset
+        kept_markers: set[int] = set()
+        drop: list[bytes] = []
+        for key, b in entries:
+            if b.control or key == (last_key[0] if last_key else None):
+                continue
+            offset = b.base_offset
+            keep = offset in undecided or (
+                offset not in aborted
+                and any(
+                    k is None or (latest.get(k) == o and not (tomb and ts < now - delete_retention_ms))
+                    for k, o, tomb, ts in records.get(offset, [])
+                )
+            )
+            if keep:
+                if offset in marker_of:
+                    kept_markers.add(marker_of[offset])
+            else:
+                drop.append(key)
+        for key, b in entries:
+            if b.control and b.base_offset not in kept_markers and key != (last_key[0] if last_key else None):
+                drop.append(key)
+        if not drop:
+            return 0
+        ws = WriteSet()
+        for key in drop:
+            ws.delete("log", key)
+        gone = {pid: [r for r in ranges if r[1] < bound] for pid, ranges in self.aborted.items()}
+        for ranges in gone.values():
+            for first, _last in ranges:
+                ws.delete("txn_index", self.prefix + _OFFSET.pack(first))
+        self.storage.write(ws)
+        for pid, ranges in gone.items():
+            self.aborted[pid] = [r for r in self.aborted[pid] if r not in ranges]
+            if not self.aborted[pid]:
+                del self.aborted[pid]
+        return len(drop)
 
     def advance_log_start(self, new_start: int) -> None:
         ws = WriteSet()

@@ -570,11 +570,16 @@ class ReplicaManager:
     # -- housekeeping -----------------------------------------------------------------------------
 
     def apply_retention(self) -> None:
+        """Retention and compaction, on every replica (each cleans its own copy the same way)."""
         now = now_ms()
-        for key in list(self.leader_of):
-            part = self.partitions.get(key)
-            if part is not None and key[0] not in INTERNAL_TOPICS:
-                try:
+        for key, part in list(self.partitions.items()):
+            policy = str(part.config("cleanup.policy")).split(",")
+            try:
+                if "compact" in policy:
+                    dropped = part.compact(now)
+                    if dropped:
+                        log.info("compacted %s-%d: %d batch(es) dropped", key[0], key[1], dropped)
+                if "delete" in policy and key[0] not in INTERNAL_TOPICS:
                     part.apply_retention(now)
-                except Exception:
-                    log.exception("retention failed on %s-%d", *key)
+            except Exception:
+                log.exception("retention or compaction failed on %s-%d", *key)

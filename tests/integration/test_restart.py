@@ -73,7 +73,15 @@ class Workload:
 
 def test_kill_and_restart_during_transactions(tmp_path: Path) -> None:
     rng = random.Random(int(os.environ.get("SLUICE_SEED", "7")))
-    with LocalCluster(brokers=1, data_dir=tmp_path, config={"transaction.max.timeout.ms": "60000"}) as cluster:
+    with LocalCluster(
+        brokers=1,
+        data_dir=tmp_path,
+        config={
+            "transaction.max.timeout.ms": "60000",
+            # compact the internal topics all the time: reloading must not depend on history
+            "log.retention.check.interval.ms": "200",
+        },
+    ) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("work", partitions=2, replication_factor=1)
         admin.close()

@@ -1,0 +1,77 @@
+"""Compaction of compacted partitions: latest value per key, decided transactions only, markers kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sluice.broker.config import DEFAULTS
+from sluice.broker.partition import PartitionLog
+from sluice.broker.storage import RocksStorage
+from sluice.records import build_batch, decode_records
+
+TOPIC_ID = "ffeeddccbbaa99887766554433221100"
+NOW = 10**13
+
+
+def open_log(path: Path, **overrides: object) -> tuple[RocksStorage, PartitionLog]:
+    values = {k: d for k, (_t, d) in DEFAULTS.items()} | {"cleanup.policy": "compact"} | overrides
+    s = RocksStorage(str(path))
+    return s, PartitionLog(s, "c", 0, TOPIC_ID, values.__getitem__)
+
+
+def put(p: PartitionLog, key: bytes, value: bytes | None, ts: int = NOW, **header: int | bool) -> int:
+    offset, _ = p.append(build_batch([(key, value, None, ts)], **header), verified_txn=True)
+    p.high_watermark = p.log_end_offset
+    return offset
+
+
+def visible(p: PartitionLog) -> list[tuple[bytes | None, bytes | None]]:
+    result = p.read(p.log_start_offset, 1 << 24, read_committed=True)
+    return [(r.key, r.value) for b in result.batches for r in decode_records(b)]
+
+
+def test_latest_value_per_key_survives(tmp_path: Path) -> None:
+    s, p = open_log(tmp_path / "db")
+    for i in range(5):
+        put(p, b"a", b"a%d" % i)
+        put(p, b"b", b"b%d" % i)
+    put(p, b"c", b"c0")
+    assert p.compact(NOW) == 8
+    assert visible(p) == [(b"a", b"a4"), (b"b", b"b4"), (b"c", b"c0")]
+    assert p.log_end_offset == 11
+    s.close()
+    s, p = open_log(tmp_path / "db")  # the log end survives the gaps
+    assert p.log_end_offset == 11 and put(p, b"d", b"d0") == 11
+    s.close()
+
+
+def test_transactions_aborted_dropped_committed_kept_open_untouched(tmp_path: Path) -> None:
+    s, p = open_log(tmp_path / "db")
+    put(p, b"k", b"old")
+    put(p, b"k", b"aborted", producer_id=7, producer_epoch=0, base_sequence=-1, transactional=True)
+    p.write_marker(7, 0, False, 0)
+    put(p, b"j", b"committed", producer_id=8, producer_epoch=0, base_sequence=-1, transactional=True)
+    p.write_marker(8, 0, True, 0)
+    p.high_watermark = p.log_end_offset
+    put(p, b"k", b"open", producer_id=9, producer_epoch=0, base_sequence=-1, transactional=True)
+    p.compact(NOW)
+    result = p.read(0, 1 << 24, read_committed=False, upto=p.log_end_offset)
+    offsets = [b.base_offset for b in result.batches]
+    assert 1 not in offsets and 2 not in offsets  # aborted data and its marker
+    assert 3 in offsets and 4 in offsets  # committed data keeps its COMMIT marker
+    assert 0 in offsets  # still the latest decided value of k: the open transaction may abort
+    assert 5 in offsets
+    assert p.aborted == {}
+    s.close()
+
+
+def test_old_tombstones_go_recent_ones_stay(tmp_path: Path) -> None:
+    s, p = open_log(tmp_path / "db", **{"delete.retention.ms": 1000})
+    put(p, b"x", b"1")
+    put(p, b"x", None, ts=NOW - 5000)
+    put(p, b"y", b"1")
+    put(p, b"y", None, ts=NOW)
+    put(p, b"z", b"last")
+    p.compact(NOW)
+    assert visible(p) == [(b"y", None), (b"z", b"last")]
+    s.close()
