@@ -1,0 +1,201 @@
+"""Leader and coordinator failover on three real brokers with the local controller (DESIGN 6-7).
+
+Brokers are killed with SIGKILL or stopped with SIGSTOP; the controller's failure detector
+(1 s here) elects new leaders from the ISR. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.client import Admin, Producer
+from sluice.testing import LocalCluster
+
+from .helpers import read_topic, values, wait_for
+from .wire import Wire, batch_of
+
+CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}
+
+
+def cluster3(tmp_path: Path, **config: str) -> LocalCluster:
+    return LocalCluster(brokers=3, data_dir=tmp_path, config={**CONFIG, **config}, failure_timeout_ms=1000)
+
+
+def leader_of(admin: Admin, topic: str, partition: int = 0) -> tuple[int, int]:
+    p = admin.describe_topic(topic).partitions[partition]
+    return p.leader, p.leader_epoch
+
+
+def test_no_acknowledged_record_is_lost_when_the_leader_dies(tmp_path: Path) -> None:
+    with cluster3(tmp_path) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("acked", partitions=1, replication_factor=3)
+        old_leader, old_epoch = leader_of(admin, "acked")
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=1)
+        acked: list[bytes] = []
+        failed: list[bytes] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            i = 0
+            while not stop.is_set() and i < 100_000:
+                value = b"m%d" % i
+                try:
+                    producer.send("acked", value=value).result(timeout=60)
+                    acked.append(value)
+                except errors.SluiceError:
+                    failed.append(value)
+                i += 1
+
+        thread = threading.Thread(target=produce, daemon=True)
+        thread.start()
+        wait_for(lambda: len(acked) > 200, timeout=30, what="writes before the kill")
+        cluster.kill(old_leader)
+        wait_for(lambda: leader_of(admin, "acked")[0] not in (old_leader, -1), timeout=20, what="a new leader")
+        count = len(acked)
+        wait_for(lambda: len(acked) > count + 200, timeout=30, what="writes through the new leader")
+        stop.set()
+        thread.join(60)
+        producer.close()
+        new_leader, new_epoch = leader_of(admin, "acked")
+        assert new_epoch > old_epoch
+        got = values(read_topic(cluster.bootstrap_servers, "acked"))
+        assert len(got) == len(set(got)), "duplicates"
+        missing = set(acked) - set(got)
+        assert not missing, f"{len(missing)} acknowledged records lost"
+
+        # The old leader returns as a follower and does not lead again before it is in sync.
+        cluster.restart(old_leader)
+        leader_now, _ = leader_of(admin, "acked")
+        assert leader_now == new_leader or old_leader in admin.describe_topic("acked").partitions[0].isr
+        admin.close()
+
+
+def test_with_one_broker_left_acks_all_is_refused(tmp_path: Path) -> None:
+    with cluster3(tmp_path) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("lonely", partitions=1, replication_factor=3)
+        leader, _ = leader_of(admin, "lonely")
+        survivor = (leader + 1) % 3
+        for b in range(3):
+            if b != survivor:
+                cluster.kill(b)
+        wait_for(lambda: leader_of(admin, "lonely")[0] == survivor, timeout=20, what="the survivor to lead")
+        wire = Wire(cluster.bootstrap_servers.split(",")[survivor])
+        refused = wire_produce_until_settled(wire, "lonely")
+        assert refused.error_code in (pb.NOT_ENOUGH_REPLICAS, pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND), refused
+        assert values(read_topic(cluster.bootstrap_servers, "lonely", "read_uncommitted", idle_s=1.0)) == []
+        wire.close()
+        admin.close()
+
+
+def wire_produce_until_settled(wire: Wire, topic: str) -> bpb.ProducePartitionResponse:
+    """Produce acks=all, retrying only while leadership is still moving; bounded."""
+    resp = None
+    for _ in range(50):
+        resp = wire.produce(topic, 0, batch_of([b"must-not-be-acknowledged"]), acks=-1)
+        if resp.error_code not in (pb.NOT_LEADER_OR_FOLLOWER, pb.LEADER_NOT_AVAILABLE, pb.REQUEST_TIMED_OUT):
+            return resp
+        time.sleep(0.2)
+    assert resp is not None
+    return resp
+
+
+def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
+    with cluster3(tmp_path) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("zombie", partitions=1, replication_factor=3)
+        old_leader, old_epoch = leader_of(admin, "zombie")
+        old_wire = Wire(cluster.bootstrap_servers.split(",")[old_leader])
+        cluster.pause(old_leader)
+        try:
+            wait_for(
+                lambda: leader_of(admin, "zombie")[1] > old_epoch, timeout=20, what="a new leader while paused"
+            )
+            producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
+            producer.send("zombie", value=b"real").result(timeout=30)
+            producer.close()
+            # the request reaches the old leader the moment it wakes, before it reads the new metadata
+            result: list[bpb.ProducePartitionResponse] = []
+            sender = threading.Thread(
+                target=lambda: result.append(old_wire.produce("zombie", 0, batch_of([b"ghost"]), acks=-1))
+            )
+            sender.start()
+            time.sleep(0.3)
+        finally:
+            cluster.resume(old_leader)
+        sender.join(60)
+        assert result and result[0].error_code != pb.NONE, "the deposed leader acknowledged a write"
+        got = values(read_topic(cluster.bootstrap_servers, "zombie"))
+        assert got == [b"real"]
+        old_wire.close()
+        admin.close()
+
+
+def coordinator_of(cluster: LocalCluster, txn_id: str) -> int:
+    wire = Wire(cluster.bootstrap_servers.split(",")[0])
+    found = wire.stub.FindCoordinator(bpb.FindCoordinatorRequest(key=txn_id, key_type=bpb.TRANSACTION))
+    wire.close()
+    assert found.error_code == pb.NONE, found.error_message
+    return found.node_id
+
+
+def test_new_coordinator_completes_a_prepared_commit(tmp_path: Path) -> None:
+    with cluster3(tmp_path, **{"sluice.test.hooks": "txn.stop_before_complete_commit"}) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("prepared", partitions=2, replication_factor=3)
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id="prep-tx", linger_ms=0)
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(10):
+            producer.send("prepared", value=b"p%d" % i, partition=i % 2)
+        producer.commit_transaction()
+        producer.close()
+        (state,) = admin.describe_transactions(["prep-tx"])
+        assert state.state == "PrepareCommit"  # the hook stopped the coordinator there
+        coordinator = coordinator_of(cluster, "prep-tx")
+        cluster.kill(coordinator)
+
+        def completed() -> bool:
+            try:
+                (s,) = admin.describe_transactions(["prep-tx"])
+            except errors.SluiceError:
+                return False
+            return s.state == "CompleteCommit"
+
+        wait_for(completed, timeout=30, what="the new coordinator to complete the commit")
+        assert coordinator_of(cluster, "prep-tx") != coordinator
+        assert sorted(values(read_topic(cluster.bootstrap_servers, "prepared"))) == sorted(
+            b"p%d" % i for i in range(10)
+        )
+        admin.close()
+
+
+def test_coordinator_killed_during_an_open_transaction(tmp_path: Path) -> None:
+    with cluster3(tmp_path) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("open", partitions=3, replication_factor=3)
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id="open-tx", linger_ms=0)
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i in range(30):
+            producer.send("open", value=b"o%d" % i, partition=i % 3)
+        producer.flush()
+        cluster.kill(coordinator_of(cluster, "open-tx"))
+        committed = True
+        try:
+            producer.commit_transaction()  # the client finds the new coordinator and retries
+        except errors.SluiceError:
+            committed = False
+        producer.close()
+        got = values(read_topic(cluster.bootstrap_servers, "open"))
+        if committed:
+            assert sorted(got) == sorted(b"o%d" % i for i in range(30))
+        else:
+            assert got == [], "a transaction that did not commit is partly visible"
+        admin.close()
