@@ -1,0 +1,150 @@
+"""An exactly-once copier process: our version of Kafka's TransactionalMessageCopier.
+
+``python -m sluice.testing.copier --bootstrap-server ... --input in --output out
+--transactional-id copier-0 (--partition 0 | --group-mode) --group copiers``
+
+Consume-transform-produce: a read_committed consumer reads the input, a
+transactional producer writes each record to the output (same key and value),
+and the consumed positions are committed inside the same transaction with
+``send_offsets_to_transaction``. With ``--partition`` the copier owns one input
+partition (assign(), offsets still kept by the group); with ``--group-mode``
+the copiers share the group and its assignment.
+
+It exits 0 once every record of its input (up to the end offsets seen at start:
+the input is seeded before the copiers run) is committed, and non-zero when it
+was fenced by a newer instance of its transactional id. Retriable and abortable
+errors abort the transaction and restart from the committed offsets, so a
+broker bounce costs a retry, never a duplicate. Progress goes to stderr as one
+JSON line per commit, which is what the tests read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from sluice import errors
+from sluice.client import Admin, Consumer, Producer, TopicPartition
+
+FENCED_EXIT = 3
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m sluice.testing.copier", description=__doc__.splitlines()[0])
+    p.add_argument("--bootstrap-server", required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--transactional-id", required=True)
+    p.add_argument("--group", required=True)
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--partition", type=int, help="copy this input partition only (assign)")
+    mode.add_argument("--group-mode", action="store_true", help="share the input with the group (subscribe)")
+    p.add_argument("--transaction-size", type=int, default=750)
+    p.add_argument("--transaction-timeout-ms", type=int, default=20_000)
+    p.add_argument("--max-seconds", type=float, default=600.0, help="give up (exit 2) after this long")
+    return p.parse_args(argv)
+
+
+def log(event: str, **fields: object) -> None:
+    print(json.dumps({"event": event, "t": round(time.time(), 3), **fields}), file=sys.stderr, flush=True)
+
+
+def committed_offsets(consumer: Consumer, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+    found = consumer.committed(tps)
+    return {tp: (found.get(tp) or 0) for tp in tps}
+
+
+def run(args: argparse.Namespace) -> int:
+    deadline = time.monotonic() + args.max_seconds
+    consumer = Consumer(
+        bootstrap_servers=args.bootstrap_server,
+        group_id=args.group,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=args.transaction_size,
+    )
+    producer = Producer(
+        bootstrap_servers=args.bootstrap_server,
+        transactional_id=args.transactional_id,
+        transaction_timeout_ms=args.transaction_timeout_ms,
+        linger_ms=5,
+    )
+    producer.init_transactions()
+    all_input = [TopicPartition(args.input, p) for p in range(_partitions(args.bootstrap_server, args.input))]
+    ends = consumer.end_offsets(all_input)
+    if args.group_mode:
+        consumer.subscribe([args.input])
+        mine = all_input
+    else:
+        mine = [TopicPartition(args.input, args.partition)]
+        consumer.assign(mine)
+    log("started", transactional_id=args.transactional_id, ends={str(tp.partition): ends[tp] for tp in mine})
+    copied = 0
+    try:
+        while time.monotonic() < deadline:
+            done = committed_offsets(consumer, mine)
+            if all(done[tp] >= ends[tp] for tp in mine):
+                log("done", copied=copied)
+                return 0
+            records = consumer.poll(timeout=0.5)
+            if not records:
+                continue
+            try:
+                producer.begin_transaction()
+                for r in records:
+                    producer.send(args.output, key=r.key, value=r.value)
+                positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+                producer.send_offsets_to_transaction(positions, consumer.group_metadata())
+                producer.commit_transaction()
+                copied += len(records)
+                log("committed", records=len(records), copied=copied)
+            except (errors.ProducerFencedError, errors.InvalidProducerEpochError, errors.FencedMemberEpochError) as exc:
+                log("fenced", error=type(exc).__name__, message=str(exc))
+                return FENCED_EXIT
+            except errors.SluiceError as exc:
+                log("aborting", error=type(exc).__name__, message=str(exc))
+                try:
+                    _abort_and_rewind(producer, consumer)
+                except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as fenced:
+                    log("fenced", error=type(fenced).__name__, message=str(fenced))
+                    return FENCED_EXIT
+    finally:
+        for closer in (producer.close, consumer.close):
+            try:
+                closer()
+            except Exception as exc:  # the process is ending either way; say why closing failed
+                log("close-failed", error=type(exc).__name__)
+    log("timed-out", copied=copied)
+    return 2
+
+
+def _abort_and_rewind(producer: Producer, consumer: Consumer) -> None:
+    try:
+        producer.abort_transaction()
+    except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+        raise
+    except errors.SluiceError as exc:
+        log("abort-failed", error=type(exc).__name__, message=str(exc))
+    tps = sorted(consumer.assignment())
+    for tp, offset in committed_offsets(consumer, tps).items():
+        consumer.seek(tp, offset)
+
+
+def _partitions(bootstrap: str, topic: str) -> int:
+    admin = Admin(bootstrap_servers=bootstrap)
+    try:
+        return len(admin.describe_topic(topic).partitions)
+    finally:
+        admin.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
