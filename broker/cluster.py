@@ -23,6 +23,7 @@ from typing import Any
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
 from sluice.metadata import keys
+from sluice.metadata.placement import place_replicas
 from sluice.metadata.store import Document, MetadataStore, VersionConflict, update
 from sluice.records import now_ms
 
@@ -174,17 +175,17 @@ class ClusterView:
     # -- topic administration ---------------------------------------------------------------------
 
     def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[dict[str, Any]]:
-        live = sorted(self.brokers) or [self.config.broker_id]
-        if replication_factor > len(live):
-            raise AdminError(
-                pb.INVALID_REPLICATION_FACTOR,
-                f"replication factor {replication_factor} is larger than the {len(live)} available broker(s)",
-            )
-        out = []
-        for p in range(offset, offset + partitions):
-            replicas = [live[(p + i) % len(live)] for i in range(replication_factor)]
-            out.append({"replicas": replicas, "leader": replicas[0], "leader_epoch": 0, "isr": list(replicas)})
-        return out
+        """Replicas for new partitions (sluice.metadata.placement); the first replica leads at epoch 0.
+
+        Placement is over every registered broker, alive or not: the controller
+        moves leadership off a dead one, and its replicas catch up when it returns.
+        """
+        brokers = sorted((b.broker_id, b.rack) for b in self.brokers.values()) or [(self.config.broker_id, "")]
+        try:
+            layout = place_replicas(brokers, partitions, replication_factor, start_partition=offset)
+        except ValueError as exc:
+            raise AdminError(pb.INVALID_REPLICATION_FACTOR, str(exc)) from None
+        return [{"replicas": r, "leader": r[0], "leader_epoch": 0, "isr": list(r)} for r in layout]
 
     def create_topic(
         self,
