@@ -397,6 +397,14 @@ class PartitionLog:
         changes on disk in one atomic write.
         """
         if offset >= self.log_end_offset:
+            # Nothing to drop from the log, but epochs that start here or later are history the
+            # leader does not share (an epoch this replica led without writing): forget them.
+            kept_epochs = [(e, s) for e, s in self.epoch_cache if s < offset]
+            if kept_epochs != self.epoch_cache:
+                ws = WriteSet()
+                ws.put("partition_meta", self.prefix, self._meta(kept_epochs))
+                self.storage.write(ws)
+                self.epoch_cache = kept_epochs
             return
         offset = max(offset, self.log_start_offset)
         floor = self.storage.floor("log", self._log_key(offset), self.prefix)

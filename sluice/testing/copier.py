@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                     producer.send(args.output, key=r.key, value=r.value)
                 positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
                 producer.send_offsets_to_transaction(positions, consumer.group_metadata())
-                producer.commit_transaction()
+                _commit(producer)
                 copied += len(records)
                 log("committed", records=len(records), copied=copied)
             except (errors.ProducerFencedError, errors.InvalidProducerEpochError, errors.FencedMemberEpochError) as exc:
@@ -120,6 +120,19 @@ def run(args: argparse.Namespace) -> int:
                 log("close-failed", error=type(exc).__name__)
     log("timed-out", copied=copied)
     return 2
+
+
+def _commit(producer: Producer, attempts: int = 5) -> None:
+    """commit_transaction, retried on a timeout: Kafka lets the same commit be called again, and
+    once EndTxn was sent the only way out is to finish it (an abort is no longer legal)."""
+    for attempt in range(attempts):
+        try:
+            producer.commit_transaction()
+            return
+        except errors.KafkaTimeoutError as exc:
+            log("commit-retry", attempt=attempt, message=str(exc))
+            if attempt == attempts - 1:
+                raise
 
 
 def _abort_and_rewind(producer: Producer, consumer: Consumer) -> None:

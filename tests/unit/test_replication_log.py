@@ -107,3 +107,28 @@ def test_tracker_lag_and_end_offsets() -> None:
     assert t.end_offset(2) == 10 and not t.lagging(2, 6000, 5000)
     t.fetched(2, 12, 20, now_ms=12000)  # fetching, but behind
     assert t.lagging(2, 12000, 5000)
+
+
+def test_an_epoch_led_without_writing_is_forgotten(logs: tuple[PartitionLog, PartitionLog]) -> None:
+    """A replica that led an epoch and wrote nothing, then follows a leader that never had that epoch."""
+    a, b = logs
+    a.set_leader_epoch(0)
+    lead(a, b"0")
+    copy(a, b)
+    b.set_leader_epoch(1)  # b leads epoch 1 briefly and writes nothing
+    a.set_leader_epoch(2)  # a leads again: it never saw epoch 1
+    lead(a, b"1")
+    copy(a, b)
+    assert values(b) == [b"0", b"1"]
+    assert b.epoch_cache == [(0, 0), (2, 1)]
+    assert divergence(a, b.log_end_offset, b.latest_epoch) is None
+
+
+def test_empty_replica_with_a_stale_epoch_converges(logs: tuple[PartitionLog, PartitionLog]) -> None:
+    a, b = logs
+    b.set_leader_epoch(0)  # b was the first leader of an empty partition
+    a.set_leader_epoch(1)
+    d = divergence(a, b.log_end_offset, b.latest_epoch)
+    assert d is not None
+    copy(a, b)
+    assert b.epoch_cache == [] and divergence(a, b.log_end_offset, b.latest_epoch) is None
