@@ -197,9 +197,15 @@ def describe_changes(
     live: AbstractSet[int],
     dead: AbstractSet[int] | None = None,
 ) -> list[str]:
-    """One human line per partition whose leader or ISR differs between ``topic`` and ``new``."""
+    """Human lines for the log: one per leadership change, one per group of ISR-only changes.
+
+    A dead broker leaves the ISR of dozens of internal partitions at once;
+    those ISR-only changes are grouped by the brokers removed, so the log
+    shows the elections rather than a page of fencing.
+    """
     name = new.get("name", topic.get("name", "?"))
     lines: list[str] = []
+    fenced: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
     old_parts: Sequence[Mapping[str, Any]] = topic.get("partitions", [])
     for i, (old, cur) in enumerate(zip(old_parts, new.get("partitions", []), strict=False)):
         tp = f"{name}-{i}"
@@ -224,9 +230,18 @@ def describe_changes(
             else:
                 lines.append(f"elected broker {now} leader of {tp} at epoch {epoch} ({why}), ISR {cur['isr']}")
             continue
-        removed = [b for b in old.get("isr", []) if b not in cur.get("isr", [])]
+        removed = tuple(b for b in old.get("isr", []) if b not in cur.get("isr", []))
         if removed:
-            lines.append(f"removed dead broker(s) {removed} from the ISR of {tp}, now {cur['isr']}")
+            fenced.setdefault(removed, []).append((i, list(cur["isr"])))
+    for removed, parts in fenced.items():
+        if len(parts) == 1:
+            i, isr = parts[0]
+            lines.append(f"removed dead broker(s) {list(removed)} from the ISR of {name}-{i}, now {isr}")
+        else:
+            numbers = [i for i, _ in parts]
+            lines.append(
+                f"removed dead broker(s) {list(removed)} from the ISRs of {len(parts)} partitions of {name}: {numbers}"
+            )
     return lines
 
 

@@ -25,10 +25,21 @@ address the way they would to a restarted pod.
 
 Replication (several brokers): every broker gets the same ``--metadata``
 file; that file is the cluster, as the Kubernetes API is in production.
-The local controller (leader election, reaction to a dead broker) will be one
-more :class:`ManagedProcess` in ``self._processes``, started before the
-brokers in :meth:`LocalCluster._start_controller` and stopped after them; the
-rest of this class treats it like any other process.
+One more process, the local controller (``python -m
+sluice.operator.local_controller``, log in ``controller.log``), health-checks
+the brokers and moves leadership away from a broker that stays unreachable
+for ``failure_timeout_ms`` (see :mod:`sluice.operator.local_controller`). It
+runs for every cluster, one broker included (there it re-elects the broker
+after a restart that outlasted the timeout). It starts before the brokers
+and stops before them, so a clean ``close()`` is not mistaken for failures
+and a cluster restarted on its data keeps its leaders.
+
+With several brokers the brokers get Kafka's production-like defaults unless
+``config`` says otherwise: replication factor ``min(3, brokers)`` for new
+topics and both internal topics, and ``min.insync.replicas=2`` from three
+brokers on. ``leader(topic, partition)``, ``partition_state`` and
+``wait_for_leader_change`` read the metadata file, which is the truth about
+leadership (clients learn it later, through metadata requests).
 """
 
 from __future__ import annotations
@@ -38,16 +49,28 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
+import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from sluice.metadata import keys
+from sluice.metadata.store import MetadataStore, open_store
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
 
-__all__ = ["BrokerProcess", "ClusterError", "LocalCluster"]
+__all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
+
+DEFAULT_FAILURE_TIMEOUT_MS = 5000
+CONTROLLER_DOC = "controller"  # written by sluice.operator.local_controller
+_REPLICATION_FACTOR_KEYS = (
+    "default.replication.factor",
+    "transaction.state.log.replication.factor",
+    "offsets.topic.replication.factor",
+)
 
 ConfigValue = str | int | float | bool
 
@@ -109,9 +132,50 @@ class BrokerProcess(ManagedProcess):
         return check_health(self.address, timeout=timeout)
 
 
+class ControllerProcess(ManagedProcess):
+    """The local controller of a :class:`LocalCluster` (failure detection, leader election)."""
+
+    def __init__(
+        self,
+        metadata_path: Path,
+        log_path: Path,
+        failure_timeout_ms: int,
+        *,
+        python: str,
+        env: Mapping[str, str],
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.failure_timeout_ms = failure_timeout_ms
+        argv = [
+            python, "-m", "sluice.operator.local_controller",
+            "--metadata", str(metadata_path),
+            "--failure-timeout-ms", str(failure_timeout_ms),
+            *extra_args,
+        ]  # fmt: skip
+        super().__init__("controller", argv, log_path, env=env)
+
+
+def replication_defaults(brokers: int) -> dict[str, str]:
+    """Broker settings a cluster of ``brokers`` gets unless its config overrides them (see the module docstring)."""
+    if brokers < 2:
+        return {}
+    out = {key: str(min(3, brokers)) for key in _REPLICATION_FACTOR_KEYS}
+    if brokers >= 3:
+        out["min.insync.replicas"] = "2"
+    return out
+
+
+def _stop_in_order(processes: Sequence[ManagedProcess], timeout: float) -> None:
+    """The controller first (so stopping brokers is not taken for failures), then the brokers together."""
+    running = [p for p in processes if p.is_alive()]
+    first = [p for p in running if not isinstance(p, BrokerProcess)]
+    stop_all(first, timeout=timeout)
+    stop_all([p for p in running if p not in first], timeout=timeout)
+
+
 def _cleanup(processes: list[ManagedProcess], tmp_dir: str | None) -> None:
     """Finalizer of a LocalCluster: must not reference the cluster itself."""
-    stop_all([p for p in processes if p.is_alive()], timeout=10.0)
+    _stop_in_order(processes, timeout=10.0)
     if tmp_dir is not None:
         shutil.rmtree(tmp_dir, ignore_errors=True)
 
@@ -125,7 +189,9 @@ class LocalCluster:
     {"broker.rack": "b"}}``). ``data_dir=None`` uses a temporary directory that
     is removed on exit; a given ``data_dir`` is kept, and a cluster started on
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
-    ports picked by the kernel).
+    ports picked by the kernel). ``failure_timeout_ms`` is how long the
+    controller lets a broker fail its health checks before it moves that
+    broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
 
     def __init__(
@@ -140,9 +206,12 @@ class LocalCluster:
         startup_timeout: float = 60.0,
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
+        failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
+        if failure_timeout_ms <= 0:
+            raise ValueError(f"failure_timeout_ms must be positive, not {failure_timeout_ms}")
         if ports is not None and len(ports) != brokers:
             raise ValueError(f"ports gives {len(ports)} ports for {brokers} brokers")
         self.host = host
@@ -154,7 +223,8 @@ class LocalCluster:
             data_dir = self._tmp_dir
         self.data_dir = Path(data_dir).resolve()
         self.metadata_path = self.data_dir / "metadata.sqlite"
-        common = {k: _config_str(v) for k, v in (config or {}).items()}
+        common = replication_defaults(brokers)
+        common.update({k: _config_str(v) for k, v in (config or {}).items()})
         per_broker = broker_config or {}
         unknown = set(per_broker) - set(range(brokers))
         if unknown:
@@ -180,8 +250,21 @@ class LocalCluster:
                     env=child_env,
                 )
             )
-        # Every process of the cluster (brokers now, the local controller later).
-        self._processes: list[ManagedProcess] = list(self._brokers)
+        controller_args = []
+        if common.get("unclean.leader.election.enable", "").lower() == "true":
+            controller_args.append("--unclean-leader-election")
+        self._controller = ControllerProcess(
+            self.metadata_path,
+            self.data_dir / "controller.log",
+            failure_timeout_ms,
+            python=python,
+            env=child_env,
+            extra_args=controller_args,
+        )
+        # Every process of the cluster: the controller, then the brokers.
+        self._processes: list[ManagedProcess] = [self._controller, *self._brokers]
+        self._store: MetadataStore | None = None
+        self._store_lock = threading.Lock()
         self._started = False
         self._finalizer = weakref.finalize(self, _cleanup, self._processes, self._tmp_dir)
 
@@ -217,16 +300,21 @@ class LocalCluster:
         return self
 
     def _start_controller(self) -> None:
-        """Start the local controller process, once there is one (replication work).
+        """Start the local controller (before the brokers, so it sees them register)."""
+        self._controller.start()
 
-        It will be ``python -m sluice.operator.local --metadata PATH``: a
-        ManagedProcess appended to ``self._processes`` before the brokers start.
-        Until then there is nothing to start: a broker alone leads what it holds.
-        """
+    @property
+    def controller(self) -> ControllerProcess:
+        """The local controller process (``controller.log`` in ``data_dir``)."""
+        return self._controller
 
     def close(self, timeout: float = 20.0) -> None:
         """Stop every process (SIGTERM, then SIGKILL after ``timeout`` s); remove a temporary data_dir."""
-        stop_all([p for p in self._processes if p.is_alive()], timeout=timeout)
+        _stop_in_order(self._processes, timeout=timeout)
+        with self._store_lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
         self._finalizer()
 
     def __enter__(self) -> LocalCluster:
@@ -302,6 +390,7 @@ class LocalCluster:
         pending = list(targets)
 
         def check() -> bool:
+            self._check_controller()
             for b in list(pending):
                 if b.state not in ("running", "paused"):
                     raise ClusterError(self._failure(b, f"{b.name} exited with code {b.returncode}"))
@@ -309,11 +398,42 @@ class LocalCluster:
                     pending.remove(b)
             return not pending
 
+        started = time.monotonic()
         if not poll_until(check, timeout=timeout):
             b = pending[0]
             raise ClusterError(
                 self._failure(b, f"{b.name} at {b.address} not healthy after {timeout:.0f}s ({b.health()})")
             )
+        ids = {b.broker_id for b in targets if b.state == "running"}
+        left = max(timeout - (time.monotonic() - started), 1.0)
+        if self._controller.state == "running" and not poll_until(lambda: self._settled(ids), timeout=left):
+            raise ClusterError(
+                self._failure(
+                    self._controller,
+                    f"the controller did not see brokers {sorted(ids)} alive and elect leaders within {timeout:.0f}s"
+                    f" (controller document: {self.controller_state()})",
+                )
+            )
+
+    def _check_controller(self) -> None:
+        c = self._controller
+        if c.starts and c.state == "exited":
+            raise ClusterError(self._failure(c, f"the controller exited with code {c.returncode}"))
+
+    def _settled(self, brokers: set[int]) -> bool:
+        """The controller counts ``brokers`` as live and has elected every partition it can."""
+        self._check_controller()
+        state = self.controller_state()
+        if state is None:
+            return False
+        live = set(state.get("live_brokers", []))
+        if not brokers <= live:
+            return False
+        for doc in self.metadata.list(keys.TOPICS):
+            for p in (doc.value or {}).get("partitions", []):
+                if p["leader"] == -1 and live & set(p["isr"]):
+                    return False
+        return True
 
     def _failure(self, b: ManagedProcess, what: str) -> str:
         tail = b.log_tail(40) or "(empty)"
@@ -323,6 +443,86 @@ class LocalCluster:
         if self._python == sys.executable and importlib.util.find_spec("sluice.broker") is None:
             raise ClusterError("cannot import sluice.broker: install the project first (pip install -e .)")
 
+    # -- leadership, from the metadata file -------------------------------------------------------
+
+    @property
+    def metadata(self) -> MetadataStore:
+        """The cluster's MetadataStore (the shared SQLite file), opened on first use; read it, do not write."""
+        with self._store_lock:
+            if self._store is None:
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                self._store = open_store(str(self.metadata_path))
+            return self._store
+
+    def topic_document(self, topic: str) -> dict[str, Any] | None:
+        """The ``topics/<name>`` document (replicas, leader, leader_epoch, isr per partition), or None."""
+        doc = self.metadata.get(keys.topic(topic))
+        return None if doc is None else doc.value
+
+    def partition_state(self, topic: str, partition: int) -> dict[str, Any]:
+        """``{"replicas", "leader", "leader_epoch", "isr"}`` of one partition; KeyError if it does not exist."""
+        value = self.topic_document(topic)
+        if value is None or not 0 <= partition < len(value["partitions"]):
+            raise KeyError(f"no partition {topic}-{partition} in the metadata")
+        return dict(value["partitions"][partition])
+
+    def leader(self, topic: str, partition: int) -> int:
+        """The broker (index = id) leading ``topic-partition`` now, -1 if none."""
+        return int(self.partition_state(topic, partition)["leader"])
+
+    def controller_state(self) -> dict[str, Any] | None:
+        """The controller's document: ``{"epoch", "live_brokers", "dead_brokers", "updated_ms", ...}``."""
+        doc = self.metadata.get(CONTROLLER_DOC)
+        return None if doc is None else doc.value
+
+    def wait_for_partition(
+        self,
+        topic: str,
+        partition: int,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout: float = 30.0,
+        what: str = "the expected state",
+    ) -> dict[str, Any]:
+        """Poll the partition's state until ``predicate`` holds; returns it (ClusterError after ``timeout``)."""
+        seen: list[dict[str, Any]] = []
+
+        def check() -> bool:
+            self._check_controller()
+            try:
+                state = self.partition_state(topic, partition)
+            except KeyError:
+                return False
+            seen[:] = [state]
+            return predicate(state)
+
+        if not poll_until(check, timeout=timeout, interval=0.05, max_interval=0.2):
+            raise ClusterError(
+                self._failure(
+                    self._controller,
+                    f"{topic}-{partition} did not reach {what} within {timeout:.0f}s; last state "
+                    f"{seen[0] if seen else None}, controller {self.controller_state()}",
+                )
+            )
+        return seen[0]
+
+    def wait_for_leader_change(
+        self, topic: str, partition: int, *, after_epoch: int | None = None, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Wait until ``topic-partition`` has a leader at an epoch above ``after_epoch`` (default: the current one).
+
+        Returns the partition state. Kill or pause the leader first, then call this
+        (``after_epoch`` taken before the kill avoids missing a fast election).
+        """
+        if after_epoch is None:
+            after_epoch = int(self.partition_state(topic, partition)["leader_epoch"])
+        return self.wait_for_partition(
+            topic,
+            partition,
+            lambda p: p["leader"] != -1 and p["leader_epoch"] > after_epoch,
+            timeout=timeout,
+            what=f"a leader at an epoch above {after_epoch}",
+        )
+
     # -- introspection ---------------------------------------------------------------------------
 
     def describe(self) -> dict[str, Any]:
@@ -331,6 +531,12 @@ class LocalCluster:
             "bootstrap_servers": self.bootstrap_servers,
             "data_dir": str(self.data_dir),
             "metadata": str(self.metadata_path),
+            "controller": {
+                "pid": self._controller.pid,
+                "state": self._controller.state,
+                "log": str(self._controller.log_path),
+                "failure_timeout_ms": self._controller.failure_timeout_ms,
+            },
             "brokers": [
                 {
                     "id": b.broker_id,

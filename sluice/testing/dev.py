@@ -7,8 +7,10 @@ owns a :class:`LocalCluster` exactly as a test would. Consequences:
 
 * the brokers die with the supervisor (PR_SET_PDEATHSIG), so killing one pid
   (``dev down``, or ``kill -9`` as a last resort) stops the whole cluster;
-* the controller process of the replication work comes for free, since the
-  supervisor runs whatever LocalCluster runs;
+* the local controller (failure detection and leader election) comes for
+  free, since the supervisor runs whatever LocalCluster runs, with the same
+  replication defaults (``--brokers 3``: replication factor 3,
+  min.insync.replicas 2); its pid and log are in the state file;
 * ``dev down`` is a SIGTERM to the supervisor, which shuts the brokers down
   cleanly and removes its state file.
 
@@ -72,6 +74,7 @@ class DevState:
     status: str = "starting"  # starting | running | failed
     bootstrap_servers: str = ""
     brokers: list[dict[str, Any]] = field(default_factory=list)
+    controller: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     error: str = ""
 
@@ -269,9 +272,11 @@ def serve(argv: Sequence[str] | None = None) -> int:
         state.status = "running"
         while not stop.is_set():
             snapshot = cluster.describe()
-            if snapshot["brokers"] != state.brokers or not state.bootstrap_servers:
+            changed = snapshot["brokers"] != state.brokers or snapshot["controller"] != state.controller
+            if changed or not state.bootstrap_servers:
                 state.bootstrap_servers = snapshot["bootstrap_servers"]
                 state.brokers = snapshot["brokers"]
+                state.controller = snapshot["controller"]
                 write_state(data_dir, state)
                 print(f"state: {json.dumps(state.brokers)}", flush=True)
             stop.wait(1.0)

@@ -214,6 +214,13 @@ def test_describe_changes_says_who_was_elected_and_why() -> None:
     assert describe_changes(t2, new2, {0, 1}) == [
         "elected broker 0 leader of orders-0 at epoch 4 (preferred replica back in sync; broker 1 led), ISR [1, 0]"
     ]
+    t4 = topic(part([1, 0], 1, 0, [1, 0]), part([0, 1, 2], 0, 0, [0, 1, 2]), part([2, 0], 2, 0, [2, 0]))
+    new4 = reconcile_topic(t4, {1, 2})
+    assert new4 is not None
+    assert describe_changes(t4, new4, {1, 2}) == [
+        "elected broker 1 leader of orders-1 at epoch 1 (broker 0 dead), ISR [1, 2]",
+        "removed dead broker(s) [0] from the ISRs of 2 partitions of orders: [0, 2]",
+    ]
     t3 = topic(part([0, 1], 0, 3, [0]))
     new3 = reconcile_topic(t3, {1})
     assert new3 is not None
