@@ -51,16 +51,22 @@ __all__ = [
     "build_batch",
     "compress",
     "control_batch",
+    "decode_record_tuples",
     "decode_records",
     "decompress",
     "parse_control",
+    "varint",
     "verify_crc",
 ]
 
 CRC_HEADER = struct.Struct(">qiiBBiqqBB")
 _RECORD = struct.Struct(">iqiiH")
+_RECORD_SIZE = _RECORD.size
+_pack_record = _RECORD.pack
+_time_ns = time.time_ns
 _HKEY = struct.Struct(">H")
 _HVAL = struct.Struct(">i")
+_TAG_RECORDS = b"\x72"  # RecordBatch.records: field 14, length-delimited
 _CONTROL_KEY = struct.Struct(">hh")
 _CONTROL_VALUE = struct.Struct(">hi")
 
@@ -134,7 +140,7 @@ def decompress(data: bytes, codec: int) -> bytes:
 
 
 def compute_crc(batch: RecordBatch) -> int:
-    head = CRC_HEADER.pack(
+    return _crc(
         batch.producer_id,
         batch.producer_epoch,
         batch.base_sequence,
@@ -145,8 +151,46 @@ def compute_crc(batch: RecordBatch) -> int:
         batch.max_timestamp,
         batch.compression,
         batch.timestamp_type,
+        batch.records,
     )
-    return int(_crc32c.crc32c(batch.records, _crc32c.crc32c(head)))
+
+
+def _crc(
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    transactional: bool,
+    control: bool,
+    record_count: int,
+    first_timestamp: int,
+    max_timestamp: int,
+    compression: int,
+    timestamp_type: int,
+    records: bytes,
+) -> int:
+    head = CRC_HEADER.pack(
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        transactional,
+        control,
+        record_count,
+        first_timestamp,
+        max_timestamp,
+        compression,
+        timestamp_type,
+    )
+    return int(_crc32c.crc32c(records, _crc32c.crc32c(head)))
+
+
+def varint(value: int) -> bytes:
+    """Protobuf's base-128 varint of a non-negative int."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def verify_crc(batch: RecordBatch) -> bool:
@@ -160,7 +204,9 @@ class BatchBuilder:
     """Accumulates records for one partition; :meth:`build` seals them into a batch.
 
     Used by the producer's accumulator: ``size`` is the encoded size so far,
-    compared against batch.size before the next append.
+    compared against batch.size before the next append. :meth:`append` is the
+    producer's per-record hot path: one ``struct`` call and two list appends
+    for a record without headers.
     """
 
     __slots__ = ("_first_ts", "_max_ts", "_parts", "count", "size")
@@ -180,31 +226,53 @@ class BatchBuilder:
         timestamp: int | None = None,
     ) -> int:
         """Append one record; returns its index (offset delta) in the batch."""
-        ts = now_ms() if timestamp is None else timestamp
-        if self.count == 0:
-            self._first_ts = ts
-        if ts > self._max_ts:
+        ts = _time_ns() // 1_000_000 if timestamp is None else timestamp
+        index = self.count
+        if index == 0:
+            self._first_ts = self._max_ts = ts
+        elif ts > self._max_ts:
             self._max_ts = ts
+        if headers:
+            self._append_with_headers(index, ts, key, value, headers)
+        else:
+            parts = self._parts
+            if key is None:
+                if value is None:
+                    parts.append(_pack_record(index, ts - self._first_ts, -1, -1, 0))
+                    self.size += _RECORD_SIZE
+                else:
+                    parts.append(_pack_record(index, ts - self._first_ts, -1, len(value), 0))
+                    parts.append(value)
+                    self.size += _RECORD_SIZE + len(value)
+            else:
+                vlen = -1 if value is None else len(value)
+                parts.append(_pack_record(index, ts - self._first_ts, len(key), vlen, 0))
+                parts.append(key)
+                if value is not None:
+                    parts.append(value)
+                self.size += _RECORD_SIZE + len(key) + (vlen if vlen > 0 else 0)
+        self.count = index + 1
+        return index
+
+    def _append_with_headers(
+        self, index: int, ts: int, key: bytes | None, value: bytes | None, headers: Headers
+    ) -> None:
         klen = -1 if key is None else len(key)
         vlen = -1 if value is None else len(value)
         parts = self._parts
-        parts.append(_RECORD.pack(self.count, ts - self._first_ts, klen, vlen, len(headers) if headers else 0))
-        size = _RECORD.size
+        parts.append(_pack_record(index, ts - self._first_ts, klen, vlen, len(headers)))
+        size = _RECORD_SIZE
         if key is not None:
             parts.append(key)
             size += klen
         if value is not None:
             parts.append(value)
             size += vlen
-        if headers:
-            for hk, hv in headers:
-                kb = hk.encode()
-                parts.append(_HKEY.pack(len(kb)) + kb + _HVAL.pack(len(hv)) + hv)
-                size += 6 + len(kb) + len(hv)
+        for hk, hv in headers:
+            kb = hk.encode()
+            parts.append(_HKEY.pack(len(kb)) + kb + _HVAL.pack(len(hv)) + hv)
+            size += 6 + len(kb) + len(hv)
         self.size += size
-        index = self.count
-        self.count += 1
-        return index
 
     def build(
         self,
@@ -215,9 +283,48 @@ class BatchBuilder:
         transactional: bool = False,
         compression: int = records_pb2.COMPRESSION_NONE,
     ) -> RecordBatch:
+        head, records = self.build_serialized(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            transactional=transactional,
+            compression=compression,
+        )
+        return RecordBatch.FromString(head + records)
+
+    def build_serialized(
+        self,
+        *,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        transactional: bool = False,
+        compression: int = records_pb2.COMPRESSION_NONE,
+    ) -> tuple[bytes, bytes]:
+        """The batch serialized, as ``(head, records)``: ``head + records`` is the RecordBatch message.
+
+        ``records`` is the (compressed) records blob, ``head`` every other
+        field plus the blob's tag and length (``records`` is the last field,
+        so this is exactly protobuf's serialization). The blob is never copied
+        into a message: the producer sends the two pieces as they are.
+        """
         if self.count == 0:
             raise ValueError("an empty batch cannot be built")
-        batch = RecordBatch(
+        records = compress(b"".join(self._parts), compression)
+        crc = _crc(
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            transactional,
+            False,
+            self.count,
+            self._first_ts,
+            self._max_ts,
+            compression,
+            records_pb2.CREATE_TIME,
+            records,
+        )
+        header = RecordBatch(
             base_offset=0,
             partition_leader_epoch=-1,
             producer_id=producer_id,
@@ -230,10 +337,9 @@ class BatchBuilder:
             max_timestamp=self._max_ts,
             compression=compression,  # type: ignore[arg-type]
             timestamp_type=records_pb2.CREATE_TIME,
-            records=compress(b"".join(self._parts), compression),
+            crc=crc,
         )
-        batch.crc = compute_crc(batch)
-        return batch
+        return header.SerializeToString() + _TAG_RECORDS + varint(len(records)), records
 
 
 def build_batch(
@@ -250,40 +356,62 @@ def build_batch(
 
 def decode_records(batch: RecordBatch) -> list[Record]:
     """Decode the records of a (data) batch with their absolute offsets and timestamps."""
+    return [Record(*rec) for rec in decode_record_tuples(batch)]
+
+
+RecordTuple = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes]]]
+
+
+def decode_record_tuples(batch: RecordBatch, min_offset: int = 0) -> list[RecordTuple]:
+    """The records of a (data) batch as ``(offset, timestamp, key, value, headers)`` tuples.
+
+    The consumer's hot path: no object per record beyond the tuple, the key
+    and value slices and the headers list. Records below ``min_offset`` are
+    decoded (to step over them) but not returned.
+    """
     data = decompress(batch.records, batch.compression)
-    out: list[Record] = []
+    out: list[RecordTuple] = []
+    append = out.append
     pos = 0
     end = len(data)
     base = batch.base_offset
     first_ts = batch.first_timestamp
     log_append = batch.timestamp_type == records_pb2.LOG_APPEND_TIME
+    max_ts = batch.max_timestamp
     unpack = _RECORD.unpack_from
+    size = _RECORD_SIZE
     try:
         for _ in range(batch.record_count):
             delta, ts_delta, klen, vlen, hcount = unpack(data, pos)
-            pos += _RECORD.size
-            key = None
+            pos += size
             if klen >= 0:
-                key = data[pos : pos + klen]
+                key: bytes | None = data[pos : pos + klen]
                 pos += klen
-            value = None
+            else:
+                key = None
             if vlen >= 0:
-                value = data[pos : pos + vlen]
+                value: bytes | None = data[pos : pos + vlen]
                 pos += vlen
-            headers: list[tuple[str, bytes]] = []
-            for _h in range(hcount):
-                (hk,) = _HKEY.unpack_from(data, pos)
-                pos += 2
-                hkey = data[pos : pos + hk].decode()
-                pos += hk
-                (hv,) = _HVAL.unpack_from(data, pos)
-                pos += 4
-                headers.append((hkey, data[pos : pos + hv]))
-                pos += hv
+            else:
+                value = None
+            if hcount:
+                headers: list[tuple[str, bytes]] = []
+                for _h in range(hcount):
+                    (hk,) = _HKEY.unpack_from(data, pos)
+                    pos += 2
+                    hkey = data[pos : pos + hk].decode()
+                    pos += hk
+                    (hv,) = _HVAL.unpack_from(data, pos)
+                    pos += 4
+                    headers.append((hkey, data[pos : pos + hv]))
+                    pos += hv
+            else:
+                headers = []
             if pos > end:
                 raise RecordDecodeError("record runs past the end of the batch")
-            ts = batch.max_timestamp if log_append else first_ts + ts_delta
-            out.append(Record(base + delta, ts, key, value, headers))
+            offset = base + delta
+            if offset >= min_offset:
+                append((offset, max_ts if log_append else first_ts + ts_delta, key, value, headers))
     except (struct.error, UnicodeDecodeError) as exc:
         raise RecordDecodeError(f"malformed records in batch at offset {base}: {exc}") from exc
     return out

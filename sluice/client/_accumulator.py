@@ -41,8 +41,10 @@ from dataclasses import dataclass
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.client._types import FutureRecordMetadata, RecordMetadata, TopicPartition
+from sluice.client._types import BatchOutcome, FutureRecordMetadata, TopicPartition, failed_future
 from sluice.records import BatchBuilder, Headers, RecordBatch, now_ms
+
+monotonic = time.monotonic
 
 SEQUENCE_MODULUS = 2**31
 RECORD_OVERHEAD = 22  # the fixed part of one encoded record (sluice.records._RECORD)
@@ -63,38 +65,46 @@ def record_size(key: bytes | None, value: bytes | None, headers: Headers | None)
     return size
 
 
-class ProducerBatch:
-    """Records for one partition that travel (and are retried) together."""
+class ProducerBatch(BatchBuilder):
+    """Records for one partition that travel (and are retried) together.
+
+    A :class:`~sluice.records.BatchBuilder` (records are encoded as they are
+    appended) plus the batch's delivery state. The records' futures share one
+    :class:`~sluice.client._types.BatchOutcome`.
+    """
 
     __slots__ = (
+        "_wire",
         "attempts",
-        "builder",
         "created",
         "done",
-        "futures",
         "last_error",
         "maybe_stored",
         "order",
+        "outcome",
         "producer_epoch",
         "producer_id",
         "retry_at",
         "sequence",
         "tp",
         "transactional",
-        "wire",
+        "wire_parts",
     )
 
     def __init__(self, tp: TopicPartition, transactional: bool, created: float) -> None:
+        super().__init__()
         self.tp = tp
         self.transactional = transactional
         self.created = created
-        self.builder = BatchBuilder()
-        self.futures: list[tuple[FutureRecordMetadata, int]] = []
+        self.outcome = BatchOutcome(tp.topic, tp.partition)
         self.sequence = -1  # assigned on first drain when idempotent
         self.order = -1  # position in the partition's send order (never wraps)
         self.producer_id = -1
         self.producer_epoch = -1
-        self.wire: RecordBatch | None = None  # sealed on first drain
+        # Sealed on first drain: the serialized RecordBatch as (head, records), see
+        # BatchBuilder.build_serialized; exactly these bytes are sent, and resent on retries.
+        self.wire_parts: tuple[bytes, bytes] | None = None
+        self._wire: RecordBatch | None = None
         self.attempts = 0
         self.retry_at = 0.0
         self.maybe_stored = False  # a send had an unknown outcome (timeout, connection lost)
@@ -103,59 +113,54 @@ class ProducerBatch:
 
     @property
     def record_count(self) -> int:
-        return self.builder.count
-
-    @property
-    def size(self) -> int:
-        return self.builder.size
+        return self.count
 
     @property
     def sealed(self) -> bool:
-        return self.wire is not None
+        return self.wire_parts is not None
 
-    def append(
+    @property
+    def wire(self) -> RecordBatch | None:
+        """The sealed batch as a message (parsed on demand: the sender only needs :attr:`wire_parts`)."""
+        if self.wire_parts is None:
+            return None
+        if self._wire is None:
+            self._wire = RecordBatch.FromString(b"".join(self.wire_parts))
+        return self._wire
+
+    def add(
         self, key: bytes | None, value: bytes | None, headers: Headers | None, timestamp: int
     ) -> FutureRecordMetadata:
-        self.builder.append(key, value, headers, timestamp)
-        future = FutureRecordMetadata()
-        future.set_running_or_notify_cancel()
-        self.futures.append((future, timestamp))
-        return future
+        """Append a record; its future."""
+        return FutureRecordMetadata(self.outcome, self.append(key, value, headers, timestamp), timestamp)
 
-    def seal(self, producer_id: int, producer_epoch: int, sequence: int, compression: int) -> RecordBatch:
+    def seal(self, producer_id: int, producer_epoch: int, sequence: int, compression: int) -> None:
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self.sequence = sequence
-        self.wire = self.builder.build(
+        self.wire_parts = self.build_serialized(
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=sequence,
             transactional=self.transactional,
             compression=compression,
         )
-        return self.wire
 
     def unseal(self) -> None:
         """Forget the sequence and encoding (after an epoch bump: it is sent again as a new batch)."""
-        self.wire = None
+        self.wire_parts = None
+        self._wire = None
         self.sequence = -1
         self.producer_id = -1
         self.producer_epoch = -1
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
         """Resolve every record's future; ``base_offset`` -1 means unknown (acks=0)."""
-        topic, partition = self.tp.topic, self.tp.partition
-        for i, (future, ts) in enumerate(self.futures):
-            offset = base_offset + i if base_offset >= 0 else -1
-            stamp = log_append_time if log_append_time >= 0 else ts
-            if not future.done():
-                future.set_result(RecordMetadata(topic, partition, offset, stamp))
+        self.outcome.complete(base_offset, log_append_time)
         self.done.set()
 
     def fail(self, exc: BaseException) -> None:
-        for future, _ts in self.futures:
-            if not future.done():
-                future.set_exception(exc)
+        self.outcome.fail(exc)
         self.done.set()
 
     def __repr__(self) -> str:
@@ -165,9 +170,10 @@ class ProducerBatch:
 
 
 class _PartitionQueue:
-    __slots__ = ("in_flight", "next_order", "next_sequence", "queue", "recovering")
+    __slots__ = ("in_flight", "next_order", "next_sequence", "queue", "recovering", "tp")
 
-    def __init__(self) -> None:
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
         self.queue: deque[ProducerBatch] = deque()  # not in flight; sealed retries first, in order
         self.in_flight: list[ProducerBatch] = []  # in send order
         self.next_sequence = 0
@@ -196,6 +202,7 @@ class RecordAccumulator:
 
     def __init__(self, config: AccumulatorConfig, wakeup: Callable[[], None] | None = None) -> None:
         self.config = config
+        self._batch_size = config.batch_size
         self._wakeup = wakeup or (lambda: None)
         self._lock = threading.Lock()
         self._parts: dict[TopicPartition, _PartitionQueue] = {}
@@ -204,6 +211,16 @@ class RecordAccumulator:
         self._incomplete: set[ProducerBatch] = set()
 
     # ------------------------------------------------------------------ append (any thread)
+
+    def queue_for(self, tp: TopicPartition) -> _PartitionQueue:
+        """The partition's queue (created on first use, then kept: callers may hold on to it)."""
+        part = self._parts.get(tp)
+        if part is None:
+            with self._lock:
+                part = self._parts.get(tp)
+                if part is None:
+                    part = self._parts[tp] = _PartitionQueue(tp)
+        return part
 
     def append(
         self,
@@ -223,40 +240,67 @@ class RecordAccumulator:
         """
         size = record_size(key, value, headers)
         if size + BATCH_OVERHEAD > self.config.max_request_size:
-            future = FutureRecordMetadata()
-            future.set_running_or_notify_cancel()
-            future.set_exception(
-                errors.MessageTooLargeError(
-                    f"the record is {size} bytes when encoded, more than max_request_size "
-                    f"({self.config.max_request_size} bytes)"
-                )
+            return self.too_large(size)
+        return self.append_to(
+            self.queue_for(tp),
+            key,
+            value,
+            headers,
+            now_ms() if timestamp is None else timestamp,
+            size,
+            transactional,
+            abort_on_new_batch,
+        )
+
+    def too_large(self, size: int) -> FutureRecordMetadata:
+        return failed_future(
+            errors.MessageTooLargeError(
+                f"the record is {size} bytes when encoded, more than max_request_size "
+                f"({self.config.max_request_size} bytes)"
             )
-            return future
-        ts = now_ms() if timestamp is None else timestamp
-        wake = False
+        )
+
+    def append_to(
+        self,
+        part: _PartitionQueue,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers | None,
+        timestamp: int,
+        size: int,
+        transactional: bool,
+        abort_on_new_batch: bool,
+    ) -> FutureRecordMetadata | None:
+        """:meth:`append` for callers that looked up the queue (:meth:`queue_for`) and sized the record.
+
+        The producer's per-record hot path: one lock, one encode, one future.
+        """
+        batch_size = self._batch_size
         with self._lock:
             if self._closing:
                 raise errors.IllegalStateError("cannot send: the producer is closed")
-            part = self._parts.get(tp)
-            if part is None:
-                part = self._parts[tp] = _PartitionQueue()
-            last = part.queue[-1] if part.queue else None
-            if last is not None and not last.sealed and last.size + size <= self.config.batch_size:
-                future = last.append(key, value, headers, ts)
-                if last.size >= self.config.batch_size:
-                    wake = True
+            queue = part.queue
+            if queue:
+                last = queue[-1]
+                if last.wire_parts is None and last.size + size <= batch_size:
+                    index = last.append(key, value, headers, timestamp)
+                    if last.size < batch_size:
+                        return FutureRecordMetadata(last.outcome, index, timestamp)
+                    full = last
+                else:
+                    full = None
             else:
+                full = None
+            if full is None:
                 if abort_on_new_batch:
                     return None
-                batch = ProducerBatch(tp, transactional, time.monotonic())
-                future = batch.append(key, value, headers, ts)
-                part.queue.append(batch)
-                self._incomplete.add(batch)
-                # the sender must learn of the new batch (its linger timer) or of the full one before it
-                wake = True
-        if wake:
-            self._wakeup()
-        return future
+                full = ProducerBatch(part.tp, transactional, monotonic())
+                index = full.append(key, value, headers, timestamp)
+                queue.append(full)
+                self._incomplete.add(full)
+        # the sender must learn of the new batch (its linger timer) or of the full one
+        self._wakeup()
+        return FutureRecordMetadata(full.outcome, index, timestamp)
 
     # ------------------------------------------------------------------ sender side
 
@@ -282,18 +326,29 @@ class RecordAccumulator:
         return False, linger_left
 
     def ready(
-        self, now: float, can_send: Callable[[TopicPartition], bool] | None = None
+        self,
+        now: float,
+        can_send: Callable[[TopicPartition], bool] | None = None,
+        poll_queued: float | None = None,
     ) -> tuple[list[TopicPartition], float]:
-        """Partitions with a batch to drain now, and seconds until the next may be (inf: none waits)."""
+        """Partitions with a batch to drain now, and seconds until the next may be (inf: none waits).
+
+        With ``poll_queued``, the wait is at most that while any batch is
+        queued (the sender looks again at batches it cannot send yet).
+        """
         out: list[TopicPartition] = []
         wait = float("inf")
         with self._lock:
             for tp, part in self._parts.items():
+                if not part.queue:
+                    continue
+                if poll_queued is not None and poll_queued < wait:
+                    wait = poll_queued
                 ok, delay = self._sendable(part, now)
                 if ok and (can_send is None or can_send(tp)):
                     out.append(tp)
-                elif not ok:
-                    wait = min(wait, delay)
+                elif not ok and delay < wait:
+                    wait = delay
         return out, wait
 
     def drain(
@@ -311,6 +366,7 @@ class RecordAccumulator:
         total (one batch is always taken).
         """
         out: list[ProducerBatch] = []
+        to_seal: list[tuple[ProducerBatch, int, int, int]] = []
         total = 0
         limit = max_bytes if max_bytes is not None else self.config.max_request_size
         idempotent = self.config.idempotent and producer_id >= 0
@@ -330,12 +386,10 @@ class RecordAccumulator:
                 part.queue.popleft()
                 if not head.sealed:
                     sequence = part.next_sequence if idempotent else -1
-                    head.seal(
-                        producer_id if idempotent else -1,
-                        producer_epoch if idempotent else -1,
-                        sequence,
-                        self.config.compression,
+                    to_seal.append(
+                        (head, producer_id if idempotent else -1, producer_epoch if idempotent else -1, sequence)
                     )
+                    head.sequence = sequence
                     head.order = part.next_order
                     part.next_order += 1
                     if idempotent:
@@ -344,6 +398,10 @@ class RecordAccumulator:
                 part.in_flight.append(head)
                 total += head.size
                 out.append(head)
+        # Encoding (join, compression, CRC) happens outside the lock so send() is not held up:
+        # a drained batch is no longer in its queue, so nothing appends to it any more.
+        for head, pid, epoch, sequence in to_seal:
+            head.seal(pid, epoch, sequence, self.config.compression)
         return out
 
     def _remove_in_flight(self, batch: ProducerBatch) -> _PartitionQueue | None:
@@ -445,7 +503,7 @@ class RecordAccumulator:
         out: list[ProducerBatch] = []
         with self._lock:
             for part in self._parts.values():
-                if not part.queue:
+                if not part.queue or all(now - batch.created < limit for batch in part.queue):
                     continue
                 keep: deque[ProducerBatch] = deque()
                 for batch in part.queue:

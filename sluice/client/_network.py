@@ -59,6 +59,9 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
+# Methods Cluster.call_future also accepts as serialized bytes, with their response type.
+RAW_REQUEST_METHODS: dict[str, Any] = {"Produce": broker_pb2.ProduceResponse}
+
 GROUP = broker_pb2.GROUP
 TRANSACTION = broker_pb2.TRANSACTION
 
@@ -213,6 +216,7 @@ class Cluster:
         self._refresh_lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._raw_methods: dict[tuple[str, str], Any] = {}
         self.brokers: dict[int, str] = {}
         self.cluster_id = ""
         self.controller_id = -1
@@ -220,6 +224,8 @@ class Cluster:
         self._topic_refreshed: dict[str, float] = {}
         self._coordinators: dict[tuple[int, str], tuple[int, str]] = {}
         self._closed = False
+        # Incremented by every change of the metadata cache: the producer rebuilds what it derived from it.
+        self.version = 0
 
     # ------------------------------------------------------------------ channels
 
@@ -244,9 +250,33 @@ class Cluster:
             raise map_rpc_error(exc, addr, method) from None
 
     def call_future(self, addr: str, method: str, request: Any, timeout: float | None = None) -> grpc.Future[Any]:
-        """Start an RPC without waiting; the caller maps errors with :func:`map_rpc_error`."""
-        fn = getattr(self.stub(addr), method)
+        """Start an RPC without waiting; the caller maps errors with :func:`map_rpc_error`.
+
+        ``request`` may be the request message already serialized (bytes), for
+        the methods of :data:`RAW_REQUEST_METHODS`: the producer builds Produce
+        requests from batches it serialized once.
+        """
+        fn = self._raw_method(addr, method) if isinstance(request, bytes) else getattr(self.stub(addr), method)
         return fn.future(request, timeout=self.request_timeout if timeout is None else timeout)  # type: ignore[no-any-return]
+
+    def _raw_method(self, addr: str, method: str) -> Any:
+        """A unary call of ``method`` on ``addr`` that sends bytes as they are (no request serializer)."""
+        key = (addr, method)
+        fn = self._raw_methods.get(key)
+        if fn is None:
+            response_type = RAW_REQUEST_METHODS[method]
+            self.stub(addr)  # creates the channel
+            with self._lock:
+                channel = self._channels.get(addr)
+                if channel is None:
+                    raise errors.IllegalStateError("the client is closed")
+                fn = channel.unary_unary(
+                    f"/sluice.v1.Broker/{method}",
+                    request_serializer=None,
+                    response_deserializer=response_type.FromString,
+                )
+                self._raw_methods[key] = fn
+        return fn
 
     def candidates(self) -> list[str]:
         """Addresses to try for a request any broker can answer: known brokers, then bootstrap."""
@@ -295,6 +325,7 @@ class Cluster:
             channels = list(self._channels.values())
             self._channels.clear()
             self._stubs.clear()
+            self._raw_methods.clear()
         for channel in channels:
             channel.close()
 
@@ -312,6 +343,7 @@ class Cluster:
     def _apply_metadata(self, response: broker_pb2.MetadataResponse, wanted: list[str]) -> None:
         now = time.monotonic()
         with self._lock:
+            self.version += 1
             if response.brokers:
                 self.brokers = {b.broker_id: broker_address(b.host, b.port) for b in response.brokers}
             self.cluster_id = response.cluster_id
@@ -395,6 +427,7 @@ class Cluster:
     def forget_leader(self, topic: str, partition: int) -> None:
         """Mark a partition's leader unknown (it did not answer or is no longer leader)."""
         with self._lock:
+            self.version += 1
             info = self._topics.get(topic)
             p = info.partitions.get(partition) if info else None
             if info is not None and p is not None:

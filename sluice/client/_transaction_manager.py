@@ -94,6 +94,11 @@ class TransactionManager:
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
         self._lock = threading.RLock()
+        # send() reads these without the lock (one attribute read per record):
+        # send_ok is True only in states where check_can_send() passes;
+        # generation changes whenever a transaction begins or ends.
+        self.send_ok = False
+        self.generation = 0
         self._state = S.UNINITIALIZED
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
@@ -109,6 +114,18 @@ class TransactionManager:
     @property
     def is_transactional(self) -> bool:
         return self.transactional_id is not None
+
+    @property
+    def _state(self) -> TransactionState:
+        return self._state_value
+
+    @_state.setter
+    def _state(self, value: TransactionState) -> None:
+        self._state_value = value
+        if self.transactional_id is None:
+            self.send_ok = value is not S.FATAL_ERROR
+        else:
+            self.send_ok = value is S.IN_TRANSACTION
 
     @property
     def state(self) -> TransactionState:
@@ -208,6 +225,7 @@ class TransactionManager:
             if self._state is S.IN_TRANSACTION:
                 raise errors.IllegalStateError("cannot begin_transaction: a transaction is already open")
             self._transition(S.IN_TRANSACTION, "begin_transaction")
+            self.generation += 1
 
     def check_can_send(self) -> None:
         """Raise unless a record may be sent now."""
@@ -239,13 +257,15 @@ class TransactionManager:
             if self._state is not S.IN_TRANSACTION:
                 raise errors.IllegalStateError(f"cannot {action}: no transaction is open (state {self._state.value})")
 
-    def maybe_add_partition(self, tp: TopicPartition) -> None:
-        """A record for ``tp`` is being sent in this transaction."""
+    def maybe_add_partition(self, tp: TopicPartition) -> bool:
+        """A record for ``tp`` is being sent in this transaction; True if it is new to the transaction."""
         with self._lock:
             if self.transactional_id is None:
-                return
-            if tp not in self._added and tp not in self._in_flight_add:
+                return False
+            if tp not in self._added and tp not in self._in_flight_add and tp not in self._pending:
                 self._pending.add(tp)
+                return True
+            return False
 
     def is_partition_added(self, tp: TopicPartition) -> bool:
         """May batches of ``tp`` be sent now?"""
@@ -330,6 +350,7 @@ class TransactionManager:
         """EndTxn succeeded (or was not needed): back to READY for the next transaction."""
         with self._lock:
             self._transition(S.READY, "complete the transaction")
+            self.generation += 1
             self._added.clear()
             self._pending.clear()
             self._in_flight_add.clear()

@@ -60,8 +60,14 @@ from sluice.client._network import (
     first_error,
     map_rpc_error,
 )
-from sluice.client._types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
-from sluice.records import RecordDecodeError, decode_records
+from sluice.client._types import (
+    ConsumerRecord,
+    GroupMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+    consumer_record,
+)
+from sluice.records import RecordDecodeError, decode_record_tuples
 
 log = logging.getLogger("sluice.client.consumer")
 
@@ -418,6 +424,8 @@ class Consumer:
             self._update_positions(Deadline(max(deadline.remaining(), 1.0)), raise_errors=False)
             records = self._drain(limit)
             if records:
+                self._collect_fetches()
+                self._send_fetches(deadline)  # prefetch what follows, while the application works
                 return records
             sent = self._send_fetches(deadline)
             self._wait_fetches(deadline, sent)
@@ -451,13 +459,15 @@ class Consumer:
                 if st.paused:
                     continue
                 records = fetched.records
-                while fetched.index < len(records) and len(out) < limit:
-                    rec = records[fetched.index]
-                    fetched.index += 1
-                    if rec.offset < st.position:
-                        continue
-                    out.append(rec)
-                    st.position = rec.offset + 1
+                index = fetched.index
+                # records are in offset order: skip any below the position, then take a slice
+                while index < len(records) and records[index].offset < st.position:
+                    index += 1
+                take = records[index : index + (limit - len(out))]
+                if take:
+                    out += take
+                    st.position = take[-1].offset + 1
+                fetched.index = index + len(take)
                 del self._buffer[tp]  # re-inserted at the end: round-robin between partitions
                 if fetched.index < len(records):
                     self._buffer[tp] = fetched
@@ -473,8 +483,16 @@ class Consumer:
         with self._lock:
             busy = {tp for f in self._fetches.values() for tp in f.offsets}
             for tp, st in self._assignment.items():
-                if st.position is None or st.paused or st.retry_at > now or tp in self._buffer or tp in busy:
+                if st.position is None or st.paused or st.retry_at > now or tp in busy:
                     continue
+                offset = st.position
+                buffered = self._buffer.get(tp)
+                if buffered is not None:
+                    # Prefetch: once few buffered records are left, fetch what follows them, so the
+                    # next records are already here when these are used up.
+                    if len(buffered.records) - buffered.index > self._max_poll_records:
+                        continue
+                    offset = buffered.next_fetch_offset
                 leader = self._cluster.leader(tp.topic, tp.partition)
                 if leader is None:
                     unknown.add(tp.topic)
@@ -482,7 +500,7 @@ class Consumer:
                 addr, epoch = leader
                 if addr in self._fetches:
                     continue
-                by_leader.setdefault(addr, {})[tp] = (st.position, epoch)
+                by_leader.setdefault(addr, {})[tp] = (offset, epoch)
         if unknown:
             self._cluster.refresh_if_stale(unknown, min_age=0.1)
         max_wait = int(min(self._fetch_max_wait_ms, deadline.remaining() * 1000))
@@ -523,6 +541,10 @@ class Consumer:
             return
         self._fetch_event.wait(deadline.remaining())
         self._fetch_event.clear()
+        self._collect_fetches()
+
+    def _collect_fetches(self) -> None:
+        """Handle the fetches that came back (without waiting)."""
         with self._lock:
             done = [f for f in self._fetches.values() if f.future.done()]
             for f in done:
@@ -559,9 +581,13 @@ class Consumer:
                     continue
                 with self._lock:
                     st = self._assignment.get(tp)
-                    if st is None or st.position != fetch_offset:
+                    buffered = self._buffer.get(tp)
+                    prefetch = buffered is not None and buffered.next_fetch_offset == fetch_offset
+                    if st is None or (st.position != fetch_offset and not prefetch):
                         continue  # revoked or sought while the fetch was in flight
                 code = p.error_code
+                if prefetch and code != records_pb2.NONE:
+                    continue  # the buffered records are still good; the next fetch meets the error again
                 if code == records_pb2.NONE:
                     self._accept(tp, fetch_offset, p)
                     continue
@@ -593,32 +619,41 @@ class Consumer:
     def _accept(self, tp: TopicPartition, fetch_offset: int, p: broker_pb2.FetchPartitionResponse) -> None:
         records: list[ConsumerRecord] = []
         end = p.next_fetch_offset
+        topic, partition = tp.topic, tp.partition
         try:
             for batch in p.batches:
-                end = max(end, batch.base_offset + batch.record_count)
-                if batch.control:
+                last = batch.base_offset + batch.record_count
+                if last > end:
+                    end = last
+                if batch.control or last <= fetch_offset:
                     continue
-                for rec in decode_records(batch):
-                    if rec.offset >= fetch_offset:
-                        records.append(
-                            ConsumerRecord(
-                                tp.topic, tp.partition, rec.offset, rec.key, rec.value, rec.headers, rec.timestamp
-                            )
-                        )
+                # the per-record hot path: tuples from the decoder, one record object each
+                records += [
+                    consumer_record(topic, partition, offset, key, value, headers, timestamp)
+                    for offset, timestamp, key, value, headers in decode_record_tuples(batch, fetch_offset)
+                ]
         except RecordDecodeError as exc:
             with self._lock:
                 self._pending_error = errors.CorruptMessageError(f"{tp} at offset {fetch_offset}: {exc}")
             return
         with self._lock:
             st = self._assignment.get(tp)
-            if st is None or st.position != fetch_offset:
+            if st is None:
                 return
-            st.high_watermark = p.high_watermark
-            st.last_stable_offset = p.last_stable_offset
-            if records:
+            buffered = self._buffer.get(tp)
+            if buffered is not None and buffered.next_fetch_offset == fetch_offset:
+                # a prefetch: what follows the buffered records (dropping those already returned)
+                buffered.records = buffered.records[buffered.index :] + records
+                buffered.index = 0
+                buffered.next_fetch_offset = max(end, fetch_offset)
+            elif st.position != fetch_offset or buffered is not None:
+                return  # sought, or the buffer was replaced, while the fetch was in flight
+            elif records:
                 self._buffer[tp] = _Fetched(records, 0, end)
             elif end > fetch_offset:
                 st.position = end
+            st.high_watermark = p.high_watermark
+            st.last_stable_offset = p.last_stable_offset
 
     # ------------------------------------------------------------------ offsets
 

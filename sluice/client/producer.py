@@ -25,21 +25,34 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2
-from sluice.client._accumulator import AccumulatorConfig, ProducerBatch, RecordAccumulator
+from sluice.client._accumulator import (
+    BATCH_OVERHEAD,
+    RECORD_OVERHEAD,
+    AccumulatorConfig,
+    ProducerBatch,
+    RecordAccumulator,
+    _PartitionQueue,
+    record_size,
+)
 from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error
 from sluice.client._partitioner import StickyPartitioner, partition_for_key
 from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
 from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
-from sluice.client._types import FutureRecordMetadata, GroupMetadata, TopicPartition
+from sluice.client._types import FutureRecordMetadata, GroupMetadata, TopicPartition, failed_future
 from sluice.records import compression_code
 
 log = logging.getLogger("sluice.client.producer")
+
+monotonic = time.monotonic
+_time_ns = time.time_ns
 
 HeadersArg = Iterable[tuple[str, bytes | str]] | Mapping[str, bytes | str] | None
 Acks = Literal["all", -1, 0, 1, "0", "1", "-1"]
@@ -76,6 +89,24 @@ def _headers(headers: HeadersArg) -> list[tuple[str, bytes]] | None:
         b = _as_bytes(v, f"header {k!r}")
         out.append((k, b if b is not None else b""))
     return out
+
+
+# send() re-reads a topic's metadata this often (seconds) even without a change, so
+# Cluster.topic() can refresh metadata older than metadata_max_age.
+_ROUTE_MAX_AGE = 1.0
+
+
+@dataclass(slots=True)
+class _Route:
+    """A topic's partitions as send() needs them (one dict lookup per record)."""
+
+    num: int
+    available: list[int] | None  # partitions with a known leader (None: all)
+    queues: list[_PartitionQueue]  # the accumulator's queue of each partition
+    version: int  # Cluster.version it was built from
+    expires: float  # monotonic time after which it is rebuilt
+    sticky: int  # the partition keyless records go to (StickyPartitioner's choice)
+    txn_generation: list[int]  # per partition: the transaction it was added to (TransactionManager.generation)
 
 
 class Producer:
@@ -182,6 +213,9 @@ class Producer:
             ),
             name=f"{self.client_id}-sender",
         )
+        self._transactional = transactional_id is not None
+        self._max_record_size = max_request_size - BATCH_OVERHEAD
+        self._routes: dict[str, _Route] = {}
         self._closed = False
         self._close_lock = threading.Lock()
         self._sender.start()
@@ -209,49 +243,91 @@ class Producer:
         transaction open on a transactional producer) and ProducerFencedError
         after the producer was fenced; delivery errors fail the future.
         """
+        # The per-record hot path: keep it to attribute reads, one clock read and one lock (the accumulator's).
         if self._closed:
             raise errors.IllegalStateError("cannot send: the producer is closed")
-        self._txn.check_can_send()
-        key_b = _as_bytes(key, "key")
-        value_b = _as_bytes(value, "value")
-        hdrs = _headers(headers)
-        try:
-            info = self._cluster.wait_for_topic(topic, Deadline(self._max_block))
-        except errors.SluiceError as exc:
-            return _failed(exc)
-        num = len(info.partitions)
-        transactional = self._txn.is_transactional
-        if partition is None and key_b is None:
-            available = [p for p, meta in info.partitions.items() if meta.leader >= 0] or None
-            chosen = self._sticky.partition(topic, num, available)
-            tp = TopicPartition(topic, chosen)
-            future = self._accumulator.append(
-                tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional, abort_on_new_batch=True
-            )
+        txn = self._txn
+        if not txn.send_ok:
+            txn.check_can_send()
+        if value is not None and value.__class__ is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _as_bytes(key, "key")
+        hdrs = _headers(headers) if headers else None
+        route = self._routes.get(topic)
+        now = monotonic()
+        if route is None or now >= route.expires or route.version != self._cluster.version:
+            try:
+                route = self._route(topic, now)
+            except errors.SluiceError as exc:
+                return failed_future(exc)
+        size = RECORD_OVERHEAD + (len(value) if value is not None else 0)
+        if key is not None:
+            size += len(key)
+        if hdrs:
+            size = record_size(key, value, hdrs)
+        accumulator = self._accumulator
+        if size > self._max_record_size:
+            return accumulator.too_large(size)
+        ts = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        transactional = self._transactional
+        if partition is None and key is None:
+            chosen = route.sticky
+            future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, True)
             if future is None:  # the sticky batch is full or gone: stick to another partition
-                self._sticky.on_new_batch(topic, num, chosen, available)
-                tp = TopicPartition(topic, self._sticky.partition(topic, num, available))
-                future = self._accumulator.append(tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional)
+                chosen = self._next_sticky(route, chosen)
+                future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
         else:
             if partition is None:
-                assert key_b is not None
-                partition = partition_for_key(key_b, num)
-            elif not 0 <= partition < num:
-                self._cluster.refresh_if_stale([topic])
-                num = self._cluster.partition_count(topic) or num
-                if not 0 <= partition < num:
-                    return _failed(
-                        errors.UnknownTopicOrPartitionError(
-                            f"partition {partition} of topic {topic!r} does not exist (it has {num})"
+                assert key is not None
+                chosen = partition_for_key(key, route.num)
+            else:
+                chosen = partition
+                if not 0 <= partition < route.num:
+                    self._cluster.refresh_if_stale([topic])
+                    num = self._cluster.partition_count(topic) or route.num
+                    if not 0 <= partition < num:
+                        return failed_future(
+                            errors.UnknownTopicOrPartitionError(
+                                f"partition {partition} of topic {topic!r} does not exist (it has {num})"
+                            )
                         )
-                    )
-            tp = TopicPartition(topic, partition)
-            future = self._accumulator.append(tp, key_b, value_b, hdrs, timestamp_ms, transactional=transactional)
+                    route = self._route(topic, monotonic())
+            future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
         assert future is not None
-        if transactional:
-            self._txn.maybe_add_partition(tp)
-            self._wakeup()
+        if transactional and route.txn_generation[chosen] != txn.generation:
+            route.txn_generation[chosen] = txn.generation
+            if txn.maybe_add_partition(route.queues[chosen].tp):
+                self._wakeup()
         return future
+
+    def _route(self, topic: str, now: float) -> _Route:
+        """The topic's partitions as send() needs them, rebuilt after any metadata change."""
+        version = self._cluster.version  # read first: a change while building makes the next send rebuild
+        info = self._cluster.wait_for_topic(topic, Deadline(self._max_block))
+        num = len(info.partitions)
+        available = [p for p, meta in info.partitions.items() if meta.leader >= 0 and p < num] or None
+        old = self._routes.get(topic)
+        route = _Route(
+            num=num,
+            available=available,
+            queues=[self._accumulator.queue_for(TopicPartition(topic, p)) for p in range(num)],
+            version=version,
+            expires=now + _ROUTE_MAX_AGE,
+            sticky=self._sticky.partition(topic, num, available),
+            txn_generation=[-1] * num,
+        )
+        if old is not None and old.num == num:
+            route.txn_generation = old.txn_generation
+        self._routes[topic] = route
+        return route
+
+    def _next_sticky(self, route: _Route, previous: int) -> int:
+        """The sticky partition ``previous`` needs a new batch: move on to another partition."""
+        topic = route.queues[previous].tp.topic
+        self._sticky.on_new_batch(topic, route.num, previous, route.available)
+        route.sticky = self._sticky.partition(topic, route.num, route.available)
+        return route.sticky
 
     def flush(self, timeout: float | None = None) -> None:
         """Send every queued record now and wait until each has succeeded or failed.
@@ -522,13 +598,6 @@ class Producer:
 
     def __repr__(self) -> str:
         return f"Producer(transactional_id={self.transactional_id!r}, state={self._txn.state.value})"
-
-
-def _failed(exc: BaseException) -> FutureRecordMetadata:
-    future = FutureRecordMetadata()
-    future.set_running_or_notify_cancel()
-    future.set_exception(exc)
-    return future
 
 
 __all__ = ["Producer", "TransactionAbortedError"]

@@ -185,7 +185,8 @@ class FakeCluster:
 
     def call_future(self, addr: str, method: str, request: Any, timeout: float | None = None) -> FakeFuture:
         assert method == "Produce"
-        return self.leader_.produce(request)
+        assert isinstance(request, bytes)  # the sender serializes Produce requests itself
+        return self.leader_.produce(broker_pb2.ProduceRequest.FromString(request))
 
 
 def start(leader: FakeLeader, **acc: Any) -> tuple[RecordAccumulator, Sender]:
