@@ -1,32 +1,36 @@
 """Which brokers are alive: health checks with a timeout, for the local controller.
 
-Each round the controller asks every registered broker the standard
+The controller asks every registered broker the standard
 ``grpc.health.v1.Health/Check`` for the service ``sluice.liveness`` (set by
 the broker as soon as it serves, independent of readiness: a broker that is
-loading coordinator partitions is alive, not ready). The checks of one
-round run concurrently, each with its own deadline, so one paused broker
-costs a round at most one deadline, not one per broker.
+loading coordinator partitions is alive, not ready).
+
+Checks are asynchronous: each round collects the answers that arrived and
+sends a new check to every broker that has none in flight; a check may take
+up to the whole failure timeout. So a broker that is slow but answering (a
+busy event loop on a loaded machine answers in 300 ms, not 3 ms) is alive,
+a paused broker costs no other broker's detection any time, and a stall of
+the controller itself does not kill anyone: the answers that arrived
+meanwhile (gRPC's threads receive them) are counted before anything is
+declared dead.
 
 A broker's state follows its answers:
 
 * ``unknown``: registered but not yet answered since the detector first saw
   it (a broker starting up, or every broker right after the controller
   starts). Neither elected nor replaced: see :mod:`sluice.operator.controller`.
-* ``alive``: its last check succeeded. One success is enough to come back,
-  as in Kafka, where one heartbeat unfences a broker.
-* ``dead``: no check has succeeded for ``timeout_ms`` (counted from its last
-  success, or from when it was first seen) *and* at least two checks in a
-  row failed. The second condition keeps a stall of the controller itself
-  (a long pause, a slow disk under SQLite) from declaring every broker dead
-  on one late check: each broker must fail a fresh check after the stall.
+* ``alive``: it answered ``SERVING``. One answer is enough to come back, as
+  in Kafka, where one heartbeat unfences a broker.
+* ``dead``: no ``SERVING`` answer has arrived for ``timeout_ms`` (counted
+  from its last one, or from when it was first seen), whether its checks
+  failed (connection refused: the process is gone) or are still waiting (a
+  SIGSTOPped process: the kernel accepts the connection, nobody answers).
 
 Why health checks and not broker heartbeats into the metadata store: a
 heartbeat is a write every interval per broker into a store every broker
 polls, and in Kubernetes it would be an API-server write per second per
 pod. Checking from the controller costs no write, and what it checks (the
-broker's gRPC server answers) is what clients need. A SIGSTOPped broker
-accepts TCP connections (the kernel does that) but answers nothing, so its
-checks run into their deadline and it is declared dead, as it must be.
+broker's gRPC server answers) is what clients need.
 
 The checker and the clock are injectable: unit tests drive the detector with
 a dict of answers and a fake clock.
@@ -49,7 +53,9 @@ LIVENESS_SERVICE = "sluice.liveness"  # the broker's liveness service (broker/ma
 SERVING = "SERVING"
 DEFAULT_TIMEOUT_MS = 5000
 
-# broker id -> address in, broker id -> "SERVING" or what went wrong ("UNAVAILABLE", "DEADLINE_EXCEEDED" ...) out
+# Called once per round with every broker to check (id -> address); returns the answers that
+# arrived since the last call: "SERVING", or what went wrong ("UNAVAILABLE", "DEADLINE_EXCEEDED",
+# "NOT_SERVING" ...). A broker missing from the answer has a check still in flight.
 Checker = Callable[[Mapping[int, str]], Mapping[int, str]]
 
 UNKNOWN = "unknown"
@@ -57,32 +63,25 @@ ALIVE = "alive"
 DEAD = "dead"
 
 
-def default_check_deadline_ms(timeout_ms: int) -> int:
-    """A check's deadline: a quarter of the failure timeout, within [100 ms, 1 s].
-
-    Short enough that a few checks fit in the timeout (so one slow answer is
-    not a death sentence), long enough for a busy broker on a loaded machine.
-    """
-    return max(100, min(1000, timeout_ms // 4))
-
-
 class GrpcHealthChecker:
-    """Concurrent ``Health/Check`` calls with a deadline; one kept channel per broker.
+    """Asynchronous ``Health/Check`` calls, at most one in flight per broker, each with a deadline.
 
-    A channel whose check failed is closed and the next check opens a new
-    one: a gRPC channel that failed to connect backs off before trying again,
-    which would keep a restarted broker "dead" for longer than it is.
+    One channel is kept per broker while it answers. A channel whose check
+    failed is closed and the next check opens a new one: a gRPC channel that
+    failed to connect backs off before trying again, which would keep a
+    restarted broker "dead" for longer than it is.
     """
 
     def __init__(self, deadline_ms: int, service: str = LIVENESS_SERVICE) -> None:
         self.deadline_s = deadline_ms / 1000
         self.service = service
         self._channels: dict[int, tuple[str, grpc.Channel]] = {}
+        self._in_flight: dict[int, tuple[Any, float]] = {}  # broker id -> (future, sent at)
 
     def _stub(self, broker_id: int, address: str) -> health_pb2_grpc.HealthStub:
         known = self._channels.get(broker_id)
         if known is not None and known[0] != address:
-            known[1].close()
+            self._drop(broker_id)
             known = None
         if known is None:
             channel = grpc.insecure_channel(
@@ -94,44 +93,64 @@ class GrpcHealthChecker:
         return health_pb2_grpc.HealthStub(known[1])
 
     def _drop(self, broker_id: int) -> None:
+        flight = self._in_flight.pop(broker_id, None)
+        if flight is not None:
+            flight[0].cancel()
         known = self._channels.pop(broker_id, None)
         if known is not None:
             known[1].close()
 
+    def _answer(self, broker_id: int, future: Any, sent: float) -> str:
+        try:
+            response = future.result(timeout=0)
+        except grpc.RpcError as exc:
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            return code.name if code is not None else "ERROR"
+        except Exception as exc:  # cancelled, or anything else the call raised
+            return f"ERROR {type(exc).__name__}"
+        status = str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+        took = time.monotonic() - sent
+        if took > self.deadline_s / 2:
+            log.warning("broker %d answered its health check after %.0f ms", broker_id, took * 1000)
+        return status
+
     def __call__(self, targets: Mapping[int, str]) -> dict[int, str]:
         for gone in set(self._channels) - set(targets):
             self._drop(gone)
-        request = health_pb2.HealthCheckRequest(service=self.service)
-        pending: dict[int, Any] = {}
         out: dict[int, str] = {}
-        for broker_id, address in targets.items():
-            try:
-                pending[broker_id] = self._stub(broker_id, address).Check.future(request, timeout=self.deadline_s)
-            except Exception as exc:  # a malformed address, a closed channel
-                out[broker_id] = f"ERROR {exc}"
-        for broker_id, future in pending.items():
-            try:
-                response = future.result()
-                out[broker_id] = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
-            except grpc.RpcError as exc:
-                code = exc.code() if isinstance(exc, grpc.Call) else None
-                out[broker_id] = code.name if code is not None else "ERROR"
+        for broker_id, (future, sent) in list(self._in_flight.items()):
+            if future.done():
+                del self._in_flight[broker_id]
+                out[broker_id] = self._answer(broker_id, future, sent)
         for broker_id, status in out.items():
             if status != SERVING:
                 self._drop(broker_id)
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        for broker_id, address in targets.items():
+            if broker_id in self._in_flight:
+                continue
+            try:
+                future = self._stub(broker_id, address).Check.future(request, timeout=self.deadline_s)
+            except Exception as exc:  # a malformed address, a closed channel
+                self._drop(broker_id)
+                out.setdefault(broker_id, f"ERROR {exc}")
+                continue
+            self._in_flight[broker_id] = (future, time.monotonic())
         return out
 
     def close(self) -> None:
-        for broker_id in list(self._channels):
+        for broker_id in list(self._channels) + list(self._in_flight):
             self._drop(broker_id)
+
+
+PENDING = "PENDING"  # no answer yet: the check is still in flight
 
 
 @dataclass
 class BrokerHealth:
     state: str  # unknown | alive | dead
-    since: float  # clock time of the last success (or of first sight, before any success)
-    failures: int = 0  # consecutive failed checks
-    last_status: str = ""
+    since: float  # clock time of the last SERVING answer (or of first sight, before any)
+    last_status: str = PENDING  # the last answer, or PENDING
 
 
 @dataclass(frozen=True)
@@ -139,14 +158,15 @@ class Transition:
     broker_id: int
     old: str
     new: str
-    status: str  # the check answer that caused it
-    silent_s: float  # seconds without a successful check, when it died
+    status: str  # the last answer when it changed
+    silent_s: float  # seconds without a SERVING answer, when it died
 
     def describe(self) -> str:
         if self.new == DEAD:
+            last = "none yet, a check is waiting" if self.status == PENDING else self.status
             return (
                 f"broker {self.broker_id} is dead: no successful health check for {self.silent_s:.1f} s "
-                f"(last answer: {self.status})"
+                f"(last answer: {last})"
             )
         if self.new == ALIVE:
             return f"broker {self.broker_id} is alive" + (" again" if self.old == DEAD else "")
@@ -170,35 +190,36 @@ class FailureDetector:
         self.brokers: dict[int, BrokerHealth] = {}
 
     def poll(self, targets: Mapping[int, str]) -> list[Transition]:
-        """Check every broker in ``targets`` (id -> address) once; returns the state changes."""
-        started = self.clock()
+        """One round over ``targets`` (id -> address): collect answers, decide; returns the state changes.
+
+        Brokers no longer in ``targets`` are forgotten (they were deregistered).
+        """
         answers = self.checker(targets) if targets else {}
-        return self.observe({b: answers.get(b, "NO_ANSWER") for b in targets}, started)
+        return self.observe({b: answers.get(b, PENDING) for b in targets})
 
-    def observe(self, answers: Mapping[int, str], checked_at: float | None = None) -> list[Transition]:
-        """Record one round of answers (``SERVING`` = success) taken at ``checked_at``.
+    def observe(self, answers: Mapping[int, str]) -> list[Transition]:
+        """Record one round: per broker ``SERVING``, a failure, or ``PENDING`` (no news).
 
-        Brokers missing from ``answers`` are forgotten (they were deregistered).
+        Answers are counted before deaths are decided, so an answer that
+        arrived while the controller was stalled keeps its broker alive.
         """
         now = self.clock()
-        at = now if checked_at is None else checked_at
         for gone in set(self.brokers) - set(answers):
             del self.brokers[gone]
         changes: list[Transition] = []
         for broker_id, status in answers.items():
             h = self.brokers.get(broker_id)
             if h is None:
-                h = self.brokers[broker_id] = BrokerHealth(UNKNOWN, at)
+                h = self.brokers[broker_id] = BrokerHealth(UNKNOWN, now)
             old = h.state
-            h.last_status = status
+            if status != PENDING:
+                h.last_status = status
             if status == SERVING:
-                h.state, h.since, h.failures = ALIVE, at, 0
-            else:
-                h.failures += 1
-                if h.state != DEAD and h.failures >= 2 and now - h.since >= self.timeout_s:
-                    h.state = DEAD
+                h.state, h.since = ALIVE, now
+            elif h.state != DEAD and now - h.since >= self.timeout_s:
+                h.state = DEAD
             if h.state != old:
-                changes.append(Transition(broker_id, old, h.state, status, now - h.since))
+                changes.append(Transition(broker_id, old, h.state, h.last_status, now - h.since))
         return changes
 
     def state(self, broker_id: int) -> str:

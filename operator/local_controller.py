@@ -47,17 +47,12 @@ from typing import Any
 from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, VersionConflict, open_store, update
 from sluice.operator.controller import describe_changes, reconcile_topic
-from sluice.operator.failure_detector import (
-    DEFAULT_TIMEOUT_MS,
-    FailureDetector,
-    GrpcHealthChecker,
-    default_check_deadline_ms,
-)
+from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
 
 log = logging.getLogger("sluice.operator.controller")
 
 CONTROLLER_KEY = "controller"
-DEFAULT_INTERVAL_MS = 200
+DEFAULT_INTERVAL_MS = 100
 CAS_ATTEMPTS = 20
 
 
@@ -219,7 +214,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--interval-ms", type=int, default=DEFAULT_INTERVAL_MS, help="time between rounds (default %(default)s)"
     )
     ap.add_argument(
-        "--check-timeout-ms", type=int, default=None, help="deadline of one health check (default: timeout/4)"
+        "--check-timeout-ms",
+        type=int,
+        default=None,
+        help="deadline of one health check (default: the failure timeout; checks never hold up a round)",
     )
     ap.add_argument(
         "--preferred-leaders",
@@ -249,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    deadline_ms = args.check_timeout_ms or default_check_deadline_ms(args.failure_timeout_ms)
+    deadline_ms = args.check_timeout_ms or args.failure_timeout_ms
     checker = GrpcHealthChecker(deadline_ms)
     store = open_store(args.metadata)
     controller = LocalController(
@@ -259,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_unclean=args.unclean_leader_election,
     )
     log.info(
-        "controller on %s: failure timeout %d ms, checks every %d ms with a %d ms deadline",
+        "controller on %s: failure timeout %d ms, rounds every %d ms, checks with a %d ms deadline",
         args.metadata,
         args.failure_timeout_ms,
         args.interval_ms,
