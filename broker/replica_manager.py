@@ -57,6 +57,8 @@ LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, 
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MARKER_REPLICATION_TIMEOUT_S = 30.0
+# a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
+ISR_FETCH_RECENCY_MS = 2000
 
 
 class ReplicaManager:
@@ -461,7 +463,8 @@ class ReplicaManager:
             for r in pinfo.replicas:
                 if r not in isr and r != me:
                     leo = tracker.end_offset(r)
-                    if leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
+                    alive = tracker.fetching(r, now, ISR_FETCH_RECENCY_MS)
+                    if alive and leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
                         isr.append(r)
             if me not in isr:
                 isr.insert(0, me)

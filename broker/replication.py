@@ -43,6 +43,7 @@ RETRY_BACKOFF_S = 0.1
 class FollowerState:
     log_end_offset: int = -1  # -1: has not fetched since this broker became leader
     last_caught_up_ms: float = 0.0  # when it last had everything the leader had
+    last_fetch_ms: float = float("-inf")  # when it last fetched at all
 
 
 @dataclass
@@ -58,12 +59,18 @@ class FollowerTracker:
     def fetched(self, replica_id: int, fetch_offset: int, leader_end: int, now_ms: float) -> None:
         state = self.followers.setdefault(replica_id, FollowerState(last_caught_up_ms=now_ms))
         state.log_end_offset = fetch_offset
+        state.last_fetch_ms = now_ms
         if fetch_offset >= leader_end:
             state.last_caught_up_ms = now_ms
 
     def end_offset(self, replica_id: int) -> int:
         state = self.followers.get(replica_id)
         return -1 if state is None else state.log_end_offset
+
+    def fetching(self, replica_id: int, now_ms: float, within_ms: float) -> bool:
+        """Whether the follower fetched lately: a dead one's last offset must not bring it back."""
+        state = self.followers.get(replica_id)
+        return state is not None and now_ms - state.last_fetch_ms <= within_ms
 
     def lagging(self, replica_id: int, now_ms: float, lag_max_ms: int) -> bool:
         state = self.followers.get(replica_id)

@@ -132,3 +132,11 @@ def test_empty_replica_with_a_stale_epoch_converges(logs: tuple[PartitionLog, Pa
     assert d is not None
     copy(a, b)
     assert b.epoch_cache == [] and divergence(a, b.log_end_offset, b.latest_epoch) is None
+
+
+def test_a_follower_that_stopped_fetching_does_not_count_as_alive() -> None:
+    t = FollowerTracker()
+    t.fetched(2, 10, 10, now_ms=1000)
+    assert t.fetching(2, 2500, 2000)
+    assert not t.fetching(2, 5000, 2000)  # its last offset is stale: it must fetch again to rejoin
+    assert not t.fetching(3, 5000, 2000)
