@@ -10,6 +10,14 @@ behind holding ports and RocksDB locks. Three layers make sure of it:
    the kernel kills the child when its parent dies, even by SIGKILL, when no
    Python code runs at all.
 
+The prctl is made by a tiny launcher (``python -I -S -c ... argv``) that
+then execs the real command, not by a ``preexec_fn``: a preexec_fn forces a
+real fork() of this process, which runs gRPC's fork handlers, and a parent
+with live gRPC channels (every test process) then sometimes gets a child
+whose gRPC poller threads crash it before it ever reaches exec. Without a
+preexec_fn, subprocess uses vfork, which runs no fork handlers. The launcher
+costs one bare interpreter start-up (about 20 ms).
+
 PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, not the
 process. A test that restarts a broker from a short-lived worker thread would
 otherwise see that broker die when the thread ends. So every child is forked
@@ -24,7 +32,6 @@ instead of having every process race to handle SIGINT.
 from __future__ import annotations
 
 import concurrent.futures
-import ctypes
 import os
 import queue
 import signal
@@ -38,34 +45,25 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-_PR_SET_PDEATHSIG = 1
+
+# argv[1]: the parent's pid; argv[2:]: the command. Resolves nothing it does not need (-I -S).
+_LAUNCHER = """\
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+if libc.prctl(1, 9, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+    sys.exit("sluice launcher: prctl(PR_SET_PDEATHSIG) failed: " + os.strerror(ctypes.get_errno()))
+if os.getppid() != int(sys.argv[1]):  # the parent died before the prctl: nobody would signal us
+    os._exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
-def _deathsig_preexec() -> Callable[[], None] | None:
-    """A preexec_fn that makes the child die with this process (Linux), else None.
-
-    Everything is resolved in the parent; the child only calls into libc and
-    compares two integers, which is safe between fork and exec.
-    """
+def _with_deathsig(argv: Sequence[str]) -> list[str]:
+    """``argv`` behind the launcher that makes it die with this process (Linux); else ``argv`` as it is."""
     if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    parent = os.getpid()
-    sig = int(signal.SIGKILL)
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        # The parent may have died between fork and prctl: then nobody will signal us.
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return preexec
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
 class _Spawner:
@@ -157,18 +155,17 @@ class ManagedProcess:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
             log.write(f"\n===== {stamp} starting {self.name}: {' '.join(self.argv)}\n".encode())
             log.flush()
-            preexec = _deathsig_preexec() if self.die_with_parent else None
+            argv = _with_deathsig(self.argv) if self.die_with_parent else self.argv
 
             def spawn() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    self.argv,
+                    argv,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=self.env,
                     cwd=self.cwd,
                     start_new_session=True,
-                    preexec_fn=preexec,
                     close_fds=True,
                 )
 

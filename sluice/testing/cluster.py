@@ -293,7 +293,8 @@ class LocalCluster:
             self._start_controller()
             for b in self._brokers:
                 b.start()
-            self.wait_until_healthy(timeout=self.startup_timeout)
+            # every broker, by index: one that died at once must fail the start, not be skipped
+            self.wait_until_healthy(timeout=self.startup_timeout, brokers=range(len(self._brokers)))
         except BaseException:
             self.close()
             raise
