@@ -32,8 +32,9 @@ def _leader_and_state(cluster: LocalCluster, topic: str, partition: int) -> tupl
 def _assert_fenced_everywhere(cluster: LocalCluster, dead: int, timeout: float = 5.0) -> None:
     """The dead broker leads nothing and is in no ISR, internal topics included (bounded wait).
 
-    A wait, not a snapshot: a leader broker may still re-admit the dead follower from the
-    follower's last known offset; the controller fences it out again in its next round.
+    A wait, not a snapshot: a leader re-admits a follower that fetched within its recency
+    window (2 s), which can outlast a 1 s failure timeout; the controller then fences the dead
+    broker out again in its next round.
     """
     problems: list[str] = []
 
