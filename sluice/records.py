@@ -45,6 +45,7 @@ from sluice.api.v1.records_pb2 import RecordBatch
 
 __all__ = [
     "CRC_HEADER",
+    "RECORD_STRUCT",
     "BatchBuilder",
     "Record",
     "RecordBatch",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 CRC_HEADER = struct.Struct(">qiiBBiqqBB")
-_RECORD = struct.Struct(">iqiiH")
+_RECORD = RECORD_STRUCT = struct.Struct(">iqiiH")  # the fixed part of a record (see the module docstring)
 _RECORD_SIZE = _RECORD.size
 _pack_record = _RECORD.pack
 _time_ns = time.time_ns

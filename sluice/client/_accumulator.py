@@ -42,12 +42,13 @@ from dataclasses import dataclass
 from sluice import errors
 from sluice.api.v1 import records_pb2
 from sluice.client._types import BatchOutcome, FutureRecordMetadata, TopicPartition, failed_future
-from sluice.records import BatchBuilder, Headers, RecordBatch, now_ms
+from sluice.records import RECORD_STRUCT, BatchBuilder, Headers, RecordBatch, now_ms
 
 monotonic = time.monotonic
+_pack_record = RECORD_STRUCT.pack
 
 SEQUENCE_MODULUS = 2**31
-RECORD_OVERHEAD = 22  # the fixed part of one encoded record (sluice.records._RECORD)
+RECORD_OVERHEAD = RECORD_STRUCT.size  # the fixed part of one encoded record
 BATCH_OVERHEAD = 128  # a generous bound on a RecordBatch header plus request framing
 
 
@@ -275,18 +276,40 @@ class RecordAccumulator:
 
         The producer's per-record hot path: one lock, one encode, one future.
         """
-        batch_size = self._batch_size
         with self._lock:
             if self._closing:
                 raise errors.IllegalStateError("cannot send: the producer is closed")
             queue = part.queue
             if queue:
                 last = queue[-1]
-                if last.wire_parts is None and last.size + size <= batch_size:
-                    index = last.append(key, value, headers, timestamp)
-                    if last.size < batch_size:
+                new_size = last.size + size
+                if new_size <= self._batch_size and last.wire_parts is None:
+                    index = last.count
+                    if headers:
+                        last.append(key, value, headers, timestamp)
+                    else:
+                        # BatchBuilder.append inlined (the per-record hot path); `last` has
+                        # records already, so its first timestamp is set.
+                        if timestamp > last._max_ts:
+                            last._max_ts = timestamp
+                        parts = last._parts
+                        if key is None:
+                            if value is None:
+                                parts.append(_pack_record(index, timestamp - last._first_ts, -1, -1, 0))
+                            else:
+                                parts.append(_pack_record(index, timestamp - last._first_ts, -1, len(value), 0))
+                                parts.append(value)
+                        else:
+                            vlen = -1 if value is None else len(value)
+                            parts.append(_pack_record(index, timestamp - last._first_ts, len(key), vlen, 0))
+                            parts.append(key)
+                            if value is not None:
+                                parts.append(value)
+                        last.count = index + 1
+                        last.size = new_size
+                    if new_size < self._batch_size:
                         return FutureRecordMetadata(last.outcome, index, timestamp)
-                    full = last
+                    full: ProducerBatch | None = last
                 else:
                     full = None
             else:

@@ -51,7 +51,6 @@ from sluice.records import compression_code
 
 log = logging.getLogger("sluice.client.producer")
 
-monotonic = time.monotonic
 _time_ns = time.time_ns
 
 HeadersArg = Iterable[tuple[str, bytes | str]] | Mapping[str, bytes | str] | None
@@ -91,9 +90,9 @@ def _headers(headers: HeadersArg) -> list[tuple[str, bytes]] | None:
     return out
 
 
-# send() re-reads a topic's metadata this often (seconds) even without a change, so
+# send() re-reads a topic's metadata this often (ms) even without a change, so
 # Cluster.topic() can refresh metadata older than metadata_max_age.
-_ROUTE_MAX_AGE = 1.0
+_ROUTE_MAX_AGE_MS = 1000
 
 
 @dataclass(slots=True)
@@ -104,7 +103,7 @@ class _Route:
     available: list[int] | None  # partitions with a known leader (None: all)
     queues: list[_PartitionQueue]  # the accumulator's queue of each partition
     version: int  # Cluster.version it was built from
-    expires: float  # monotonic time after which it is rebuilt
+    expires_ms: int  # wall-clock time (ms) after which it is rebuilt (a clock step only rebuilds it early or late)
     sticky: int  # the partition keyless records go to (StickyPartitioner's choice)
     txn_generation: list[int]  # per partition: the transaction it was added to (TransactionManager.generation)
 
@@ -254,11 +253,11 @@ class Producer:
         if key is not None and key.__class__ is not bytes:
             key = _as_bytes(key, "key")
         hdrs = _headers(headers) if headers else None
+        now_ms = _time_ns() // 1_000_000
         route = self._routes.get(topic)
-        now = monotonic()
-        if route is None or now >= route.expires or route.version != self._cluster.version:
+        if route is None or now_ms >= route.expires_ms or route.version != self._cluster.version:
             try:
-                route = self._route(topic, now)
+                route = self._route(topic, now_ms)
             except errors.SluiceError as exc:
                 return failed_future(exc)
         size = RECORD_OVERHEAD + (len(value) if value is not None else 0)
@@ -269,7 +268,7 @@ class Producer:
         accumulator = self._accumulator
         if size > self._max_record_size:
             return accumulator.too_large(size)
-        ts = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        ts = now_ms if timestamp_ms is None else timestamp_ms
         transactional = self._transactional
         if partition is None and key is None:
             chosen = route.sticky
@@ -279,8 +278,7 @@ class Producer:
                 future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
         else:
             if partition is None:
-                assert key is not None
-                chosen = partition_for_key(key, route.num)
+                chosen = partition_for_key(key, route.num)  # type: ignore[arg-type]  # key is not None here
             else:
                 chosen = partition
                 if not 0 <= partition < route.num:
@@ -292,16 +290,15 @@ class Producer:
                                 f"partition {partition} of topic {topic!r} does not exist (it has {num})"
                             )
                         )
-                    route = self._route(topic, monotonic())
+                    route = self._route(topic, now_ms)
             future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
-        assert future is not None
         if transactional and route.txn_generation[chosen] != txn.generation:
             route.txn_generation[chosen] = txn.generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
                 self._wakeup()
-        return future
+        return future  # type: ignore[return-value]  # None only with abort_on_new_batch
 
-    def _route(self, topic: str, now: float) -> _Route:
+    def _route(self, topic: str, now_ms: int) -> _Route:
         """The topic's partitions as send() needs them, rebuilt after any metadata change."""
         version = self._cluster.version  # read first: a change while building makes the next send rebuild
         info = self._cluster.wait_for_topic(topic, Deadline(self._max_block))
@@ -313,7 +310,7 @@ class Producer:
             available=available,
             queues=[self._accumulator.queue_for(TopicPartition(topic, p)) for p in range(num)],
             version=version,
-            expires=now + _ROUTE_MAX_AGE,
+            expires_ms=now_ms + _ROUTE_MAX_AGE_MS,
             sticky=self._sticky.partition(topic, num, available),
             txn_generation=[-1] * num,
         )
