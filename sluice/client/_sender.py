@@ -3,7 +3,9 @@
 One loop, one thread, and every decision about a batch's fate made in it:
 
 1. Take the responses that arrived (gRPC completes the calls on its own
-   threads; their callbacks only queue the result and wake this thread).
+   thread; its callback acknowledges a fully successful response right there,
+   which takes a thread hand-off off every record's latency, and queues
+   anything else for this thread, keeping the order responses arrived in).
    Success completes the batch's futures; a retriable error queues it again
    in sequence order (see ``_accumulator``), after forgetting the leader when
    the error says it moved; anything else fails the batch's records.
@@ -144,6 +146,8 @@ class Sender(threading.Thread):
         self.config = config
         self._wake_event = threading.Event()
         self._completions: deque[_Request] = deque()
+        # Held while a response is handled, by the sender thread or gRPC's (see _on_response).
+        self._completion_lock = threading.Lock()
         self._in_flight: set[int] = set()  # ids of requests under way
         self._keep_running = True
         self._force_close = False
@@ -454,17 +458,53 @@ class Sender(threading.Thread):
                 self._retry_or_fail(batch, err, maybe_stored=False)
             return
 
-        def done(_f: grpc.Future[Any], req: _Request = req) -> None:
-            self._completions.append(req)
-            self._wake_event.set()
+        req.future.add_done_callback(lambda _f, req=req: self._on_response(req))
 
-        req.future.add_done_callback(done)
+    def _on_response(self, req: _Request) -> None:
+        """gRPC's completion callback (its own thread): complete a successful response here, queue the rest.
+
+        Acknowledging at once, rather than waking the sender thread to do it,
+        takes a thread hand-off off every record's latency. Anything else (an
+        error, or a response arriving while earlier ones still wait) goes to the
+        sender thread, and responses are always handled in the order they came.
+        """
+        with self._completion_lock:
+            if not self._completions and self._complete_if_successful(req):
+                self._in_flight.discard(id(req))
+                return
+            self._completions.append(req)
+        self._wake_event.set()
+
+    def _complete_if_successful(self, req: _Request) -> bool:
+        """Complete every batch of ``req`` if the response acknowledges them all; False (nothing done) otherwise."""
+        assert req.future is not None
+        if self.config.acks == 0 or not req.future.done():
+            return False
+        try:
+            response: broker_pb2.ProduceResponse = req.future.result(timeout=0)
+        except Exception:
+            return False
+        answered: dict[TopicPartition, broker_pb2.ProducePartitionResponse] = {}
+        for topic in response.topics:
+            for p in topic.partitions:
+                if p.error_code not in (records_pb2.NONE, records_pb2.DUPLICATE_SEQUENCE_NUMBER):
+                    return False
+                answered[TopicPartition(topic.name, p.partition)] = p
+        if any(tp not in answered for tp in req.batches):
+            return False
+        for tp, batch in req.batches.items():
+            pr = answered[tp]
+            self.accumulator.complete(batch, pr.base_offset, pr.log_append_time)
+        return True
 
     def _process_completions(self) -> None:
-        while self._completions:
-            req = self._completions.popleft()
-            self._in_flight.discard(id(req))
-            self._handle_response(req)
+        while True:
+            with self._completion_lock:
+                if not self._completions:
+                    return
+                req = self._completions.popleft()
+                self._in_flight.discard(id(req))
+                self._handle_response(req)
 
     def _handle_response(self, req: _Request) -> None:
         assert req.future is not None

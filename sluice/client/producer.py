@@ -137,8 +137,10 @@ class Producer:
       defaults the bound is Kafka's 60 s. After such a timeout the call may be
       repeated, or the transaction aborted.
 
-    Futures are resolved (and their callbacks run) on the sender thread: a
-    callback must not block on the producer (``flush()`` in a callback deadlocks).
+    Futures are resolved (and their callbacks run) on the producer's I/O
+    threads (gRPC's completion thread for an acknowledgement, the sender thread
+    otherwise): a callback should be quick and must not block on the producer
+    (``flush()`` in a callback deadlocks).
     """
 
     def __init__(
