@@ -87,11 +87,14 @@ class BenchResult:
 
 
 def environment() -> dict[str, Any]:
-    commit = ""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False
-        ).stdout.strip()
+    # SLUICE_BENCH_COMMIT names the commit when the code measured is not the checkout in the
+    # current directory (an exported tree, a patched copy).
+    commit = os.environ.get("SLUICE_BENCH_COMMIT", "")
+    if not commit:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False
+            ).stdout.strip()
     load: tuple[float, ...] = ()
     with contextlib.suppress(OSError, AttributeError):
         load = tuple(round(x, 2) for x in os.getloadavg())
