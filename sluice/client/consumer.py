@@ -8,17 +8,22 @@ Design:
   read_committed consumers, so offsets of an open transaction are never used
   half-done: UNSTABLE_OFFSET_COMMIT is retried), else from
   ``auto_offset_reset`` (ListOffsets: earliest -2, latest -1, none: an error).
-* ``poll()`` keeps at most one Fetch request in flight per leader
-  (``grpc.Future``; a small prefetch that survives between polls), decodes
-  the batches with :func:`sluice.records.decode_records` into a per-partition
-  buffer, and hands out at most ``max_poll_records`` records, round-robin
-  over partitions. Control batches and records below the position are
+* ``poll()`` keeps at most one Fetch request in flight per partition
+  (``grpc.Future``s that survive between polls; a leader may have several, so
+  a long poll for partitions at their end never holds up the others), decodes
+  the batches with :func:`sluice.records.decode_record_tuples` into a
+  per-partition buffer, and hands out at most ``max_poll_records`` records,
+  round-robin over partitions. Once no more than ``max_poll_records`` records
+  of a partition are buffered, the next fetch for it is sent (a prefetch, from
+  the end of what is buffered), so records are there when the application
+  asks. Control batches and records below the position are
   skipped; once a fetched range is used up the position moves to the
   response's ``next_fetch_offset``, which steps over aborted and control
   batches the broker filtered out.
 * A fetch response is used only if the partition is still assigned and its
-  position is still the offset that was fetched: a ``seek()`` or a
-  rebalance while the fetch was in flight simply discards it.
+  position (or, for a prefetch, the end of its buffer) is still the offset
+  that was fetched: a ``seek()`` or a rebalance while the fetch was in flight
+  simply discards it.
 * ``subscribe()`` hands membership to a :class:`~sluice.client._group_member.GroupMember`
   thread (ConsumerGroupHeartbeat, KIP-848 shape) that updates the assignment;
   ``assign()`` sets it by hand. One lock guards the state; no network call
@@ -180,7 +185,10 @@ class Consumer:
         self._lock = threading.RLock()
         self._assignment: dict[TopicPartition, _PartitionState] = {}
         self._buffer: dict[TopicPartition, _Fetched] = {}
-        self._fetches: dict[str, _InFlightFetch] = {}
+        # Fetches under way, by a serial number: at most one per partition, any number per leader
+        # (a long poll for partitions at their end must not hold up the others).
+        self._fetches: dict[int, _InFlightFetch] = {}
+        self._fetch_serial = 0
         self._fetch_event = threading.Event()
         self._subscription: list[str] | None = None
         self._member: GroupMember | None = None
@@ -476,7 +484,7 @@ class Consumer:
         return out
 
     def _send_fetches(self, deadline: Deadline) -> int:
-        """Start a Fetch to each leader that has fetchable partitions and none in flight; how many are in flight."""
+        """Start a Fetch to each leader for its fetchable partitions (none in flight); how many are in flight."""
         now = time.monotonic()
         by_leader: dict[str, dict[TopicPartition, tuple[int, int]]] = {}
         unknown: set[str] = set()
@@ -498,8 +506,6 @@ class Consumer:
                     unknown.add(tp.topic)
                     continue
                 addr, epoch = leader
-                if addr in self._fetches:
-                    continue
                 by_leader.setdefault(addr, {})[tp] = (offset, epoch)
         if unknown:
             self._cluster.refresh_if_stale(unknown, min_age=0.1)
@@ -530,7 +536,8 @@ class Consumer:
                 continue
             fetch = _InFlightFetch(addr, {tp: off for tp, (off, _e) in parts.items()}, future)
             with self._lock:
-                self._fetches[addr] = fetch
+                self._fetch_serial += 1
+                self._fetches[self._fetch_serial] = fetch
             future.add_done_callback(lambda _f: self._fetch_event.set())
         with self._lock:
             return len(self._fetches)
@@ -546,10 +553,10 @@ class Consumer:
     def _collect_fetches(self) -> None:
         """Handle the fetches that came back (without waiting)."""
         with self._lock:
-            done = [f for f in self._fetches.values() if f.future.done()]
-            for f in done:
-                del self._fetches[f.addr]
-        for f in done:
+            done = [(serial, f) for serial, f in self._fetches.items() if f.future.done()]
+            for serial, _f in done:
+                del self._fetches[serial]
+        for _serial, f in done:
             self._handle_fetch(f)
 
     def _handle_fetch(self, fetch: _InFlightFetch) -> None:
