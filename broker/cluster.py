@@ -102,6 +102,7 @@ class ClusterView:
         self.topics: dict[str, TopicInfo] = {}
         self.brokers: dict[int, BrokerEndpoint] = {}
         self.listeners: list[TopicListener] = []
+        self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self._revision = 0
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
@@ -171,6 +172,8 @@ class ClusterView:
                     listener(old, new)
         elif doc.key == keys.CLUSTER and doc.value:
             self.cluster_id = doc.value["cluster_id"]
+        elif doc.key == keys.CONTROLLER:
+            self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
 
     # -- topic administration ---------------------------------------------------------------------
 

@@ -107,10 +107,6 @@ async def serve(config: BrokerConfig) -> None:
     groups = GroupCoordinator(replicas, cluster, config)
     await txn.start()
     await groups.start()
-    await wait_for_brokers(cluster, config)
-    cluster.ensure_internal_topics()
-    cluster.refresh()
-    replicas.fetchers.start()
 
     max_bytes = config.int("socket.request.max.bytes")
     server = grpc.aio.server(
@@ -131,6 +127,11 @@ async def serve(config: BrokerConfig) -> None:
     # the coordinator partitions it loads.
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     log.info("broker %d listening on %s:%d", config.broker_id, config.host, config.port)
+    # Alive (for the failure detector) while waiting for the other brokers; ready only later.
+    await wait_for_brokers(cluster, config)
+    cluster.ensure_internal_topics()
+    cluster.refresh()
+    replicas.fetchers.start()
 
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

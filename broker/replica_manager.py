@@ -58,7 +58,7 @@ DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MARKER_REPLICATION_TIMEOUT_S = 30.0
 # a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
-ISR_FETCH_RECENCY_MS = 2000
+ISR_FETCH_RECENCY_MS = 1500
 
 
 class ReplicaManager:
@@ -463,7 +463,7 @@ class ReplicaManager:
             for r in pinfo.replicas:
                 if r not in isr and r != me:
                     leo = tracker.end_offset(r)
-                    alive = tracker.fetching(r, now, ISR_FETCH_RECENCY_MS)
+                    alive = r not in self.cluster.dead_brokers and tracker.fetching(r, now, ISR_FETCH_RECENCY_MS)
                     if alive and leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
                         isr.append(r)
             if me not in isr:

@@ -4,11 +4,14 @@ Handlers are registered by hand (not with the generated ``add_*_to_server``)
 so that a request that is not a valid protobuf at all reaches us as bytes and
 is answered with INVALID_ARGUMENT and a message, instead of a generic INTERNAL
 from the gRPC runtime. A handler that fails unexpectedly answers INTERNAL with
-the error text and is logged; the broker keeps serving either way.
+the error text and is logged; the broker keeps serving either way. Handlers
+are shielded from the cancellation of their call: a request is finished even
+when its client went away.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,7 +66,10 @@ def _guard(name: str, handler: Handler) -> Handler:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         try:
-            return await handler(request, context)
+            # Shielded: a client that disconnects (or is killed) cancels its call, but what the
+            # broker started (a state write waiting for replication, markers) must run to its end,
+            # or in-memory state is left half-changed.
+            return await asyncio.shield(handler(request, context))
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
         except grpc.aio.AbortError:

@@ -8,10 +8,14 @@
                                                   "leader_epoch": n, "isr": [..]}]}
 ``producer_id_block``            {"broker_id", "block_start", "block_end"}  (Kafka's
                                   /latest_producer_id_block: the last block handed out)
+``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",
+                                  "updated_ms"}  (written by the controller; leaders never
+                                  re-admit a dead broker to an ISR, as in KIP-841)
 """
 
 CLUSTER = "cluster"
 PID_BLOCK = "producer_id_block"
+CONTROLLER = "controller"
 BROKERS = "brokers/"
 TOPICS = "topics/"
 
