@@ -286,7 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         help="abort every Nth transaction on purpose and redo it (default 4; 0: never; not 1)",
     )
-    demo.add_argument("--brokers", type=_positive_int, default=1)
+    demo.add_argument("--brokers", type=_positive_int, default=3)
+    demo.add_argument(
+        "--no-chaos",
+        action="store_true",
+        help="do not kill and restart a broker and the copier while copying",
+    )
     demo.add_argument("--data", metavar="DIR", help="keep the cluster's data and logs here (default: temporary)")
     demo.add_argument("--timeout", type=_positive_float, default=600.0)
     demo.add_argument("--no-progress", action="store_true")
@@ -854,6 +859,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         txn_size=args.txn_size,
         abort_every=args.abort_every,
         brokers=args.brokers,
+        chaos=not args.no_chaos,
         data_dir=args.data,
         timeout=args.timeout,
         progress=not args.no_progress,

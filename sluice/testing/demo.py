@@ -20,6 +20,7 @@ Exit status 0 only if the output is exactly once.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -166,16 +167,41 @@ def _produce_input(bootstrap: str, records: int, deadline: float, progress: bool
         producer.close()
 
 
-def _copy(
-    bootstrap: str,
-    records: int,
-    txn_size: int,
-    abort_every: int,
-    deadline: float,
-    report: DemoReport,
-    progress: bool,
-) -> None:
-    from sluice.client import Consumer, Producer, TopicPartition
+@dataclass
+class Chaos:
+    """What the demo breaks while it copies (on a LocalCluster it started itself).
+
+    At a third of the copy the leader-holding broker ``victim`` is killed with SIGKILL and
+    restarted ``restart_after_s`` later; at two thirds the copier itself "crashes" in the middle
+    of a transaction (its producer and consumer are dropped without ending it) and a new
+    instance with the same transactional id takes over, fencing the old one and aborting what
+    it left open. The verdict must still be exactly once.
+    """
+
+    cluster: Any
+    victim: int = 0
+    restart_after_s: float = 3.0
+    broker_killed: bool = False
+    copier_restarted: bool = False
+    timers: list[threading.Timer] = field(default_factory=list)
+
+    def kill_broker(self, report: DemoReport, note: Progress) -> None:
+        self.broker_killed = True
+        self.cluster.kill(self.victim)
+        note.message(f"chaos: killed broker {self.victim} (SIGKILL); restarting it in {self.restart_after_s:.0f} s")
+        report.notes.append(f"broker {self.victim} killed with SIGKILL and restarted while copying")
+        timer = threading.Timer(self.restart_after_s, self.cluster.restart, args=(self.victim,))
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+
+    def close(self) -> None:
+        for timer in self.timers:
+            timer.join(60)
+
+
+def _new_copier(bootstrap: str, txn_size: int) -> tuple[Any, Any]:
+    from sluice.client import Consumer, Producer
 
     consumer = Consumer(
         bootstrap_servers=bootstrap,
@@ -188,40 +214,90 @@ def _copy(
     producer = Producer(
         bootstrap_servers=bootstrap, transactional_id=TRANSACTIONAL_ID, acks="all", enable_idempotence=True
     )
+    consumer.subscribe([INPUT])
+    producer.init_transactions()  # fences an older instance and aborts what it left open
+    return consumer, producer
+
+
+def _rewind(consumer: Any) -> None:
+    """Back to the group's committed offsets: what an aborted transaction consumed is read again."""
+    from sluice.client import TopicPartition
+
+    tps = sorted(consumer.assignment())
+    committed = consumer.committed(tps)
+    for tp in tps:
+        offset = _offset_of(committed.get(TopicPartition(tp.topic, tp.partition)))
+        consumer.seek(tp, max(offset, 0))
+
+
+def _copy(
+    bootstrap: str,
+    records: int,
+    txn_size: int,
+    abort_every: int,
+    deadline: float,
+    report: DemoReport,
+    progress: bool,
+    chaos: Chaos | None = None,
+) -> None:
+    from sluice import errors
+    from sluice.client import TopicPartition
+
+    consumer, producer = _new_copier(bootstrap, txn_size)
     bar = Progress("copying exactly once", records, enabled=progress)
     copied = 0
     txn_no = 0
     try:
-        consumer.subscribe([INPUT])
-        producer.init_transactions()
         while copied < records:
             if time.monotonic() > deadline:
                 raise DemoError(f"timed out copying: {copied} of {records} records copied")
+            if chaos is not None and not chaos.broker_killed and copied >= records // 3:
+                chaos.kill_broker(report, bar)
             batch = consumer.poll(timeout=1.0)
             if not batch:
                 continue
             txn_no += 1
             first: dict[Any, int] = {}
             after: dict[Any, int] = {}
-            producer.begin_transaction()
-            for r in batch:
-                tp = TopicPartition(r.topic, r.partition)
-                first.setdefault(tp, r.offset)
-                after[tp] = r.offset + 1
-                source = f"{r.topic}/{r.partition}/{r.offset}".encode()
-                producer.send(OUTPUT, key=r.key, value=PREFIX + (r.value or b""), headers=[("source", source)])
-            producer.send_offsets_to_transaction(after, consumer.group_metadata())
-            if abort_every and txn_no % abort_every == 0:
-                producer.flush()  # the aborted copies really reach the log; read_committed must hide them
-                producer.abort_transaction()
-                report.aborted_transactions += 1
-                report.aborted_records += len(batch)
-                for tp, offset in first.items():
-                    consumer.seek(tp, offset)  # copy the same records again in the next transaction
-            else:
-                producer.commit_transaction()
-                report.committed_transactions += 1
-                copied += len(batch)
+            try:
+                producer.begin_transaction()
+                for r in batch:
+                    tp = TopicPartition(r.topic, r.partition)
+                    first.setdefault(tp, r.offset)
+                    after[tp] = r.offset + 1
+                    source = f"{r.topic}/{r.partition}/{r.offset}".encode()
+                    producer.send(OUTPUT, key=r.key, value=PREFIX + (r.value or b""), headers=[("source", source)])
+                if chaos is not None and not chaos.copier_restarted and copied >= 2 * records // 3:
+                    # The copier "crashes" with its transaction open: nothing ends it but the next instance.
+                    chaos.copier_restarted = True
+                    producer.flush()
+                    for obj in (producer, consumer):
+                        with contextlib.suppress(Exception):
+                            obj.close()
+                    bar.message("chaos: the copier crashed mid-transaction; a new instance takes over")
+                    report.notes.append("the copier was restarted in the middle of a transaction")
+                    consumer, producer = _new_copier(bootstrap, txn_size)
+                    continue
+                producer.send_offsets_to_transaction(after, consumer.group_metadata())
+                if abort_every and txn_no % abort_every == 0:
+                    producer.flush()  # the aborted copies really reach the log; read_committed must hide them
+                    producer.abort_transaction()
+                    report.aborted_transactions += 1
+                    report.aborted_records += len(batch)
+                    for tp, offset in first.items():
+                        consumer.seek(tp, offset)  # copy the same records again in the next transaction
+                else:
+                    _commit(producer)
+                    report.committed_transactions += 1
+                    copied += len(batch)
+            except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+                raise
+            except errors.SluiceError as exc:
+                # a broker went away under us: abort, rewind to the committed offsets, go on
+                report.notes.append(f"transaction {txn_no} aborted after {type(exc).__name__}; redone")
+                with contextlib.suppress(errors.SluiceError):
+                    producer.abort_transaction()
+                _rewind(consumer)
             bar.update(copied, f"{report.committed_transactions} committed, {report.aborted_transactions} aborted")
     finally:
         bar.close()
@@ -229,6 +305,19 @@ def _copy(
             producer.close()
         with contextlib.suppress(Exception):
             consumer.close()
+
+
+def _commit(producer: Any, attempts: int = 5) -> None:
+    """commit_transaction, retried after a timeout (Kafka allows calling it again)."""
+    from sluice import errors
+
+    for attempt in range(attempts):
+        try:
+            producer.commit_transaction()
+            return
+        except errors.KafkaTimeoutError:
+            if attempt == attempts - 1:
+                raise
 
 
 def verify(
@@ -278,7 +367,8 @@ def run_demo(
     partitions: int = 3,
     txn_size: int = 100,
     abort_every: int = 4,
-    brokers: int = 1,
+    brokers: int = 3,
+    chaos: bool = True,
     data_dir: str | Path | None = None,
     timeout: float = 600.0,
     progress: bool = True,
@@ -296,21 +386,25 @@ def run_demo(
     deadline = started + timeout
     report = DemoReport(input_records=records)
     note = Progress("demo", enabled=progress)
+    breaker: Chaos | None = None
     with contextlib.ExitStack() as stack:
         if bootstrap_servers is None:
             from sluice.testing.cluster import LocalCluster
 
             note.message(f"starting a local cluster of {brokers} broker(s)...")
-            cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir))
+            cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir, failure_timeout_ms=2000))
             bootstrap_servers = cluster.bootstrap_servers
             note.message(f"cluster up at {bootstrap_servers} (data in {cluster.data_dir})")
+            if chaos:
+                breaker = Chaos(cluster, victim=brokers - 1)
+                stack.callback(breaker.close)
         admin = Admin(bootstrap_servers=bootstrap_servers)
         stack.callback(lambda: _close_quietly(admin))
         rf = min(brokers, 3)
         for topic in (INPUT, OUTPUT):
             admin.create_topic(topic, partitions=partitions, replication_factor=rf)
         _produce_input(bootstrap_servers, records, deadline, progress)
-        _copy(bootstrap_servers, records, txn_size, abort_every, deadline, report, progress)
+        _copy(bootstrap_servers, records, txn_size, abort_every, deadline, report, progress, breaker)
         verify(bootstrap_servers, records, partitions, deadline, report, progress)
     report.seconds = time.monotonic() - started
     if out is not None:
