@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
                 _commit(producer)
                 copied += len(records)
                 log("committed", records=len(records), copied=copied)
-            except (errors.ProducerFencedError, errors.InvalidProducerEpochError, errors.FencedMemberEpochError) as exc:
+            except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as exc:
+                # Only a newer instance of our transactional id ends us. A stale member epoch
+                # (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) means the group moved on: abort, rejoin, redo.
                 log("fenced", error=type(exc).__name__, message=str(exc))
                 return FENCED_EXIT
             except errors.SluiceError as exc:
