@@ -30,6 +30,7 @@ transaction manager to ABORTABLE_ERROR; fencing errors move it to FATAL_ERROR.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -458,7 +459,10 @@ class Sender(threading.Thread):
                 self._retry_or_fail(batch, err, maybe_stored=False)
             return
 
-        req.future.add_done_callback(lambda _f, req=req: self._on_response(req))
+        req.future.add_done_callback(functools.partial(self._on_response_done, req))
+
+    def _on_response_done(self, req: _Request, _future: object) -> None:
+        self._on_response(req)
 
     def _on_response(self, req: _Request) -> None:
         """gRPC's completion callback (its own thread): complete a successful response here, queue the rest.
