@@ -202,7 +202,8 @@ def _topic(bootstrap: str, prefix: str, partitions: int, keep: bool) -> Iterator
 
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = Admin(bootstrap_servers=bootstrap)
-    admin.create_topic(name, partitions=partitions, replication_factor=1)
+    # the cluster's default replication factor: 1 on one broker, 3 on a LocalCluster of three
+    admin.create_topic(name, partitions=partitions, replication_factor=None)
     try:
         yield name
     finally:
