@@ -50,6 +50,8 @@ from sluice.records import RecordBatch, now_ms
 log = logging.getLogger(__name__)
 
 TopicPartitionKey = tuple[str, int]
+# a per-partition result to fill in, and the (topic, partition, end offset) it waits to see replicated
+ReplicationWait = tuple[bpb.ProducePartitionResponse | ipb.MarkerPartitionResult, str, int, int]
 # (transactional id, producer id, epoch, topic, partition) -> (error code, message)
 TxnVerifier = Callable[[str, int, int, str, int], Awaitable[tuple[pb.ErrorCode, str]]]
 LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, is_leader, leader epoch
@@ -235,7 +237,7 @@ class ReplicaManager:
 
     async def produce(self, req: bpb.ProduceRequest) -> bpb.ProduceResponse:
         resp = bpb.ProduceResponse()
-        waits: list[tuple[bpb.ProducePartitionResponse, str, int, int]] = []
+        waits: list[ReplicationWait] = []
         for topic in req.topics:
             tresp = resp.topics.add(name=topic.name)
             for pdata in topic.partitions:
@@ -253,17 +255,7 @@ class ReplicaManager:
                     presp.error_code = exc.code
                     presp.error_message = exc.message
         # Every partition is appended before any waits, so replication of all of them overlaps.
-        if waits:
-            timeout_s = (req.timeout_ms or 30_000) / 1000
-            results = await asyncio.gather(
-                *(self.wait_replicated(t, p, end, timeout_s) for _r, t, p, end in waits), return_exceptions=True
-            )
-            for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
-                if isinstance(result, PartitionError):
-                    presp.error_code = result.code
-                    presp.error_message = result.message
-                elif isinstance(result, BaseException):
-                    raise result
+        await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
         return resp
 
     async def _produce_one(
@@ -336,7 +328,7 @@ class ReplicaManager:
     async def write_markers(self, req: ipb.WriteTxnMarkersRequest) -> ipb.WriteTxnMarkersResponse:
         """Write COMMIT/ABORT markers; answer once each is replicated (the coordinator then completes)."""
         resp = ipb.WriteTxnMarkersResponse()
-        waits: list[tuple[ipb.MarkerPartitionResult, str, int, int]] = []
+        waits: list[ReplicationWait] = []
         for marker in req.markers:
             mresp = resp.markers.add(producer_id=marker.producer_id)
             for tp in marker.partitions:
@@ -353,18 +345,22 @@ class ReplicaManager:
                 except PartitionError as exc:
                     presp.error_code = exc.code
                     presp.error_message = exc.message
-        if waits:
-            results = await asyncio.gather(
-                *(self.wait_replicated(t, p, end, MARKER_REPLICATION_TIMEOUT_S) for _r, t, p, end in waits),
-                return_exceptions=True,
-            )
-            for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
-                if isinstance(result, PartitionError):
-                    presp.error_code = result.code
-                    presp.error_message = result.message
-                elif isinstance(result, BaseException):
-                    raise result
+        await self._await_replication(waits, MARKER_REPLICATION_TIMEOUT_S)
         return resp
+
+    async def _await_replication(self, waits: list[ReplicationWait], timeout_s: float) -> None:
+        """Wait for every (result, topic, partition, end offset) together; a failed wait sets its result's error."""
+        if not waits:
+            return
+        results = await asyncio.gather(
+            *(self.wait_replicated(t, p, end, timeout_s) for _r, t, p, end in waits), return_exceptions=True
+        )
+        for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
+            if isinstance(result, PartitionError):
+                presp.error_code = result.code
+                presp.error_message = result.message
+            elif isinstance(result, BaseException):
+                raise result
 
     # -- replication: the leader's side -----------------------------------------------------------
 
