@@ -229,6 +229,7 @@ class KubernetesController:
         expected_brokers: int = 0,
         identity: str | None = None,
         lease_duration_s: float = 6.0,
+        statefulset: str | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -238,6 +239,8 @@ class KubernetesController:
         self.broker_selector = broker_selector
         self.interval_s = interval_s
         self.expected_brokers = expected_brokers
+        self.statefulset = statefulset
+        self._replicas: tuple[float, int] = (0.0, 0)  # (read at, the StatefulSet's replicas)
         self.identity = identity or f"{socket.gethostname()}-{id(self):x}"
         self.core: Any = client.CoreV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
@@ -353,8 +356,26 @@ class KubernetesController:
                 log.exception("controller round failed; trying again")
             self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
 
+    def expected(self) -> int:
+        """The broker count the cluster is meant to have: the configured one, else the StatefulSet's replicas."""
+        if self.expected_brokers or not self.statefulset:
+            return self.expected_brokers
+        read_at, replicas = self._replicas
+        if time.monotonic() - read_at > 5.0:
+            from kubernetes import client
+
+            try:
+                sts: Any = client.AppsV1Api(self.api_client).read_namespaced_stateful_set(
+                    self.statefulset, self.namespace
+                )
+                replicas = int(sts.spec.replicas or 0)
+            except Exception as exc:
+                log.debug("reading StatefulSet %s failed: %s", self.statefulset, exc)
+            self._replicas = (time.monotonic(), replicas)
+        return replicas
+
     def _publish_broker_count(self) -> None:
-        count = max(len(self.controller.registered_brokers()), self.expected_brokers)
+        count = max(len(self.controller.registered_brokers()), self.expected())
         if count == self._published_brokers:
             return
         body = {

@@ -11,8 +11,8 @@ the operator and stopped with it.
   any client), grown with CreatePartitions, its config kept equal to
   spec.config; deleted with the resource. Status: topic id, one row per
   partition (leader, replicas, ISR, leader epoch), conditions. A replication
-  factor above the brokers the operator knows (registered brokers, or
-  SLUICE_EXPECTED_BROKERS when larger) is refused with Ready=False, reason
+  factor above the brokers the operator knows (registered brokers, or the
+  expected count when larger) is refused with Ready=False, reason
   InvalidReplicationFactor; changing the replication factor, or declaring
   fewer partitions than an existing topic has, is NotSupported.
 * **Coordinator** -> the internal topic of its type (``__transaction_state``,
@@ -39,7 +39,8 @@ resource releases it without touching the brokers.
 Settings come from the environment (``sluice operator`` sets them from its
 flags): SLUICE_NAMESPACE (else the pod's namespace), SLUICE_METADATA
 (default ``kubernetes://<namespace>``), SLUICE_BROKER_SELECTOR,
-SLUICE_POD_GRACE_S, SLUICE_EXPECTED_BROKERS, SLUICE_PEERING (the KopfPeering
+SLUICE_FAILOVER_GRACE_SECONDS, SLUICE_EXPECTED_BROKERS (else the replicas of the StatefulSet
+SLUICE_BROKER_STATEFULSET), SLUICE_PEERING (the KopfPeering
 name, default ``sluice``), SLUICE_RECONCILE_INTERVAL_S, SLUICE_STATUS_INTERVAL_S.
 Each replica takes a random peering priority, because Kopf freezes every
 operator when two share the highest one.
@@ -121,8 +122,9 @@ class OperatorState:
             api_client(kubeconfig),
             self.namespace,
             broker_selector=os.environ.get("SLUICE_BROKER_SELECTOR", DEFAULT_BROKER_SELECTOR),
-            grace_s=float(os.environ.get("SLUICE_POD_GRACE_S", "10")),
+            grace_s=float(os.environ.get("SLUICE_FAILOVER_GRACE_SECONDS", "10")),
             expected_brokers=self.expected_brokers,
+            statefulset=os.environ.get("SLUICE_BROKER_STATEFULSET") or None,
             identity=os.environ.get("HOSTNAME"),
         )
         self.controller.start()
@@ -161,7 +163,8 @@ class OperatorState:
         return self.controller.custom
 
     def known_brokers(self) -> int:
-        return max(len(self.brokers()), self.expected_brokers)
+        expected = self.controller.expected() if self.controller is not None else self.expected_brokers
+        return max(len(self.brokers()), expected)
 
     def admin(self) -> Admin:
         addresses = tuple(a for _, a, _ in self.brokers())

@@ -23,29 +23,37 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--namespace", default=None, help="the namespace of the Sluice cluster (default: the pod's own)")
     ap.add_argument("--metadata", default=None, help="metadata store (default: kubernetes://NAMESPACE)")
     ap.add_argument(
-        "--broker-selector", default=DEFAULT_BROKER_SELECTOR, help="label selector of the broker pods (%(default)s)"
+        "--broker-selector",
+        default=None,
+        help=f"label selector of the broker pods ($SLUICE_BROKER_SELECTOR, else {DEFAULT_BROKER_SELECTOR})",
     )
     ap.add_argument(
         "--pod-grace-s",
         type=float,
-        default=10.0,
-        help="a broker pod NotReady this long is dead and loses its leaderships (default %(default)s)",
+        default=None,
+        help="a broker pod NotReady this long is dead and loses its leaderships "
+        "($SLUICE_FAILOVER_GRACE_SECONDS, else 10)",
     )
     ap.add_argument(
         "--brokers",
         type=int,
-        default=0,
-        help="the broker count the cluster is meant to have (the StatefulSet's replicas), for replicationFactor checks",
+        default=None,
+        help="the broker count the cluster is meant to have, for replicationFactor checks "
+        "(default: the replicas of the StatefulSet $SLUICE_BROKER_STATEFULSET, if set)",
     )
-    ap.add_argument("--reconcile-interval-s", type=float, default=30.0, help="drift repair period (%(default)s)")
-    ap.add_argument("--status-interval-s", type=float, default=5.0, help="TransactionalId status period (%(default)s)")
+    ap.add_argument("--reconcile-interval-s", type=float, default=None, help="drift repair period (default 30)")
+    ap.add_argument("--status-interval-s", type=float, default=None, help="TransactionalId status period (default 5)")
     ap.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint ('' for none)")
     ap.add_argument("--peering", default="sluice", help="the KopfPeering object's name (%(default)s)")
     ap.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    if args.pod_grace_s < 0 or args.brokers < 0 or args.reconcile_interval_s <= 0 or args.status_interval_s <= 0:
-        ap.error("--pod-grace-s and --brokers must be >= 0, the intervals > 0")
+    for name in ("pod_grace_s", "brokers"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("reconcile_interval_s", "status_interval_s"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0")
     return args
 
 
@@ -58,15 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "SLUICE_NAMESPACE": args.namespace,
         "SLUICE_METADATA": args.metadata,
         "SLUICE_BROKER_SELECTOR": args.broker_selector,
-        "SLUICE_POD_GRACE_S": str(args.pod_grace_s),
-        "SLUICE_EXPECTED_BROKERS": str(args.brokers),
-        "SLUICE_RECONCILE_INTERVAL_S": str(args.reconcile_interval_s),
-        "SLUICE_STATUS_INTERVAL_S": str(args.status_interval_s),
+        "SLUICE_FAILOVER_GRACE_SECONDS": args.pod_grace_s,
+        "SLUICE_EXPECTED_BROKERS": args.brokers,
+        "SLUICE_RECONCILE_INTERVAL_S": args.reconcile_interval_s,
+        "SLUICE_STATUS_INTERVAL_S": args.status_interval_s,
         "SLUICE_PEERING": args.peering,
     }
     for key, value in settings.items():
-        if value is not None:
-            os.environ[key] = value
+        if value is not None:  # flags win over the environment the chart sets
+            os.environ[key] = str(value)
     import kopf
 
     from sluice.metadata.kubernetes import parse_url
