@@ -90,6 +90,7 @@ FINALIZER = "sluice.dev/finalizer"
 RECONCILE_INTERVAL_S = float(os.environ.get("SLUICE_RECONCILE_INTERVAL_S", "30"))
 STATUS_INTERVAL_S = float(os.environ.get("SLUICE_STATUS_INTERVAL_S", "5"))
 ADMIN_TIMEOUT_S = 15.0
+HANDLER_BACKOFF_S = 3.0  # a failed handler is retried this soon (Kopf's default is 60 s)
 INTERNAL_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1"}
 
 
@@ -237,9 +238,9 @@ def _paused(meta: Mapping[str, Any], status: Mapping[str, Any], patch: kopf.Patc
 # -- Topic ---------------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "topics")
-@kopf.on.create(GROUP, VERSION, "topics")
-@kopf.on.update(GROUP, VERSION, "topics")
+@kopf.on.resume(GROUP, VERSION, "topics", backoff=HANDLER_BACKOFF_S)
+@kopf.on.create(GROUP, VERSION, "topics", backoff=HANDLER_BACKOFF_S)
+@kopf.on.update(GROUP, VERSION, "topics", backoff=HANDLER_BACKOFF_S)
 def topic_changed(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     reconcile_topic(body, patch)
 
@@ -362,7 +363,7 @@ def _apply_topic_config(name: str, config: dict[str, str]) -> str:
     return ""
 
 
-@kopf.on.delete(GROUP, VERSION, "topics")
+@kopf.on.delete(GROUP, VERSION, "topics", backoff=HANDLER_BACKOFF_S)
 def topic_deleted(body: kopf.Body, **_: Any) -> None:
     name = topic_name(body)
     if is_paused(body["metadata"]):
@@ -385,9 +386,9 @@ def _reason(exc: errors.SluiceError) -> str:
 # -- Coordinator ---------------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "coordinators")
-@kopf.on.create(GROUP, VERSION, "coordinators")
-@kopf.on.update(GROUP, VERSION, "coordinators")
+@kopf.on.resume(GROUP, VERSION, "coordinators", backoff=HANDLER_BACKOFF_S)
+@kopf.on.create(GROUP, VERSION, "coordinators", backoff=HANDLER_BACKOFF_S)
+@kopf.on.update(GROUP, VERSION, "coordinators", backoff=HANDLER_BACKOFF_S)
 def coordinator_changed(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     reconcile_coordinator(body, patch)
 
@@ -474,9 +475,9 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch) -> None:
 # -- TransactionalId -----------------------------------------------------------------------------
 
 
-@kopf.on.resume(GROUP, VERSION, "transactionalids")
-@kopf.on.create(GROUP, VERSION, "transactionalids")
-@kopf.on.update(GROUP, VERSION, "transactionalids")
+@kopf.on.resume(GROUP, VERSION, "transactionalids", backoff=HANDLER_BACKOFF_S)
+@kopf.on.create(GROUP, VERSION, "transactionalids", backoff=HANDLER_BACKOFF_S)
+@kopf.on.update(GROUP, VERSION, "transactionalids", backoff=HANDLER_BACKOFF_S)
 def transactional_id_changed(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     reconcile_transactional_id(body, patch, describe=True)
 
@@ -524,28 +525,33 @@ def reconcile_transactional_id(body: Mapping[str, Any], patch: kopf.Patch, *, de
             else "",
             generation,
         )
-    described: dict[str, Any] | None = None
-    if describe:
-        described = _describe(txn_id)
+    known, described = _describe(txn_id) if describe else (False, None)
     if not paused:
         operation = spec.get("operation") or {}
         last = status.get("lastOperation") or {}
         if operation and operation.get("requestId") != last.get("requestId"):
             patch.status["lastOperation"] = run_operation(txn_id, operation, described)
-            described = _describe(txn_id)
+            known, described = _describe(txn_id)
+    if not known:  # the coordinator did not answer (moving, loading): keep the status as it is
+        patch.status["conditions"] = conds
+        return
     new = transaction_status(described, conds, spec.get("transactionTimeoutMs"), int(time.time() * 1000), generation)
     for k, v in new.items():
         patch.status[k] = v
 
 
-def _describe(txn_id: str) -> dict[str, Any] | None:
+def _describe(txn_id: str) -> tuple[bool, dict[str, Any] | None]:
+    """(answered, description): (True, None) for an id never used, (False, None) when nobody answered."""
     try:
-        found = STATE.admin().describe_transactions([txn_id], timeout=ADMIN_TIMEOUT_S)
+        found = STATE.admin().describe_transactions([txn_id], timeout=ADMIN_TIMEOUT_S / 3)
     except errors.TransactionalIdNotFoundError:
-        return None
+        return True, None
+    except errors.SluiceError as exc:
+        log.info("describing %s failed: %s", txn_id, exc)
+        return False, None
     described = asdict(found[0])
     described["partitions"] = [f"{tp.topic}-{tp.partition}" for tp in found[0].partitions]
-    return described
+    return True, described
 
 
 def run_operation(txn_id: str, operation: Mapping[str, Any], described: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -577,7 +583,7 @@ def run_operation(txn_id: str, operation: Mapping[str, Any], described: Mapping[
     return result
 
 
-@kopf.on.delete(GROUP, VERSION, "transactionalids")
+@kopf.on.delete(GROUP, VERSION, "transactionalids", backoff=HANDLER_BACKOFF_S)
 def transactional_id_deleted(body: kopf.Body, **_: Any) -> None:
     txn_id = str(body["spec"]["transactionalId"])
     resource = f"{body['metadata'].get('namespace', STATE.namespace)}/{body['metadata']['name']}"
