@@ -77,7 +77,9 @@ def test_what_cannot_be_done_is_a_condition(cluster: LocalCluster) -> None:
     kopf_app.reconcile_topic(body("fixed", partitions=2, replicationFactor=1), kopf.Patch())
     fewer = kopf.Patch()
     kopf_app.reconcile_topic(body("fixed", 2, partitions=1, replicationFactor=1), fewer)
-    assert cond(fewer, "NotSupported")["status"] == "True" and "never decrease" in cond(fewer, "NotSupported")["message"]
+    assert (
+        cond(fewer, "NotSupported")["status"] == "True" and "never decrease" in cond(fewer, "NotSupported")["message"]
+    )
     assert len(cluster.topic_document("fixed")["partitions"]) == 2  # type: ignore[index]
 
     paused = kopf.Patch()
