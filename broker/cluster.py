@@ -103,6 +103,7 @@ class ClusterView:
         self.brokers: dict[int, BrokerEndpoint] = {}
         self.listeners: list[TopicListener] = []
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
+        self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         self._revision = 0
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
@@ -172,6 +173,12 @@ class ClusterView:
                     listener(old, new)
         elif doc.key == keys.CLUSTER and doc.value:
             self.cluster_id = doc.value["cluster_id"]
+        elif doc.key.startswith(keys.TRANSACTIONAL_IDS):
+            txn_id = doc.key[len(keys.TRANSACTIONAL_IDS) :]
+            if doc.value is None:
+                self.declared_transactional_ids.discard(txn_id)
+            else:
+                self.declared_transactional_ids.add(txn_id)
         elif doc.key == keys.CONTROLLER:
             self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
 

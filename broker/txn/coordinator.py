@@ -386,6 +386,12 @@ class TransactionCoordinator:
         tid = req.transactional_id
         if not tid:
             return self._new_producer_id(), 0  # an idempotent producer: any broker answers
+        if self.config.get("transactional.id.declaration.required") and tid not in self.cluster.declared_transactional_ids:
+            raise Refused(
+                pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
+                "for every id (transactional.id.declaration.required)",
+            )
         max_timeout = self.config.int("transaction.max.timeout.ms")
         if not 0 < req.transaction_timeout_ms <= max_timeout:
             raise Refused(
