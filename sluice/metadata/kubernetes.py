@@ -59,6 +59,7 @@ or ~/.kube/config, or the ``kubeconfig`` parameter).
 from __future__ import annotations
 
 import builtins
+import contextlib
 import hashlib
 import json
 import logging
@@ -123,8 +124,10 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
 
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """A ``kubernetes.client.ApiClient``: in-cluster credentials in a pod, else the kubeconfig."""
-    from kubernetes import client, config
+    from kubernetes import client
+    from kubernetes import config as kube_config
 
+    config: Any = kube_config  # partly typed: treated as untyped
     if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
         cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
@@ -148,7 +151,7 @@ class KubernetesMetadataStore:
         self.namespace = namespace
         self._client_factory = client_factory
         self._api_client = client_factory()
-        self._api = client.CustomObjectsApi(self._api_client)
+        self._api: Any = client.CustomObjectsApi(self._api_client)
         # The watch cache (informer), started by the first changes_since.
         self._cond = threading.Condition()
         self._cache: dict[str, Document] = {}
@@ -249,7 +252,9 @@ class KubernetesMetadataStore:
                 self.namespace,
                 PLURAL,
                 object_name(key),
-                body=client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=str(expected_version))),
+                body=client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(resource_version=str(expected_version))
+                ),
             )
         except Exception as exc:
             if _status(exc) in (404, 409):
@@ -323,14 +328,14 @@ class KubernetesMetadataStore:
     def _watch_loop(self) -> None:
         from kubernetes import client
 
-        api = client.CustomObjectsApi(self._client_factory())
+        api: Any = client.CustomObjectsApi(self._client_factory())
         revision: int | None = None
         failures = 0
         while not self._closed.is_set():
             try:
                 if revision is None:
                     revision = self._relist(api)
-                response = api.list_namespaced_custom_object(
+                response: Any = api.list_namespaced_custom_object(
                     GROUP,
                     VERSION,
                     self.namespace,
@@ -372,10 +377,8 @@ class KubernetesMetadataStore:
             self._cond.notify_all()
         response = self._response
         if response is not None:
-            try:
+            with contextlib.suppress(Exception):
                 response.shutdown() if hasattr(response, "shutdown") else response.close()
-            except Exception:
-                pass
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
         self._api_client.close()
