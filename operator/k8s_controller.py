@@ -480,6 +480,8 @@ class KubernetesController:
         return patched
 
     def _patch_status(self, plural: str, item: Mapping[str, Any], status: dict[str, Any]) -> int:
+        if "observedGeneration" not in (item.get("status") or {}):
+            return 0  # not reconciled yet: its handler writes the first whole status
         try:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, plural, item["metadata"]["name"], {"status": status}

@@ -102,7 +102,8 @@ def test_topics_become_real_topics_with_status(sluice: SluiceOnK8s) -> None:
 
     def ready() -> dict[str, Any] | None:
         obj = sluice.get("topics", "orders")
-        return obj if condition(obj, "Ready").get("status") == "True" else None
+        current = obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if current and condition(obj, "Ready").get("status") == "True" else None
 
     obj = wait_for(ready, 60, "Topic orders Ready", sluice)
     status = obj["status"]
@@ -319,8 +320,8 @@ def test_abort_through_the_resource_aborts_a_live_transaction(sluice: SluiceOnK8
 
 # -- failover ---------------------------------------------------------------------------------------
 
-MESSAGES = 3000
-TXN_SIZE = 50
+MESSAGES = 12000
+TXN_SIZE = 100
 
 
 class Copiers:
@@ -345,7 +346,7 @@ class Copiers:
 
     def progress(self) -> int:
         return sum(
-            (self.sluice.workdir / f"copier-{self.tag}-{i}.log").read_text().count('"commit"') for i in self.procs
+            (self.sluice.workdir / f"copier-{self.tag}-{i}.log").read_text().count('"committed"') for i in self.procs
         )
 
     def wait(self) -> dict[int, int | None]:
