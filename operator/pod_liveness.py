@@ -36,6 +36,15 @@ from sluice.operator.resources import pod_ordinal
 DEFAULT_GRACE_S = 10.0
 
 
+class PodTransition(Transition):
+    """A liveness change, told in terms of Pods."""
+
+    def describe(self) -> str:
+        if self.new == DEAD:
+            return f"broker {self.broker_id} is dead: its pod is not ready ({self.status}) for {self.silent_s:.1f} s"
+        return super().describe()
+
+
 @dataclass
 class PodState:
     name: str
@@ -126,9 +135,9 @@ class PodLiveness:
                 self._states[broker_id] = new
                 if new != old:
                     pod = self._pods.get(broker_id)
-                    status = "pod gone" if pod is None else ("pod deleting" if pod.deleting else f"ready={pod.ready}")
+                    status = "gone" if pod is None else ("deleting" if pod.deleting else f"Ready={pod.ready}")
                     silent = now - self._silent_since.get(broker_id, self.started)
-                    changes.append(Transition(broker_id, old, new, status, silent))
+                    changes.append(PodTransition(broker_id, old, new, status, silent))
         return changes
 
     def state(self, broker_id: int) -> str:
