@@ -173,11 +173,29 @@ class EventRecorder:
         self.core = core
         self.namespace = namespace
         self.instance = instance
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=10_000)
+        self._queue: queue.Queue[
+            tuple[Callable[[], Mapping[str, Any] | None], str, str, bool] | None
+        ] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._run, name="sluice-events", daemon=True)
         self._thread.start()
 
+    def record_later(
+        self,
+        involved: Callable[[], Mapping[str, Any] | None],
+        reason: str,
+        message: str,
+        warning: bool = False,
+    ) -> None:
+        """Queue an Event whose object is found by ``involved()`` on the event thread (None: dropped)."""
+        try:
+            self._queue.put_nowait((involved, reason, message, warning))
+        except queue.Full:
+            log.warning("event queue full; dropped: %s %s", reason, message)
+
     def record(self, involved: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
+        self.record_later(lambda: involved, reason, message, warning)
+
+    def _event(self, involved: Mapping[str, Any], reason: str, message: str, warning: bool) -> dict[str, Any]:
         now = now_iso()
         event = {
             "apiVersion": "v1",
@@ -194,18 +212,18 @@ class EventRecorder:
             "lastTimestamp": now,
             "count": 1,
         }
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
-            log.warning("event queue full; dropped: %s %s", reason, message)
+        return event
 
     def _run(self) -> None:
         while True:
-            event = self._queue.get()
-            if event is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            find, reason, message, warning = item
             try:
-                self.core.create_namespaced_event(self.namespace, event)
+                involved = find()
+                if involved is not None:
+                    self.core.create_namespaced_event(self.namespace, self._event(involved, reason, message, warning))
             except Exception as exc:
                 log.warning("posting an event failed: %s", exc)
 
@@ -354,7 +372,10 @@ class KubernetesController:
                 self._stop.wait(self.elector.duration_s)
             except Exception:
                 log.exception("controller round failed; trying again")
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            took = time.monotonic() - started
+            if took > 1.0:
+                log.warning("a controller round took %.1f s", took)
+            self._stop.wait(max(0.0, self.interval_s - took))
 
     def expected(self) -> int:
         """The broker count the cluster is meant to have: the configured one, else the StatefulSet's replicas."""
@@ -426,25 +447,30 @@ class KubernetesController:
     def _on_change(
         self, key: str, old: dict[str, Any], new: dict[str, Any], live: frozenset[int], dead: frozenset[int]
     ) -> None:
+        """Queue the Event for one rewritten topic document (resolved and posted by the event thread)."""
         lines = describe_changes(old, new, live, dead)
         if not lines or not key.startswith(keys.TOPICS):
             return
-        topic = key[len(keys.TOPICS) :]
         leaderless = any(int(p.get("leader", -1)) < 0 for p in new.get("partitions", []))
         moved = any(
             a.get("leader") != b.get("leader")
             for a, b in zip(old.get("partitions", []), new.get("partitions", []), strict=False)
         )
         reason = "LeaderNotAvailable" if leaderless else ("LeaderElected" if moved else "IsrShrunk")
+        topic = key[len(keys.TOPICS) :]
+        leaders = [int(p.get("leader", -1)) for p in new.get("partitions", [])]
+        self.events.record_later(lambda: self._involved(topic, leaders), reason, "; ".join(lines), leaderless)
+
+    def _involved(self, topic: str, leaders: list[int]) -> dict[str, Any] | None:
+        """What an Event about ``topic`` is attached to: its Topic or Coordinator, else a leader's Pod."""
         involved = self.owner_of(topic)
-        if involved is None:
-            leaders = [int(p.get("leader", -1)) for p in new.get("partitions", [])]
-            pods = self.liveness.pods()
-            target = next((pods[b].name for b in leaders if b in pods), None)
-            if target is None:
-                return
-            involved = {"apiVersion": "v1", "kind": "Pod", "name": target, "namespace": self.namespace}
-        self.events.record(involved, reason, "; ".join(lines), warning=leaderless)
+        if involved is not None:
+            return involved
+        pods = self.liveness.pods()
+        target = next((pods[b].name for b in leaders if b in pods), None)
+        if target is None:
+            return None
+        return {"apiVersion": "v1", "kind": "Pod", "name": target, "namespace": self.namespace}
 
     # -- status projection ------------------------------------------------------------------------
 

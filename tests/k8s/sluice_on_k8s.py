@@ -67,6 +67,7 @@ class SluiceOnK8s:
         self.store: KubernetesMetadataStore = open_store(self.url)  # type: ignore[assignment]
         self.brokers: dict[int, ManagedProcess] = {}
         self.operator: ManagedProcess | None = None
+        self.extra_operators: list[ManagedProcess] = []
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -154,7 +155,7 @@ class SluiceOnK8s:
 
     # -- operator ---------------------------------------------------------------------------------
 
-    def start_operator(self, *extra: str) -> None:
+    def start_operator(self, *extra: str, identity: str = "operator-a") -> None:
         argv = [
             sys.executable, "-m", "sluice.operator.main",
             "--namespace", self.namespace,
@@ -168,8 +169,18 @@ class SluiceOnK8s:
             *extra,
         ]  # fmt: skip
         if self.operator is None:
-            self.operator = ManagedProcess("operator", argv, self.workdir / "operator.log", env=self.env)
+            env = {**self.env, "HOSTNAME": identity}
+            self.operator = ManagedProcess("operator", argv, self.workdir / "operator.log", env=env)
         self.operator.start()
+
+    def start_second_operator(self, identity: str = "operator-b") -> ManagedProcess:
+        """Another replica, as a Deployment with replicas: 2 would run."""
+        assert self.operator is not None
+        env = {**self.env, "HOSTNAME": identity}
+        second = ManagedProcess("operator-2", self.operator.argv, self.workdir / "operator-2.log", env=env)
+        second.start()
+        self.extra_operators.append(second)
+        return second
 
     def stop_operator(self) -> None:
         if self.operator is not None and self.operator.is_alive():
@@ -198,11 +209,20 @@ class SluiceOnK8s:
 
     def logs(self) -> str:
         parts = [f"--- {p.name}\n{p.log_tail(60)}" for p in self.brokers.values()]
-        if self.operator is not None:
-            parts.append(f"--- operator\n{self.operator.log_tail(120)}")
+        for op in ([self.operator] if self.operator is not None else []) + self.extra_operators:
+            parts.append(f"--- {op.name}\n{op.log_tail(120)}")
         return "\n".join(parts)
 
+    def lease_holder(self) -> str:
+        from kubernetes import client
+
+        lease = client.CoordinationV1Api(self.api).read_namespaced_lease("sluice-controller", self.namespace)
+        return str(lease.spec.holder_identity or "")
+
     def close(self) -> None:
+        for extra in self.extra_operators:
+            if extra.is_alive():
+                extra.stop(timeout=30)
         self.stop_operator()
         for p in self.brokers.values():
             if p.is_alive():

@@ -512,3 +512,29 @@ def test_with_the_operator_stopped_the_cluster_works_and_it_catches_up(sluice: S
     sluice.set_ready(victim, True)
     wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", sluice)
     json.dumps(sluice.get("topics", "late"))  # the status is plain JSON
+
+
+def test_two_operator_replicas_one_controller_and_a_takeover(sluice: SluiceOnK8s) -> None:
+    """Two replicas: Kopf peering pairs them, one Lease holder runs the controller, the other takes over."""
+    assert sluice.operator is not None
+    wait_for(lambda: sluice.lease_holder() == "operator-a", 30, "operator-a holding the lease", sluice)
+    second = sluice.start_second_operator("operator-b")
+    wait_for(
+        lambda: len(sluice.k8s.kubectl_json("get", "kopfpeering", "sluice", "-n", sluice.namespace).get("status") or {})
+        >= 2,
+        30, "both replicas in the KopfPeering", sluice,
+    )  # fmt: skip
+    time.sleep(3)
+    assert sluice.lease_holder() == "operator-a"  # the second one waits
+
+    # The active replica dies hard: the other takes the lease and handles the next broker failure.
+    sluice.operator.kill()
+    wait_for(lambda: sluice.lease_holder() == "operator-b", 30, "operator-b taking over the lease", sluice)
+    victim = 1
+    sluice.kill(victim)
+    sluice.set_ready(victim, False)
+    wait_for(lambda: not led_by(sluice, victim), 60, "failover by the second replica", sluice)
+    assert "is the active controller" in second.log_path.read_text()
+    sluice.restart(victim)
+    sluice.set_ready(victim, True)
+    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", sluice)
