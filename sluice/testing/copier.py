@@ -137,13 +137,20 @@ def _commit(producer: Producer, attempts: int = 5) -> None:
                 raise
 
 
-def _abort_and_rewind(producer: Producer, consumer: Consumer) -> None:
-    try:
-        producer.abort_transaction()
-    except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
-        raise
-    except errors.SluiceError as exc:
-        log("abort-failed", error=type(exc).__name__, message=str(exc))
+def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5) -> None:
+    """abort_transaction, retried on a timeout (as a commit is: the same abort may be called again),
+    then back to the committed offsets."""
+    for attempt in range(attempts):
+        try:
+            producer.abort_transaction()
+            break
+        except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+            raise
+        except errors.KafkaTimeoutError as exc:
+            log("abort-retry", attempt=attempt, message=str(exc))
+        except errors.SluiceError as exc:
+            log("abort-failed", error=type(exc).__name__, message=str(exc))
+            break
     tps = sorted(consumer.assignment())
     for tp, offset in committed_offsets(consumer, tps).items():
         consumer.seek(tp, offset)
