@@ -39,7 +39,7 @@ from sluice.broker.txn import TransactionCoordinator
 log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
-Handler = Callable[[Any, Ctx], Awaitable[Message]]
+Handler = Callable[[Any, Ctx], Awaitable[Message | bytes]]
 
 
 class InvalidRequest(Exception):
@@ -62,7 +62,7 @@ def _parser(cls: type[Message]) -> Callable[[bytes], Message | _Malformed]:
 
 
 def _guard(name: str, handler: Handler) -> Handler:
-    async def run(request: Any, context: Ctx) -> Message:
+    async def run(request: Any, context: Ctx) -> Message | bytes:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         try:
@@ -89,7 +89,8 @@ def _service(
         name: grpc.unary_unary_rpc_method_handler(
             _guard(name, fn),
             request_deserializer=_parser(req_cls),
-            response_serializer=lambda m: m.SerializeToString(),
+            # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
+            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
         )
         for name, (fn, req_cls) in methods.items()
     }
@@ -201,7 +202,7 @@ class BrokerServicer:
         _nonneg(req.timeout_ms, "timeout_ms")
         return await self.replicas.produce(req)
 
-    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bpb.FetchResponse:
+    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bytes:
         _nonneg(req.max_wait_ms, "max_wait_ms")
         _nonneg(req.min_bytes, "min_bytes")
         _nonneg(req.max_bytes, "max_bytes")
@@ -222,7 +223,7 @@ class BrokerServicer:
     ) -> ipb.WriteTxnMarkersResponse:
         return await self.replicas.write_markers(req)
 
-    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> ipb.ReplicaFetchResponse:
+    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> bytes:
         _nonneg(req.max_wait_ms, "max_wait_ms")
         _nonneg(req.max_bytes, "max_bytes")
         if req.replica_id < 0:

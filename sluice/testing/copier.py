@@ -101,7 +101,12 @@ def run(args: argparse.Namespace) -> int:
                 producer.send_offsets_to_transaction(positions, consumer.group_metadata())
                 _commit(producer)
                 copied += len(records)
-                log("committed", records=len(records), copied=copied)
+                log(
+                    "committed",
+                    records=len(records),
+                    copied=copied,
+                    positions={f"{tp.topic}-{tp.partition}": off for tp, off in sorted(positions.items())},
+                )
             except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as exc:
                 # Only a newer instance of our transactional id ends us. A stale member epoch
                 # (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) means the group moved on: abort, rejoin, redo.
