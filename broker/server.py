@@ -12,6 +12,7 @@ when its client went away.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -100,6 +101,15 @@ def _service(
 def _nonneg(value: int, what: str) -> None:
     if value < 0:
         raise InvalidRequest(f"{what} must be >= 0, not {value}")
+
+
+def _admin_result(result: Any, action: Callable[[], str]) -> None:
+    """Fill one topic's result of a topic-admin request: the topic id, or the AdminError's code and message."""
+    try:
+        result.topic_id = action()
+    except AdminError as exc:
+        result.error_code = exc.code
+        result.error_message = exc.message
 
 
 class BrokerServicer:
@@ -244,18 +254,17 @@ class BrokerServicer:
     ) -> bpb.CreateTopicsResponse:
         resp = bpb.CreateTopicsResponse()
         for t in req.topics:
-            result = resp.topics.add(name=t.name)
-            try:
-                result.topic_id = self.cluster.create_topic(
+            _admin_result(
+                resp.topics.add(name=t.name),
+                functools.partial(
+                    self.cluster.create_topic,
                     t.name,
                     t.num_partitions,
                     t.replication_factor,
                     dict(t.config),
                     validate_only=req.validate_only,
-                )
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+                ),
+            )
         return resp
 
     async def delete_topics(
@@ -263,12 +272,7 @@ class BrokerServicer:
     ) -> bpb.DeleteTopicsResponse:
         resp = bpb.DeleteTopicsResponse()
         for name in req.names:
-            result = resp.topics.add(name=name)
-            try:
-                result.topic_id = self.cluster.delete_topic(name)
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+            _admin_result(resp.topics.add(name=name), functools.partial(self.cluster.delete_topic, name))
         return resp
 
     async def create_partitions(
@@ -276,12 +280,10 @@ class BrokerServicer:
     ) -> bpb.CreatePartitionsResponse:
         resp = bpb.CreatePartitionsResponse()
         for t in req.topics:
-            result = resp.topics.add(name=t.name)
-            try:
-                result.topic_id = self.cluster.create_partitions(t.name, t.count, req.validate_only)
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+            _admin_result(
+                resp.topics.add(name=t.name),
+                functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
+            )
         return resp
 
     # -- coordinators -----------------------------------------------------------------------------
