@@ -236,7 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--bootstrap-server",
         metavar="HOST:PORT[,...]",
-        help="cluster to measure (default: a fresh single-broker local cluster in a temporary directory)",
+        help="cluster to measure (default: a fresh local cluster of --brokers brokers in a temporary directory)",
+    )
+    common.add_argument(
+        "--brokers",
+        type=_positive_int,
+        default=1,
+        help="brokers of the fresh local cluster (default 1; 3 measures replication factor 3, min.insync.replicas 2)",
     )
     common.add_argument("--record-size", type=_positive_int, default=1024, help="bytes per record (default 1024)")
     common.add_argument("--count", type=_positive_int, default=100_000, help="records (default 100000)")
@@ -789,8 +795,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bootstrap_server:
         _require_cluster(args.bootstrap_server, "--bootstrap-server")
     else:
-        _err("starting a fresh single-broker local cluster for the benchmark ...")
-    with bench.bench_cluster(args.bootstrap_server) as bootstrap:
+        _err(f"starting a fresh local cluster of {args.brokers} broker(s) for the benchmark ...")
+    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers) as bootstrap:
         kind = args.bench_command
         if kind in ("produce", "transactions"):
             result = bench.produce(
