@@ -248,6 +248,7 @@ class KubernetesController:
         identity: str | None = None,
         lease_duration_s: float = 6.0,
         statefulset: str | None = None,
+        preferred_leader_delay_s: float = 10.0,
     ) -> None:
         from kubernetes import client
 
@@ -265,7 +266,12 @@ class KubernetesController:
         self.liveness = PodLiveness(grace_s)
         self.events = EventRecorder(self.core, namespace, self.identity)
         self.elector = LeaseElector(client.CoordinationV1Api(api_client), namespace, self.identity, lease_duration_s)
-        self.controller = LocalController(store, self.liveness, on_change=self._on_change)
+        self.controller = LocalController(
+            store,
+            self.liveness,
+            on_change=self._on_change,
+            preferred_leader_delay_ms=int(preferred_leader_delay_s * 1000),
+        )
         self.leading = threading.Event()
         self.pods_synced = threading.Event()
         self._stop = threading.Event()

@@ -40,7 +40,8 @@ Settings come from the environment (``sluice operator`` sets them from its
 flags): SLUICE_NAMESPACE (else the pod's namespace), SLUICE_METADATA
 (default ``kubernetes://<namespace>``), SLUICE_BROKER_SELECTOR,
 SLUICE_FAILOVER_GRACE_SECONDS, SLUICE_EXPECTED_BROKERS (else the replicas of the StatefulSet
-SLUICE_BROKER_STATEFULSET), SLUICE_PEERING (the KopfPeering
+SLUICE_BROKER_STATEFULSET), SLUICE_PREFERRED_LEADER_DELAY_S (a returning broker takes its
+leaderships back once it has been Ready this long, default 10), SLUICE_PEERING (the KopfPeering
 name, default ``sluice``), SLUICE_RECONCILE_INTERVAL_S, SLUICE_STATUS_INTERVAL_S.
 Each replica takes a random peering priority, because Kopf freezes every
 operator when two share the highest one.
@@ -126,6 +127,7 @@ class OperatorState:
             grace_s=float(os.environ.get("SLUICE_FAILOVER_GRACE_SECONDS", "10")),
             expected_brokers=self.expected_brokers,
             statefulset=os.environ.get("SLUICE_BROKER_STATEFULSET") or None,
+            preferred_leader_delay_s=float(os.environ.get("SLUICE_PREFERRED_LEADER_DELAY_S", "10")),
             identity=os.environ.get("HOSTNAME"),
         )
         self.controller.start()

@@ -41,6 +41,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the broker count the cluster is meant to have, for replicationFactor checks "
         "(default: the replicas of the StatefulSet $SLUICE_BROKER_STATEFULSET, if set)",
     )
+    ap.add_argument(
+        "--preferred-leader-delay-s",
+        type=float,
+        default=None,
+        help="a broker Ready again takes its preferred leaderships back after this long (default 10)",
+    )
     ap.add_argument("--reconcile-interval-s", type=float, default=None, help="drift repair period (default 30)")
     ap.add_argument("--status-interval-s", type=float, default=None, help="TransactionalId status period (default 5)")
     ap.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint ('' for none)")
@@ -48,7 +54,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     ap.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    for name in ("pod_grace_s", "brokers"):
+    for name in ("pod_grace_s", "brokers", "preferred_leader_delay_s"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("reconcile_interval_s", "status_interval_s"):
@@ -68,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "SLUICE_BROKER_SELECTOR": args.broker_selector,
         "SLUICE_FAILOVER_GRACE_SECONDS": args.pod_grace_s,
         "SLUICE_EXPECTED_BROKERS": args.brokers,
+        "SLUICE_PREFERRED_LEADER_DELAY_S": args.preferred_leader_delay_s,
         "SLUICE_RECONCILE_INTERVAL_S": args.reconcile_interval_s,
         "SLUICE_STATUS_INTERVAL_S": args.status_interval_s,
         "SLUICE_PEERING": args.peering,

@@ -78,6 +78,7 @@ class PodLiveness:
         self._missing_since: dict[int, float] = {}
         self._states: dict[int, str] = {}
         self._silent_since: dict[int, float] = {}
+        self._alive_since: dict[int, float] = {}
         self.started = clock()
 
     # -- feeding ----------------------------------------------------------------------------------
@@ -132,6 +133,8 @@ class PodLiveness:
                 new = self._decide(broker_id, now)
                 if new == ALIVE:
                     self._silent_since[broker_id] = now
+                    if old != ALIVE:
+                        self._alive_since[broker_id] = now
                 self._states[broker_id] = new
                 if new != old:
                     pod = self._pods.get(broker_id)
@@ -153,3 +156,11 @@ class PodLiveness:
     def dead(self) -> frozenset[int]:
         with self._lock:
             return frozenset(b for b, s in self._states.items() if s == DEAD)
+
+    def alive_for(self, seconds: float) -> frozenset[int]:
+        """Brokers alive without a break for at least ``seconds`` (for preferred-leader restoration)."""
+        now = self.clock()
+        with self._lock:
+            return frozenset(
+                b for b, s in self._states.items() if s == ALIVE and now - self._alive_since.get(b, now) >= seconds
+            )

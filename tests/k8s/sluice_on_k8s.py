@@ -162,6 +162,7 @@ class SluiceOnK8s:
             "--metadata", self.url,
             "--broker-selector", ",".join(f"{k}={v}" for k, v in SELECTOR.items()),
             "--pod-grace-s", "2",
+            "--preferred-leader-delay-s", "2",
             "--reconcile-interval-s", "3",
             "--status-interval-s", "1",
             "--liveness", "",
