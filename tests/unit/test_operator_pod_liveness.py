@@ -99,3 +99,23 @@ def test_pods_without_an_ordinal_are_ignored() -> None:
     live = PodLiveness(grace_s=5, clock=Clock())
     assert live.pod_event("ADDED", pod("operator", True)) is None
     assert live.pods() == {}
+
+
+def test_alive_for_counts_from_the_last_return() -> None:
+    """Preferred leaders go back only to brokers Ready without a break for the delay."""
+    clock = Clock()
+    live = PodLiveness(grace_s=1, clock=clock)
+    live.pod_event("ADDED", pod("sluice-broker-0", True))
+    live.poll({0: "a"})
+    clock.t += 5
+    live.poll({0: "a"})
+    assert live.alive_for(5) == {0}
+    live.pod_event("MODIFIED", pod("sluice-broker-0", False))
+    clock.t += 2
+    live.poll({0: "a"})
+    assert live.dead == {0} and live.alive_for(0) == frozenset()
+    live.pod_event("MODIFIED", pod("sluice-broker-0", True))
+    live.poll({0: "a"})
+    clock.t += 3
+    live.poll({0: "a"})
+    assert live.alive_for(3) == {0} and live.alive_for(4) == frozenset()
