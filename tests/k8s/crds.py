@@ -16,7 +16,7 @@ PEERING_CRD = "kopfpeerings.kopf.dev"
 
 def install_crds(k8s: KubeCluster) -> None:
     """Apply every CRD and wait until the API server serves them (bounded)."""
-    k8s.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_DIR))
+    k8s.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=sluice-tests", "-f", str(CRD_DIR))
     for kind in KINDS:
         k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{kind}.sluice.dev")
     k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{PEERING_CRD}")
