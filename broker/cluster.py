@@ -182,6 +182,20 @@ class ClusterView:
         elif doc.key == keys.CONTROLLER:
             self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
 
+    def transactional_id_declared(self, txn_id: str) -> bool:
+        """Whether a TransactionalId declares ``txn_id``: the watched set, else a fresh read.
+
+        The fresh read closes the window between the operator declaring an id and
+        this broker's watch delivering it, so a producer started right after its
+        TransactionalId is Ready is never refused.
+        """
+        if txn_id in self.declared_transactional_ids:
+            return True
+        if self.store.get(keys.transactional_id(txn_id)) is None:
+            return False
+        self.declared_transactional_ids.add(txn_id)
+        return True
+
     # -- topic administration ---------------------------------------------------------------------
 
     def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[dict[str, Any]]:

@@ -495,7 +495,7 @@ def topic_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[
     """The part of a Topic's status that follows its document (partitions, topic id, Ready)."""
     status = item.get("status") or {}
     return {
-        "topicName": doc.get("name", topic_name(item)),
+        "topicName": doc.get("name") or topic_name(item),
         "topicId": doc.get("topic_id", ""),
         "partitions": partition_rows(doc),
         "conditions": leadership_condition(

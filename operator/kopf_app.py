@@ -334,7 +334,9 @@ def reconcile_topic(body: Mapping[str, Any], patch: kopf.Patch) -> None:
     if doc is None or doc.value is None:
         finish(FALSE, "Deleted", "the topic's metadata vanished; recreating it on the next reconcile", True)
         return
-    projected = topic_status_patch({"status": {"conditions": conds, "observedGeneration": generation}}, doc.value)
+    projected = topic_status_patch(
+        {"metadata": meta, "spec": spec, "status": {"conditions": conds, "observedGeneration": generation}}, doc.value
+    )
     patch.status["topicId"] = projected["topicId"]
     patch.status["partitions"] = projected["partitions"]
     ready = get_condition(projected["conditions"], "Ready") or {}
@@ -467,7 +469,9 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch) -> None:
         "; ".join(problems),
         generation,
     )
-    projected = coordinator_status_patch({"status": {"conditions": conds, "observedGeneration": generation}}, value)
+    projected = coordinator_status_patch(
+        {"metadata": meta, "spec": spec, "status": {"conditions": conds, "observedGeneration": generation}}, value
+    )
     patch.status["partitions"] = projected["partitions"]
     patch.status["conditions"] = set_condition(projected["conditions"], "Reconciling", FALSE, "Done", "", generation)
 

@@ -386,8 +386,8 @@ class TransactionCoordinator:
         tid = req.transactional_id
         if not tid:
             return self._new_producer_id(), 0  # an idempotent producer: any broker answers
-        declared = self.cluster.declared_transactional_ids
-        if self.config.get("transactional.id.declaration.required") and tid not in declared:
+        required = self.config.get("transactional.id.declaration.required")
+        if required and not self.cluster.transactional_id_declared(tid):
             raise Refused(
                 pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                 f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
