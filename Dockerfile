@@ -22,7 +22,7 @@ COPY pyproject.toml README.md ./
 COPY sluice ./sluice
 COPY broker ./broker
 COPY operator ./operator
-RUN pip install . \
+RUN pip install ".[kubernetes]" \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && rm -rf /src \
     && groupadd --gid 10001 sluice \

@@ -88,7 +88,7 @@ def find_bin_dir(required: Sequence[str] = BINARIES) -> Path:
     if missing:
         raise ControlPlaneError(
             f"missing {', '.join(missing)} in {bin_dir}: build them with `bash {BUILD_SCRIPT}` "
-            "(from the Go module proxy; about half an hour cold on 2 cores, cached afterwards), "
+            "(from the Go module proxy; 10 to 30 min cold on 2 cores, cached afterwards), "
             "or point SLUICE_K8S_BIN at a directory that has them"
         )
     return bin_dir

@@ -98,7 +98,7 @@ def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespac
     docs = render(k8s, namespace=k8s_namespace)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == sorted({
-        "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "PodDisruptionBudget", "Role",
+        "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "KopfPeering", "PodDisruptionBudget", "Role",
         "RoleBinding", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     })
@@ -150,7 +150,10 @@ def test_install_creates_the_cluster_description_and_uninstall_removes_it(
     assert "STATUS: deployed" in status
     assert "kubectl -n " + ns + " rollout status statefulset/rel-sluice-broker" in status  # NOTES.txt
 
-    kinds = "statefulsets,deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings,coordinators"
+    kinds = (
+        "statefulsets,deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings,coordinators,"
+        "kopfpeerings"
+    )
     assert _names(k8s, ns, kinds) == {
         "statefulset.apps/rel-sluice-broker",
         "deployment.apps/rel-sluice-operator",
@@ -165,6 +168,7 @@ def test_install_creates_the_cluster_description_and_uninstall_removes_it(
         "rolebinding.rbac.authorization.k8s.io/rel-sluice-operator",
         "coordinator.sluice.dev/rel-sluice-transaction",
         "coordinator.sluice.dev/rel-sluice-group",
+        "kopfpeering.kopf.dev/rel-sluice",
     }
     sts = k8s.kubectl_json("get", "statefulset", "rel-sluice-broker", "-n", ns)
     spec: Any = sts["spec"]
@@ -234,3 +238,29 @@ def test_coordinators_follow_the_broker_count(k8s: KubeCluster, replicas: int) -
     docs = render(k8s, "--set", f"broker.replicas={replicas}")
     assert find(docs, "StatefulSet")["spec"]["replicas"] == replicas
     assert {c["spec"]["replicationFactor"] for c in docs if c["kind"] == "Coordinator"} == {min(3, replicas)}
+
+
+def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: KubeCluster) -> None:
+    from sluice.operator.main import parse_args as operator_args
+
+    deployment = find(render(k8s, namespace="prod"), "Deployment", "sluice-operator")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {"POD_NAMESPACE": "prod"}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    assert args[0] == "operator"
+    parsed = operator_args(args[1:])
+    assert parsed.namespace == "prod"
+    assert parsed.peering == "sluice"  # the chart's KopfPeering object
+    port = container["ports"][0]["containerPort"]
+    assert parsed.liveness == f"http://0.0.0.0:{port}/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    # Every SLUICE_* setting the chart hands the operator is one the operator reads.
+    source = "\n".join(p.read_text() for p in (ROOT / "operator").glob("*.py"))
+    settings = {e["name"] for e in container["env"] if e["name"].startswith("SLUICE_")}
+    assert settings >= {"SLUICE_BROKER_SELECTOR", "SLUICE_BROKER_STATEFULSET", "SLUICE_FAILOVER_GRACE_SECONDS"}
+    assert {s for s in settings if f'"{s}"' not in source} == set()
+    selector = dict(kv.split("=") for kv in next(e["value"] for e in container["env"]
+                                                  if e["name"] == "SLUICE_BROKER_SELECTOR").split(","))
+    pod_labels = find(render(k8s, namespace="prod"), "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
