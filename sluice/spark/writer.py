@@ -47,7 +47,8 @@ which bounds how late a replay is recognized.
 
 Test-only option ``sluice.test.failTask``: ``afterPrepare`` makes the first
 attempt of every task fail right after it prepared, ``midWrite`` after it
-wrote its first rows (the fault tests of tests/spark/). Test-only options
+wrote its first rows, ``both`` the one in even and the other in odd
+partitions (the fault tests of tests/spark/). Test-only options
 ``sluice.test.hangAfterCommit`` (a batch id) and ``sluice.test.hangMarker``
 (a file path) make the driver's streaming commit of that batch create the
 file once the batch is committed to Sluice and then wait, so a test can
@@ -79,8 +80,11 @@ from pyspark.sql.types import (
 from sluice import errors
 from sluice.client import Admin, PreparedTransaction, Producer
 
+_StreamBase: type[Any]
 try:  # PySpark 4.1+: the streaming writer can take Arrow batches too
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter
+
+    _StreamBase = DataSourceStreamArrowWriter
 except ImportError:  # pragma: no cover - PySpark 4.0
     _StreamBase = DataSourceStreamWriter
 
@@ -102,7 +106,7 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 300_000
 COMMITTED_STATES = ("PrepareCommit", "CompleteCommit")
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
-FAIL_TASK_MODES = ("afterPrepare", "midWrite")
+FAIL_TASK_MODES = ("afterPrepare", "midWrite", "both")
 MID_WRITE_ROWS = 10  # rows a "midWrite" test failure writes first
 
 
@@ -364,17 +368,20 @@ def write_partition(
         if producer.previous_transaction_state in COMMITTED_STATES:
             # Committed between our describe and our init (the driver finished meanwhile).
             return SluiceCommitMessage(job, tid, partition_id, attempt, None, 0)
+        fail = options.fail_task if attempt == 0 else None
+        if fail == "both":
+            fail = "midWrite" if partition_id % 2 == 0 else "afterPrepare"
         producer.begin_transaction()
         send = producer.send
         count = 0
         for topic, key, value, partition, headers in _records(rows, columns, options.topic):
             send(topic, value=value, key=key, partition=partition, headers=headers)
             count += 1
-            if options.fail_task == "midWrite" and attempt == 0 and count == MID_WRITE_ROWS:
+            if fail == "midWrite" and count == MID_WRITE_ROWS:
                 producer.flush()
                 raise InjectedTaskFailure(f"sluice.test.failTask=midWrite: {tid} attempt 0 fails after {count} rows")
         handle = producer.prepare_transaction()
-        if options.fail_task == "afterPrepare" and attempt == 0:
+        if fail == "afterPrepare":
             raise InjectedTaskFailure(f"sluice.test.failTask=afterPrepare: {tid} attempt 0 fails after preparing")
         return SluiceCommitMessage(job, tid, partition_id, attempt, handle, count)
     finally:
@@ -414,7 +421,7 @@ def abort_job(options: WriteOptions, job: str, handles: list[PreparedTransaction
     message never reached the driver) is aborted with its listed handle;
     an Ongoing or idle one is fenced with an InitProducerId that aborts what
     is open, so an attempt still running cannot prepare later. Ids whose
-    transaction committed are left alone (a streaming batch partly committed
+    transaction ended (aborted, or committed) are left alone (a streaming batch partly committed
     before a crash: its replay skips them).
     """
     admin = Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms)
@@ -428,7 +435,7 @@ def abort_job(options: WriteOptions, job: str, handles: list[PreparedTransaction
                 log.warning("%s: not aborted: %s", h.transactional_id, exc)
         start = job_prefix(options.transactional_id_prefix, job)
         for t in admin.list_transactions(timeout=60):
-            if not t.transactional_id.startswith(start) or t.state in COMMITTED_STATES:
+            if not t.transactional_id.startswith(start) or t.state in (*COMMITTED_STATES, "CompleteAbort"):
                 continue
             if t.state == "Prepared":
                 try:
