@@ -701,17 +701,19 @@ class Consumer:
     ) -> dict[TopicPartition, int | None]:
         """The group's committed offsets (next offset to read) for ``partitions``; None where there is none.
 
-        Offsets committed by a transaction that is still open are not
-        committed yet: this returns the last stable offset (None if there is
-        none) at once, without waiting for the transaction (Kafka's Java
-        consumer waits, require_stable). Positions of newly assigned
-        partitions do wait (poll() retries UNSTABLE_OFFSET_COMMIT), so a
-        consumer never starts from a half-done transaction's offsets.
+        With isolation_level="read_committed" (the default), a partition whose
+        offsets an open transaction is committing has no stable offset yet:
+        this waits for that transaction to end (require_stable, retrying
+        UNSTABLE_OFFSET_COMMIT until ``timeout``), as Kafka's Java consumer
+        does. Answering the older offset at once would let a consume-
+        transform-produce loop that rewinds after an abort copy again what a
+        previous owner of the partition is committing. read_uncommitted
+        answers at once with the last committed offsets.
         """
         self._check_open()
         tps = list(partitions)
         deadline = Deadline(self._request_timeout if timeout is None else timeout)
-        return self._fetch_committed(tps, deadline, require_stable=False)
+        return self._fetch_committed(tps, deadline, require_stable=self._isolation == records_pb2.READ_COMMITTED)
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None, timeout: float | None = None) -> None:
         """Commit ``offsets`` (next offset to read per partition), or the positions of every assigned partition.
