@@ -266,6 +266,16 @@ def check_schema(schema: StructType, options: WriteOptions) -> list[str]:
 Record = tuple[str, Any, Any, int | None, list[tuple[str, Any]] | None]
 
 
+def _arrow_values(column: Any, as_bytes: bool) -> list[Any]:
+    """A column as Python values; with ``as_bytes``, text as UTF-8 bytes cast by Arrow (no encode per row)."""
+    import pyarrow as pa
+
+    if as_bytes and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = column.cast(pa.binary())
+    values: list[Any] = column.to_pylist()
+    return values
+
+
 def _records(iterator: Iterable[Any], columns: list[str], default_topic: str | None) -> Iterator[Record]:
     """(topic, key, value, partition, headers) per input row, from Arrow batches or Spark Rows."""
     lower = [c.lower() for c in columns]
@@ -292,7 +302,8 @@ def _records(iterator: Iterable[Any], columns: list[str], default_topic: str | N
     rows: list[Any] = []
     for item in iterator:
         if hasattr(item, "num_rows") and hasattr(item, "column"):  # a pyarrow.RecordBatch
-            yield from make([item.column(i).to_pylist() for i in range(len(columns))], item.num_rows)
+            values = [_arrow_values(item.column(i), lower[i] in ("key", "value")) for i in range(len(columns))]
+            yield from make(values, item.num_rows)
         else:
             rows.append(item)
             if len(rows) >= 4096:

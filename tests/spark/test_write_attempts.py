@@ -173,3 +173,30 @@ def test_bad_options_and_columns_are_refused_before_writing() -> None:
     with pytest.raises(SluiceWriteOptionError, match="not offset"):
         check_schema(StructType([value, StructField("topic", StringType()), StructField("offset", IntegerType())]), ok)
     assert check_schema(StructType([value, StructField("topic", StringType())]), ok) == ["value", "topic"]
+
+
+def test_rows_and_arrow_batches_become_the_same_records() -> None:
+    import pyarrow as pa
+    from pyspark.sql import Row
+
+    from sluice.spark.writer import _records
+
+    headers_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(["a", None]),
+            pa.array(["k1", None]),
+            pa.array([b"v1", b"v2"]),
+            pa.array([1, None], pa.int32()),
+            pa.array([[{"key": "h", "value": b"x"}], None], headers_type),
+        ],
+        names=["topic", "key", "value", "partition", "headers"],
+    )
+    columns = ["topic", "key", "value", "partition", "headers"]
+    expected = [("a", b"k1", b"v1", 1, [("h", b"x")]), ("dflt", None, b"v2", None, None)]
+    assert list(_records([batch], columns, "dflt")) == expected
+    rows = [Row("a", "k1", b"v1", 1, [Row(key="h", value=b"x")]), Row(None, None, b"v2", None, None)]
+    as_rows = list(_records(rows, columns, "dflt"))
+    assert as_rows == [("a", "k1", b"v1", 1, [("h", b"x")]), ("dflt", None, b"v2", None, None)]
+    with pytest.raises(ValueError, match="null topic"):
+        list(_records([batch], columns, None))
