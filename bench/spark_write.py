@@ -11,8 +11,9 @@ partitions: every task writes inside its own transaction and prepares it, the dr
 them all (sluice/spark/writer.py). Timed: ``save()`` from call to return, so the tasks, their
 prepares and the driver's commits are all in; the SparkSession start-up is not (it is made once,
 before the first run), nor is an unrecorded warm-up write of 20,000 rows (the first job of a
-session also pays for starting Spark's Python workers and compiling its code). Each run then reads the topic back read_committed (not timed) and
-checks that exactly ``rows`` new records are visible.
+session also pays for starting Spark's Python workers and compiling its code). Each run then
+reads the topic back read_committed (not timed) and checks that exactly ``rows`` new records
+are visible.
 
 Results are appended to bench/results/spark_write.json (a JSON list) and printed.
 """
