@@ -20,6 +20,10 @@ Kafka's KIP-939; see ``broker/txn/state.py``):
    it; ``abort()`` aborts them and then every other transaction of the job
    (see :func:`abort_job`), so a failed job leaves nothing visible and
    nothing open that would hold back the LSO of the partitions it wrote.
+   Spark also calls ``abort()`` when ``commit()`` failed part-way; once one
+   transaction of the job is committed the decision was commit, and
+   ``abort()`` commits the rest instead (two-phase commit never reverses a
+   decision; the job is then reported failed with all its rows visible).
 
 Why one transactional id per partition and not per attempt: every attempt of
 a partition (a retry, a speculative copy) initializes the same id, and the
@@ -470,6 +474,21 @@ def abort_job(options: WriteOptions, job: str, handles: list[PreparedTransaction
     return touched
 
 
+def committed_any(options: WriteOptions, handles: list[PreparedTransaction]) -> bool:
+    """Did the commit of any of these prepared transactions begin (PrepareCommit or CompleteCommit)?"""
+    if not handles:
+        return False
+    with Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms) as admin:
+        for h in handles:
+            try:
+                (d,) = admin.describe_transactions([h.transactional_id], timeout=60)
+            except errors.TransactionalIdNotFoundError:
+                continue
+            if d.state in COMMITTED_STATES and (d.producer_id, d.producer_epoch) == (h.producer_id, h.producer_epoch):
+                return True
+    return False
+
+
 def _handles(messages: Iterable[Any]) -> list[PreparedTransaction]:
     out: dict[str, PreparedTransaction] = {}
     for m in messages:
@@ -496,7 +515,15 @@ class SluiceBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         log.info("job %s committed: %d prepared transaction(s)", self.job, len(handles))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        touched = abort_job(self.options, self.job, _handles(messages))
+        handles = _handles(messages)
+        if committed_any(self.options, handles):
+            # Spark aborts after a commit() that failed part-way. A transaction of the job is
+            # committed already, so the decision was commit: finish it (two-phase commit never
+            # goes back on a decision), rather than leave the job half visible.
+            log.error("job %s: abort after a partial commit: committing the rest of its transactions", self.job)
+            commit_handles(self.options, handles)
+            return
+        touched = abort_job(self.options, self.job, handles)
         log.warning("job %s aborted: %d transaction(s) aborted or fenced", self.job, len(touched))
 
 

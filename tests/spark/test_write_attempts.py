@@ -200,3 +200,32 @@ def test_rows_and_arrow_batches_become_the_same_records() -> None:
     assert as_rows == [("a", "k1", b"v1", 1, [("h", b"x")]), ("dflt", None, b"v2", None, None)]
     with pytest.raises(ValueError, match="null topic"):
         list(_records([batch], columns, None))
+
+
+def test_abort_after_a_partial_commit_finishes_the_commit(sluice_cluster: LocalCluster) -> None:
+    """Spark calls abort() when commit() failed part-way: the decision was commit, so it is completed."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from sluice.spark.writer import SluiceBatchWriter
+
+    bootstrap = sluice_cluster.bootstrap_servers
+    topic, _ = setup(sluice_cluster, "partial")
+    schema = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    writer_options = {"bootstrap.servers": bootstrap, "topic": topic, "transactionalIdPrefix": "partial"}
+    writer = SluiceBatchWriter(writer_options, schema)
+    messages = [write_partition(writer.options, COLUMNS, rows(50, f"p{p}-"), writer.job, p, 0) for p in range(2)]
+    first = messages[0].handle
+    assert first is not None
+    commit_handles(writer.options, [first])  # commit() got this far, then failed
+    writer.abort(list(messages))
+    expected = Counter({f"p{p}-{i}".encode(): 1 for p in range(2) for i in range(50)})
+    assert read_values(bootstrap, topic) == expected
+    assert unfinished(bootstrap, "partial-") == []
+    # A job aborted before any commit is rolled back, as always.
+    other = SluiceBatchWriter(
+        {"bootstrap.servers": bootstrap, "topic": topic, "transactionalIdPrefix": "partial"}, schema
+    )
+    more = [write_partition(other.options, COLUMNS, rows(5, "no-"), other.job, 0, 0)]
+    other.abort(list(more))
+    assert read_values(bootstrap, topic) == expected
+    assert unfinished(bootstrap, "partial-") == []
