@@ -31,36 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import sluice.spark
 from sluice.client import Admin, Consumer, TopicPartition
 from sluice.testing import LocalCluster
 from sluice.testing.bench import environment
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_write.json"
 RECORD_SIZE = 100
-
-
-def _register(spark: Any) -> None:
-    """The project's "sluice" data source; a write-only one while the read side is not there."""
-    try:
-        from sluice.spark.source import SluiceDataSource  # type: ignore[import-not-found,unused-ignore]
-
-        spark.dataSource.register(SluiceDataSource)
-        return
-    except ImportError:
-        pass
-    from pyspark.sql.datasource import DataSource
-
-    class WriteOnlySluice(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "sluice"
-
-        def writer(self, schema: Any, overwrite: bool) -> Any:
-            from sluice.spark.writer import SluiceBatchWriter
-
-            return SluiceBatchWriter(self.options, schema)
-
-    spark.dataSource.register(WriteOnlySluice)
 
 
 @contextmanager
@@ -117,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
-    _register(spark)
+    sluice.spark.register(spark)
     value = F.lpad(F.col("id").cast("string"), RECORD_SIZE, "x")  # exactly 100 bytes per record
     df = spark.range(0, args.rows, 1, args.partitions).select(value.alias("value"))
 

@@ -33,10 +33,10 @@ from .write_helpers import read_values, unfinished
 COLUMNS = ["key", "value"]
 
 
-@pytest.fixture(scope="module")
-def sluice_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(brokers=1, data_dir=tmp_path_factory.mktemp("spark-attempts")) as cluster:
-        yield cluster
+@pytest.fixture
+def sluice_cluster(cluster: LocalCluster) -> LocalCluster:
+    """The Spark tests' shared single-broker cluster (tests/spark/conftest.py)."""
+    return cluster
 
 
 def rows(n: int, tag: str = "") -> list[tuple[str, str]]:

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,10 @@ JOB = Path(__file__).with_name("write_job.py")
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(scope="module")
-def sluice_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(brokers=1, data_dir=tmp_path_factory.mktemp("spark-write")) as cluster:
-        yield cluster
+@pytest.fixture
+def sluice_cluster(cluster: LocalCluster) -> LocalCluster:
+    """The Spark tests' shared single-broker cluster (tests/spark/conftest.py)."""
+    return cluster
 
 
 def _env() -> dict[str, str]:

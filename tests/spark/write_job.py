@@ -29,35 +29,8 @@ import traceback
 from typing import Any
 
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource
-from pyspark.sql.types import StructType
 
-
-def _data_source() -> type[DataSource]:
-    """The project's "sluice" data source when the read side is present, else a write-only one."""
-    try:
-        from sluice.spark.source import SluiceDataSource  # type: ignore[import-not-found,unused-ignore]
-
-        return SluiceDataSource  # type: ignore[no-any-return]
-    except ImportError:
-        pass
-
-    class WriteOnlySluice(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "sluice"
-
-        def writer(self, schema: StructType, overwrite: bool) -> Any:
-            from sluice.spark.writer import SluiceBatchWriter
-
-            return SluiceBatchWriter(self.options, schema)
-
-        def streamWriter(self, schema: StructType, overwrite: bool) -> Any:
-            from sluice.spark.writer import SluiceStreamWriter
-
-            return SluiceStreamWriter(self.options, schema)
-
-    return WriteOnlySluice
+import sluice.spark
 
 
 def session(job: dict[str, Any]) -> SparkSession:
@@ -73,7 +46,7 @@ def session(job: dict[str, Any]) -> SparkSession:
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(_data_source())
+    sluice.spark.register(spark)
     return spark
 
 
