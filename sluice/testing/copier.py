@@ -158,10 +158,7 @@ def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5)
             break
     tps = sorted(consumer.assignment())
     for tp, offset in committed_offsets(consumer, tps).items():
-        try:
-            consumer.seek(tp, offset)
-        except errors.IllegalStateError:
-            pass  # revoked meanwhile (the group rebalances in the background): its new owner starts from there
+        consumer.seek(tp, offset)
 
 
 
