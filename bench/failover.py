@@ -4,17 +4,22 @@ next acknowledged write and the next committed transaction.
 
     python bench/failover.py                       # default failure detector (5 s) and 1 s, 3 runs each
     python bench/failover.py --timeouts 1000 --runs 5
+    python bench/failover.py --stop clean         # SIGTERM: the broker's controlled shutdown
 
 One partition, replication factor 3, min.insync.replicas 2. An idempotent producer sends
 acks=all records one at a time and a transactional producer commits small transactions in a
 loop, both timestamping every success. The leader is killed at t0; the figures are the first
-successes after t0. Results are appended to bench/results/failover.json (a JSON list) and
-printed as a table.
+successes after t0, and the longest time without a success in the 10 s after t0 (the
+interruption clients saw; all figures are medians over the runs). With ``--stop clean`` the
+leader gets SIGTERM instead and hands its leadership over before it exits (controlled
+shutdown), so the failure detector's timeout does not count. Results are appended to
+bench/results/failover.json (a JSON list) and printed as a table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -36,13 +41,24 @@ def first_after(times: list[float], t0: float) -> float | None:
     return min(later) - t0 if later else None
 
 
-def one_run(timeout_ms: int, run: int) -> dict[str, float | None]:
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(
-        brokers=3,
-        data_dir=Path(tmp),
-        config={"min.insync.replicas": "2", "replica.lag.time.max.ms": "5000"},
-        failure_timeout_ms=timeout_ms,
-    ) as cluster:
+def longest_gap(times: list[float], t0: float, window_s: float = 10.0) -> float | None:
+    """The longest time without a success in [t0, t0 + window_s]: the interruption clients saw."""
+    inside = [t0, *(t for t in sorted(times) if t0 < t <= t0 + window_s)]
+    if len(inside) < 2:
+        return None
+    return max(b - a for a, b in itertools.pairwise(inside))
+
+
+def one_run(timeout_ms: int, run: int, stop_mode: str = "hard") -> dict[str, float | None]:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(
+            brokers=3,
+            data_dir=Path(tmp),
+            config={"min.insync.replicas": "2", "replica.lag.time.max.ms": "5000"},
+            failure_timeout_ms=timeout_ms,
+        ) as cluster,
+    ):
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("failover", partitions=1, replication_factor=3)
         acks: list[float] = []
@@ -83,39 +99,57 @@ def one_run(timeout_ms: int, run: int) -> dict[str, float | None]:
             time.sleep(0.1)
         leader = admin.describe_topic("failover").partitions[0].leader
         t0 = time.monotonic()
-        cluster.kill(leader)
+        if stop_mode == "hard":
+            cluster.kill(leader)
+        else:  # stop() returns when the broker exited, after the handover: time it from the signal
+            threading.Thread(target=cluster.stop, args=(leader,), daemon=True).start()
         deadline = t0 + 60
         while (first_after(acks, t0) is None or first_after(commits, t0) is None) and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(max(0.0, t0 + 10 - time.monotonic()))  # the gaps are measured over 10 s
         stop.set()
         for t in threads:
             t.join(70)
         admin.close()
-        return {"write_s": first_after(acks, t0), "commit_s": first_after(commits, t0)}
+        return {
+            "write_s": first_after(acks, t0),
+            "commit_s": first_after(commits, t0),
+            "write_gap_s": longest_gap(acks, t0),
+            "commit_gap_s": longest_gap(commits, t0),
+        }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeouts", type=int, nargs="+", default=[5000, 1000], help="failure detector ms")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--stop", choices=["hard", "clean"], default="hard", help="kill -9 (default) or SIGTERM the leader"
+    )
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     for timeout_ms in args.timeouts:
         runs = []
         for run in range(args.runs):
-            result = one_run(timeout_ms, run)
-            print(f"detector {timeout_ms} ms, run {run + 1}/{args.runs}: {result}", file=sys.stderr, flush=True)
+            result = one_run(timeout_ms, run, args.stop)
+            label = f"{args.stop} stop, detector {timeout_ms} ms, run {run + 1}/{args.runs}"
+            print(f"{label}: {result}", file=sys.stderr, flush=True)
             runs.append(result)
         writes = [r["write_s"] for r in runs if r["write_s"] is not None]
         txns = [r["commit_s"] for r in runs if r["commit_s"] is not None]
+        write_gaps = [r["write_gap_s"] for r in runs if r["write_gap_s"] is not None]
+        commit_gaps = [r["commit_gap_s"] for r in runs if r["commit_gap_s"] is not None]
         rows.append(
             {
                 "benchmark": "failover-rf3",
+                "stop": args.stop,
                 "failure_timeout_ms": timeout_ms,
                 "runs": runs,
                 "median_write_s": statistics.median(writes) if writes else None,
                 "median_commit_s": statistics.median(txns) if txns else None,
+                "median_write_gap_s": statistics.median(write_gaps) if write_gaps else None,
+                "median_commit_gap_s": statistics.median(commit_gaps) if commit_gaps else None,
                 "commit": commit,
                 "date": time.strftime("%Y-%m-%d"),
             }
@@ -123,12 +157,15 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     history = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     RESULTS.write_text(json.dumps(history + rows, indent=2) + "\n")
-    print("| failure detector | next acked write (median) | next committed transaction (median) |")
-    print("|---:|---:|---:|")
+    print(
+        "| stop | failure detector | next acked write | next committed transaction "
+        "| longest gap in writes | longest gap in commits |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
-        medians = (row["median_write_s"], row["median_commit_s"])
-        cells = [f"{v:.2f} s" if isinstance(v, float) else "none" for v in medians]
-        print(f"| {row['failure_timeout_ms']} ms | {cells[0]} | {cells[1]} |")
+        keys = ("median_write_s", "median_commit_s", "median_write_gap_s", "median_commit_gap_s")
+        cells = [f"{row[k]:.2f} s" if isinstance(row[k], float) else "none" for k in keys]
+        print(f"| {row['stop']} | {row['failure_timeout_ms']} ms | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -4,6 +4,7 @@
     python bench/run_all.py                       # fresh single-broker local cluster, the set 3 times
     python bench/run_all.py --quick --repeat 1    # 10x fewer records, once: a smoke run (~1 min)
     python bench/run_all.py --bootstrap-server H:P
+    python bench/run_all.py --brokers 3           # replication factor 3, min.insync.replicas 2
 
 The set (bench/README.md explains each):
 
@@ -20,7 +21,7 @@ bench/results/results.json (a JSON list, one entry per run of one
 benchmark); the reported set is also written to
 bench/results/latest.json, a markdown table to bench/results/latest.md, and,
 if matplotlib is installed (pip install -e '.[bench]'), a chart to
-bench/results/latest.png. The engine is sluice.testing.bench, the same code
+bench/results/latest.png (latest-3brokers.* with --brokers 3). The engine is sluice.testing.bench, the same code
 `sluice bench` runs.
 """
 
@@ -124,6 +125,12 @@ def plot(results: list[bench.BenchResult], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap-server", help="measure this cluster (default: a fresh local one)")
+    ap.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="brokers of the fresh local cluster (3: replication factor 3, min.insync.replicas 2)",
+    )
     ap.add_argument("--quick", action="store_true", help="10x fewer records (smoke run)")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--results", type=Path, default=RESULTS, help="output directory (default bench/results)")
@@ -137,23 +144,25 @@ def main(argv: list[str] | None = None) -> int:
     scale = 0.1 if args.quick else 1.0
     args.results.mkdir(parents=True, exist_ok=True)
     runs: list[list[bench.BenchResult]] = []
-    with bench.bench_cluster(args.bootstrap_server) as bootstrap:
+    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers) as bootstrap:
         warm_up(bootstrap, scale)
         for i in range(max(1, args.repeat)):
             runs.append(run_set(bootstrap, scale, not args.no_progress))
             for r in runs[-1]:
                 r.params["set"] = "quick" if args.quick else "standard"
+                r.params["brokers"] = args.brokers
                 r.params["run"] = f"{i + 1}/{max(1, args.repeat)}"
                 bench.append_result(args.results / "results.json", r)
                 print(r.summary())
     results = median_runs(runs)
-    (args.results / "latest.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    stem = "latest" if args.brokers == 1 else f"latest-{args.brokers}brokers"
+    (args.results / f"{stem}.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
     md = table(results)
-    (args.results / "latest.md").write_text(md + "\n")
+    (args.results / f"{stem}.md").write_text(md + "\n")
     print()
     print(md)
-    if plot(results, args.results / "latest.png"):
-        print(f"\nchart: {args.results / 'latest.png'}")
+    if plot(results, args.results / f"{stem}.png"):
+        print(f"\nchart: {args.results / f'{stem}.png'}")
     else:
         print("\n(no chart: matplotlib is not installed; pip install -e '.[bench]')")
     return 1 if any(r.error for r in results) else 0

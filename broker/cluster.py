@@ -175,6 +175,19 @@ class ClusterView:
         elif doc.key == keys.CONTROLLER:
             self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
 
+    def leaderships_to_hand_over(self, broker_id: int) -> list[str]:
+        """Partitions ``broker_id`` leads that another in-sync replica could take over ("topic-p").
+
+        What a broker in controlled shutdown waits on: a partition it leads
+        alone has nobody to move to, so there is nothing to wait for.
+        """
+        return [
+            f"{name}-{i}"
+            for name, topic in sorted(self.topics.items())
+            for i, p in enumerate(topic.partitions)
+            if p.leader == broker_id and any(b != broker_id for b in p.isr)
+        ]
+
     # -- topic administration ---------------------------------------------------------------------
 
     def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[dict[str, Any]]:

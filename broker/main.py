@@ -65,6 +65,30 @@ async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
         )
 
 
+async def controlled_shutdown(cluster: ClusterView, config: BrokerConfig, hurry: asyncio.Event) -> None:
+    """Wait (metadata keeps being refreshed meanwhile) until the controller moved this broker's leaderships."""
+    started = time.monotonic()
+    limit_s = config.int("controlled.shutdown.timeout.ms") / 1000
+    last_report = 0.0
+    while not hurry.is_set():
+        held = cluster.leaderships_to_hand_over(config.broker_id)
+        waited = time.monotonic() - started
+        if not held:
+            log.info("controlled shutdown: leaderships handed over after %.1f s", waited)
+            return
+        if waited >= limit_s:
+            log.warning(
+                "controlled shutdown: still leading %d partition(s) after %.1f s (%s); stopping anyway",
+                len(held), waited, ", ".join(held[:5]),
+            )  # fmt: skip
+            return
+        if waited - last_report >= 5.0:
+            log.info("controlled shutdown: waiting for the controller to move %d leadership(s)", len(held))
+            last_report = waited
+        await asyncio.sleep(METADATA_POLL_S)
+    log.warning("controlled shutdown: cut short by a second signal")
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice broker", description="Run a Sluice broker.")
     parser.add_argument("--id", type=int, required=True, help="broker id (>= 0), unique in the cluster")
@@ -134,9 +158,14 @@ async def serve(config: BrokerConfig) -> None:
     replicas.fetchers.start()
 
     stopping = asyncio.Event()
+    hurry = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        (hurry if stopping.is_set() else stopping).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
+        loop.add_signal_handler(sig, on_signal)
 
     async def watch_metadata() -> None:
         while True:
@@ -144,7 +173,7 @@ async def serve(config: BrokerConfig) -> None:
                 cluster.refresh()
             except Exception:
                 log.exception("metadata refresh failed")
-            serving = txn.is_ready() and groups.is_ready()
+            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set()
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await health.set("", status)
             await health.set("sluice.v1.Broker", status)
@@ -176,6 +205,9 @@ async def serve(config: BrokerConfig) -> None:
     ]
     await stopping.wait()
     log.info("broker %d shutting down", config.broker_id)
+    if config.get("controlled.shutdown.enable"):
+        await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await controlled_shutdown(cluster, config, hurry)
     await health.enter_graceful_shutdown()
     for task in tasks:
         task.cancel()

@@ -23,7 +23,7 @@ import bisect
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.api.v1 import records_pb2 as pb
@@ -102,6 +102,8 @@ class ReadResult:
     next_fetch_offset: int
     aborted: list[tuple[int, int]]  # (producer id, first offset) overlapping the range
     size: int
+    # The stored bytes of each of `batches` (same order): what Fetch sends, never re-serialized.
+    raw: list[bytes] = field(default_factory=list)
 
 
 class PartitionLog:
@@ -470,6 +472,7 @@ class PartitionLog:
         if floor is not None:
             start_key = floor[0]
         out: list[RecordBatch] = []
+        raw: list[bytes] = []
         aborted: list[tuple[int, int]] = []
         size = 0
         next_offset = fetch_offset
@@ -486,6 +489,7 @@ class PartitionLog:
             ):
                 continue
             out.append(batch)
+            raw.append(value)
             size += len(value)
             if size >= max_bytes:
                 break
@@ -493,7 +497,7 @@ class PartitionLog:
             lo, hi = out[0].base_offset, next_offset - 1
             for pid, ranges in self.aborted.items():
                 aborted.extend((pid, first) for first, last in ranges if first <= hi and last >= lo)
-        return ReadResult(out, next_offset, aborted, size)
+        return ReadResult(out, next_offset, aborted, size, raw)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record with timestamp >= ``timestamp``; (-1, -1) if none."""

@@ -36,6 +36,7 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
+from sluice.broker.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.partition import PartitionError, PartitionLog, validate_batch
 from sluice.broker.replication import (
     FollowerTracker,
@@ -364,7 +365,8 @@ class ReplicaManager:
 
     # -- replication: the leader's side -----------------------------------------------------------
 
-    async def replica_fetch(self, req: ipb.ReplicaFetchRequest) -> ipb.ReplicaFetchResponse:
+    async def replica_fetch(self, req: ipb.ReplicaFetchRequest) -> bytes:
+        """The ReplicaFetchResponse, serialized from the stored batches (see fetch_response)."""
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         budget = req.max_bytes or self.config.int("replica.fetch.max.bytes")
         first = True
@@ -379,14 +381,15 @@ class ReplicaManager:
 
     def _replica_fetch_once(
         self, req: ipb.ReplicaFetchRequest, budget: int, record: bool
-    ) -> tuple[ipb.ReplicaFetchResponse, int, bool]:
-        resp = ipb.ReplicaFetchResponse()
+    ) -> tuple[bytes, int, bool]:
+        out = ReplicaFetchResponseWriter()
         total = 0
         errors = False
         hw_moved = False
         now = monotonic_ms()
         for fp in req.partitions:
-            presp = resp.partitions.add(topic=fp.topic, partition=fp.partition, high_watermark=-1)
+            presp = ipb.ReplicaFetchPartitionResponse(topic=fp.topic, partition=fp.partition, high_watermark=-1)
+            raw: list[bytes] = []
             key = (fp.topic, fp.partition)
             try:
                 part = self.leader_partition(fp.topic, fp.partition)
@@ -404,6 +407,7 @@ class ReplicaManager:
                     presp.diverging_epoch.CopyFrom(diverging)
                     presp.high_watermark = part.high_watermark
                     errors = True  # answer at once: the follower must truncate before anything else
+                    out.partition(presp, raw)
                     continue
                 if fp.fetch_offset < part.log_start_offset:
                     raise PartitionError(
@@ -417,15 +421,16 @@ class ReplicaManager:
                 presp.high_watermark = part.high_watermark
                 if fp.fetch_offset < part.log_end_offset:
                     result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=part.log_end_offset)
-                    presp.batches.extend(result.batches)
+                    raw = result.raw
                     total += result.size
             except PartitionError as exc:
                 presp.error_code = exc.code
                 presp.error_message = exc.message
                 errors = True
+            out.partition(presp, raw)
         if hw_moved:
             self._notify()
-        return resp, total, errors
+        return out.getvalue(), total, errors
 
     def offsets_for_leader_epoch(self, req: ipb.OffsetsForLeaderEpochRequest) -> ipb.OffsetsForLeaderEpochResponse:
         resp = ipb.OffsetsForLeaderEpochResponse()
@@ -480,7 +485,8 @@ class ReplicaManager:
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    async def fetch(self, req: bpb.FetchRequest) -> bpb.FetchResponse:
+    async def fetch(self, req: bpb.FetchRequest) -> bytes:
+        """The FetchResponse, serialized (FetchResponseWriter): the servicer sends the bytes as they are."""
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         max_bytes = req.max_bytes or self.config.int("fetch.max.bytes")
         min_bytes = max(req.min_bytes, 0)
@@ -494,22 +500,22 @@ class ReplicaManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), remaining)
 
-    def _fetch_once(
-        self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool
-    ) -> tuple[bpb.FetchResponse, int, bool]:
-        resp = bpb.FetchResponse()
+    def _fetch_once(self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool) -> tuple[bytes, int, bool]:
+        """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
+        out = FetchResponseWriter()
         total = 0
         errors = False
         for topic in req.topics:
-            tresp = resp.topics.add(name=topic.name)
+            out.topic(topic.name)
             for fp in topic.partitions:
-                presp = tresp.partitions.add(
+                presp = bpb.FetchPartitionResponse(
                     partition=fp.partition,
                     high_watermark=-1,
                     last_stable_offset=-1,
                     log_start_offset=-1,
                     next_fetch_offset=fp.fetch_offset,
                 )
+                raw: list[bytes] = []
                 try:
                     part = self.leader_partition(topic.name, fp.partition)
                     if fp.current_leader_epoch >= 0 and fp.current_leader_epoch != part.leader_epoch:
@@ -526,7 +532,7 @@ class ReplicaManager:
                     presp.log_start_offset = part.log_start_offset
                     budget = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(max_bytes - total, 1))
                     result = part.read(fp.fetch_offset, budget, read_committed)
-                    presp.batches.extend(result.batches)
+                    raw = result.raw
                     presp.next_fetch_offset = result.next_fetch_offset
                     for pid, first in result.aborted:
                         presp.aborted_transactions.add(producer_id=pid, first_offset=first)
@@ -537,7 +543,8 @@ class ReplicaManager:
                     presp.error_code = exc.code
                     presp.error_message = exc.message
                     errors = True
-        return resp, total, errors
+                out.partition(presp, raw)
+        return out.getvalue(), total, errors
 
     # -- list offsets -----------------------------------------------------------------------------
 

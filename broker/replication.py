@@ -213,7 +213,9 @@ class ReplicaFetcherManager:
     def _truncate(part: PartitionLog, diverging: ipb.EpochEndOffset) -> None:
         _epoch, own_end = part.end_offset_for_epoch(diverging.epoch)
         target = diverging.end_offset if own_end < 0 else min(diverging.end_offset, own_end)
-        log.warning(
+        # Nothing to cut (only the epoch history differs, e.g. an empty log): not worth a warning.
+        log.log(
+            logging.WARNING if target < part.log_end_offset else logging.DEBUG,
             "%s-%d diverges from the leader after epoch %d: truncating from %d to %d",
             part.topic,
             part.partition,

@@ -12,6 +12,7 @@ when its client went away.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,7 +40,7 @@ from sluice.broker.txn import TransactionCoordinator
 log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
-Handler = Callable[[Any, Ctx], Awaitable[Message]]
+Handler = Callable[[Any, Ctx], Awaitable[Message | bytes]]
 
 
 class InvalidRequest(Exception):
@@ -62,7 +63,7 @@ def _parser(cls: type[Message]) -> Callable[[bytes], Message | _Malformed]:
 
 
 def _guard(name: str, handler: Handler) -> Handler:
-    async def run(request: Any, context: Ctx) -> Message:
+    async def run(request: Any, context: Ctx) -> Message | bytes:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         try:
@@ -89,7 +90,8 @@ def _service(
         name: grpc.unary_unary_rpc_method_handler(
             _guard(name, fn),
             request_deserializer=_parser(req_cls),
-            response_serializer=lambda m: m.SerializeToString(),
+            # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
+            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
         )
         for name, (fn, req_cls) in methods.items()
     }
@@ -99,6 +101,15 @@ def _service(
 def _nonneg(value: int, what: str) -> None:
     if value < 0:
         raise InvalidRequest(f"{what} must be >= 0, not {value}")
+
+
+def _admin_result(result: Any, action: Callable[[], str]) -> None:
+    """Fill one topic's result of a topic-admin request: the topic id, or the AdminError's code and message."""
+    try:
+        result.topic_id = action()
+    except AdminError as exc:
+        result.error_code = exc.code
+        result.error_message = exc.message
 
 
 class BrokerServicer:
@@ -201,7 +212,7 @@ class BrokerServicer:
         _nonneg(req.timeout_ms, "timeout_ms")
         return await self.replicas.produce(req)
 
-    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bpb.FetchResponse:
+    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bytes:
         _nonneg(req.max_wait_ms, "max_wait_ms")
         _nonneg(req.min_bytes, "min_bytes")
         _nonneg(req.max_bytes, "max_bytes")
@@ -222,7 +233,7 @@ class BrokerServicer:
     ) -> ipb.WriteTxnMarkersResponse:
         return await self.replicas.write_markers(req)
 
-    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> ipb.ReplicaFetchResponse:
+    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> bytes:
         _nonneg(req.max_wait_ms, "max_wait_ms")
         _nonneg(req.max_bytes, "max_bytes")
         if req.replica_id < 0:
@@ -243,18 +254,17 @@ class BrokerServicer:
     ) -> bpb.CreateTopicsResponse:
         resp = bpb.CreateTopicsResponse()
         for t in req.topics:
-            result = resp.topics.add(name=t.name)
-            try:
-                result.topic_id = self.cluster.create_topic(
+            _admin_result(
+                resp.topics.add(name=t.name),
+                functools.partial(
+                    self.cluster.create_topic,
                     t.name,
                     t.num_partitions,
                     t.replication_factor,
                     dict(t.config),
                     validate_only=req.validate_only,
-                )
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+                ),
+            )
         return resp
 
     async def delete_topics(
@@ -262,12 +272,7 @@ class BrokerServicer:
     ) -> bpb.DeleteTopicsResponse:
         resp = bpb.DeleteTopicsResponse()
         for name in req.names:
-            result = resp.topics.add(name=name)
-            try:
-                result.topic_id = self.cluster.delete_topic(name)
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+            _admin_result(resp.topics.add(name=name), functools.partial(self.cluster.delete_topic, name))
         return resp
 
     async def create_partitions(
@@ -275,12 +280,10 @@ class BrokerServicer:
     ) -> bpb.CreatePartitionsResponse:
         resp = bpb.CreatePartitionsResponse()
         for t in req.topics:
-            result = resp.topics.add(name=t.name)
-            try:
-                result.topic_id = self.cluster.create_partitions(t.name, t.count, req.validate_only)
-            except AdminError as exc:
-                result.error_code = exc.code
-                result.error_message = exc.message
+            _admin_result(
+                resp.topics.add(name=t.name),
+                functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
+            )
         return resp
 
     # -- coordinators -----------------------------------------------------------------------------

@@ -25,6 +25,15 @@ A broker's state follows its answers:
   from its last one, or from when it was first seen), whether its checks
   failed (connection refused: the process is gone) or are still waiting (a
   SIGSTOPped process: the kernel accepts the connection, nobody answers).
+  Or at once, when the broker answers ``NOT_SERVING``: that is a broker
+  saying it is shutting down (Kafka's controlled shutdown, see
+  ``broker/main.py``), so there is nothing to wait for and its partitions
+  move before it stops instead of a timeout after.
+
+``alive_for(seconds)`` gives the brokers alive without a failed check for at least
+that long: the controller restores a returning broker's preferred
+leaderships only once it has stayed up a while, so a broker that flaps does
+not drag leadership back and forth.
 
 Why health checks and not broker heartbeats into the metadata store: a
 heartbeat is a write every interval per broker into a store every broker
@@ -51,6 +60,7 @@ log = logging.getLogger(__name__)
 
 LIVENESS_SERVICE = "sluice.liveness"  # the broker's liveness service (broker/main.py)
 SERVING = "SERVING"
+SHUTTING_DOWN = "NOT_SERVING"  # what a broker in controlled shutdown answers
 DEFAULT_TIMEOUT_MS = 5000
 
 # Called once per round with every broker to check (id -> address); returns the answers that
@@ -151,6 +161,8 @@ class BrokerHealth:
     state: str  # unknown | alive | dead
     since: float  # clock time of the last SERVING answer (or of first sight, before any)
     last_status: str = PENDING  # the last answer, or PENDING
+    alive_since: float = 0.0  # clock time it last became alive, or answered again after a failed check
+    interrupted: bool = False  # a check failed since alive_since
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,8 @@ class Transition:
     silent_s: float  # seconds without a SERVING answer, when it died
 
     def describe(self) -> str:
+        if self.new == DEAD and self.status == SHUTTING_DOWN:
+            return f"broker {self.broker_id} is shutting down (controlled shutdown): its partitions move now"
         if self.new == DEAD:
             last = "none yet, a check is waiting" if self.status == PENDING else self.status
             return (
@@ -215,9 +229,14 @@ class FailureDetector:
             if status != PENDING:
                 h.last_status = status
             if status == SERVING:
+                if h.state != ALIVE or h.interrupted:
+                    h.alive_since, h.interrupted = now, False
                 h.state, h.since = ALIVE, now
-            elif h.state != DEAD and now - h.since >= self.timeout_s:
-                h.state = DEAD
+            else:
+                if status != PENDING:
+                    h.interrupted = True  # a failed check breaks "alive for a while" without killing it yet
+                if h.state != DEAD and (status == SHUTTING_DOWN or now - h.since >= self.timeout_s):
+                    h.state = DEAD
             if h.state != old:
                 changes.append(Transition(broker_id, old, h.state, h.last_status, now - h.since))
         return changes
@@ -229,6 +248,11 @@ class FailureDetector:
     @property
     def live(self) -> frozenset[int]:
         return frozenset(b for b, h in self.brokers.items() if h.state == ALIVE)
+
+    def alive_for(self, seconds: float) -> frozenset[int]:
+        """Brokers alive without a break for at least ``seconds``."""
+        now = self.clock()
+        return frozenset(b for b, h in self.brokers.items() if h.state == ALIVE and now - h.alive_since >= seconds)
 
     @property
     def dead(self) -> frozenset[int]:

@@ -7,8 +7,12 @@ the brokers, sharing their metadata file. Every ``interval_ms`` it:
    themselves at start and are never removed when they die),
 2. health-checks them (:mod:`sluice.operator.failure_detector`) and logs
    every broker that dies or comes back,
-3. applies :func:`sluice.operator.controller.reconcile_topic` to every topic
-   document and writes each changed one with compare-and-set, logging each
+3. applies :func:`sluice.operator.controller.elect_leaders` to every topic
+   document, then :func:`~sluice.operator.controller.restore_preferred_leaders`
+   with only the brokers alive for ``preferred_leader_delay_ms`` counting (a
+   returning broker first catches up and proves it stays up, then takes its
+   leaderships back in one move, as Kafka's periodic leader rebalance does),
+   and writes each changed one with compare-and-set, logging each
    election ("elected broker 2 leader of orders-0 at epoch 3 (broker 1
    dead)"). A conflict (a leader changed its ISR meanwhile) means re-read
    and re-decide: the decision is a pure function of the document and the
@@ -46,13 +50,14 @@ from typing import Any
 
 from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, VersionConflict, open_store, update
-from sluice.operator.controller import describe_changes, reconcile_topic
+from sluice.operator.controller import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
 
 log = logging.getLogger("sluice.operator.controller")
 
 CONTROLLER_KEY = "controller"
 DEFAULT_INTERVAL_MS = 100
+DEFAULT_PREFERRED_LEADER_DELAY_MS = 10_000
 CAS_ATTEMPTS = 20
 
 
@@ -78,12 +83,14 @@ class LocalController:
         detector: FailureDetector,
         *,
         preferred_leaders: bool = True,
+        preferred_leader_delay_ms: int = DEFAULT_PREFERRED_LEADER_DELAY_MS,
         default_unclean: bool = False,
         clock_ms: Callable[[], int] = _now_ms,
     ) -> None:
         self.store = store
         self.detector = detector
         self.preferred_leaders = preferred_leaders
+        self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
         self.default_unclean = default_unclean
         self.clock_ms = clock_ms
         self.epoch = -1
@@ -166,9 +173,10 @@ class LocalController:
             if doc is None or doc.value is None:
                 return 0
             current = doc.value
-            new = reconcile_topic(
-                current, live, dead, preferred=self.preferred_leaders, default_unclean=self.default_unclean
-            )
+            new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
+            if self.preferred_leaders:
+                settled = self.detector.alive_for(self.preferred_leader_delay_s)
+                new = restore_preferred_leaders(new or current, settled) or new
             if new is None:
                 return 0
             try:
@@ -226,6 +234,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="move leadership back to in-sync preferred replicas (Kafka's auto.leader.rebalance.enable)",
     )
     ap.add_argument(
+        "--preferred-leader-delay-ms",
+        type=int,
+        default=DEFAULT_PREFERRED_LEADER_DELAY_MS,
+        help="a returning broker takes its preferred leaderships back once alive this long (default %(default)s)",
+    )
+    ap.add_argument(
         "--unclean-leader-election",
         action="store_true",
         help="default of unclean.leader.election.enable for topics that do not set it",
@@ -234,6 +248,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
         ap.error("--failure-timeout-ms and --interval-ms must be positive")
+    if args.preferred_leader_delay_ms < 0:
+        ap.error("--preferred-leader-delay-ms must not be negative")
     return args
 
 
@@ -254,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         store,
         FailureDetector(checker, timeout_ms=args.failure_timeout_ms),
         preferred_leaders=args.preferred_leaders,
+        preferred_leader_delay_ms=args.preferred_leader_delay_ms,
         default_unclean=args.unclean_leader_election,
     )
     log.info(

@@ -55,34 +55,24 @@ class CliError(Exception):
 # -- argument types -----------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _bounded(kind: type[int] | type[float], noun: str, minimum: float, strict: bool) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)``, refused unless > ``minimum`` (``strict``) or >= it."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum:g}, got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
+_positive_int = _bounded(int, "an integer", 1, strict=False)
+_non_negative_int = _bounded(int, "an integer", 0, strict=False)
+_positive_float = _bounded(float, "a number", 0, strict=True)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -246,7 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--bootstrap-server",
         metavar="HOST:PORT[,...]",
-        help="cluster to measure (default: a fresh single-broker local cluster in a temporary directory)",
+        help="cluster to measure (default: a fresh local cluster of --brokers brokers in a temporary directory)",
+    )
+    common.add_argument(
+        "--brokers",
+        type=_positive_int,
+        default=1,
+        help="brokers of the fresh local cluster (default 1; 3 measures replication factor 3, min.insync.replicas 2)",
     )
     common.add_argument("--record-size", type=_positive_int, default=1024, help="bytes per record (default 1024)")
     common.add_argument("--count", type=_positive_int, default=100_000, help="records (default 100000)")
@@ -799,8 +795,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bootstrap_server:
         _require_cluster(args.bootstrap_server, "--bootstrap-server")
     else:
-        _err("starting a fresh single-broker local cluster for the benchmark ...")
-    with bench.bench_cluster(args.bootstrap_server) as bootstrap:
+        _err(f"starting a fresh local cluster of {args.brokers} broker(s) for the benchmark ...")
+    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers) as bootstrap:
         kind = args.bench_command
         if kind in ("produce", "transactions"):
             result = bench.produce(

@@ -29,7 +29,10 @@ a current member with its current epoch; an older epoch is accepted only for
 partitions the member has held without interruption since that epoch (the
 same rule as Kafka's later "assignment epochs"), so a live member is not
 fenced just because a rebalance elsewhere bumped its epoch, while a zombie
-(expired, fenced or replaced) never commits.
+(expired, fenced or replaced) never commits. Held includes a partition being
+revoked: taken out of the member's target but still reported owned, because
+the member commits what it processed of a partition before it releases it
+(its application sees the revocation only at its next poll).
 
 Membership lives in memory only; offsets are what is persistent. After a
 coordinator restart or failover members get UNKNOWN_MEMBER_ID and rejoin.
@@ -98,6 +101,8 @@ class Member:
     previous_epoch: int = -1
     owned: frozenset[TopicPartition] = frozenset()  # as last reported
     assigned: dict[TopicPartition, int] = field(default_factory=dict)  # as last answered -> epoch since
+    # taken out of its assignment but still reported owned (it is revoking them) -> epoch since
+    revoking: dict[TopicPartition, int] = field(default_factory=dict)
     revoke_deadline_ms: float | None = None
 
     def holds(self, tp: TopicPartition) -> bool:
@@ -205,7 +210,9 @@ class ConsumerGroup:
         granted = sorted(tp for tp in target if not any(o.holds(tp) for o in others))
         if member.epoch != self.epoch:
             member.previous_epoch, member.epoch = member.epoch, self.epoch
-        member.assigned = {tp: member.assigned.get(tp, member.epoch) for tp in granted}
+        held = {**member.revoking, **member.assigned}
+        member.assigned = {tp: held.get(tp, member.epoch) for tp in granted}
+        member.revoking = {tp: held[tp] for tp in member.owned if tp in held and tp not in member.assigned}
         if member.owned - set(granted):
             if member.revoke_deadline_ms is None:
                 member.revoke_deadline_ms = now + member.rebalance_timeout_ms
@@ -259,7 +266,10 @@ class ConsumerGroup:
         if (
             member_epoch < member.epoch
             and partitions
-            and all(member.assigned.get(tp, member_epoch + 1) <= member_epoch for tp in partitions)
+            and all(
+                member.assigned.get(tp, member.revoking.get(tp, member_epoch + 1)) <= member_epoch
+                for tp in partitions
+            )
         ):
             return pb.NONE, ""
         return (

@@ -17,6 +17,9 @@ One loop, one thread, and every decision about a batch's fate made in it:
 3. Transactional producer: AddPartitionsToTxn for the partitions ``send()``
    used for the first time in this transaction, all of them in one request.
    Their batches are not drained before the coordinator confirmed them.
+   A transaction that can only abort (ABORTABLE_ERROR, ABORTING) fails
+   every batch still waiting to be sent, retries included: they belong to a
+   transaction that will not commit, and abort_transaction() waits for them.
 4. Expire batches older than delivery_timeout_ms.
 5. Ask the accumulator which partitions are ready, group them by leader
    (refreshing metadata for partitions without a known leader) and send one
@@ -210,6 +213,9 @@ class Sender(threading.Thread):
             for batch in self.accumulator.abort_queued():
                 batch.fail(err)
 
+        if self.txn.state in (TransactionState.ABORTING_TRANSACTION, TransactionState.ABORTABLE_ERROR):
+            self._abort_undrained()
+
         idempotent_only = self.config.idempotent and not self.txn.is_transactional
         if idempotent_only and not self._ensure_producer_id(now):
             self._sleep(min(wait, max(0.01, self._init_retry_at - now)))
@@ -257,6 +263,24 @@ class Sender(threading.Thread):
             if batches:
                 self._send(addr, batches)
         self._sleep(wait)
+
+    def _abort_undrained(self) -> None:
+        """A transaction that can only abort sends nothing more: fail what waits to be sent.
+
+        That includes batches sent before and queued again for a retry (their
+        partition no longer counts as added once the transaction is aborting,
+        so they would otherwise wait for delivery_timeout_ms, and
+        abort_transaction() with them). One that was sent may be stored with
+        its sequence: the abort bumps the epoch, which restarts sequences.
+        """
+        if self.txn.state is TransactionState.ABORTING_TRANSACTION:
+            exc: errors.SluiceError = TransactionAbortedError("the transaction was aborted before the record was sent")
+        else:
+            exc = self.txn.last_error or TransactionAbortedError("the transaction failed before the record was sent")
+        for batch in self.accumulator.abort_queued(lambda b: b.transactional):
+            if batch.sealed:
+                self.txn.request_epoch_bump()
+            batch.fail(exc)
 
     def _sleep(self, seconds: float) -> None:
         if seconds > 0 and not self._completions:

@@ -25,10 +25,22 @@ Design:
   that was fetched: a ``seek()`` or a rebalance while the fetch was in flight
   simply discards it.
 * ``subscribe()`` hands membership to a :class:`~sluice.client._group_member.GroupMember`
-  thread (ConsumerGroupHeartbeat, KIP-848 shape) that updates the assignment;
-  ``assign()`` sets it by hand. One lock guards the state; no network call
-  is made while it is held, except the commit of revoked partitions'
-  positions during a rebalance (with auto-commit).
+  thread (ConsumerGroupHeartbeat, KIP-848 shape); ``assign()`` sets the
+  assignment by hand. One lock guards the state; no network call is made
+  while it is held, except the commit of revoked partitions' positions
+  during a rebalance (with auto-commit).
+* As in Kafka, what the application sees of the group changes only inside
+  ``poll()``: the heartbeat thread leaves a new target assignment (and its
+  member epoch) pending, and the next ``poll()`` applies it before it
+  returns records. Between two polls, ``assignment()``, ``position()`` and
+  ``group_metadata()`` describe exactly the records the last poll returned,
+  so a consume-transform-produce loop that commits "the positions of my
+  assignment" with ``send_offsets_to_transaction`` commits the offsets of
+  what it processed, under the member epoch it had (a zombie's commit is
+  then fenced), never a smaller set because a partition was revoked in the
+  background meanwhile. A revoked partition stays owned (reported in
+  heartbeats) until that poll; lost ones (the member was fenced or expired)
+  are given up at once, since another member may own them already.
 * Errors: retriable ones (leader moved, coordinator moved or loading, a
   broker down) are retried inside, with metadata refreshes; fatal ones are
   raised by the next ``poll()`` (or by the call that hit them) as the
@@ -192,6 +204,10 @@ class Consumer:
         self._fetch_event = threading.Event()
         self._subscription: list[str] | None = None
         self._member: GroupMember | None = None
+        # From the heartbeat thread, applied by the next poll(): (target, lost, member metadata)
+        self._pending_assignment: tuple[frozenset[TopicPartition], bool, GroupMetadata] | None = None
+        self._owned_partitions: frozenset[TopicPartition] = frozenset()  # reported in heartbeats
+        self._metadata: GroupMetadata | None = None  # as of the last applied assignment
         self._pending_error: errors.SluiceError | None = None
         self._closed = False
 
@@ -263,6 +279,9 @@ class Consumer:
         with self._lock:
             self._assignment.clear()
             self._buffer.clear()
+            self._pending_assignment = None
+            self._owned_partitions = frozenset()
+            self._metadata = None
 
     def assignment(self) -> set[TopicPartition]:
         with self._lock:
@@ -274,13 +293,29 @@ class Consumer:
 
     def _owned(self) -> list[TopicPartition]:
         with self._lock:
-            return sorted(self._assignment)
+            return sorted(self._owned_partitions)
 
     def _on_assignment(self, target: frozenset[TopicPartition], lost: bool) -> None:
-        """Called by the heartbeat thread with the coordinator's target assignment."""
+        """Called by the heartbeat thread with the coordinator's target: kept for the next poll()."""
+        member = self._member
+        metadata = member.metadata() if member is not None else GroupMetadata(self.group_id or "", "", -1)
         with self._lock:
             if self._closed:
                 return
+            if lost:
+                self._owned_partitions = frozenset()  # not ours any more, whatever the application holds
+            pending = self._pending_assignment
+            # a loss not applied yet stays a loss: nothing of those partitions may be committed
+            self._pending_assignment = (target, lost or (pending is not None and pending[1]), metadata)
+
+    def _apply_pending_assignment(self) -> None:
+        """In poll(): take on the assignment the heartbeat thread left pending (see the module docstring)."""
+        with self._lock:
+            pending, self._pending_assignment = self._pending_assignment, None
+            if pending is None or self._closed or self._subscription is None:
+                return
+            target, lost, metadata = pending
+            self._metadata = metadata
             revoked = [tp for tp in self._assignment if tp not in target]
             added = [tp for tp in target if tp not in self._assignment]
             if revoked and not lost and self.enable_auto_commit:
@@ -292,6 +327,10 @@ class Consumer:
                 self._buffer.pop(tp, None)
             for tp in added:
                 self._assignment[tp] = _PartitionState()
+            self._owned_partitions = frozenset(self._assignment)
+        member = self._member
+        if revoked and member is not None:
+            member.heartbeat_now()  # tell the coordinator they are free
         if revoked or added:
             log.info(
                 "group %r: assignment now %s (revoked %s%s)",
@@ -414,6 +453,7 @@ class Consumer:
         self._maybe_auto_commit()
         while True:
             self._raise_pending()
+            self._apply_pending_assignment()
             with self._lock:
                 assigned = bool(self._assignment)
                 subscribed = self._subscription is not None
@@ -701,17 +741,19 @@ class Consumer:
     ) -> dict[TopicPartition, int | None]:
         """The group's committed offsets (next offset to read) for ``partitions``; None where there is none.
 
-        Offsets committed by a transaction that is still open are not
-        committed yet: this returns the last stable offset (None if there is
-        none) at once, without waiting for the transaction (Kafka's Java
-        consumer waits, require_stable). Positions of newly assigned
-        partitions do wait (poll() retries UNSTABLE_OFFSET_COMMIT), so a
-        consumer never starts from a half-done transaction's offsets.
+        With isolation_level="read_committed" (the default), a partition whose
+        offsets an open transaction is committing has no stable offset yet:
+        this waits for that transaction to end (require_stable, retrying
+        UNSTABLE_OFFSET_COMMIT until ``timeout``), as Kafka's Java consumer
+        does. Answering the older offset at once would let a consume-
+        transform-produce loop that rewinds after an abort copy again what a
+        previous owner of the partition is committing. read_uncommitted
+        answers at once with the last committed offsets.
         """
         self._check_open()
         tps = list(partitions)
         deadline = Deadline(self._request_timeout if timeout is None else timeout)
-        return self._fetch_committed(tps, deadline, require_stable=False)
+        return self._fetch_committed(tps, deadline, require_stable=self._isolation == records_pb2.READ_COMMITTED)
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None, timeout: float | None = None) -> None:
         """Commit ``offsets`` (next offset to read per partition), or the positions of every assigned partition.
@@ -770,10 +812,13 @@ class Consumer:
         return self._group_metadata(self._require_group("group_metadata()"))
 
     def _group_metadata(self, group_id: str) -> GroupMetadata:
+        """As of the assignment the last poll() applied (the live one before any poll)."""
         member = self._member
-        if member is not None:
-            return member.metadata()
-        return GroupMetadata(group_id, "", -1)
+        if member is None:
+            return GroupMetadata(group_id, "", -1)
+        with self._lock:
+            metadata = self._metadata
+        return metadata if metadata is not None else member.metadata()
 
     def _list_offsets(
         self, tps: Iterable[TopicPartition], timestamp: int, deadline: Deadline

@@ -145,14 +145,20 @@ def append_result(path: str | os.PathLike[str], result: BenchResult | dict[str, 
 
 
 @contextlib.contextmanager
-def bench_cluster(bootstrap_servers: str | None, *, config: dict[str, str] | None = None) -> Iterator[str]:
-    """The given cluster, or a fresh single-broker LocalCluster in a temporary directory."""
+def bench_cluster(
+    bootstrap_servers: str | None, *, brokers: int = 1, config: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The given cluster, or a fresh LocalCluster of ``brokers`` in a temporary directory.
+
+    With 3 brokers, topics get LocalCluster's defaults: replication factor 3 and
+    min.insync.replicas 2, so acks=all waits for a follower.
+    """
     if bootstrap_servers:
         yield bootstrap_servers
         return
     from sluice.testing.cluster import LocalCluster
 
-    with LocalCluster(brokers=1, config=config) as cluster:
+    with LocalCluster(brokers=brokers, config=config) as cluster:
         yield cluster.bootstrap_servers
 
 

@@ -166,11 +166,17 @@ def replication_defaults(brokers: int) -> dict[str, str]:
 
 
 def _stop_in_order(processes: Sequence[ManagedProcess], timeout: float) -> None:
-    """The controller first (so stopping brokers is not taken for failures), then the brokers together."""
+    """The brokers together, then the controller.
+
+    Brokers stop with a controlled shutdown, which needs the controller: it
+    sees them all leaving, finds no replica left to elect, and leaves every
+    partition leaderless with its ISR kept, so whichever broker starts again
+    on the same data is elected at once (see broker/main.py).
+    """
     running = [p for p in processes if p.is_alive()]
-    first = [p for p in running if not isinstance(p, BrokerProcess)]
-    stop_all(first, timeout=timeout)
-    stop_all([p for p in running if p not in first], timeout=timeout)
+    brokers = [p for p in running if isinstance(p, BrokerProcess)]
+    stop_all(brokers, timeout=timeout)
+    stop_all([p for p in running if p not in brokers], timeout=timeout)
 
 
 def _cleanup(processes: list[ManagedProcess], tmp_dir: str | None) -> None:

@@ -101,7 +101,12 @@ def run(args: argparse.Namespace) -> int:
                 producer.send_offsets_to_transaction(positions, consumer.group_metadata())
                 _commit(producer)
                 copied += len(records)
-                log("committed", records=len(records), copied=copied)
+                log(
+                    "committed",
+                    records=len(records),
+                    copied=copied,
+                    positions={f"{tp.topic}-{tp.partition}": off for tp, off in sorted(positions.items())},
+                )
             except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as exc:
                 # Only a newer instance of our transactional id ends us. A stale member epoch
                 # (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) means the group moved on: abort, rejoin, redo.
@@ -137,16 +142,24 @@ def _commit(producer: Producer, attempts: int = 5) -> None:
                 raise
 
 
-def _abort_and_rewind(producer: Producer, consumer: Consumer) -> None:
-    try:
-        producer.abort_transaction()
-    except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
-        raise
-    except errors.SluiceError as exc:
-        log("abort-failed", error=type(exc).__name__, message=str(exc))
+def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5) -> None:
+    """abort_transaction, retried on a timeout (as a commit is: the same abort may be called again),
+    then back to the committed offsets."""
+    for attempt in range(attempts):
+        try:
+            producer.abort_transaction()
+            break
+        except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+            raise
+        except errors.KafkaTimeoutError as exc:
+            log("abort-retry", attempt=attempt, message=str(exc))
+        except errors.SluiceError as exc:
+            log("abort-failed", error=type(exc).__name__, message=str(exc))
+            break
     tps = sorted(consumer.assignment())
     for tp, offset in committed_offsets(consumer, tps).items():
         consumer.seek(tp, offset)
+
 
 
 def _partitions(bootstrap: str, topic: str) -> int:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
+from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Consumer, Producer, TopicPartition
@@ -37,7 +40,12 @@ def test_offsets_become_visible_only_on_commit_and_vanish_on_abort(cluster: Loca
     producer.begin_transaction()
     producer.send(f"{unique_topic}-out", value=b"x")
     producer.send_offsets_to_transaction({tp: 10}, consumer.group_metadata())
-    assert consumer.committed([tp])[tp] is None  # pending, not visible
+    # pending: read_committed waits for the transaction (require_stable) and gives up at its timeout
+    with pytest.raises((errors.UnstableOffsetCommitError, errors.KafkaTimeoutError)):
+        consumer.committed([tp], timeout=1.0)
+    peek = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=group, isolation_level="read_uncommitted")
+    assert peek.committed([tp])[tp] is None  # read_uncommitted answers at once: nothing committed yet
+    peek.close()
     producer.abort_transaction()
     assert consumer.committed([tp])[tp] is None  # aborted: the group re-reads from where it was
 

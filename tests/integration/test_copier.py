@@ -127,19 +127,19 @@ def seed(bootstrap: str) -> list[bytes]:
     [
         (False, "hard"),
         (False, "clean"),
-        pytest.param(
-            True,
-            "hard",
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason="open bug: after repeated UNKNOWN_MEMBER_ID from a moved group coordinator, the "
-                "client's abort_transaction can wait 60 s for in-flight records and the copier is then "
-                "fenced by its transaction timeout, so the output check is not reached (see the issue note)",
-            ),
-        ),
         (False, "copiers"),
+        (True, "hard"),
+        (True, "clean"),
+        (True, "copiers"),
     ],
-    ids=["partition-hard-bounce", "partition-clean-bounce", "group-hard-bounce", "copier-bounce"],
+    ids=[
+        "partition-hard-bounce",
+        "partition-clean-bounce",
+        "partition-copier-bounce",
+        "group-hard-bounce",
+        "group-clean-bounce",
+        "group-copier-bounce",
+    ],
 )
 def test_exactly_once_copy_under_bounces(tmp_path: Path, group_mode: bool, bounce: str) -> None:
     rng = random.Random(f"{group_mode}{bounce}")

@@ -206,3 +206,65 @@ def test_coordinator_killed_during_an_open_transaction(tmp_path: Path) -> None:
         else:
             assert got == [], "a transaction that did not commit is partly visible"
         admin.close()
+
+
+def test_abort_does_not_wait_for_a_batch_retrying_against_a_paused_leader(tmp_path: Path) -> None:
+    """A batch in flight when abort_transaction() starts comes back with a retriable error: it is
+    failed (its transaction is aborting), not queued again to wait for delivery_timeout_ms, so the
+    abort completes. Before this was fixed the abort timed out and the copier was fenced."""
+    with cluster3(tmp_path) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("retrying", partitions=1, replication_factor=3)
+        leader, _ = leader_of(admin, "retrying")
+        producer = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id="retrying-tx",
+            linger_ms=0,
+            request_timeout_ms=3000,
+        )
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("retrying", value=b"before").result(timeout=30)  # partition added, leader known
+        cluster.pause(leader)
+        try:
+            stuck = producer.send("retrying", value=b"stuck")
+            time.sleep(0.5)  # sent to the paused leader: in flight until the request times out
+            assert not stuck.done()
+            producer.abort_transaction(timeout=30)  # raised KafkaTimeoutError before the fix
+        finally:
+            cluster.resume(leader)
+        try:
+            stuck.result(timeout=5)
+            raise AssertionError("a record of an aborted transaction was acknowledged")
+        except errors.SluiceError as exc:
+            assert "aborted" in str(exc)
+        producer.begin_transaction()
+        producer.send("retrying", value=b"after")
+        producer.commit_transaction(timeout=60)
+        producer.close()
+        assert values(read_topic(cluster.bootstrap_servers, "retrying")) == [b"after"]
+        admin.close()
+
+
+def test_controlled_shutdown_moves_leadership_before_the_failure_timeout(tmp_path: Path) -> None:
+    """SIGTERM: the broker says it is leaving, the controller moves its leaderships at once (the
+    failure detector's timeout here is a minute), and the broker exits only after that."""
+    with LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=60_000) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("moving", partitions=3, replication_factor=3)
+        leader, epoch = leader_of(admin, "moving")
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
+        producer.send("moving", value=b"before", partition=0).result(timeout=30)
+        assert cluster.stop(leader, timeout=20) == 0
+        # moved while the broker was still up: right after it exited, the document shows a new leader
+        doc = cluster.partition_state("moving", 0)
+        assert doc["leader"] not in (leader, -1) and doc["leader_epoch"] > epoch
+        assert leader not in doc["isr"]
+        log = cluster.broker(leader).log_path.read_text()
+        assert "controlled shutdown: leaderships handed over" in log
+        assert "shutting down (controlled shutdown)" in cluster.controller.log_path.read_text()
+        # writes go on against the new leader with the remaining ISR (min.insync.replicas=2)
+        producer.send("moving", value=b"after", partition=0).result(timeout=30)
+        producer.close()
+        assert values(read_topic(cluster.bootstrap_servers, "moving")) == [b"before", b"after"]
+        admin.close()

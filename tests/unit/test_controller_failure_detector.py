@@ -85,6 +85,37 @@ def test_a_success_resets_the_failure_clock() -> None:
         assert d.state(0) == ALIVE  # never 1 s without success
 
 
+def test_not_serving_is_a_controlled_shutdown_and_dead_at_once() -> None:
+    d, answers, _ = detector(timeout_ms=60_000)
+    answers.status = {0: "SERVING", 1: "SERVING"}
+    d.poll(TARGETS)
+    answers.status = {0: "SERVING", 1: "NOT_SERVING"}
+    changes = d.poll(TARGETS)  # no time passed
+    assert d.dead == {1}
+    assert [c.describe() for c in changes] == [
+        "broker 1 is shutting down (controlled shutdown): its partitions move now"
+    ]
+
+
+def test_alive_for_counts_from_the_last_failed_check() -> None:
+    d, answers, clock = detector(timeout_ms=1000)
+    answers.status = {0: "SERVING", 1: "SERVING"}
+    d.poll(TARGETS)
+    clock.now += 5
+    d.poll(TARGETS)
+    assert d.alive_for(5) == {0, 1} and d.alive_for(6) == frozenset()
+    answers.status = {0: "SERVING", 1: "UNAVAILABLE"}  # one failed check: still alive, not settled
+    clock.now += 0.1
+    d.poll(TARGETS)
+    answers.status = {0: "SERVING", 1: "SERVING"}
+    clock.now += 0.1
+    d.poll(TARGETS)
+    assert d.live == {0, 1} and d.alive_for(1) == {0}
+    clock.now += 1
+    d.poll(TARGETS)
+    assert d.alive_for(1) == {0, 1}
+
+
 def test_answers_are_counted_before_deaths_after_a_controller_stall() -> None:
     d, answers, clock = detector(timeout_ms=1000)
     answers.status = {0: "SERVING", 1: "SERVING"}

@@ -18,7 +18,12 @@ from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, open_store
 from sluice.operator.controller import new_topic
 from sluice.operator.failure_detector import FailureDetector
-from sluice.operator.local_controller import CONTROLLER_KEY, ControllerFenced, LocalController
+from sluice.operator.local_controller import (
+    CONTROLLER_KEY,
+    DEFAULT_PREFERRED_LEADER_DELAY_MS,
+    ControllerFenced,
+    LocalController,
+)
 
 
 class Fake:
@@ -27,12 +32,15 @@ class Fake:
     def __init__(self) -> None:
         self.now = 0.0
         self.down: set[int] = set()
+        self.leaving: set[int] = set()  # answer NOT_SERVING: controlled shutdown
 
     def clock(self) -> float:
         return self.now
 
     def check(self, targets: Mapping[int, str]) -> dict[int, str]:
-        return {b: "UNAVAILABLE" if b in self.down else "SERVING" for b in targets}
+        return {
+            b: "UNAVAILABLE" if b in self.down else "NOT_SERVING" if b in self.leaving else "SERVING" for b in targets
+        }
 
 
 def register(store: MetadataStore, *ids: int) -> None:
@@ -101,8 +109,44 @@ def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog:
     value["partitions"][0]["isr"] = [1, 2, 0]
     store.compare_and_set(doc.key, value, doc.version)
     controller.step()
+    assert partitions(store)[0]["leader"] == 1, "leadership returned before the preferred-leader delay"
+    fake.now += DEFAULT_PREFERRED_LEADER_DELAY_MS / 1000
+    controller.step()
     p0 = partitions(store)[0]
     assert (p0["leader"], p0["leader_epoch"]) == (0, 2)
+
+
+def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.step()
+    fake.down = {0}
+    fail_for(controller, fake, 1.2)
+    fake.down = set()
+    doc = store.get(keys.topic("orders"))
+    assert doc is not None and doc.value is not None
+    value = dict(doc.value)
+    value["partitions"][0]["isr"] = [1, 2, 0]
+    store.compare_and_set(doc.key, value, doc.version)
+    delay_s = DEFAULT_PREFERRED_LEADER_DELAY_MS / 1000
+    fail_for(controller, fake, delay_s * 0.6)  # alive for a while ...
+    fake.down = {0}
+    controller.step()  # ... one failed check: not dead yet, but the clock of being up starts again
+    fake.down = set()
+    fail_for(controller, fake, delay_s * 0.6)
+    assert partitions(store)[0]["leader"] == 1
+    fail_for(controller, fake, delay_s * 0.5)
+    assert partitions(store)[0]["leader"] == 0
+
+
+def test_controlled_shutdown_moves_leadership_without_waiting_for_the_timeout(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.step()
+    fake.leaving = {0}
+    controller.step()  # no time passes: the NOT_SERVING answer is enough
+    p0, p1, _ = partitions(store)
+    assert p0["leader"] == 1 and 0 not in p0["isr"] and 0 not in p1["isr"]
+    ctl = store.get(CONTROLLER_KEY)
+    assert ctl is not None and ctl.value is not None and ctl.value["dead_brokers"] == [0]
 
 
 def test_a_conflicting_isr_write_is_re_read_and_re_decided(tmp_path: Path) -> None:
