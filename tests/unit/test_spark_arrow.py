@@ -23,7 +23,10 @@ def _batch(base: int, records: list[tuple[bytes | None, bytes | None, list[tuple
     return batch
 
 
-def _expected(batches: list[RecordBatch], start: int, end: int) -> list[tuple[int, int, bytes | None, bytes | None, object]]:
+Row = tuple[int, int, bytes | None, bytes | None, object]
+
+
+def _expected(batches: list[RecordBatch], start: int, end: int) -> list[Row]:
     out = []
     for b in batches:
         if b.control:
@@ -34,7 +37,7 @@ def _expected(batches: list[RecordBatch], start: int, end: int) -> list[tuple[in
     return out
 
 
-def _got(rb: pa.RecordBatch) -> list[tuple[int, int, bytes | None, bytes | None, object]]:
+def _got(rb: pa.RecordBatch) -> list[Row]:
     d = rb.to_pydict()
     headers = d.get("headers", [None] * rb.num_rows)
     return [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 
 from sluice.client import TopicPartition
@@ -19,7 +20,7 @@ def _covers(pieces: list[OffsetRange], ranges: list[OffsetRange]) -> bool:
             continue
         if mine[0][0] != r.start or mine[-1][1] != r.end:
             return False
-        if any(a[1] != b[0] for a, b in zip(mine, mine[1:], strict=False)):
+        if any(a[1] != b[0] for a, b in itertools.pairwise(mine)):
             return False
     return True
 
