@@ -14,8 +14,8 @@ into the JVM. One untimed read of a small topic first starts the JVM and the Pyt
 The time is from the action's start to its result; filling the topic is not timed.
 
 Each run also times Spark's own ceiling on the same machine at the same moment: the same number
-of rows of the same size, yielded as ready-made Arrow batches by an in-memory Python data source
-with the same number of tasks. The gap between the two figures is what the sluice reader costs
+of rows with the same columns and value size, yielded as ready-made Arrow batches by an in-memory
+Python data source with the same number of tasks. The gap between the two figures is what the sluice reader costs
 (fetching, decoding); the ceiling is the Python Data Source API's own cost.
 
 Values of one size make batches of records of one size, which the Arrow decoder recognises and
@@ -58,29 +58,39 @@ def baseline_source(rows: int, value_size: int, tasks: int, rows_per_batch: int)
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+    from sluice.spark.arrow import arrow_schema
+    from sluice.spark.source import read_schema
+
     class MemoryReader(DataSourceReader):  # type: ignore[misc]
         def partitions(self) -> list[InputPartition]:
             return [InputPartition(i) for i in range(tasks)]
 
         def read(self, partition: InputPartition):  # type: ignore[no-untyped-def]
+            schema = arrow_schema(False)
             left = rows // tasks
             while left > 0:
                 n = min(rows_per_batch, left)
                 left -= n
                 data = np.full(n * value_size, ord("x"), dtype=np.uint8)
                 offsets = np.arange(n + 1, dtype=np.int32) * value_size
-                value = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-                yield pa.RecordBatch.from_arrays(
-                    [value, pa.array(np.arange(n, dtype=np.int64))], names=["value", "offset"]
-                )
+                columns = [
+                    pa.nulls(n, pa.binary()),
+                    pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]),
+                    pa.repeat(pa.scalar("bench-read", pa.string()), n),
+                    pa.array(np.full(n, partition.value, dtype=np.int32)),
+                    pa.array(np.arange(n, dtype=np.int64)),
+                    pa.array(np.full(n, 1_700_000_000_000_000, dtype=np.int64), pa.timestamp("us", tz="UTC")),
+                    pa.array(np.zeros(n, dtype=np.int32)),
+                ]
+                yield pa.RecordBatch.from_arrays(columns, schema=schema)
 
     class MemorySource(DataSource):  # type: ignore[misc]
         @classmethod
         def name(cls) -> str:
             return "bench_memory"
 
-        def schema(self) -> str:
-            return "value binary, offset long"
+        def schema(self) -> object:
+            return read_schema(False)
 
         def reader(self, schema: object) -> MemoryReader:
             return MemoryReader()

@@ -53,8 +53,28 @@ def stream(spark: SparkSession, bootstrap: str, **options: str) -> DataFrame:
     return reader.load()
 
 
+# Spark gives the Python process that plans a streaming source 10 s (hard-coded) to start and
+# connect back; on a machine busy with other work that is sometimes too short. Such a query never
+# got to read anything, so it is started again from the same checkpoint (a bounded number of times).
+_WORKER_START_FAILURE = "Python worker failed to connect back"
+_START_ATTEMPTS = 3
+
+
+def _start_failed(query: StreamingQuery) -> bool:
+    exc = query.exception()
+    return exc is not None and _WORKER_START_FAILURE in str(exc)
+
+
 def start(df: DataFrame, sink: BatchRecorder, checkpoint: str, **trigger: Any) -> StreamingQuery:
-    return df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).trigger(**trigger).start()
+    """Start a foreachBatch query and wait (bounded) until its source is up or it has finished."""
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        query = df.writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint).trigger(**trigger).start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and query.isActive and query.lastProgress is None:
+            time.sleep(0.2)
+        if not _start_failed(query) or attempt == _START_ATTEMPTS:
+            return query
+    raise AssertionError("unreachable")
 
 
 def run_available_now(df: DataFrame, sink: BatchRecorder, checkpoint: str, timeout: float = 240.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
 
 import pytest
 from pyspark.errors import PySparkException
@@ -42,7 +43,9 @@ def _expect(written: list[Written]) -> list[tuple[int, int, bytes | None, bytes 
 
 
 @pytest.fixture
-def mixed_topic(cluster: LocalCluster, unique_topic: str) -> tuple[str, list[Written], list[Written], list[Written]]:
+def mixed_topic(
+    cluster: LocalCluster, unique_topic: str
+) -> Iterator[tuple[str, list[Written], list[Written], list[Written]]]:
     """A 3-partition topic holding committed, aborted and (at its end) still open transactions.
 
     Returns (topic, committed, aborted, open). The open transaction stays open for the test.
