@@ -103,6 +103,7 @@ class ClusterView:
         self.brokers: dict[int, BrokerEndpoint] = {}
         self.listeners: list[TopicListener] = []
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
+        self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         self._revision = 0
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
@@ -172,8 +173,28 @@ class ClusterView:
                     listener(old, new)
         elif doc.key == keys.CLUSTER and doc.value:
             self.cluster_id = doc.value["cluster_id"]
+        elif doc.key.startswith(keys.TRANSACTIONAL_IDS):
+            txn_id = doc.key[len(keys.TRANSACTIONAL_IDS) :]
+            if doc.value is None:
+                self.declared_transactional_ids.discard(txn_id)
+            else:
+                self.declared_transactional_ids.add(txn_id)
         elif doc.key == keys.CONTROLLER:
             self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
+
+    def transactional_id_declared(self, txn_id: str) -> bool:
+        """Whether a TransactionalId declares ``txn_id``: the watched set, else a fresh read.
+
+        The fresh read closes the window between the operator declaring an id and
+        this broker's watch delivering it, so a producer started right after its
+        TransactionalId is Ready is never refused.
+        """
+        if txn_id in self.declared_transactional_ids:
+            return True
+        if self.store.get(keys.transactional_id(txn_id)) is None:
+            return False
+        self.declared_transactional_ids.add(txn_id)
+        return True
 
     def leaderships_to_hand_over(self, broker_id: int) -> list[str]:
         """Partitions ``broker_id`` leads that another in-sync replica could take over ("topic-p").

@@ -37,6 +37,10 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": (int, 10_000),
     "transaction.remove.expired.transaction.cleanup.interval.ms": (int, 3_600_000),
     "producer.id.expiration.ms": (int, DAY_MS),
+    # Sluice's own: only transactional ids declared by a TransactionalId resource (a
+    # transactional_ids/<id> document, written by the operator) may be used; others get
+    # TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+    "transactional.id.declaration.required": (bool, False),
     # consumer groups
     "offsets.topic.num.partitions": (int, 50),
     "offsets.topic.replication.factor": (int, 1),

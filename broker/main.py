@@ -91,11 +91,19 @@ async def controlled_shutdown(cluster: ClusterView, config: BrokerConfig, hurry:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="sluice broker", description="Run a Sluice broker.")
-    parser.add_argument("--id", type=int, required=True, help="broker id (>= 0), unique in the cluster")
+    parser.add_argument(
+        "--id",
+        type=int,
+        default=None,
+        help="broker id (>= 0), unique in the cluster (default: the StatefulSet pod ordinal, the -N ending $HOSTNAME)",
+    )
     parser.add_argument("--listen", required=True, help="HOST:PORT to serve gRPC on")
     parser.add_argument("--data", required=True, help="data directory (RocksDB lives in DATA/rocksdb)")
     parser.add_argument(
-        "--metadata", default=None, help="metadata store: a SQLite file path (default: DATA/metadata.sqlite)"
+        "--metadata",
+        default=None,
+        help="metadata store: a SQLite file path (default: DATA/metadata.sqlite), or kubernetes://NAMESPACE "
+        "(custom resources through the API server; in a pod, kubernetes:// is the pod's namespace)",
     )
     parser.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (Kafka's names)"
@@ -104,10 +112,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def pod_ordinal_id(hostname: str) -> int:
+    """The broker id of a StatefulSet pod: the ordinal its name ends with (``sluice-broker-2`` -> 2)."""
+    name = hostname.split(".", 1)[0]
+    _, sep, ordinal = name.rpartition("-")
+    if not sep or not ordinal.isdigit():
+        raise ConfigError(
+            f"no --id given, and the host name {hostname!r} does not end with a StatefulSet ordinal (NAME-N)"
+        )
+    return int(ordinal)
+
+
 def build_config(args: argparse.Namespace) -> BrokerConfig:
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit():
         raise ConfigError(f"--listen must be HOST:PORT, not {args.listen!r}")
+    if args.id is None:
+        args.id = pod_ordinal_id(os.environ.get("HOSTNAME", ""))
     if args.id < 0:
         raise ConfigError(f"--id must be >= 0, not {args.id}")
     overrides: dict[str, str] = {}

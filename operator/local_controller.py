@@ -45,13 +45,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, VersionConflict, open_store, update
 from sluice.operator.controller import describe_changes, elect_leaders, restore_preferred_leaders
-from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
+from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker, Transition
 
 log = logging.getLogger("sluice.operator.controller")
 
@@ -59,6 +59,24 @@ CONTROLLER_KEY = "controller"
 DEFAULT_INTERVAL_MS = 100
 DEFAULT_PREFERRED_LEADER_DELAY_MS = 10_000
 CAS_ATTEMPTS = 20
+
+
+class Liveness(Protocol):
+    """Where liveness comes from: health checks here, Pods in Kubernetes (sluice.operator.pod_liveness)."""
+
+    def poll(self, targets: Mapping[int, str]) -> list[Transition]: ...
+
+    @property
+    def live(self) -> frozenset[int]: ...
+
+    @property
+    def dead(self) -> frozenset[int]: ...
+
+    def alive_for(self, seconds: float) -> frozenset[int]: ...
+
+
+# Called after each topic document the controller wrote: (key, old value, new value, live, dead).
+ChangeListener = Callable[[str, dict[str, Any], dict[str, Any], frozenset[int], frozenset[int]], None]
 
 
 class ControllerFenced(Exception):
@@ -80,15 +98,17 @@ class LocalController:
     def __init__(
         self,
         store: MetadataStore,
-        detector: FailureDetector,
+        detector: Liveness,
         *,
         preferred_leaders: bool = True,
         preferred_leader_delay_ms: int = DEFAULT_PREFERRED_LEADER_DELAY_MS,
         default_unclean: bool = False,
         clock_ms: Callable[[], int] = _now_ms,
+        on_change: ChangeListener | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
+        self.on_change = on_change
         self.preferred_leaders = preferred_leaders
         self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
         self.default_unclean = default_unclean
@@ -186,6 +206,11 @@ class LocalController:
                 continue
             for line in describe_changes(current, new, live, dead):
                 log.info("%s", line)
+            if self.on_change is not None:
+                try:
+                    self.on_change(doc.key, current, new, live, dead)
+                except Exception:
+                    log.exception("reporting the change of %s failed", doc.key)
             return 1
         log.warning("%s kept changing under the controller; trying again next round", doc.key if doc else "?")
         return 0

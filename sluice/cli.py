@@ -138,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
         prefix_chars="\0",  # never parse broker options here
     ).add_argument("broker_args", nargs=argparse.REMAINDER)
 
+    # operator: the rest of the line goes to the operator's own parser.
+    sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (arguments: sluice operator --help)",
+        add_help=False,
+        prefix_chars="\0",
+    ).add_argument("operator_args", nargs=argparse.REMAINDER)
+
     # dev
     dev = sub.add_parser("dev", help="a local cluster running in the background")
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
@@ -435,6 +443,11 @@ def cmd_broker(argv: Sequence[str]) -> int:
     broker_main = importlib.import_module("sluice.broker.main")
     result = broker_main.main(list(argv))
     return int(result or 0)
+
+
+def cmd_operator(argv: Sequence[str]) -> int:
+    operator_main = importlib.import_module("sluice.operator.main")
+    return int(operator_main.main(list(argv)) or 0)
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -917,6 +930,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list and args_list[0] == "broker":
         # Everything after `broker` belongs to the broker's own parser (and its --help).
         return cmd_broker(args_list[1:])
+    if args_list and args_list[0] == "operator":
+        return cmd_operator(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:

@@ -398,6 +398,13 @@ class TransactionCoordinator:
         tid = req.transactional_id
         if not tid:
             return self._new_producer_id(), 0, ""  # an idempotent producer: any broker answers
+        required = self.config.get("transactional.id.declaration.required")
+        if required and not self.cluster.transactional_id_declared(tid):
+            raise Refused(
+                pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
+                "for every id (transactional.id.declaration.required)",
+            )
         if req.keep_prepared_txn and req.abort_prepared_txn:
             raise Refused(pb.INVALID_REQUEST, "keep_prepared_txn and abort_prepared_txn exclude each other")
         max_timeout = self.config.int("transaction.max.timeout.ms")

@@ -278,6 +278,37 @@ class Admin:
             )
         return out
 
+    def fence_producers(
+        self, transactional_ids: Iterable[str], transaction_timeout_ms: int = 60_000, timeout: float | None = None
+    ) -> dict[str, tuple[int, int]]:
+        """Fence the current producer of each transactional id, as Kafka's ``Admin.fenceProducers``.
+
+        Sends InitProducerId for the id as a new producer would: the coordinator
+        bumps the epoch, so the live producer gets PRODUCER_FENCED on its next
+        request, and an open transaction is aborted first (the coordinator
+        answers CONCURRENT_TRANSACTIONS while it aborts; retried here). Returns
+        id -> (producer id, new epoch). The id's transaction timeout becomes
+        ``transaction_timeout_ms``, as with any InitProducerId.
+        """
+        deadline = self._deadline(timeout)
+        out: dict[str, tuple[int, int]] = {}
+        for txn_id in transactional_ids:
+            response: broker_pb2.InitProducerIdResponse = self._cluster.coordinator_call(
+                txn_id,
+                TRANSACTION,
+                "InitProducerId",
+                broker_pb2.InitProducerIdRequest(
+                    transactional_id=txn_id,
+                    transaction_timeout_ms=transaction_timeout_ms,
+                    producer_id=-1,
+                    producer_epoch=-1,
+                ),
+                lambda r: (r.error_code, r.error_message),
+                deadline,
+            )
+            out[txn_id] = (response.producer_id, response.producer_epoch)
+        return out
+
     def list_transactions(
         self,
         states: Iterable[str] | None = None,

@@ -11,6 +11,9 @@
 ``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",
                                   "updated_ms"}  (written by the controller; leaders never
                                   re-admit a dead broker to an ISR, as in KIP-841)
+``transactional_ids/<id>``       {"transactional_id", "resource": "namespace/name"}  (written by
+                                  the operator for each TransactionalId resource; with
+                                  transactional.id.declaration.required, only these ids may be used)
 """
 
 CLUSTER = "cluster"
@@ -18,6 +21,7 @@ PID_BLOCK = "producer_id_block"
 CONTROLLER = "controller"
 BROKERS = "brokers/"
 TOPICS = "topics/"
+TRANSACTIONAL_IDS = "transactional_ids/"
 
 
 def broker(broker_id: int) -> str:
@@ -26,3 +30,7 @@ def broker(broker_id: int) -> str:
 
 def topic(name: str) -> str:
     return f"{TOPICS}{name}"
+
+
+def transactional_id(txn_id: str) -> str:
+    return f"{TRANSACTIONAL_IDS}{txn_id}"

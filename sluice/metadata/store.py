@@ -65,7 +65,13 @@ def update(
 
 
 def open_store(url: str) -> MetadataStore:
-    """A store from a location: a SQLite file path (or sqlite:///path)."""
+    """A store from a location: ``kubernetes://NAMESPACE[?kubeconfig=..&context=..]`` (custom
+    resources through the API server, :mod:`sluice.metadata.kubernetes`), else a SQLite file
+    path (or ``sqlite:///path``)."""
+    if url.startswith("kubernetes:"):
+        from sluice.metadata.kubernetes import KubernetesMetadataStore
+
+        return KubernetesMetadataStore.from_url(url)
     from sluice.metadata.local import SqliteMetadataStore
 
     path = url.removeprefix("sqlite://")

@@ -13,7 +13,7 @@ This package sits above the client in the import layers: it may use
 ``sluice.client``, never ``sluice.broker`` (brokers are separate processes).
 """
 
-from sluice.testing._net import check_health, free_port
+from sluice.testing._net import check_health, free_port, poll_until
 from sluice.testing.cluster import BrokerProcess, ClusterError, LocalCluster
 from sluice.testing.names import unique_topic_name
 
@@ -23,5 +23,6 @@ __all__ = [
     "LocalCluster",
     "check_health",
     "free_port",
+    "poll_until",
     "unique_topic_name",
 ]

@@ -460,3 +460,50 @@ def test_losing_leadership_drops_the_partition(tmp_path: Path) -> None:
         assert b.coord._partitions[p].coordinator_epoch == 1
 
     run(tmp_path, test)
+
+
+def test_declared_transactional_ids_only_when_the_cluster_requires_them(tmp_path: Path) -> None:
+    """With transactional.id.declaration.required, only ids with a transactional_ids/<id> document
+    (written by the operator for each TransactionalId resource) get a producer id."""
+
+    async def scenario() -> None:
+        broker = await Broker(tmp_path, {"transactional.id.declaration.required": "true"}).open()
+        try:
+            refused = await broker.coord.init_producer_id(
+                bpb.InitProducerIdRequest(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
+            )
+            assert refused.error_code == pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+            assert "not declared" in refused.error_message and refused.producer_id == -1
+            # Idempotent producers (no transactional id) are not concerned.
+            idempotent = await broker.coord.init_producer_id(bpb.InitProducerIdRequest(transaction_timeout_ms=1))
+            assert idempotent.error_code == pb.NONE
+            doc = broker.store.compare_and_set(
+                "transactional_ids/app-1", {"transactional_id": "app-1", "resource": "ns/app-1"}, None
+            )
+            # Declared a moment ago and not yet seen by the broker's metadata refresh: still accepted
+            # (the coordinator reads the store before refusing).
+            pid, epoch = await broker.init("app-1")
+            assert pid > 0 and epoch == 0
+            # Undeclared again (the resource was deleted): new instances are refused.
+            broker.store.delete("transactional_ids/app-1", doc.version)
+            broker.cluster.refresh()
+            again = await broker.coord.init_producer_id(
+                bpb.InitProducerIdRequest(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
+            )
+            assert again.error_code == pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        finally:
+            await broker.close()
+
+    asyncio.run(scenario())
+
+
+def test_undeclared_ids_work_by_default(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        broker = await Broker(tmp_path).open()
+        try:
+            pid, epoch = await broker.init("anything-goes")
+            assert pid > 0 and epoch == 0
+        finally:
+            await broker.close()
+
+    asyncio.run(scenario())

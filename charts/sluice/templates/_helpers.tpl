@@ -1,0 +1,75 @@
+{{/* Chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, with the chart name unless it contains it. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ include "sluice.chart" . }}
+app.kubernetes.io/name: {{ include "sluice.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- end }}
+
+{{/* Selector labels; pass (dict "ctx" $ "component" "broker"). */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sluice.broker.fullname" -}}
+{{- printf "%s-broker" (include "sluice.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The headless Service that gives each broker pod its stable DNS name. */}}
+{{- define "sluice.broker.headless" -}}
+{{- printf "%s-headless" (include "sluice.broker.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.operator.fullname" -}}
+{{- printf "%s-operator" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sluice.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The brokers' settings (a JSON object): replication defaults that fit the broker count (3 and 2, or
+fewer with fewer brokers), the coordinators' internal-topic settings, then broker.config on top.
+*/}}
+{{- define "sluice.broker.config" -}}
+{{- $n := int .Values.broker.replicas }}
+{{- $c := dict }}
+{{- $_ := set $c "default.replication.factor" (toString (min 3 $n)) }}
+{{- $_ := set $c "min.insync.replicas" (toString (max 1 (min 2 (sub $n 1)))) }}
+{{- $_ := set $c "transaction.state.log.num.partitions" (toString .Values.coordinators.transaction.partitions) }}
+{{- $_ := set $c "transaction.state.log.replication.factor" (toString (min .Values.coordinators.transaction.replicationFactor $n)) }}
+{{- $_ := set $c "offsets.topic.num.partitions" (toString .Values.coordinators.group.partitions) }}
+{{- $_ := set $c "offsets.topic.replication.factor" (toString (min .Values.coordinators.group.replicationFactor $n)) }}
+{{- range $k, $v := .Values.coordinators.transaction.settings }}{{ $_ := set $c $k (toString $v) }}{{ end }}
+{{- range $k, $v := .Values.coordinators.group.settings }}{{ $_ := set $c $k (toString $v) }}{{ end }}
+{{- range $k, $v := .Values.broker.config }}{{ $_ := set $c $k (toString $v) }}{{ end }}
+{{- toJson $c }}
+{{- end }}

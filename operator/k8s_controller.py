@@ -1,0 +1,550 @@
+"""The controller in Kubernetes: leader election from broker Pods, status projection, Events.
+
+The Kopf handlers (:mod:`sluice.operator.kopf_app`) turn resources into
+metadata documents; this module keeps the cluster right while brokers come
+and go. It runs in the operator process as threads that do not depend on
+Kopf's event loop, so a burst of resource events never delays a failover:
+
+* **Pod watch.** A LIST+WATCH of the broker Pods (a label selector) feeds
+  :class:`~sluice.operator.pod_liveness.PodLiveness`: Ready pods are live,
+  pods NotReady beyond the grace period or deleted are dead.
+* **Controller loop.** The same :class:`~sluice.operator.local_controller.LocalController`
+  the embedded cluster runs, over the Kubernetes MetadataStore, with Pod
+  liveness instead of health checks: it applies the pure rules of
+  :mod:`sluice.operator.controller` to every topic document (user topics and
+  the coordinators' internal topics alike), electing new leaders for
+  everything a dead broker led and handing leadership back to preferred
+  replicas once they are back in the ISR.
+* **One active controller.** Two operator replicas may run (Kopf peering
+  keeps their resource handlers apart); the controller loop runs only in
+  the replica that holds the ``sluice-controller`` Lease
+  (coordination.k8s.io). Taking the lease also takes the next controller
+  epoch in the ``controller`` document, and a controller that finds a newer
+  epoch there stops acting at once (it lost its lease while paused, say),
+  so two controllers never act on the same epoch.
+* **Events.** Every topic document the controller rewrites yields one
+  Kubernetes Event (reason ``LeaderElected``, ``LeaderNotAvailable`` or
+  ``IsrShrunk``) naming every leadership move, on the Topic (or Coordinator,
+  for internal topics) it concerns, else on the new leader's Pod. Events are
+  posted from a queue by their own thread.
+* **Status projection.** Topic and Coordinator statuses follow the
+  ``topics/<name>`` documents (partitions, leaders, ISR, epochs, Ready)
+  through the store's watch: a leadership move or an ISR change by a leader
+  shows in ``kubectl get topic -o yaml`` within a moment.
+* **Broker count.** The ConfigMap ``sluice-cluster`` (``data.brokers``) says
+  how many brokers the cluster has: the larger of the registered brokers
+  and the configured count (the StatefulSet's replicas). The
+  ValidatingAdmissionPolicy of manifests/policies/ reads it to refuse a
+  replicationFactor above it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sluice.metadata import keys
+from sluice.metadata.store import MetadataStore
+from sluice.operator.controller import describe_changes
+from sluice.operator.local_controller import ControllerFenced, LocalController
+from sluice.operator.pod_liveness import PodLiveness
+from sluice.operator.resources import (
+    COORDINATOR_TOPICS,
+    coordinator_rows,
+    leadership_condition,
+    now_iso,
+    partition_rows,
+    topic_name,
+)
+
+log = logging.getLogger("sluice.operator.controller")
+
+GROUP, VERSION = "sluice.dev", "v1alpha1"
+LEASE_NAME = "sluice-controller"
+CLUSTER_CONFIGMAP = "sluice-cluster"
+DEFAULT_BROKER_SELECTOR = "app.kubernetes.io/name=sluice,app.kubernetes.io/component=broker"
+COMPONENT = "sluice-operator"
+
+
+def _status(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
+class LeaseElector:
+    """Holds the ``sluice-controller`` Lease while this replica is the active controller."""
+
+    def __init__(
+        self,
+        coordination: Any,
+        namespace: str,
+        identity: str,
+        duration_s: float = 6.0,
+        renew_s: float = 1.0,
+        name: str = LEASE_NAME,
+    ) -> None:
+        self.api = coordination
+        self.namespace = namespace
+        self.identity = identity
+        self.duration_s = duration_s
+        self.renew_s = renew_s
+        self.name = name
+        self._renewed = 0.0  # monotonic time of the last successful renewal
+
+    def _body(self, transitions: int, acquired: str | None, resource_version: str | None) -> dict[str, Any]:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        meta: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": meta,
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, round(self.duration_s)),
+                "acquireTime": acquired or now,
+                "renewTime": now,
+                "leaseTransitions": transitions,
+            },
+        }
+
+    def holds(self) -> bool:
+        """True while this replica holds the lease; renews it every ``renew_s`` (one API write)."""
+        if self._renewed and time.monotonic() - self._renewed < self.renew_s:
+            return True
+        try:
+            lease = self.api.read_namespaced_lease(self.name, self.namespace)
+        except Exception as exc:
+            if _status(exc) != 404:
+                log.warning("reading the controller lease failed: %s", exc)
+                return self._still_valid()
+            try:
+                self.api.create_namespaced_lease(self.namespace, self._body(0, None, None))
+            except Exception as exc2:
+                log.info("another operator took the controller lease first: %s", exc2)
+                return False
+            return self._took()
+        spec = lease.spec
+        holder = spec.holder_identity or ""
+        renewed: datetime | None = spec.renew_time
+        duration = spec.lease_duration_seconds or self.duration_s
+        expired = renewed is None or datetime.now(UTC) - renewed > timedelta(seconds=duration)
+        if holder != self.identity and not expired:
+            self._renewed = 0.0
+            return False
+        transitions = (spec.lease_transitions or 0) + (0 if holder == self.identity else 1)
+        acquired = (
+            spec.acquire_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            if holder == self.identity and spec.acquire_time
+            else None
+        )
+        try:
+            self.api.replace_namespaced_lease(
+                self.name, self.namespace, self._body(transitions, acquired, lease.metadata.resource_version)
+            )
+        except Exception as exc:
+            log.info("renewing the controller lease failed: %s", exc)
+            return self._still_valid() if holder == self.identity else False
+        if holder != self.identity:
+            log.info("took the controller lease from %r", holder or "nobody")
+        return self._took()
+
+    def _took(self) -> bool:
+        self._renewed = time.monotonic()
+        return True
+
+    def _still_valid(self) -> bool:
+        return bool(self._renewed) and time.monotonic() - self._renewed < self.duration_s / 2
+
+    def release(self) -> None:
+        self._renewed = 0.0
+
+
+class EventRecorder:
+    """Posts core/v1 Events from a queue, on its own thread."""
+
+    def __init__(self, core: Any, namespace: str, instance: str) -> None:
+        self.core = core
+        self.namespace = namespace
+        self.instance = instance
+        self._queue: queue.Queue[
+            tuple[Callable[[], Mapping[str, Any] | None], str, str, bool] | None
+        ] = queue.Queue(maxsize=10_000)
+        self._thread = threading.Thread(target=self._run, name="sluice-events", daemon=True)
+        self._thread.start()
+
+    def record_later(
+        self,
+        involved: Callable[[], Mapping[str, Any] | None],
+        reason: str,
+        message: str,
+        warning: bool = False,
+    ) -> None:
+        """Queue an Event whose object is found by ``involved()`` on the event thread (None: dropped)."""
+        try:
+            self._queue.put_nowait((involved, reason, message, warning))
+        except queue.Full:
+            log.warning("event queue full; dropped: %s %s", reason, message)
+
+    def record(self, involved: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
+        self.record_later(lambda: involved, reason, message, warning)
+
+    def _event(self, involved: Mapping[str, Any], reason: str, message: str, warning: bool) -> dict[str, Any]:
+        now = now_iso()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved.get('name', 'sluice')}.", "namespace": self.namespace},
+            "involvedObject": dict(involved),
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        return event
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            find, reason, message, warning = item
+            try:
+                involved = find()
+                if involved is not None:
+                    self.core.create_namespaced_event(self.namespace, self._event(involved, reason, message, warning))
+            except Exception as exc:
+                log.warning("posting an event failed: %s", exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+
+class KubernetesController:
+    """Pod watch, controller loop under a lease, events and status projection (module docstring)."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        api_client: Any,
+        namespace: str,
+        *,
+        broker_selector: str = DEFAULT_BROKER_SELECTOR,
+        grace_s: float = 10.0,
+        interval_s: float = 0.1,
+        expected_brokers: int = 0,
+        identity: str | None = None,
+        lease_duration_s: float = 6.0,
+        statefulset: str | None = None,
+        preferred_leader_delay_s: float = 10.0,
+    ) -> None:
+        from kubernetes import client
+
+        self.store = store
+        self.api_client = api_client
+        self.namespace = namespace
+        self.broker_selector = broker_selector
+        self.interval_s = interval_s
+        self.expected_brokers = expected_brokers
+        self.statefulset = statefulset
+        self._replicas: tuple[float, int] = (0.0, 0)  # (read at, the StatefulSet's replicas)
+        self.identity = identity or f"{socket.gethostname()}-{id(self):x}"
+        self.core: Any = client.CoreV1Api(api_client)
+        self.custom: Any = client.CustomObjectsApi(api_client)
+        self.liveness = PodLiveness(grace_s)
+        self.events = EventRecorder(self.core, namespace, self.identity)
+        self.elector = LeaseElector(client.CoordinationV1Api(api_client), namespace, self.identity, lease_duration_s)
+        self.controller = LocalController(
+            store,
+            self.liveness,
+            on_change=self._on_change,
+            preferred_leader_delay_ms=int(preferred_leader_delay_s * 1000),
+        )
+        self.leading = threading.Event()
+        self.pods_synced = threading.Event()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._published_brokers = -1
+        self._projected_revision = 0
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in (
+            (self._watch_pods, "sluice-pod-watch"),
+            (self._control, "sluice-controller"),
+            (self._project, "sluice-status"),
+        ):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.events.close()
+
+    # -- pods -------------------------------------------------------------------------------------
+
+    def _watch_pods(self) -> None:
+        from kubernetes import watch as kube_watch
+
+        watch: Any = kube_watch
+        resource_version: str | None = None
+        known: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                if resource_version is None:
+                    listed: Any = self.core.list_namespaced_pod(self.namespace, label_selector=self.broker_selector)
+                    names: set[str] = set()
+                    for pod in listed.items:
+                        raw = self.api_client.sanitize_for_serialization(pod)
+                        self.liveness.pod_event("ADDED", raw)
+                        names.add(pod.metadata.name)
+                    for gone in known - names:
+                        self.liveness.pod_event("DELETED", {"metadata": {"name": gone}})
+                    known = names
+                    resource_version = listed.metadata.resource_version
+                    self.pods_synced.set()
+                w = watch.Watch()
+                for event in w.stream(
+                    self.core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self.broker_selector,
+                    resource_version=resource_version,
+                    timeout_seconds=30,
+                    allow_watch_bookmarks=True,
+                ):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    raw = event.get("raw_object") or {}
+                    kind = event.get("type")
+                    if kind == "ERROR":
+                        resource_version = None
+                        break
+                    resource_version = (raw.get("metadata") or {}).get("resourceVersion", resource_version)
+                    if kind == "BOOKMARK":
+                        continue
+                    name = (raw.get("metadata") or {}).get("name", "")
+                    if kind == "DELETED":
+                        known.discard(name)
+                    else:
+                        known.add(name)
+                    broker = self.liveness.pod_event(str(kind), raw)
+                    log.debug("pod %s %s (broker %s)", name, kind, broker)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                if _status(exc) == 410:
+                    resource_version = None
+                log.warning("broker pod watch failed (%s); watching again", exc)
+                self._stop.wait(0.5)
+
+    # -- the controller loop ----------------------------------------------------------------------
+
+    def _control(self) -> None:
+        self.pods_synced.wait(timeout=30)
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                if self.elector.holds():
+                    if not self.leading.is_set():
+                        epoch = self.controller.claim()
+                        log.info("%s is the active controller (epoch %d)", self.identity, epoch)
+                        self.leading.set()
+                    self.controller.step()
+                    self._publish_broker_count()
+                elif self.leading.is_set():
+                    log.info("%s lost the controller lease", self.identity)
+                    self.leading.clear()
+            except ControllerFenced as exc:
+                log.warning("standing down: %s", exc)
+                self.leading.clear()
+                self.elector.release()
+                self._stop.wait(self.elector.duration_s)
+            except Exception:
+                log.exception("controller round failed; trying again")
+            took = time.monotonic() - started
+            if took > 1.0:
+                log.warning("a controller round took %.1f s", took)
+            self._stop.wait(max(0.0, self.interval_s - took))
+
+    def expected(self) -> int:
+        """The broker count the cluster is meant to have: the configured one, else the StatefulSet's replicas."""
+        if self.expected_brokers or not self.statefulset:
+            return self.expected_brokers
+        read_at, replicas = self._replicas
+        if time.monotonic() - read_at > 5.0:
+            from kubernetes import client
+
+            try:
+                sts: Any = client.AppsV1Api(self.api_client).read_namespaced_stateful_set(
+                    self.statefulset, self.namespace
+                )
+                replicas = int(sts.spec.replicas or 0)
+            except Exception as exc:
+                log.debug("reading StatefulSet %s failed: %s", self.statefulset, exc)
+            self._replicas = (time.monotonic(), replicas)
+        return replicas
+
+    def _publish_broker_count(self) -> None:
+        count = max(len(self.controller.registered_brokers()), self.expected())
+        if count == self._published_brokers:
+            return
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": CLUSTER_CONFIGMAP,
+                "namespace": self.namespace,
+                "labels": {"app.kubernetes.io/part-of": "sluice", "app.kubernetes.io/managed-by": COMPONENT},
+            },
+            "data": {"brokers": str(count)},
+        }
+        try:
+            self.core.patch_namespaced_config_map(CLUSTER_CONFIGMAP, self.namespace, {"data": body["data"]})
+        except Exception as exc:
+            if _status(exc) != 404:
+                raise
+            self.core.create_namespaced_config_map(self.namespace, body)
+        self._published_brokers = count
+        log.info("the cluster has %d broker(s) (ConfigMap %s)", count, CLUSTER_CONFIGMAP)
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def owner_of(self, topic: str) -> dict[str, Any] | None:
+        """The resource a topic belongs to, as an involvedObject: its Topic, or its Coordinator."""
+        internal = {v: k for k, v in COORDINATOR_TOPICS.items()}
+        plural = "coordinators" if topic in internal else "topics"
+        try:
+            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+        except Exception as exc:
+            log.debug("listing %s failed: %s", plural, exc)
+            return None
+        for item in items:
+            if plural == "topics" and topic_name(item) != topic:
+                continue
+            if plural == "coordinators" and (item.get("spec") or {}).get("type") != internal[topic]:
+                continue
+            meta = item["metadata"]
+            return {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Topic" if plural == "topics" else "Coordinator",
+                "name": meta["name"],
+                "namespace": self.namespace,
+                "uid": meta.get("uid", ""),
+            }
+        return None
+
+    def _on_change(
+        self, key: str, old: dict[str, Any], new: dict[str, Any], live: frozenset[int], dead: frozenset[int]
+    ) -> None:
+        """Queue the Event for one rewritten topic document (resolved and posted by the event thread)."""
+        lines = describe_changes(old, new, live, dead)
+        if not lines or not key.startswith(keys.TOPICS):
+            return
+        leaderless = any(int(p.get("leader", -1)) < 0 for p in new.get("partitions", []))
+        moved = any(
+            a.get("leader") != b.get("leader")
+            for a, b in zip(old.get("partitions", []), new.get("partitions", []), strict=False)
+        )
+        reason = "LeaderNotAvailable" if leaderless else ("LeaderElected" if moved else "IsrShrunk")
+        topic = key[len(keys.TOPICS) :]
+        leaders = [int(p.get("leader", -1)) for p in new.get("partitions", [])]
+        self.events.record_later(lambda: self._involved(topic, leaders), reason, "; ".join(lines), leaderless)
+
+    def _involved(self, topic: str, leaders: list[int]) -> dict[str, Any] | None:
+        """What an Event about ``topic`` is attached to: its Topic or Coordinator, else a leader's Pod."""
+        involved = self.owner_of(topic)
+        if involved is not None:
+            return involved
+        pods = self.liveness.pods()
+        target = next((pods[b].name for b in leaders if b in pods), None)
+        if target is None:
+            return None
+        return {"apiVersion": "v1", "kind": "Pod", "name": target, "namespace": self.namespace}
+
+    # -- status projection ------------------------------------------------------------------------
+
+    def _project(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.leading.is_set():
+                    self.project_once()
+            except Exception:
+                log.exception("updating resource statuses failed; trying again")
+            self._stop.wait(0.2)
+
+    def project_once(self) -> int:
+        """Patch the status of every Topic/Coordinator whose document changed; returns how many."""
+        changes = self.store.changes_since(self._projected_revision, keys.TOPICS)
+        if not changes:
+            return 0
+        latest = {d.key[len(keys.TOPICS) :]: d for d in changes}
+        patched = 0
+        topics = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "topics")["items"]
+        for item in topics:
+            doc = latest.get(topic_name(item))
+            if doc is not None and doc.value is not None:
+                patched += self._patch_status("topics", item, topic_status_patch(item, doc.value))
+        internal = {v: k for k, v in COORDINATOR_TOPICS.items()}
+        if any(name in internal for name in latest):
+            coordinators = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "coordinators")
+            for item in coordinators["items"]:
+                doc = latest.get(COORDINATOR_TOPICS.get((item.get("spec") or {}).get("type", ""), ""))
+                if doc is not None and doc.value is not None:
+                    patched += self._patch_status("coordinators", item, coordinator_status_patch(item, doc.value))
+        self._projected_revision = max(d.revision for d in changes)
+        return patched
+
+    def _patch_status(self, plural: str, item: Mapping[str, Any], status: dict[str, Any]) -> int:
+        if "observedGeneration" not in (item.get("status") or {}):
+            return 0  # not reconciled yet: its handler writes the first whole status
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, plural, item["metadata"]["name"], {"status": status}
+            )
+        except Exception as exc:
+            if _status(exc) == 404:
+                return 0  # deleted meanwhile
+            raise
+        return 1
+
+
+def topic_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a Topic's status that follows its document (partitions, topic id, Ready)."""
+    status = item.get("status") or {}
+    return {
+        "topicName": doc.get("name") or topic_name(item),
+        "topicId": doc.get("topic_id", ""),
+        "partitions": partition_rows(doc),
+        "conditions": leadership_condition(
+            status.get("conditions"), doc, status.get("observedGeneration"), f"topic {doc.get('name')}"
+        ),
+    }
+
+
+def coordinator_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
+    status = item.get("status") or {}
+    return {
+        "topicName": doc.get("name", ""),
+        "partitions": coordinator_rows(doc),
+        "conditions": leadership_condition(
+            status.get("conditions"), doc, status.get("observedGeneration"), f"coordinator topic {doc.get('name')}"
+        ),
+    }
+

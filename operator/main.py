@@ -1,0 +1,101 @@
+"""``sluice operator``: run the Kopf operator (the same as ``kopf run -m sluice.operator.kopf_app``).
+
+Flags become the SLUICE_* environment settings :mod:`sluice.operator.kopf_app`
+reads (set before it is imported, since its timers' intervals are fixed at
+import), then Kopf runs in this process: namespace-scoped, with peering
+(unless ``--standalone``) and a liveness endpoint for the Deployment's probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from sluice.operator.k8s_controller import DEFAULT_BROKER_SELECTOR
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="sluice operator", description="Run the Sluice Kubernetes operator (Kopf).")
+    ap.add_argument("--namespace", default=None, help="the namespace of the Sluice cluster (default: the pod's own)")
+    ap.add_argument("--metadata", default=None, help="metadata store (default: kubernetes://NAMESPACE)")
+    ap.add_argument(
+        "--broker-selector",
+        default=None,
+        help=f"label selector of the broker pods ($SLUICE_BROKER_SELECTOR, else {DEFAULT_BROKER_SELECTOR})",
+    )
+    ap.add_argument(
+        "--pod-grace-s",
+        type=float,
+        default=None,
+        help="a broker pod NotReady this long is dead and loses its leaderships "
+        "($SLUICE_FAILOVER_GRACE_SECONDS, else 10)",
+    )
+    ap.add_argument(
+        "--brokers",
+        type=int,
+        default=None,
+        help="the broker count the cluster is meant to have, for replicationFactor checks "
+        "(default: the replicas of the StatefulSet $SLUICE_BROKER_STATEFULSET, if set)",
+    )
+    ap.add_argument(
+        "--preferred-leader-delay-s",
+        type=float,
+        default=None,
+        help="a broker Ready again takes its preferred leaderships back after this long (default 10)",
+    )
+    ap.add_argument("--reconcile-interval-s", type=float, default=None, help="drift repair period (default 30)")
+    ap.add_argument("--status-interval-s", type=float, default=None, help="TransactionalId status period (default 5)")
+    ap.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint ('' for none)")
+    ap.add_argument("--peering", default="sluice", help="the KopfPeering object's name (%(default)s)")
+    ap.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
+    ap.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
+    args = ap.parse_args(argv)
+    for name in ("pod_grace_s", "brokers", "preferred_leader_delay_s"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("reconcile_interval_s", "status_interval_s"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            ap.error(f"--{name.replace('_', '-')} must be > 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s [operator] %(name)s: %(message)s"
+    )
+    settings = {
+        "SLUICE_NAMESPACE": args.namespace,
+        "SLUICE_METADATA": args.metadata,
+        "SLUICE_BROKER_SELECTOR": args.broker_selector,
+        "SLUICE_FAILOVER_GRACE_SECONDS": args.pod_grace_s,
+        "SLUICE_EXPECTED_BROKERS": args.brokers,
+        "SLUICE_PREFERRED_LEADER_DELAY_S": args.preferred_leader_delay_s,
+        "SLUICE_RECONCILE_INTERVAL_S": args.reconcile_interval_s,
+        "SLUICE_STATUS_INTERVAL_S": args.status_interval_s,
+        "SLUICE_PEERING": args.peering,
+    }
+    for key, value in settings.items():
+        if value is not None:  # flags win over the environment the chart sets
+            os.environ[key] = str(value)
+    import kopf
+
+    from sluice.metadata.kubernetes import parse_url
+
+    namespace = args.namespace or parse_url("kubernetes://")[0]
+    importlib.import_module("sluice.operator.kopf_app")
+    kopf.run(
+        namespaces=[namespace],
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""The Helm chart: lint-clean, valid against a real API server, installs and uninstalls.
+
+On the test control plane nothing runs (no kubelet, no controllers): what is checked is that
+every object of the chart is accepted by the API server (schemas, CRDs, admission) and created,
+with the settings the values ask for, and that `helm uninstall` removes them again. The contract
+between the chart and the broker is checked by parsing the broker command line the chart renders
+with the broker's own argument parser and configuration, as the container would.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sluice.broker.config import BrokerConfig
+from sluice.broker.main import build_config, parse_args
+from sluice.testing import poll_until
+from sluice.testing.k8s_env import KubeCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "sluice"
+EXAMPLES = ROOT / "manifests" / "examples"
+
+
+def render(k8s: KubeCluster, *args: str, namespace: str = "sluice", release: str = "sluice") -> list[dict[str, Any]]:
+    out = k8s.helm("template", release, str(CHART), "--namespace", namespace, *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    matches = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(matches) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in matches]}"
+    return matches[0]
+
+
+def install_crds(k8s: KubeCluster) -> None:
+    """The chart's CRDs, applied and established (Helm itself only installs CRDs that are missing)."""
+    k8s.kubectl("apply", "--server-side", "--field-manager=sluice-tests", "-f", str(CHART / "crds"))
+    k8s.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CHART / "crds"))
+
+
+def broker_config(statefulset: dict[str, Any], broker_id: int, namespace: str) -> BrokerConfig:
+    """The broker's configuration from the StatefulSet's command line, as Kubernetes expands it."""
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
+    env = {"SLUICE_BROKER_ID": str(broker_id), "POD_IP": "10.244.0.7", "POD_NAMESPACE": namespace}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    assert args[0] == "broker"
+    return build_config(parse_args(args[1:]))
+
+
+def test_helm_lint_is_clean(k8s: KubeCluster) -> None:
+    for extra in ([], ["--set", "broker.replicas=1", "--set", "broker.podAntiAffinity=hard"]):
+        result = k8s.helm("lint", "--strict", str(CHART), *extra)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+        assert "[WARNING]" not in result.stdout and "[ERROR]" not in result.stdout, result.stdout
+
+
+def test_bad_values_are_refused_with_a_clear_error(k8s: KubeCluster) -> None:
+    result = k8s.helm("template", "x", str(CHART), "--set", "broker.podAntiAffinity=sometimes", check=False)
+    assert result.returncode != 0
+    assert 'broker.podAntiAffinity must be "soft", "hard" or ""' in result.stderr
+
+
+def test_broker_command_line_is_one_the_broker_accepts(k8s: KubeCluster) -> None:
+    docs = render(k8s, namespace="prod")
+    sts = find(docs, "StatefulSet", "sluice-broker")
+    config = broker_config(sts, broker_id=2, namespace="prod")
+    assert config.broker_id == 2
+    assert (config.host, config.port) == ("10.244.0.7", 9092)
+    assert config.metadata_url == "kubernetes://prod"
+    assert config.data_dir == "/var/lib/sluice"
+    # The internal topics follow the two coordinators; replication defaults fit three brokers.
+    assert config.int("transaction.state.log.num.partitions") == 50
+    assert config.int("transaction.state.log.replication.factor") == 3
+    assert config.int("offsets.topic.replication.factor") == 3
+    assert config.int("default.replication.factor") == 3
+    assert config.int("min.insync.replicas") == 2
+    assert config.int("transaction.max.timeout.ms") == 900_000
+
+    # One broker: every replication factor is capped, and broker.config wins over the chart.
+    docs = render(k8s, "--set", "broker.replicas=1", "--set-string", "broker.config.retention\\.ms=3600000")
+    config = broker_config(find(docs, "StatefulSet"), broker_id=0, namespace="sluice")
+    assert config.int("transaction.state.log.replication.factor") == 1
+    assert config.int("offsets.topic.replication.factor") == 1
+    assert config.int("default.replication.factor") == 1
+    assert config.int("min.insync.replicas") == 1
+    assert config.int("retention.ms") == 3_600_000
+    coordinators = [d for d in docs if d["kind"] == "Coordinator"]
+    assert sorted(c["spec"]["replicationFactor"] for c in coordinators) == [1, 1]
+
+
+def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespace: str) -> None:
+    install_crds(k8s)
+    docs = render(k8s, namespace=k8s_namespace)
+    kinds = sorted({d["kind"] for d in docs})
+    assert kinds == sorted({
+        "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "KopfPeering", "PodDisruptionBudget", "Role",
+        "RoleBinding", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    })
+    manifest = yaml.safe_dump_all(docs)
+    out = k8s.kubectl(
+        "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
+        "-f", "-", input=manifest,
+    ).stdout
+    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
+    assert len(applied) == len(docs), out
+
+    # The server's validation is really in the loop: a broken object in the same stream is refused.
+    sts = find(docs, "StatefulSet")
+    sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = 70000
+    bad = k8s.kubectl(
+        "apply", "--server-side", "--dry-run=server", "-n", k8s_namespace, "-f", "-",
+        input=yaml.safe_dump(sts), check=False,
+    )
+    assert bad.returncode != 0
+    assert "readinessProbe.grpc.port" in bad.stderr
+
+
+def test_examples_are_valid_against_the_api_server(k8s: KubeCluster, k8s_namespace: str) -> None:
+    install_crds(k8s)
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert {f.name for f in files} >= {"topic.yaml", "transactionalid.yaml", "coordinators.yaml", "copier-job.yaml"}
+    for f in files:
+        out = k8s.kubectl(
+            "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
+            "-f", str(f),
+        ).stdout
+        assert "(server dry run)" in out, f"{f.name}: {out}"
+
+
+def _names(k8s: KubeCluster, namespace: str, kinds: str) -> set[str]:
+    out = k8s.kubectl("get", kinds, "-n", namespace, "-l", "app.kubernetes.io/instance=rel", "-o", "name").stdout
+    return set(out.split())
+
+
+def test_install_creates_the_cluster_description_and_uninstall_removes_it(
+    k8s: KubeCluster, k8s_namespace: str
+) -> None:
+    ns = k8s_namespace
+    k8s.helm(
+        "install", "rel", str(CHART), "--namespace", ns,
+        "--set", "broker.replicas=3", "--set", "broker.storage.size=2Gi", "--set", "broker.storage.storageClass=fast",
+    )
+    status = k8s.helm("status", "rel", "--namespace", ns).stdout
+    assert "STATUS: deployed" in status
+    assert "kubectl -n " + ns + " rollout status statefulset/rel-sluice-broker" in status  # NOTES.txt
+
+    kinds = (
+        "statefulsets,deployments,services,poddisruptionbudgets,serviceaccounts,roles,rolebindings,coordinators,"
+        "kopfpeerings"
+    )
+    assert _names(k8s, ns, kinds) == {
+        "statefulset.apps/rel-sluice-broker",
+        "deployment.apps/rel-sluice-operator",
+        "service/rel-sluice",
+        "service/rel-sluice-broker-headless",
+        "poddisruptionbudget.policy/rel-sluice-broker",
+        "serviceaccount/rel-sluice-broker",
+        "serviceaccount/rel-sluice-operator",
+        "role.rbac.authorization.k8s.io/rel-sluice-broker",
+        "role.rbac.authorization.k8s.io/rel-sluice-operator",
+        "rolebinding.rbac.authorization.k8s.io/rel-sluice-broker",
+        "rolebinding.rbac.authorization.k8s.io/rel-sluice-operator",
+        "coordinator.sluice.dev/rel-sluice-transaction",
+        "coordinator.sluice.dev/rel-sluice-group",
+        "kopfpeering.kopf.dev/rel-sluice",
+    }
+    sts = k8s.kubectl_json("get", "statefulset", "rel-sluice-broker", "-n", ns)
+    spec: Any = sts["spec"]
+    assert spec["replicas"] == 3
+    assert spec["serviceName"] == "rel-sluice-broker-headless"
+    assert spec["podManagementPolicy"] == "Parallel"
+    claim = spec["volumeClaimTemplates"][0]["spec"]
+    assert claim["resources"]["requests"]["storage"] == "2Gi"
+    assert claim["storageClassName"] == "fast"
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["grpc"] == {"port": 9092, "service": ""}
+    assert container["livenessProbe"]["grpc"] == {"port": 9092, "service": "sluice.liveness"}
+    assert spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+
+    headless: Any = k8s.kubectl_json("get", "service", "rel-sluice-broker-headless", "-n", ns)["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True
+    pdb: Any = k8s.kubectl_json("get", "pdb", "rel-sluice-broker", "-n", ns)["spec"]
+    assert pdb["maxUnavailable"] == 1
+    coord: Any = k8s.kubectl_json("get", "coordinator", "rel-sluice-transaction", "-n", ns)["spec"]
+    assert (coord["type"], coord["partitions"], coord["replicationFactor"]) == ("transaction", 50, 3)
+    cluster_role = f"rel-sluice-operator-{ns}"[:63].rstrip("-")
+    assert k8s.kubectl("get", "clusterrole", cluster_role, check=False).returncode == 0
+    assert k8s.kubectl("get", "validatingadmissionpolicy", f"sluice-replication-factor-{ns}"[:63]).returncode == 0
+
+    k8s.helm("uninstall", "rel", "--namespace", ns, "--wait", "--timeout", "60s")
+    assert _names(k8s, ns, kinds) == set()
+    assert k8s.kubectl("get", "clusterrole", cluster_role, check=False).returncode != 0
+    assert k8s.helm("status", "rel", "--namespace", ns, check=False).returncode != 0
+
+
+def test_operator_and_broker_roles_are_least_privilege(k8s: KubeCluster, k8s_namespace: str) -> None:
+    """As the chart's service accounts: each may do its job in its namespace, and nothing else."""
+    ns = k8s_namespace
+    k8s.helm("install", "rel", str(CHART), "--namespace", ns)
+    try:
+        broker = k8s.service_account_kubeconfig(ns, "rel-sluice-broker", create=False)
+        operator = k8s.service_account_kubeconfig(ns, "rel-sluice-operator", create=False)
+
+        def can(kubeconfig: Path, *args: str) -> bool:
+            out = k8s.kubectl("auth", "can-i", *args, kubeconfig=kubeconfig, check=False).stdout.strip()
+            assert out in ("yes", "no"), out
+            return out == "yes"
+
+        # RBAC reaches the authorizer through a watch: wait (bounded) until the first grant of each
+        # account is seen, so that the refusals after it are the roles' doing, not the delay's.
+        assert poll_until(lambda: can(broker, "update", "metadatadocuments.sluice.dev", "-n", ns), timeout=15)
+        assert poll_until(lambda: can(operator, "patch", "topics.sluice.dev/status", "-n", ns), timeout=15)
+        assert can(broker, "watch", "metadatadocuments.sluice.dev", "-n", ns)
+        assert not can(broker, "list", "topics.sluice.dev", "-n", ns)
+        assert not can(broker, "get", "secrets", "-n", ns)
+        assert not can(broker, "list", "metadatadocuments.sluice.dev", "-n", "default")
+
+        assert can(operator, "patch", "transactionalids.sluice.dev", "-n", ns)
+        assert can(operator, "watch", "pods", "-n", ns)
+        assert can(operator, "create", "events", "-n", ns)
+        assert can(operator, "list", "customresourcedefinitions.apiextensions.k8s.io")
+        assert not can(operator, "delete", "pods", "-n", ns)
+        assert not can(operator, "get", "secrets", "-n", ns)
+        assert not can(operator, "list", "topics.sluice.dev", "-n", "default")
+        assert not can(operator, "create", "customresourcedefinitions.apiextensions.k8s.io")
+    finally:
+        k8s.helm("uninstall", "rel", "--namespace", ns, check=False)
+
+
+@pytest.mark.parametrize("replicas", [1, 5])
+def test_coordinators_follow_the_broker_count(k8s: KubeCluster, replicas: int) -> None:
+    docs = render(k8s, "--set", f"broker.replicas={replicas}")
+    assert find(docs, "StatefulSet")["spec"]["replicas"] == replicas
+    assert {c["spec"]["replicationFactor"] for c in docs if c["kind"] == "Coordinator"} == {min(3, replicas)}
+
+
+def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: KubeCluster) -> None:
+    from sluice.operator.main import parse_args as operator_args
+
+    deployment = find(render(k8s, namespace="prod"), "Deployment", "sluice-operator")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {"POD_NAMESPACE": "prod"}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    assert args[0] == "operator"
+    parsed = operator_args(args[1:])
+    assert parsed.namespace == "prod"
+    assert parsed.peering == "sluice"  # the chart's KopfPeering object
+    port = container["ports"][0]["containerPort"]
+    assert parsed.liveness == f"http://0.0.0.0:{port}/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+    # Every SLUICE_* setting the chart hands the operator is one the operator reads.
+    source = "\n".join(p.read_text() for p in (ROOT / "operator").glob("*.py"))
+    settings = {e["name"] for e in container["env"] if e["name"].startswith("SLUICE_")}
+    assert settings >= {"SLUICE_BROKER_SELECTOR", "SLUICE_BROKER_STATEFULSET", "SLUICE_FAILOVER_GRACE_SECONDS"}
+    assert {s for s in settings if f'"{s}"' not in source} == set()
+    selector = dict(kv.split("=") for kv in next(e["value"] for e in container["env"]
+                                                  if e["name"] == "SLUICE_BROKER_SELECTOR").split(","))
+    pod_labels = find(render(k8s, namespace="prod"), "StatefulSet")["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= pod_labels.items()
