@@ -848,6 +848,8 @@ class Consumer:
                 try:
                     for topic in unknown:
                         self._cluster.wait_for_topic(topic, Deadline(min(deadline.remaining(), 1.0)))
+                    # known topics whose partition (added since) or leader (moved) the cache lacks
+                    self._cluster.refresh_if_stale(unknown, min_age=0.1)
                 except errors.SluiceError as exc:
                     last = exc
                     if not exc.retriable and not isinstance(exc, errors.UnknownTopicOrPartitionError):

@@ -104,3 +104,18 @@ def test_retention_drops_old_batches(tmp_path) -> None:  # type: ignore[no-untyp
         assert c.beginning_offsets([tp])[tp] == 5
         c.close()
         admin.close()
+
+
+def test_offsets_of_a_partition_added_after_the_client_cached_the_topic(
+    cluster: LocalCluster, unique_topic: str
+) -> None:
+    """The consumer's metadata cache knows the topic with one partition; the partition added later
+    is found by refreshing, not waited for until the timeout."""
+    with Admin(bootstrap_servers=cluster.bootstrap_servers) as admin:
+        admin.create_topic(unique_topic, partitions=1)
+        consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id=None)
+        assert consumer.end_offsets([TopicPartition(unique_topic, 0)]) == {TopicPartition(unique_topic, 0): 0}
+        admin.create_partitions(unique_topic, 2)
+    new = TopicPartition(unique_topic, 1)
+    assert consumer.end_offsets([new], timeout=20) == {new: 0}  # raised KafkaTimeoutError before the fix
+    consumer.close()
