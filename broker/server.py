@@ -147,6 +147,7 @@ class BrokerServicer:
                 "AddPartitionsToTxn": (lambda r, c: self.txn.add_partitions_to_txn(r), b.AddPartitionsToTxnRequest),
                 "AddOffsetsToTxn": (lambda r, c: self.txn.add_offsets_to_txn(r), b.AddOffsetsToTxnRequest),
                 "EndTxn": (lambda r, c: self.txn.end_txn(r), b.EndTxnRequest),
+                "PrepareTxn": (lambda r, c: self.txn.prepare_txn(r), b.PrepareTxnRequest),
                 "DescribeTransactions": (self.describe_transactions, b.DescribeTransactionsRequest),
                 "ListTransactions": (self.list_transactions, b.ListTransactionsRequest),
                 "TxnOffsetCommit": (lambda r, c: self.groups.txn_offset_commit(r), b.TxnOffsetCommitRequest),

@@ -548,5 +548,3 @@ def coordinator_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) ->
         ),
     }
 
-
-ControllerFactory = Callable[[], KubernetesController]

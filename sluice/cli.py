@@ -232,10 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     x_sub = txns.add_subparsers(dest="transactions_command", metavar="ACTION", required=True)
     x_list = x_sub.add_parser("list", parents=[client], help="transactional ids and their state")
     x_list.add_argument("--state", action="append", default=[], help="only this state (repeatable)")
+    x_list.add_argument(
+        "--prepared", action="store_true", help="only prepared transactions, with the epoch that ends them"
+    )
     x_list.add_argument("--json", action="store_true")
     x_desc = x_sub.add_parser("describe", parents=[client], help="one transactional id in detail")
     x_desc.add_argument("transactional_ids", nargs="+", metavar="ID")
     x_desc.add_argument("--json", action="store_true")
+    for action, what in (("commit", "commit"), ("abort", "abort")):
+        x_end = x_sub.add_parser(
+            action, parents=[client], help=f"{what} a prepared transaction with its handle (id, producer id, epoch)"
+        )
+        x_end.add_argument("transactional_id", metavar="ID")
+        x_end.add_argument("--producer-id", type=int, required=True)
+        x_end.add_argument("--producer-epoch", type=int, required=True)
 
     # bench
     bench = sub.add_parser("bench", help="measure throughput and latency")
@@ -737,17 +747,35 @@ def cmd_transactions(args: argparse.Namespace) -> int:
     try:
         if args.transactions_command == "list":
             txns = list(admin.list_transactions())
-            if args.state:
-                wanted = {s.lower() for s in args.state}
+            states = [*args.state, *(["Prepared"] if args.prepared else [])]
+            if states:
+                wanted = {s.lower() for s in states}
                 txns = [t for t in txns if str(_get(t, "state", default="")).lower() in wanted]
             if args.json:
                 _print_json(txns)
             else:
                 rows = [
-                    [_get(t, "transactional_id"), _get(t, "producer_id"), _get(t, "state"), _get(t, "coordinator_id")]
+                    [
+                        _get(t, "transactional_id"),
+                        _get(t, "producer_id"),
+                        _get(t, "producer_epoch", default=-1),
+                        _get(t, "state"),
+                        _get(t, "coordinator_id"),
+                    ]
                     for t in txns
                 ]
-                print(_table(rows, ["TRANSACTIONAL_ID", "PRODUCER_ID", "STATE", "COORDINATOR"]))
+                print(_table(rows, ["TRANSACTIONAL_ID", "PRODUCER_ID", "EPOCH", "STATE", "COORDINATOR"]))
+        elif args.transactions_command in ("commit", "abort"):
+            handle = _client().PreparedTransaction(args.transactional_id, args.producer_id, args.producer_epoch)
+            if args.transactions_command == "commit":
+                admin.commit_prepared_transaction(handle)
+            else:
+                admin.abort_prepared_transaction(handle)
+            verb = "committed" if args.transactions_command == "commit" else "aborted"
+            print(
+                f"{verb} the prepared transaction of {args.transactional_id} "
+                f"(producer {args.producer_id} epoch {args.producer_epoch})"
+            )
         else:
             errors = importlib.import_module("sluice.errors")
             found: list[Any] = []

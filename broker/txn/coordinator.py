@@ -28,6 +28,17 @@ that becomes leader of a partition loads it (answering
 COORDINATOR_LOAD_IN_PROGRESS meanwhile) and completes every Prepare* it finds
 by sending the markers again; duplicates are harmless.
 
+Prepared transactions (two-phase commit with an external coordinator, the
+idea of Kafka's KIP-939): PrepareTxn moves Ongoing (or an idle id: an empty
+transaction) to Prepared, logged like every state. The timeout scan skips
+Prepared, expiry skips it, and it survives restarts and failovers as any
+logged state does (a loaded Prepared is simply kept: there is nothing to
+finish). It ends only by a decision: EndTxn with its handle (producer id and
+epoch), from any client, or InitProducerId with abort_prepared_txn. A plain
+InitProducerId on a Prepared id is refused with INVALID_TXN_STATE rather than
+aborting what an external coordinator may already have decided to commit;
+keep_prepared_txn answers the prepared handle and changes nothing.
+
 Fencing follows Kafka: InitProducerId on an id with an open transaction
 aborts it with the epoch bumped (Ongoing -> PrepareEpochFence -> PrepareAbort,
 epoch + 1), answers CONCURRENT_TRANSACTIONS, and the client's retry then gets
@@ -369,8 +380,8 @@ class TransactionCoordinator:
     async def init_producer_id(self, req: bpb.InitProducerIdRequest) -> bpb.InitProducerIdResponse:
         resp = bpb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
         try:
-            pid, epoch = await self._init_producer_id(req)
-            resp.producer_id, resp.producer_epoch = pid, epoch
+            pid, epoch, previous = await self._init_producer_id(req)
+            resp.producer_id, resp.producer_epoch, resp.previous_state = pid, epoch, previous
         except Refused as exc:
             resp.error_code, resp.error_message = exc.code, exc.message
         return resp
@@ -382,10 +393,11 @@ class TransactionCoordinator:
             log.exception("allocating a producer id failed")
             raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"cannot allocate a producer id: {exc}") from exc
 
-    async def _init_producer_id(self, req: bpb.InitProducerIdRequest) -> tuple[int, int]:
+    async def _init_producer_id(self, req: bpb.InitProducerIdRequest) -> tuple[int, int, str]:
+        """(producer id, epoch, the id's state before the request)."""
         tid = req.transactional_id
         if not tid:
-            return self._new_producer_id(), 0  # an idempotent producer: any broker answers
+            return self._new_producer_id(), 0, ""  # an idempotent producer: any broker answers
         required = self.config.get("transactional.id.declaration.required")
         if required and not self.cluster.transactional_id_declared(tid):
             raise Refused(
@@ -393,6 +405,8 @@ class TransactionCoordinator:
                 f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
                 "for every id (transactional.id.declaration.required)",
             )
+        if req.keep_prepared_txn and req.abort_prepared_txn:
+            raise Refused(pb.INVALID_REQUEST, "keep_prepared_txn and abort_prepared_txn exclude each other")
         max_timeout = self.config.int("transaction.max.timeout.ms")
         if not 0 < req.transaction_timeout_ms <= max_timeout:
             raise Refused(
@@ -407,7 +421,7 @@ class TransactionCoordinator:
             entry = TxnEntry(None)
             tp.txns[tid] = entry
             await self._write(tp, tid, entry, new)
-            return new.producer_id, new.producer_epoch
+            return new.producer_id, new.producer_epoch, ""
         entry, meta = self._entry(tp, tid)
         # KIP-360: the producer says which id/epoch it has. Producer ids start at 1, so 0 (the
         # proto default of a client that did not set the field) counts as "none", like -1.
@@ -421,7 +435,18 @@ class TransactionCoordinator:
             raise Refused(
                 pb.CONCURRENT_TRANSACTIONS, f"the previous transaction of {tid!r} is being completed ({meta.state})"
             )
-        if meta.state is S.ONGOING:
+        if meta.state is S.PREPARED:
+            if req.keep_prepared_txn:
+                return meta.producer_id, meta.producer_epoch, meta.state.value
+            if not req.abort_prepared_txn:
+                raise Refused(
+                    pb.INVALID_TXN_STATE,
+                    f"{tid!r} has a prepared transaction (producer {meta.producer_id} epoch "
+                    f"{meta.producer_epoch}) waiting for its external coordinator's decision: commit or "
+                    "abort it with its handle (EndTxn with prepared, `sluice transactions commit|abort`), or "
+                    "initialize with keep_prepared_txn (keep it) or abort_prepared_txn (abort it)",
+                )
+        if meta.state in (S.ONGOING, S.PREPARED):
             if expected and (req.producer_id, req.producer_epoch) != (meta.producer_id, meta.producer_epoch):
                 raise Refused(
                     pb.PRODUCER_FENCED,
@@ -446,7 +471,7 @@ class TransactionCoordinator:
             if not current:
                 if previous and meta.state is S.EMPTY:
                     # A retry whose response was lost: answer what it was given, do not bump again.
-                    return meta.producer_id, meta.producer_epoch
+                    return meta.producer_id, meta.producer_epoch, meta.state.value
                 code = pb.INVALID_PRODUCER_EPOCH if req.producer_epoch > meta.producer_epoch else pb.PRODUCER_FENCED
                 raise Refused(
                     code,
@@ -456,7 +481,7 @@ class TransactionCoordinator:
         new_pid = self._new_producer_id() if epoch_exhausted(meta.producer_epoch) else None
         new = meta.bump_epoch(req.transaction_timeout_ms, now, new_pid)
         await self._write(tp, tid, entry, new)
-        return new.producer_id, new.producer_epoch
+        return new.producer_id, new.producer_epoch, meta.state.value
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn -----------------------------------------------------
 
@@ -502,6 +527,11 @@ class TransactionCoordinator:
                     pb.CONCURRENT_TRANSACTIONS,
                     f"the previous transaction of {tid!r} is being completed ({meta.state}); retry",
                 )
+            if meta.state is S.PREPARED:
+                raise Refused(
+                    pb.INVALID_TXN_STATE,
+                    f"the transaction of {tid!r} is prepared: nothing may join it; commit or abort it first",
+                )
             if meta.state is not S.ONGOING and meta.state not in IDLE:
                 raise Refused(pb.INVALID_TXN_STATE, f"{tid!r} is in state {meta.state}")
             valid: list[TopicPartition] = []
@@ -527,19 +557,25 @@ class TransactionCoordinator:
     async def end_txn(self, req: bpb.EndTxnRequest) -> bpb.EndTxnResponse:
         resp = bpb.EndTxnResponse()
         try:
-            await self._end_txn(req.transactional_id, req.producer_id, req.producer_epoch, req.committed)
+            await self._end_txn(
+                req.transactional_id, req.producer_id, req.producer_epoch, req.committed, prepared_only=req.prepared
+            )
         except Refused as exc:
             resp.error_code, resp.error_message = exc.code, exc.message
         return resp
 
-    async def _end_txn(self, tid: str, producer_id: int, producer_epoch: int, commit: bool) -> None:
+    async def _end_txn(
+        self, tid: str, producer_id: int, producer_epoch: int, commit: bool, *, prepared_only: bool = False
+    ) -> None:
         tp = self._partition_for(tid)
+        if prepared_only and tid not in tp.txns:
+            raise Refused(pb.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}: no prepared transaction to end")
         entry, meta = self._entry(tp, tid)
         self._check_producer(meta, producer_id, producer_epoch)
         outcome = "commit" if commit else "abort"
         same = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
         done = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
-        if meta.state is S.ONGOING:
+        if meta.state is S.PREPARED or (meta.state is S.ONGOING and not prepared_only):
             new = meta.prepare_end(commit, self.clock())
             await self._write(tp, tid, entry, new)
             self._spawn(tp, self._complete(tp, tid, entry, new), f"completing {tid!r}")
@@ -548,7 +584,39 @@ class TransactionCoordinator:
             return  # a retry of the EndTxn that completed it
         if meta.state is same:
             raise Refused(pb.CONCURRENT_TRANSACTIONS, f"the {outcome} of {tid!r} is being completed; retry")
+        if prepared_only:
+            raise Refused(
+                pb.INVALID_TXN_STATE,
+                f"cannot {outcome}: {tid!r} (producer {producer_id} epoch {producer_epoch}) has no prepared "
+                f"transaction (state {meta.state})",
+            )
         raise Refused(pb.INVALID_TXN_STATE, f"cannot {outcome}: {tid!r} is in state {meta.state}")
+
+    # -- PrepareTxn -------------------------------------------------------------------------------
+
+    async def prepare_txn(self, req: bpb.PrepareTxnRequest) -> bpb.PrepareTxnResponse:
+        resp = bpb.PrepareTxnResponse(producer_id=-1, producer_epoch=-1)
+        try:
+            await self._prepare_txn(req.transactional_id, req.producer_id, req.producer_epoch)
+            resp.producer_id, resp.producer_epoch = req.producer_id, req.producer_epoch
+        except Refused as exc:
+            resp.error_code, resp.error_message = exc.code, exc.message
+        return resp
+
+    async def _prepare_txn(self, tid: str, producer_id: int, producer_epoch: int) -> None:
+        """Ongoing (or idle: an empty transaction) -> Prepared; a repeat of a prepare is answered again."""
+        tp = self._partition_for(tid)
+        entry, meta = self._entry(tp, tid)
+        self._check_producer(meta, producer_id, producer_epoch)
+        if meta.state is S.PREPARED:
+            return  # a retry whose answer was lost
+        if meta.state is S.ONGOING or meta.state in IDLE:
+            await self._write(tp, tid, entry, meta.prepare(self.clock()))
+            return
+        raise Refused(
+            pb.INVALID_TXN_STATE,
+            f"cannot prepare: the transaction of {tid!r} is already being ended ({meta.state})",
+        )
 
     # -- completing a transaction -----------------------------------------------------------------
 
@@ -744,6 +812,7 @@ class TransactionCoordinator:
                 resp.transactions.add(
                     transactional_id=tid,
                     producer_id=meta.producer_id,
+                    producer_epoch=meta.producer_epoch,
                     state=meta.state.value,
                     coordinator_id=self.config.broker_id,
                 )

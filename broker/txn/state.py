@@ -20,9 +20,19 @@ The states and their meaning (Kafka's names)::
                        coordinator goes on to PrepareAbort with the bumped epoch, and only
                        that is logged, so a loaded log never holds it.
     Dead               the id expired: it is removed with a tombstone
+    Prepared           the producer PREPARED its transaction (two-phase commit with an
+                       external coordinator, the idea of Kafka's KIP-939): its records are
+                       all written, the transaction timeout no longer aborts it, and any
+                       client holding its handle (transactional id, producer id, epoch)
+                       decides its outcome with EndTxn. An idle id may prepare an empty
+                       transaction (a Spark task with no rows), so that every task of a
+                       job has a prepared transaction to commit.
 
 The (epoch-bumping) InitProducerId moves Empty/Complete* to Empty; adding more
-partitions moves Ongoing to Ongoing.
+partitions moves Ongoing to Ongoing. Prepared leaves only by a decision:
+EndTxn (PrepareCommit/PrepareAbort) or an InitProducerId that asks to abort it
+(PrepareEpochFence, then PrepareAbort with the epoch bumped). A timeout, an
+expiry or a plain InitProducerId never moves it.
 """
 
 from __future__ import annotations
@@ -52,19 +62,21 @@ class TxnState(StrEnum):
     COMPLETE_ABORT = "CompleteAbort"
     PREPARE_EPOCH_FENCE = "PrepareEpochFence"
     DEAD = "Dead"
+    PREPARED = "Prepared"
 
 
 S = TxnState
 
 # from -> the states it may move to. A new id starts in Empty (see TxnMetadata.new).
 TRANSITIONS: Mapping[TxnState, frozenset[TxnState]] = {
-    S.EMPTY: frozenset({S.EMPTY, S.ONGOING, S.DEAD}),
-    S.ONGOING: frozenset({S.ONGOING, S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE}),
+    S.EMPTY: frozenset({S.EMPTY, S.ONGOING, S.PREPARED, S.DEAD}),
+    S.ONGOING: frozenset({S.ONGOING, S.PREPARED, S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE}),
+    S.PREPARED: frozenset({S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE}),
     S.PREPARE_EPOCH_FENCE: frozenset({S.PREPARE_ABORT}),
     S.PREPARE_COMMIT: frozenset({S.COMPLETE_COMMIT}),
     S.PREPARE_ABORT: frozenset({S.COMPLETE_ABORT}),
-    S.COMPLETE_COMMIT: frozenset({S.EMPTY, S.ONGOING, S.DEAD}),
-    S.COMPLETE_ABORT: frozenset({S.EMPTY, S.ONGOING, S.DEAD}),
+    S.COMPLETE_COMMIT: frozenset({S.EMPTY, S.ONGOING, S.PREPARED, S.DEAD}),
+    S.COMPLETE_ABORT: frozenset({S.EMPTY, S.ONGOING, S.PREPARED, S.DEAD}),
     S.DEAD: frozenset(),
 }
 
@@ -136,11 +148,17 @@ class TxnMetadata:
         start = self.txn_start_ms if self.state is S.ONGOING else now
         return self.transit(S.ONGOING, now, partitions=self.partitions | frozenset(partitions), txn_start_ms=start)
 
+    def prepare(self, now: int) -> TxnMetadata:
+        """Ongoing (or idle: an empty transaction) -> Prepared; the timeout clock stops mattering."""
+        if self.state is S.ONGOING:
+            return self.transit(S.PREPARED, now)
+        return self.transit(S.PREPARED, now, partitions=frozenset(), txn_start_ms=now)
+
     def prepare_end(self, commit: bool, now: int) -> TxnMetadata:
         return self.transit(S.PREPARE_COMMIT if commit else S.PREPARE_ABORT, now)
 
     def fence_and_abort(self, now: int) -> TxnMetadata:
-        """Ongoing -> PrepareEpochFence -> PrepareAbort with epoch + 1: the open producer is fenced.
+        """Ongoing/Prepared -> PrepareEpochFence -> PrepareAbort with epoch + 1: the producer is fenced.
 
         Producers never hold MAX_EPOCH (see :func:`epoch_exhausted`), so the bump always fits;
         the min() only keeps a corrupt state from producing an invalid epoch.

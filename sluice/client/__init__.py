@@ -40,6 +40,7 @@ from sluice.client._types import (
     FutureRecordMetadata,
     GroupMetadata,
     OffsetAndTimestamp,
+    PreparedTransaction,
     RecordMetadata,
     TopicPartition,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "ListedTransaction",
     "OffsetAndTimestamp",
     "PartitionDescription",
+    "PreparedTransaction",
     "Producer",
     "ProducerClosedError",
     "RecordMetadata",

@@ -13,6 +13,9 @@ States (Kafka's names)::
     READY --begin_transaction--> IN_TRANSACTION
     IN_TRANSACTION --commit--> COMMITTING_TRANSACTION --EndTxn ok--> READY
     IN_TRANSACTION --abort---> ABORTING_TRANSACTION   --EndTxn ok--> READY
+    IN_TRANSACTION --prepare--> COMMITTING_TRANSACTION --PrepareTxn ok--> PREPARED_TRANSACTION
+    READY --init_transactions kept a prepared transaction--> PREPARED_TRANSACTION
+    PREPARED_TRANSACTION --commit / abort--> COMMITTING / ABORTING --EndTxn ok--> READY
     IN_TRANSACTION / COMMITTING --a send or offset commit failed--> ABORTABLE_ERROR
     ABORTABLE_ERROR --abort--> ABORTING_TRANSACTION
     any --fenced, or an error the producer cannot recover from--> FATAL_ERROR
@@ -57,6 +60,7 @@ class TransactionState(enum.Enum):
     ABORTING_TRANSACTION = "ABORTING_TRANSACTION"
     ABORTABLE_ERROR = "ABORTABLE_ERROR"
     FATAL_ERROR = "FATAL_ERROR"
+    PREPARED_TRANSACTION = "PREPARED_TRANSACTION"
 
 
 S = TransactionState
@@ -67,9 +71,12 @@ S = TransactionState
 TRANSITIONS: dict[TransactionState, frozenset[TransactionState]] = {
     S.UNINITIALIZED: frozenset({S.INITIALIZING, S.FATAL_ERROR}),
     S.INITIALIZING: frozenset({S.INITIALIZING, S.READY, S.UNINITIALIZED, S.FATAL_ERROR}),
-    S.READY: frozenset({S.IN_TRANSACTION, S.INITIALIZING, S.FATAL_ERROR}),
+    S.READY: frozenset({S.IN_TRANSACTION, S.INITIALIZING, S.PREPARED_TRANSACTION, S.FATAL_ERROR}),
     S.IN_TRANSACTION: frozenset({S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION, S.ABORTABLE_ERROR, S.FATAL_ERROR}),
-    S.COMMITTING_TRANSACTION: frozenset({S.COMMITTING_TRANSACTION, S.READY, S.ABORTABLE_ERROR, S.FATAL_ERROR}),
+    S.COMMITTING_TRANSACTION: frozenset(
+        {S.COMMITTING_TRANSACTION, S.READY, S.PREPARED_TRANSACTION, S.ABORTABLE_ERROR, S.FATAL_ERROR}
+    ),
+    S.PREPARED_TRANSACTION: frozenset({S.COMMITTING_TRANSACTION, S.ABORTING_TRANSACTION, S.FATAL_ERROR}),
     S.ABORTING_TRANSACTION: frozenset({S.ABORTING_TRANSACTION, S.READY, S.FATAL_ERROR}),
     S.ABORTABLE_ERROR: frozenset({S.ABORTABLE_ERROR, S.ABORTING_TRANSACTION, S.FATAL_ERROR}),
     S.FATAL_ERROR: frozenset({S.FATAL_ERROR}),
@@ -107,6 +114,7 @@ class TransactionManager:
         self._pending: set[TopicPartition] = set()  # sent to, not yet added
         self._in_flight_add: set[TopicPartition] = set()  # AddPartitionsToTxn under way
         self._offsets_added = False
+        self._prepared = False  # the coordinator holds this transaction as Prepared
         self._epoch_bump_needed = False
 
     # ------------------------------------------------------------------ state
@@ -316,9 +324,42 @@ class TransactionManager:
             return frozenset(self._added)
 
     def needs_end_txn(self) -> bool:
-        """Does the coordinator know of this transaction (anything was added)?"""
+        """Does the coordinator know of this transaction (anything was added, or it was prepared)?"""
         with self._lock:
-            return bool(self._added) or self._offsets_added
+            return bool(self._added) or self._offsets_added or self._prepared
+
+    def begin_prepare(self) -> None:
+        """prepare_transaction() starts: like a commit, sends are closed and the records flushed.
+
+        Legal in a transaction, and again after a prepare that timed out
+        (COMMITTING_TRANSACTION); anything else raises what a commit would.
+        """
+        with self._lock:
+            self._require_transactional("prepare_transaction")
+            if self._state is S.PREPARED_TRANSACTION:
+                raise errors.IllegalStateError("cannot prepare_transaction: the transaction is already prepared")
+            if self._state is not S.COMMITTING_TRANSACTION:
+                self.check_in_transaction("prepare_transaction")
+            self._transition(S.COMMITTING_TRANSACTION, "prepare_transaction")
+
+    def complete_prepare(self) -> None:
+        """PrepareTxn succeeded: the transaction waits for commit or abort (from this or any client)."""
+        with self._lock:
+            self._transition(S.PREPARED_TRANSACTION, "complete prepare_transaction")
+            self._prepared = True
+
+    def kept_prepared(self, producer_id: int, producer_epoch: int) -> None:
+        """init_transactions(keep_prepared_txn=True) found a prepared transaction: hold its handle."""
+        with self._lock:
+            self._transition(S.PREPARED_TRANSACTION, "keep the prepared transaction")
+            self.producer_id = producer_id
+            self.producer_epoch = producer_epoch
+            self._prepared = True
+
+    @property
+    def is_prepared(self) -> bool:
+        with self._lock:
+            return self._state is S.PREPARED_TRANSACTION
 
     def begin_commit(self) -> None:
         with self._lock:
@@ -355,6 +396,7 @@ class TransactionManager:
             self._pending.clear()
             self._in_flight_add.clear()
             self._offsets_added = False
+            self._prepared = False
             self._last_error = None
 
     def complete_epoch_bump(self, producer_id: int, producer_epoch: int) -> None:

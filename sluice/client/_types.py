@@ -29,6 +29,7 @@ __all__ = [
     "FutureRecordMetadata",
     "GroupMetadata",
     "OffsetAndTimestamp",
+    "PreparedTransaction",
     "RecordMetadata",
     "TopicPartition",
 ]
@@ -47,6 +48,21 @@ class TopicPartition:
 
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PreparedTransaction:
+    """The handle of a prepared transaction (two-phase commit, the idea of Kafka's KIP-939).
+
+    ``Producer.prepare_transaction()`` returns it; any client can later end
+    the transaction with it (``Admin.commit_prepared_transaction`` /
+    ``abort_prepared_transaction``). Plain values, so it pickles and travels
+    (a Spark task hands it to the driver in its commit message).
+    """
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import Any
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, first_error
-from sluice.client._types import TopicPartition
+from sluice.client._types import PreparedTransaction, TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,8 @@ class TransactionDescription:
     """A transactional id as its coordinator sees it (mirrors TransactionState in broker.proto)."""
 
     transactional_id: str
-    state: str  # Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead
+    # Empty, Ongoing, PrepareCommit, PrepareAbort, CompleteCommit, CompleteAbort, PrepareEpochFence, Dead, Prepared
+    state: str
     producer_id: int
     producer_epoch: int
     transaction_timeout_ms: int
@@ -66,6 +67,12 @@ class ListedTransaction:
     producer_id: int
     state: str
     coordinator_id: int
+    producer_epoch: int = -1
+
+    @property
+    def handle(self) -> PreparedTransaction:
+        """The id, producer id and epoch: for a Prepared one, what commits or aborts it."""
+        return PreparedTransaction(self.transactional_id, self.producer_id, self.producer_epoch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,9 +327,48 @@ class Admin:
             for t in response.transactions:
                 seen.setdefault(
                     t.transactional_id,
-                    ListedTransaction(t.transactional_id, t.producer_id, t.state, t.coordinator_id),
+                    ListedTransaction(t.transactional_id, t.producer_id, t.state, t.coordinator_id, t.producer_epoch),
                 )
         return sorted(seen.values(), key=lambda t: t.transactional_id)
+
+    def list_prepared_transactions(self, timeout: float | None = None) -> list[ListedTransaction]:
+        """Every transaction in state Prepared, waiting for its external coordinator's decision."""
+        return self.list_transactions(states=["Prepared"], timeout=timeout)
+
+    def commit_prepared_transaction(self, handle: PreparedTransaction, timeout: float | None = None) -> None:
+        """Commit a prepared transaction (two-phase commit, the idea of KIP-939) from any client.
+
+        Repeating a commit that went through is fine (a retried driver).
+        Raises ProducerFencedError (an older epoch), InvalidProducerEpochError
+        (a newer one), InvalidProducerIdMappingError (another producer id),
+        TransactionalIdNotFoundError (no such id), InvalidTxnStateError (the
+        id has no prepared transaction: never prepared, or it was aborted).
+        The records become visible to read_committed consumers once the
+        coordinator wrote the COMMIT markers, right after this returns.
+        """
+        self._end_prepared(handle, True, timeout)
+
+    def abort_prepared_transaction(self, handle: PreparedTransaction, timeout: float | None = None) -> None:
+        """Abort a prepared transaction from any client (errors as commit_prepared_transaction)."""
+        self._end_prepared(handle, False, timeout)
+
+    def _end_prepared(self, handle: PreparedTransaction, commit: bool, timeout: float | None) -> None:
+        if not handle.transactional_id:
+            raise ValueError("the handle has no transactional id")
+        self._cluster.coordinator_call(
+            handle.transactional_id,
+            TRANSACTION,
+            "EndTxn",
+            broker_pb2.EndTxnRequest(
+                transactional_id=handle.transactional_id,
+                producer_id=handle.producer_id,
+                producer_epoch=handle.producer_epoch,
+                committed=commit,
+                prepared=True,
+            ),
+            lambda r: (r.error_code, r.error_message),
+            self._deadline(timeout),
+        )
 
     # ------------------------------------------------------------------ consumer groups
 

@@ -15,6 +15,15 @@ The pieces, each in its own module:
 
 Semantics are Kafka's (the Java client's), with two deliberate choices spelled out:
 
+* Prepared transactions (two-phase commit with an external coordinator, the
+  idea of Kafka's KIP-939): ``prepare_transaction()`` flushes, asks the
+  coordinator to hold the transaction as Prepared (its timeout no longer
+  aborts it) and returns its :class:`PreparedTransaction` handle. This
+  producer, or any client with the handle (``Admin.commit_prepared_transaction``),
+  then commits or aborts it. ``init_transactions()`` on an id with a prepared
+  transaction fails with InvalidTxnStateError unless told to keep it
+  (``keep_prepared_txn``: the producer holds it, ready to be committed or
+  aborted) or to abort it (``abort_prepared_txn``).
 * ``close()`` with a transaction open does not abort it: the coordinator
   aborts it when transaction_timeout_ms passes, or the next producer with the
   same transactional_id aborts it in ``init_transactions()``.
@@ -46,7 +55,13 @@ from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_
 from sluice.client._partitioner import StickyPartitioner, partition_for_key
 from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
 from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
-from sluice.client._types import FutureRecordMetadata, GroupMetadata, TopicPartition, failed_future
+from sluice.client._types import (
+    FutureRecordMetadata,
+    GroupMetadata,
+    PreparedTransaction,
+    TopicPartition,
+    failed_future,
+)
 from sluice.records import compression_code
 
 log = logging.getLogger("sluice.client.producer")
@@ -217,6 +232,7 @@ class Producer:
         self._transactional = transactional_id is not None
         self._max_record_size = max_request_size - BATCH_OVERHEAD
         self._routes: dict[str, _Route] = {}
+        self._previous_txn_state = ""
         self._closed = False
         self._close_lock = threading.Lock()
         self._sender.start()
@@ -362,32 +378,87 @@ class Producer:
     def _deadline(self, timeout: float | None) -> Deadline:
         return Deadline(self._txn_block if timeout is None else timeout)
 
-    def init_transactions(self, timeout: float | None = None) -> None:
+    def init_transactions(
+        self,
+        timeout: float | None = None,
+        *,
+        keep_prepared_txn: bool = False,
+        abort_prepared_txn: bool = False,
+    ) -> PreparedTransaction | None:
         """Get the producer id and epoch for the transactional_id; fences older instances.
 
         The coordinator completes or aborts a transaction the previous
         instance left open. Call once, before the first transaction; a
         second call raises IllegalStateError. ``timeout`` (seconds) defaults
         to the transactional bound (see the class docstring); after a timeout the call may be repeated.
+
+        A *prepared* transaction of the id (``prepare_transaction()``) is
+        never aborted silently: without a flag this raises
+        InvalidTxnStateError (fatal for this producer). ``abort_prepared_txn``
+        aborts it and goes on as usual; ``keep_prepared_txn`` keeps it and
+        returns its handle: the producer then holds it
+        (``transaction_state`` PREPARED_TRANSACTION) and ``commit_transaction()``
+        or ``abort_transaction()`` ends it. Returns None otherwise.
         """
         txn_id = self._txn_id("init_transactions")
+        if keep_prepared_txn and abort_prepared_txn:
+            raise ValueError("keep_prepared_txn and abort_prepared_txn exclude each other")
         self._txn.begin_init()
         try:
-            producer_id, producer_epoch = self._init_producer_id(txn_id, -1, -1, self._deadline(timeout))
+            response = self._init_producer_id_response(
+                txn_id,
+                -1,
+                -1,
+                self._deadline(timeout),
+                keep_prepared_txn=keep_prepared_txn,
+                abort_prepared_txn=abort_prepared_txn,
+            )
         except errors.SluiceError as exc:
             self._txn.init_failed(exc)
             raise
-        self._txn.complete_init(producer_id, producer_epoch)
+        self._txn.complete_init(response.producer_id, response.producer_epoch)
+        self._previous_txn_state = response.previous_state
+        kept = None
+        if keep_prepared_txn and response.previous_state == "Prepared":
+            self._txn.kept_prepared(response.producer_id, response.producer_epoch)
+            kept = PreparedTransaction(txn_id, response.producer_id, response.producer_epoch)
         self._wakeup()
+        return kept
+
+    @property
+    def previous_transaction_state(self) -> str:
+        """The id's state at the coordinator before init_transactions() ("" for a new id).
+
+        "CompleteCommit" when the id's last transaction committed, "Prepared"
+        when a prepared transaction was kept. (No Kafka counterpart: a writer
+        that uses each transactional id for one transaction, as the Spark
+        sink does, learns here that its work was already committed.)
+        """
+        return self._previous_txn_state
 
     def _init_producer_id(
         self, txn_id: str, producer_id: int, producer_epoch: int, deadline: Deadline
     ) -> tuple[int, int]:
+        response = self._init_producer_id_response(txn_id, producer_id, producer_epoch, deadline)
+        return response.producer_id, response.producer_epoch
+
+    def _init_producer_id_response(
+        self,
+        txn_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        deadline: Deadline,
+        *,
+        keep_prepared_txn: bool = False,
+        abort_prepared_txn: bool = False,
+    ) -> broker_pb2.InitProducerIdResponse:
         request = broker_pb2.InitProducerIdRequest(
             transactional_id=txn_id,
             transaction_timeout_ms=self._transaction_timeout_ms,
             producer_id=producer_id,
             producer_epoch=producer_epoch,
+            keep_prepared_txn=keep_prepared_txn,
+            abort_prepared_txn=abort_prepared_txn,
         )
         response: broker_pb2.InitProducerIdResponse = self._cluster.coordinator_call(
             txn_id,
@@ -397,7 +468,7 @@ class Producer:
             lambda r: (r.error_code, r.error_message),
             deadline,
         )
-        return response.producer_id, response.producer_epoch
+        return response
 
     def begin_transaction(self) -> None:
         """Start a transaction (local only: the coordinator learns of it with the first send)."""
@@ -495,6 +566,41 @@ class Producer:
         if self._txn.needs_end_txn():
             self._end_txn(txn_id, True, deadline)
         self._txn.complete_transaction()
+
+    def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
+        """Flush the transaction's records and PREPARE it; its handle for whoever decides its outcome.
+
+        After this the coordinator holds the transaction as Prepared: its
+        timeout no longer aborts it, and only a commit or an abort with the
+        handle ends it, from this producer (``commit_transaction()`` /
+        ``abort_transaction()``) or from any client
+        (``Admin.commit_prepared_transaction(handle)``). Closing this producer
+        leaves it prepared. A transaction with no records can be prepared too
+        (it commits to nothing). Raises like ``commit_transaction()``; after a
+        timeout the call may be repeated.
+        """
+        txn_id = self._txn_id("prepare_transaction")
+        self._txn.begin_prepare()
+        deadline = self._deadline(timeout)
+        self._flush(deadline)
+        self._txn.raise_if_error("prepare_transaction")
+        self._wait_in_flight(deadline)
+        producer_id, producer_epoch = self._txn.producer_id_and_epoch()
+        try:
+            self._cluster.coordinator_call(
+                txn_id,
+                TRANSACTION,
+                "PrepareTxn",
+                broker_pb2.PrepareTxnRequest(
+                    transactional_id=txn_id, producer_id=producer_id, producer_epoch=producer_epoch
+                ),
+                lambda r: (r.error_code, r.error_message),
+                deadline,
+            )
+        except errors.SluiceError as exc:
+            raise self._transactional_failure(exc, "prepare_transaction") from None
+        self._txn.complete_prepare()
+        return PreparedTransaction(txn_id, producer_id, producer_epoch)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: unsent records fail with TransactionAbortedError, the rest is rolled back.
@@ -599,4 +705,4 @@ class Producer:
         return f"Producer(transactional_id={self.transactional_id!r}, state={self._txn.state.value})"
 
 
-__all__ = ["Producer", "TransactionAbortedError"]
+__all__ = ["PreparedTransaction", "Producer", "TransactionAbortedError"]

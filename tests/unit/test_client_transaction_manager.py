@@ -244,3 +244,55 @@ def test_idempotent_producer_uses_the_same_manager() -> None:
         tm.begin_transaction()
     tm.set_abortable_error(errors.MessageTooLargeError("x"))  # no transaction: nothing to abort
     assert tm.state is S.READY
+
+
+def test_prepare_then_commit_or_abort() -> None:
+    tm = in_txn()
+    tm.maybe_add_partition(TP0)
+    tm.take_pending_partitions()
+    tm.partitions_added([TP0])
+    tm.begin_prepare()
+    assert tm.state is S.COMMITTING_TRANSACTION and not tm.send_ok
+    tm.begin_prepare()  # a prepare that timed out may be repeated
+    tm.complete_prepare()
+    assert tm.state is S.PREPARED_TRANSACTION and tm.is_prepared and not tm.send_ok
+    with pytest.raises(errors.IllegalStateError, match="already prepared"):
+        tm.begin_prepare()
+    with pytest.raises(errors.IllegalStateError):
+        tm.check_can_send()
+    with pytest.raises(errors.IllegalStateError):
+        tm.begin_transaction()
+    tm.begin_commit()
+    assert tm.needs_end_txn()
+    tm.complete_transaction()
+    assert tm.state is S.READY and not tm.needs_end_txn()
+    tm.begin_transaction()
+    tm.begin_prepare()
+    tm.complete_prepare()
+    tm.begin_abort()
+    assert tm.state is S.ABORTING_TRANSACTION and not tm.epoch_bump_needed
+
+
+def test_an_empty_prepared_transaction_still_needs_its_end_txn() -> None:
+    tm = in_txn()
+    tm.begin_prepare()
+    tm.complete_prepare()
+    tm.begin_commit()
+    assert tm.needs_end_txn()  # the coordinator holds it as Prepared even without partitions
+
+
+def test_prepare_needs_an_open_transaction() -> None:
+    with pytest.raises(errors.IllegalStateError, match="no transaction is open"):
+        ready().begin_prepare()
+    with pytest.raises(errors.IllegalStateError, match="transactional_id"):
+        TransactionManager(None).begin_prepare()
+
+
+def test_a_kept_prepared_transaction_is_held_with_its_handle() -> None:
+    tm = ready()
+    tm.kept_prepared(11, 5)
+    assert tm.state is S.PREPARED_TRANSACTION and tm.producer_id_and_epoch() == (11, 5)
+    tm.begin_commit()
+    assert tm.needs_end_txn()
+    tm.complete_transaction()
+    assert tm.state is S.READY

@@ -39,6 +39,15 @@ LEGAL = {
     (S.COMPLETE_ABORT, S.EMPTY),
     (S.COMPLETE_ABORT, S.ONGOING),
     (S.COMPLETE_ABORT, S.DEAD),
+    # Prepared transactions (KIP-939's idea): prepared from an open transaction or, empty, from an
+    # idle id; left only by a decision (EndTxn) or a fencing InitProducerId that aborts it.
+    (S.ONGOING, S.PREPARED),
+    (S.EMPTY, S.PREPARED),
+    (S.COMPLETE_COMMIT, S.PREPARED),
+    (S.COMPLETE_ABORT, S.PREPARED),
+    (S.PREPARED, S.PREPARE_COMMIT),
+    (S.PREPARED, S.PREPARE_ABORT),
+    (S.PREPARED, S.PREPARE_EPOCH_FENCE),
 }
 
 
@@ -70,6 +79,7 @@ def test_state_names_are_the_wire_names() -> None:
         "CompleteAbort",
         "PrepareEpochFence",
         "Dead",
+        "Prepared",
     ]
 
 
@@ -158,3 +168,40 @@ def test_metadata_is_immutable() -> None:
     m = meta()
     with pytest.raises(AttributeError):
         m.producer_epoch = 3  # type: ignore[misc]
+
+
+def test_prepare_keeps_the_open_transaction_and_its_clock() -> None:
+    ongoing = meta(S.EMPTY).add_partitions([("a", 0), ("b", 1)], now=2000)
+    prepared = ongoing.prepare(now=2500)
+    assert prepared.state is S.PREPARED
+    assert prepared.partitions == {("a", 0), ("b", 1)} and prepared.txn_start_ms == 2000
+    assert (prepared.producer_id, prepared.producer_epoch) == (ongoing.producer_id, ongoing.producer_epoch)
+    committed = prepared.prepare_end(commit=True, now=3000)
+    assert committed.state is S.PREPARE_COMMIT and committed.partitions == {("a", 0), ("b", 1)}
+    assert committed.complete(now=3500).state is S.COMPLETE_COMMIT
+    assert prepared.prepare_end(commit=False, now=3000).complete(now=3500).state is S.COMPLETE_ABORT
+
+
+def test_an_idle_id_prepares_an_empty_transaction() -> None:
+    for state in IDLE:
+        prepared = meta(state, partitions=frozenset()).prepare(now=7000)
+        assert prepared.state is S.PREPARED and prepared.partitions == frozenset() and prepared.txn_start_ms == 7000
+
+
+def test_a_prepared_transaction_is_never_bumped_expired_or_joined() -> None:
+    prepared = meta(S.ONGOING, epoch=2, partitions=frozenset({("a", 0)})).prepare(now=2000)
+    for move in (
+        lambda: prepared.bump_epoch(9000, now=3000),
+        lambda: prepared.expire(now=3000),
+        lambda: prepared.add_partitions([("b", 0)], now=3000),
+        lambda: prepared.prepare(now=3000),
+        lambda: prepared.complete(now=3000),
+    ):
+        with pytest.raises(IllegalTransition):
+            move()
+
+
+def test_aborting_a_prepared_transaction_fences_its_epoch() -> None:
+    prepared = meta(S.ONGOING, epoch=2, partitions=frozenset({("a", 0)})).prepare(now=2000)
+    fenced = prepared.fence_and_abort(now=3000)
+    assert fenced.state is S.PREPARE_ABORT and fenced.producer_epoch == 3 and fenced.partitions == {("a", 0)}

@@ -385,28 +385,34 @@ class FindCoordinatorResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
-    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch")
+    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch", "keep_prepared_txn", "abort_prepared_txn")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PREPARED_TXN_FIELD_NUMBER: _ClassVar[int]
+    ABORT_PREPARED_TXN_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     transaction_timeout_ms: int
     producer_id: int
     producer_epoch: int
-    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+    keep_prepared_txn: bool
+    abort_prepared_txn: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., keep_prepared_txn: _Optional[bool] = ..., abort_prepared_txn: _Optional[bool] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
-    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch", "previous_state")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_STATE_FIELD_NUMBER: _ClassVar[int]
     error_code: _records_pb2.ErrorCode
     error_message: str
     producer_id: int
     producer_epoch: int
-    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+    previous_state: str
+    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., previous_state: _Optional[str] = ...) -> None: ...
 
 class TxnTopic(_message.Message):
     __slots__ = ("name", "partitions")
@@ -467,16 +473,18 @@ class AddOffsetsToTxnResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class EndTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed", "prepared")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     committed: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ...) -> None: ...
+    prepared: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., prepared: _Optional[bool] = ...) -> None: ...
 
 class EndTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message")
@@ -485,6 +493,28 @@ class EndTxnResponse(_message.Message):
     error_code: _records_pb2.ErrorCode
     error_message: str
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class PrepareTxnRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class PrepareTxnResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class DescribeTransactionsRequest(_message.Message):
     __slots__ = ("transactional_ids",)
@@ -533,16 +563,18 @@ class ListTransactionsRequest(_message.Message):
     def __init__(self, state_filters: _Optional[_Iterable[str]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ListedTransaction(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "state", "coordinator_id")
+    __slots__ = ("transactional_id", "producer_id", "state", "coordinator_id", "producer_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     state: str
     coordinator_id: int
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[str] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[str] = ..., coordinator_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class ListTransactionsResponse(_message.Message):
     __slots__ = ("error_code", "transactions")

@@ -100,6 +100,11 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.EndTxnRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
+        self.PrepareTxn = channel.unary_unary(
+                '/sluice.v1.Broker/PrepareTxn',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.PrepareTxnRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.PrepareTxnResponse.FromString,
+                _registered_method=True)
         self.DescribeTransactions = channel.unary_unary(
                 '/sluice.v1.Broker/DescribeTransactions',
                 request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeTransactionsRequest.SerializeToString,
@@ -217,6 +222,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareTxn(self, request, context):
+        """Two-phase commit with an external coordinator (the idea of Kafka's KIP-939):
+        the producer prepares its transaction; any client holding the handle
+        (transactional id, producer id, epoch) later ends it with EndTxn.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeTransactions(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -321,6 +335,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.EndTxn,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.EndTxnRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'PrepareTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTxn,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.PrepareTxnRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.PrepareTxnResponse.SerializeToString,
             ),
             'DescribeTransactions': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeTransactions,
@@ -704,6 +723,33 @@ class Broker:
             '/sluice.v1.Broker/EndTxn',
             sluice_dot_v1_dot_broker__pb2.EndTxnRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/PrepareTxn',
+            sluice_dot_v1_dot_broker__pb2.PrepareTxnRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.PrepareTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,
