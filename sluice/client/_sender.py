@@ -214,7 +214,7 @@ class Sender(threading.Thread):
                 batch.fail(err)
 
         if self.txn.state in (TransactionState.ABORTING_TRANSACTION, TransactionState.ABORTABLE_ERROR):
-            self._abort_undrained()
+            self.abort_undrained()
 
         idempotent_only = self.config.idempotent and not self.txn.is_transactional
         if idempotent_only and not self._ensure_producer_id(now):
@@ -264,7 +264,7 @@ class Sender(threading.Thread):
                 self._send(addr, batches)
         self._sleep(wait)
 
-    def _abort_undrained(self) -> None:
+    def abort_undrained(self) -> None:
         """A transaction that can only abort sends nothing more: fail what waits to be sent.
 
         That includes batches sent before and queued again for a retry (their
@@ -272,6 +272,8 @@ class Sender(threading.Thread):
         so they would otherwise wait for delivery_timeout_ms, and
         abort_transaction() with them). One that was sent may be stored with
         its sequence: the abort bumps the epoch, which restarts sequences.
+        Called on this thread every round while the transaction can only abort,
+        and by abort_transaction() itself (the accumulator's lock makes that safe).
         """
         if self.txn.state is TransactionState.ABORTING_TRANSACTION:
             exc: errors.SluiceError = TransactionAbortedError("the transaction was aborted before the record was sent")

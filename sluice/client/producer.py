@@ -611,12 +611,7 @@ class Producer:
         txn_id = self._txn_id("abort_transaction")
         self._txn.begin_abort()
         deadline = self._deadline(timeout)
-        dropped = self._accumulator.abort_queued(lambda b: b.transactional)
-        aborted = TransactionAbortedError("the transaction was aborted before the record was sent")
-        for batch in dropped:
-            batch.fail(aborted)
-            if batch.sealed:
-                self._txn.request_epoch_bump()
+        self._sender.abort_undrained()  # the sender does it too, for batches that come back for a retry
         self._wait_in_flight(deadline)
         if self._txn.needs_end_txn():
             self._end_txn(txn_id, False, deadline)
@@ -627,6 +622,7 @@ class Producer:
             except errors.SluiceError as exc:
                 raise self._transactional_failure(exc, "abort_transaction") from None
             self._txn.complete_epoch_bump(new_id, new_epoch)
+            aborted = TransactionAbortedError("the transaction was aborted before the record was sent")
             for batch in self._accumulator.reset_sequences():
                 batch.fail(aborted)
         self._txn.complete_transaction()
