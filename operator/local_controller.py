@@ -55,7 +55,6 @@ from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector
 
 log = logging.getLogger("sluice.operator.controller")
 
-CONTROLLER_KEY = "controller"
 DEFAULT_INTERVAL_MS = 100
 DEFAULT_PREFERRED_LEADER_DELAY_MS = 10_000
 CAS_ATTEMPTS = 20
@@ -130,14 +129,14 @@ class LocalController:
                 "updated_ms": self.clock_ms(),
             }
 
-        doc = update(self.store, CONTROLLER_KEY, bump)
+        doc = update(self.store, keys.CONTROLLER, bump)
         assert doc is not None and doc.value is not None
         self.epoch = int(doc.value["epoch"])
         log.info("controller epoch %d", self.epoch)
         return self.epoch
 
     def _check_epoch(self) -> None:
-        doc = self.store.get(CONTROLLER_KEY)
+        doc = self.store.get(keys.CONTROLLER)
         epoch = int(doc.value.get("epoch", 0)) if doc is not None and doc.value is not None else 0
         if epoch > self.epoch:
             raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
@@ -159,7 +158,7 @@ class LocalController:
                 "updated_ms": self.clock_ms(),
             }
 
-        update(self.store, CONTROLLER_KEY, write)
+        update(self.store, keys.CONTROLLER, write)
         self._published = (live, dead)
 
     # -- one round ------------------------------------------------------------------------------

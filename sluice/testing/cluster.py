@@ -31,8 +31,8 @@ the brokers and moves leadership away from a broker that stays unreachable
 for ``failure_timeout_ms`` (see :mod:`sluice.operator.local_controller`). It
 runs for every cluster, one broker included (there it re-elects the broker
 after a restart that outlasted the timeout). It starts before the brokers
-and stops before them, so a clean ``close()`` is not mistaken for failures
-and a cluster restarted on its data keeps its leaders.
+and stops after them: brokers stop with a controlled shutdown, which the
+controller carries out (see ``_stop_in_order``).
 
 With several brokers the brokers get Kafka's production-like defaults unless
 ``config`` says otherwise: replication factor ``min(3, brokers)`` for new
@@ -65,7 +65,6 @@ from sluice.testing._process import ManagedProcess, stop_all
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
-CONTROLLER_DOC = "controller"  # written by sluice.operator.local_controller
 _REPLICATION_FACTOR_KEYS = (
     "default.replication.factor",
     "transaction.state.log.replication.factor",
@@ -479,7 +478,7 @@ class LocalCluster:
 
     def controller_state(self) -> dict[str, Any] | None:
         """The controller's document: ``{"epoch", "live_brokers", "dead_brokers", "updated_ms", ...}``."""
-        doc = self.metadata.get(CONTROLLER_DOC)
+        doc = self.metadata.get(keys.CONTROLLER)
         return None if doc is None else doc.value
 
     def wait_for_partition(

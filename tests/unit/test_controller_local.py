@@ -19,7 +19,6 @@ from sluice.metadata.store import Document, MetadataStore, open_store
 from sluice.operator.controller import new_topic
 from sluice.operator.failure_detector import FailureDetector
 from sluice.operator.local_controller import (
-    CONTROLLER_KEY,
     DEFAULT_PREFERRED_LEADER_DELAY_MS,
     ControllerFenced,
     LocalController,
@@ -77,7 +76,7 @@ def test_all_alive_writes_nothing(tmp_path: Path) -> None:
     before = store.get(keys.topic("orders"))
     assert controller.step() == 0
     assert store.get(keys.topic("orders")) == before
-    ctl = store.get(CONTROLLER_KEY)
+    ctl = store.get(keys.CONTROLLER)
     assert ctl is not None and ctl.value is not None
     assert ctl.value["live_brokers"] == [0, 1, 2] and ctl.value["epoch"] == 1
     assert ctl.value["controller_id"] == -1
@@ -96,7 +95,7 @@ def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog:
     text = caplog.text
     assert "broker 0 is dead" in text
     assert "elected broker 1 leader of orders-0 at epoch 1 (broker 0 dead)" in text
-    ctl = store.get(CONTROLLER_KEY)
+    ctl = store.get(keys.CONTROLLER)
     assert ctl is not None and ctl.value is not None
     assert ctl.value["live_brokers"] == [1, 2] and ctl.value["dead_brokers"] == [0]
     # back, but not in sync: no leadership; in sync (the leader's write): leadership returns
@@ -145,7 +144,7 @@ def test_controlled_shutdown_moves_leadership_without_waiting_for_the_timeout(tm
     controller.step()  # no time passes: the NOT_SERVING answer is enough
     p0, p1, _ = partitions(store)
     assert p0["leader"] == 1 and 0 not in p0["isr"] and 0 not in p1["isr"]
-    ctl = store.get(CONTROLLER_KEY)
+    ctl = store.get(keys.CONTROLLER)
     assert ctl is not None and ctl.value is not None and ctl.value["dead_brokers"] == [0]
 
 
@@ -227,5 +226,5 @@ def test_process_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
             proc.kill()
     text = log.read_text()
     assert "broker 0 is dead" in text and "controller stopped" in text
-    ctl = store.get(CONTROLLER_KEY)
+    ctl = store.get(keys.CONTROLLER)
     assert ctl is not None and ctl.value is not None and ctl.value["dead_brokers"] == [0]
