@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline
+from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline, response_error
 from sluice.client._types import GroupMetadata, TopicPartition
 
 log = logging.getLogger("sluice.client.consumer")
@@ -259,7 +259,7 @@ class GroupMember(threading.Thread):
                 GROUP,
                 "ConsumerGroupHeartbeat",
                 request,
-                lambda r: (r.error_code, r.error_message),
+                response_error,
                 Deadline(timeout),
             )
         except errors.SluiceError as exc:

@@ -531,6 +531,11 @@ class Cluster:
             backoff.sleep(deadline)
 
 
+def response_error(response: Any) -> tuple[int, str]:
+    """The ``error_of`` of coordinator_call() for responses with one top-level error_code/error_message."""
+    return response.error_code, response.error_message
+
+
 def first_error(codes: Iterable[tuple[int, str]]) -> tuple[int, str]:
     """The error to act on among per-item results: a fatal one first, then a retriable one, else NONE."""
     retriable: tuple[int, str] | None = None

@@ -22,7 +22,7 @@ from typing import Any
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, first_error
+from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, first_error, response_error
 from sluice.client._types import PreparedTransaction, TopicPartition
 
 
@@ -303,7 +303,7 @@ class Admin:
                     producer_id=-1,
                     producer_epoch=-1,
                 ),
-                lambda r: (r.error_code, r.error_message),
+                response_error,
                 deadline,
             )
             out[txn_id] = (response.producer_id, response.producer_epoch)
@@ -366,7 +366,7 @@ class Admin:
                 committed=commit,
                 prepared=True,
             ),
-            lambda r: (r.error_code, r.error_message),
+            response_error,
             self._deadline(timeout),
         )
 
@@ -386,7 +386,7 @@ class Admin:
             GROUP,
             "OffsetFetch",
             request,
-            lambda r: (r.error_code, r.error_message),
+            response_error,
             self._deadline(timeout),
         )
         return {

@@ -51,7 +51,7 @@ from sluice.client._accumulator import (
     _PartitionQueue,
     record_size,
 )
-from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error
+from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
 from sluice.client._partitioner import StickyPartitioner, partition_for_key
 from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
 from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
@@ -465,7 +465,7 @@ class Producer:
             TRANSACTION,
             "InitProducerId",
             request,
-            lambda r: (r.error_code, r.error_message),
+            response_error,
             deadline,
         )
         return response
@@ -506,7 +506,7 @@ class Producer:
                     producer_epoch=producer_epoch,
                     group_id=gm.group_id,
                 ),
-                lambda r: (r.error_code, r.error_message),
+                response_error,
                 deadline,
             )
             self._txn.offsets_added()
@@ -594,7 +594,7 @@ class Producer:
                 broker_pb2.PrepareTxnRequest(
                     transactional_id=txn_id, producer_id=producer_id, producer_epoch=producer_epoch
                 ),
-                lambda r: (r.error_code, r.error_message),
+                response_error,
                 deadline,
             )
         except errors.SluiceError as exc:
@@ -652,7 +652,7 @@ class Producer:
                     producer_epoch=producer_epoch,
                     committed=committed,
                 ),
-                lambda r: (r.error_code, r.error_message),
+                response_error,
                 deadline,
             )
         except errors.SluiceError as exc:
