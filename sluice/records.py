@@ -56,6 +56,7 @@ __all__ = [
     "decode_records",
     "decompress",
     "parse_control",
+    "read_headers",
     "varint",
     "verify_crc",
 ]
@@ -363,6 +364,25 @@ def decode_records(batch: RecordBatch) -> list[Record]:
 RecordTuple = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
+def read_headers(data: bytes, pos: int, count: int) -> tuple[list[tuple[str, bytes]], int]:
+    """``count`` record headers (key, value) encoded at ``pos``, and the position after them.
+
+    Raises struct.error or UnicodeDecodeError on malformed bytes; callers turn
+    those into RecordDecodeError with the batch's offset.
+    """
+    headers: list[tuple[str, bytes]] = []
+    for _ in range(count):
+        (hk,) = _HKEY.unpack_from(data, pos)
+        pos += 2
+        hkey = data[pos : pos + hk].decode()
+        pos += hk
+        (hv,) = _HVAL.unpack_from(data, pos)
+        pos += 4
+        headers.append((hkey, data[pos : pos + hv]))
+        pos += hv
+    return headers, pos
+
+
 def decode_record_tuples(batch: RecordBatch, min_offset: int = 0) -> list[RecordTuple]:
     """The records of a (data) batch as ``(offset, timestamp, key, value, headers)`` tuples.
 
@@ -396,16 +416,7 @@ def decode_record_tuples(batch: RecordBatch, min_offset: int = 0) -> list[Record
             else:
                 value = None
             if hcount:
-                headers: list[tuple[str, bytes]] = []
-                for _h in range(hcount):
-                    (hk,) = _HKEY.unpack_from(data, pos)
-                    pos += 2
-                    hkey = data[pos : pos + hk].decode()
-                    pos += hk
-                    (hv,) = _HVAL.unpack_from(data, pos)
-                    pos += 4
-                    headers.append((hkey, data[pos : pos + hv]))
-                    pos += hv
+                headers, pos = read_headers(data, pos, hcount)
             else:
                 headers = []
             if pos > end:

@@ -32,7 +32,6 @@ end inside a batch) are dropped with a vectorised filter.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from sluice.api.v1 import records_pb2
-from sluice.records import RECORD_STRUCT, RecordBatch, RecordDecodeError, decompress
+from sluice.records import RECORD_STRUCT, RecordBatch, RecordDecodeError, decompress, read_headers
 
 __all__ = ["COLUMNS", "HEADERS_TYPE", "arrow_schema", "decode_batches"]
 
@@ -51,9 +50,6 @@ HEADERS_TYPE = pa.list_(pa.field("element", pa.struct([("key", pa.string()), ("v
 _HEADER_SIZE = RECORD_STRUCT.size  # 22
 # The fixed record header as numpy sees it (big-endian, packed).
 _HEADER_DTYPE = np.dtype([("delta", ">i4"), ("ts_delta", ">i8"), ("klen", ">i4"), ("vlen", ">i4"), ("hcount", ">u2")])
-_LENGTHS = RECORD_STRUCT  # offset delta, ts delta, key length, value length, header count
-_HKEY_LEN = struct.Struct(">H")
-_HVAL_LEN = struct.Struct(">i")
 
 IntArray = npt.NDArray[np.int64]
 
@@ -93,7 +89,7 @@ class _Decoded:
 def _walk(data: bytes, count: int, base: int) -> tuple[IntArray, list[list[tuple[str, bytes]] | None] | None]:
     """Start of every record (the sequential part); headers of the records that have some."""
     starts = [0] * count
-    unpack = _LENGTHS.unpack_from
+    unpack = RECORD_STRUCT.unpack_from  # offset delta, ts delta, key length, value length, header count
     size = _HEADER_SIZE
     end = len(data)
     pos = 0
@@ -106,17 +102,7 @@ def _walk(data: bytes, count: int, base: int) -> tuple[IntArray, list[list[tuple
             if hcount:
                 if headers is None:
                     headers = [None] * count
-                found: list[tuple[str, bytes]] = []
-                for _h in range(hcount):
-                    (hk,) = _HKEY_LEN.unpack_from(data, pos)
-                    pos += 2
-                    hkey = data[pos : pos + hk].decode()
-                    pos += hk
-                    (hv,) = _HVAL_LEN.unpack_from(data, pos)
-                    pos += 4
-                    found.append((hkey, data[pos : pos + hv]))
-                    pos += hv
-                headers[i] = found
+                headers[i], pos = read_headers(data, pos, hcount)
             if pos > end:
                 raise RecordDecodeError("record runs past the end of the batch")
     except (ValueError, UnicodeDecodeError) as exc:  # struct.error is a ValueError
@@ -133,7 +119,7 @@ def _gather_headers(blob: npt.NDArray[np.uint8], starts: IntArray) -> npt.NDArra
 
 def _uniform(blob: npt.NDArray[np.uint8], data: bytes, count: int) -> npt.NDArray[np.void] | None:
     """The record headers if every record has the first one's size and no headers, else None."""
-    _d, _t, klen, vlen, hcount = _LENGTHS.unpack_from(data, 0)
+    _d, _t, klen, vlen, hcount = RECORD_STRUCT.unpack_from(data, 0)
     size = _HEADER_SIZE + max(klen, 0) + max(vlen, 0)
     if hcount or size * count != len(data):
         return None
