@@ -50,6 +50,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sluice.metadata import keys
+from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller import describe_changes
 from sluice.operator.local_controller import ControllerFenced, LocalController
@@ -65,15 +66,10 @@ from sluice.operator.resources import (
 
 log = logging.getLogger("sluice.operator.controller")
 
-GROUP, VERSION = "sluice.dev", "v1alpha1"
 LEASE_NAME = "sluice-controller"
 CLUSTER_CONFIGMAP = "sluice-cluster"
 DEFAULT_BROKER_SELECTOR = "app.kubernetes.io/name=sluice,app.kubernetes.io/component=broker"
 COMPONENT = "sluice-operator"
-
-
-def _status(exc: BaseException) -> int | None:
-    return getattr(exc, "status", None)
 
 
 class LeaseElector:
@@ -121,7 +117,7 @@ class LeaseElector:
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace)
         except Exception as exc:
-            if _status(exc) != 404:
+            if api_status(exc) != 404:
                 log.warning("reading the controller lease failed: %s", exc)
                 return self._still_valid()
             try:
@@ -173,9 +169,9 @@ class EventRecorder:
         self.core = core
         self.namespace = namespace
         self.instance = instance
-        self._queue: queue.Queue[
-            tuple[Callable[[], Mapping[str, Any] | None], str, str, bool] | None
-        ] = queue.Queue(maxsize=10_000)
+        self._queue: queue.Queue[tuple[Callable[[], Mapping[str, Any] | None], str, str, bool] | None] = queue.Queue(
+            maxsize=10_000
+        )
         self._thread = threading.Thread(target=self._run, name="sluice-events", daemon=True)
         self._thread.start()
 
@@ -349,7 +345,7 @@ class KubernetesController:
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                if _status(exc) == 410:
+                if api_status(exc) == 410:
                     resource_version = None
                 log.warning("broker pod watch failed (%s); watching again", exc)
                 self._stop.wait(0.5)
@@ -402,7 +398,7 @@ class KubernetesController:
         return replicas
 
     def _publish_broker_count(self) -> None:
-        count = max(len(self.controller.registered_brokers()), self.expected())
+        count = max(len(self.controller.brokers), self.expected())  # read by the round just run
         if count == self._published_brokers:
             return
         body = {
@@ -418,7 +414,7 @@ class KubernetesController:
         try:
             self.core.patch_namespaced_config_map(CLUSTER_CONFIGMAP, self.namespace, {"data": body["data"]})
         except Exception as exc:
-            if _status(exc) != 404:
+            if api_status(exc) != 404:
                 raise
             self.core.create_namespaced_config_map(self.namespace, body)
         self._published_brokers = count
@@ -519,7 +515,7 @@ class KubernetesController:
                 GROUP, VERSION, self.namespace, plural, item["metadata"]["name"], {"status": status}
             )
         except Exception as exc:
-            if _status(exc) == 404:
+            if api_status(exc) == 404:
                 return 0  # deleted meanwhile
             raise
         return 1
@@ -547,4 +543,3 @@ def coordinator_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) ->
             status.get("conditions"), doc, status.get("observedGeneration"), f"coordinator topic {doc.get('name')}"
         ),
     }
-

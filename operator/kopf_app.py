@@ -64,7 +64,7 @@ import kopf
 from sluice import errors
 from sluice.client.admin import Admin
 from sluice.metadata import keys
-from sluice.metadata.kubernetes import api_client, parse_url
+from sluice.metadata.kubernetes import GROUP, VERSION, api_client, parse_url
 from sluice.metadata.store import MetadataStore, VersionConflict, open_store, update
 from sluice.operator.controller import new_topic
 from sluice.operator.k8s_controller import (
@@ -86,7 +86,6 @@ from sluice.operator.resources import (
 
 log = logging.getLogger("sluice.operator")
 
-GROUP, VERSION = "sluice.dev", "v1alpha1"
 FINALIZER = "sluice.dev/finalizer"
 RECONCILE_INTERVAL_S = float(os.environ.get("SLUICE_RECONCILE_INTERVAL_S", "30"))
 STATUS_INTERVAL_S = float(os.environ.get("SLUICE_STATUS_INTERVAL_S", "5"))

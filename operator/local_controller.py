@@ -114,6 +114,7 @@ class LocalController:
         self.clock_ms = clock_ms
         self.epoch = -1
         self._published: tuple[frozenset[int], frozenset[int]] | None = None
+        self.brokers: dict[int, str] = {}  # registered brokers (id -> address) as of the last round
 
     # -- the controller document ----------------------------------------------------------------
 
@@ -177,7 +178,8 @@ class LocalController:
     def step(self) -> int:
         """One round: check liveness, reconcile every topic. Returns the number of documents written."""
         self._check_epoch()
-        for change in self.detector.poll(self.registered_brokers()):
+        self.brokers = self.registered_brokers()
+        for change in self.detector.poll(self.brokers):
             log.info("%s", change.describe())
         self._publish()
         written = 0

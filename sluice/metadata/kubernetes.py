@@ -138,7 +138,8 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
         raise KubernetesStoreError(f"cannot load the kubeconfig ({kubeconfig or '$KUBECONFIG'}): {exc}") from exc
 
 
-def _status(exc: BaseException) -> int | None:
+def api_status(exc: BaseException) -> int | None:
+    """The HTTP status of a failed API server call (404, 409, 410 ...), None for other errors."""
     return getattr(exc, "status", None)
 
 
@@ -164,7 +165,7 @@ class KubernetesMetadataStore:
         try:
             self._api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, limit=1)
         except Exception as exc:
-            if _status(exc) == 404:
+            if api_status(exc) == 404:
                 raise KubernetesStoreError(
                     f"the API server has no {PLURAL}.{GROUP}: install manifests/crds/ (or the Helm chart) first"
                 ) from exc
@@ -206,7 +207,7 @@ class KubernetesMetadataStore:
         try:
             obj = self._api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, object_name(key))
         except Exception as exc:
-            if _status(exc) == 404:
+            if api_status(exc) == 404:
                 return None
             raise
         return self._doc(obj)
@@ -235,7 +236,7 @@ class KubernetesMetadataStore:
                     GROUP, VERSION, self.namespace, PLURAL, object_name(key), self._body(key, value, expected_version)
                 )
         except Exception as exc:
-            if _status(exc) in (404, 409):
+            if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
             raise
         doc = self._doc(obj)
@@ -257,7 +258,7 @@ class KubernetesMetadataStore:
                 ),
             )
         except Exception as exc:
-            if _status(exc) in (404, 409):
+            if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
             raise
         with self._cond:
@@ -365,7 +366,7 @@ class KubernetesMetadataStore:
                 if self._closed.is_set():
                     break
                 failures += 1
-                if _status(exc) == 410:
+                if api_status(exc) == 410:
                     revision = None
                 log.warning("metadata watch failed (%s); watching again", exc)
                 self._closed.wait(min(0.1 * 2**failures, 2.0))
