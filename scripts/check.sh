@@ -5,7 +5,7 @@
 # (setuptools package-dir), which neither mypy nor import-linter can follow.
 # We build that layout from symlinks in a scratch directory and run both
 # there; paths in their output are relative to it (sluice/broker/x.py is
-# broker/x.py in the repository).
+# broker/sluice_broker/x.py in the repository).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -18,8 +18,8 @@ mkdir -p "$tmp/sluice"
 for entry in "$root"/sluice/*; do
     ln -s "$entry" "$tmp/sluice/$(basename "$entry")"
 done
-ln -s "$root/broker" "$tmp/sluice/broker"
-ln -s "$root/operator" "$tmp/sluice/operator"
+ln -s "$root/broker/sluice_broker" "$tmp/sluice/broker"
+ln -s "$root/operator/sluice_operator" "$tmp/sluice/operator"
 (cd "$tmp" && mypy --config-file "$root/pyproject.toml" -p sluice)
 (cd "$tmp" && PYTHONPATH="$tmp" lint-imports --config "$root/pyproject.toml")
 echo "static checks passed"

@@ -5,7 +5,7 @@ columns of Spark's Kafka sink (``value`` required; ``key``, ``topic``,
 ``partition``, ``headers`` optional; the ``topic`` option when there is no
 topic column). Spark's own Kafka sink is at least once; this one is exactly
 once, with two-phase commit over Sluice's prepared transactions (the idea of
-Kafka's KIP-939; see ``broker/txn/state.py``):
+Kafka's KIP-939; see ``broker/sluice_broker/txn/state.py``):
 
 1. Every task writes its rows inside one transaction whose transactional id
    is derived from the write and the Spark partition, never from the attempt:

@@ -26,9 +26,9 @@ address the way they would to a restarted pod.
 Replication (several brokers): every broker gets the same ``--metadata``
 file; that file is the cluster, as the Kubernetes API is in production.
 One more process, the local controller (``python -m
-sluice.operator.local_controller``, log in ``controller.log``), health-checks
+sluice.operator.controller.local``, log in ``controller.log``), health-checks
 the brokers and moves leadership away from a broker that stays unreachable
-for ``failure_timeout_ms`` (see :mod:`sluice.operator.local_controller`). It
+for ``failure_timeout_ms`` (see :mod:`sluice.operator.controller.local`). It
 runs for every cluster, one broker included (there it re-elects the broker
 after a restart that outlasted the timeout). It starts before the brokers
 and stops after them: brokers stop with a controlled shutdown, which the
@@ -146,7 +146,7 @@ class ControllerProcess(ManagedProcess):
     ) -> None:
         self.failure_timeout_ms = failure_timeout_ms
         argv = [
-            python, "-m", "sluice.operator.local_controller",
+            python, "-m", "sluice.operator.controller.local",
             "--metadata", str(metadata_path),
             "--failure-timeout-ms", str(failure_timeout_ms),
             *extra_args,
@@ -170,7 +170,7 @@ def _stop_in_order(processes: Sequence[ManagedProcess], timeout: float) -> None:
     Brokers stop with a controlled shutdown, which needs the controller: it
     sees them all leaving, finds no replica left to elect, and leaves every
     partition leaderless with its ISR kept, so whichever broker starts again
-    on the same data is elected at once (see broker/main.py).
+    on the same data is elected at once (see broker/sluice_broker/main.py).
     """
     running = [p for p in processes if p.is_alive()]
     brokers = [p for p in running if isinstance(p, BrokerProcess)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sluice.broker.config import DEFAULTS
-from sluice.broker.partition import PartitionLog
-from sluice.broker.storage import RocksStorage
+from sluice.broker.log.partition import PartitionLog
+from sluice.broker.log.storage import RocksStorage
 from sluice.records import build_batch, decode_records
 
 TOPIC_ID = "ffeeddccbbaa99887766554433221100"

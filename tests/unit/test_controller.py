@@ -1,4 +1,4 @@
-"""The controller's election rules (sluice.operator.controller), as pure functions."""
+"""The controller's election rules (sluice.operator.controller.decisions), as pure functions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sluice.operator.controller import (
+from sluice.operator.controller.decisions import (
     add_partitions,
     describe_changes,
     elect_leaders,

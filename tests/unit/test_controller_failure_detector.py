@@ -11,7 +11,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from sluice.operator.failure_detector import ALIVE, DEAD, UNKNOWN, FailureDetector, GrpcHealthChecker
+from sluice.operator.liveness.brokers import ALIVE, DEAD, UNKNOWN, FailureDetector, GrpcHealthChecker
 
 
 class FakeClock:

@@ -16,13 +16,13 @@ import pytest
 
 from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, open_store
-from sluice.operator.controller import new_topic
-from sluice.operator.failure_detector import FailureDetector
-from sluice.operator.local_controller import (
+from sluice.operator.controller.decisions import new_topic
+from sluice.operator.controller.local import (
     DEFAULT_PREFERRED_LEADER_DELAY_MS,
     ControllerFenced,
     LocalController,
 )
+from sluice.operator.liveness.brokers import FailureDetector
 
 
 class Fake:
@@ -86,7 +86,7 @@ def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog:
     store, controller, fake = setup(tmp_path)
     controller.step()
     fake.down = {0}
-    with caplog.at_level(logging.INFO, logger="sluice.operator.controller"):
+    with caplog.at_level(logging.INFO, logger="sluice.operator.controller.decisions"):
         fail_for(controller, fake, 1.2)
     p0, p1, p2 = partitions(store)
     assert (p0["leader"], p0["leader_epoch"], p0["isr"]) == (1, 1, [1, 2])
@@ -210,7 +210,7 @@ def test_process_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     log = tmp_path / "controller.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sluice.operator.local_controller", "--metadata", str(path),
+            [sys.executable, "-m", "sluice.operator.controller.local", "--metadata", str(path),
              "--failure-timeout-ms", "500", "--interval-ms", "50"],
             stdout=out,
             stderr=subprocess.STDOUT,

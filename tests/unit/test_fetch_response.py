@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sluice.api.v1 import broker_pb2 as bpb
-from sluice.broker.fetch_response import FetchResponseWriter
+from sluice.broker.log.fetch_response import FetchResponseWriter
 from sluice.records import build_batch
 
 
@@ -52,7 +52,7 @@ def test_an_empty_response() -> None:
 
 def test_replica_fetch_response_parses_to_the_same_message() -> None:
     from sluice.api.v1 import interbroker_pb2 as ipb
-    from sluice.broker.fetch_response import ReplicaFetchResponseWriter
+    from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
 
     batches = [build_batch([(b"k", b"v" * n)], producer_id=2, producer_epoch=1, base_sequence=0) for n in (3, 9000)]
     for i, b in enumerate(batches):

@@ -1,6 +1,6 @@
 """GroupCoordinator over real RocksDB, a real metadata store and a real ReplicaManager.
 
-Wired the way broker/main.py wires a broker, inside one asyncio loop; a
+Wired the way broker/sluice_broker/main.py wires a broker, inside one asyncio loop; a
 restart closes everything and builds it again on the same directories.
 """
 
@@ -17,8 +17,8 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.storage import RocksStorage
 from sluice.metadata import keys, open_store
 from sluice.metadata.store import MetadataStore, update
 

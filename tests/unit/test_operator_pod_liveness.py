@@ -1,11 +1,11 @@
-"""Broker liveness from Pods (sluice.operator.pod_liveness), with a fake clock."""
+"""Broker liveness from Pods (sluice.operator.liveness.pods), with a fake clock."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sluice.operator.failure_detector import ALIVE, DEAD, UNKNOWN
-from sluice.operator.pod_liveness import PodLiveness
+from sluice.operator.liveness.brokers import ALIVE, DEAD, UNKNOWN
+from sluice.operator.liveness.pods import PodLiveness
 
 
 class Clock:

@@ -8,8 +8,8 @@ import pytest
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import DEFAULTS
-from sluice.broker.partition import PartitionError, PartitionLog, validate_batch
-from sluice.broker.storage import RocksStorage
+from sluice.broker.log.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.log.storage import RocksStorage
 from sluice.records import build_batch, decode_records
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"

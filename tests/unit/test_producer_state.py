@@ -1,7 +1,7 @@
 """The idempotence checks of DESIGN section 3, as pure logic."""
 
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.producer_state import Action, ProducerEntry, check_append, check_marker
+from sluice.broker.log.producer_state import Action, ProducerEntry, check_append, check_marker
 
 
 def entry_with(seqs: list[tuple[int, int]], epoch: int = 0) -> ProducerEntry:

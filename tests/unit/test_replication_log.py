@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from sluice.broker.config import DEFAULTS
-from sluice.broker.partition import PartitionLog
-from sluice.broker.replication import FollowerTracker, divergence
-from sluice.broker.storage import RocksStorage
+from sluice.broker.log.partition import PartitionLog
+from sluice.broker.log.storage import RocksStorage
+from sluice.broker.replication.fetcher import FollowerTracker, divergence
 from sluice.records import build_batch, decode_records
 
 TOPIC_ID = "00112233445566778899aabbccddeeff"

@@ -1,6 +1,6 @@
 """The transaction coordinator against the real broker core, in one process, without gRPC.
 
-Wired the way broker/main.py wires a broker: SQLite metadata store, ClusterView,
+Wired the way broker/sluice_broker/main.py wires a broker: SQLite metadata store, ClusterView,
 RocksStorage in a tmp dir, ReplicaManager, then the coordinator. One broker, so
 every marker is written locally. Each test runs its own event loop (asyncio.run).
 """
@@ -17,8 +17,8 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
+from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.storage import RocksStorage
 from sluice.broker.txn import TransactionCoordinator
 from sluice.broker.txn.state import MAX_EPOCH
 from sluice.metadata import MetadataStore, open_store

@@ -1,4 +1,4 @@
-"""Records of __transaction_state (broker/txn/log.py): encoding, tombstones, replay."""
+"""Records of __transaction_state (broker/sluice_broker/txn/log.py): encoding, tombstones, replay."""
 
 from __future__ import annotations
 

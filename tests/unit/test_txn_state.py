@@ -1,4 +1,4 @@
-"""The transaction state machine (broker/txn/state.py): the transition table and the transitions."""
+"""The transaction state machine (broker/sluice_broker/txn/state.py): the transition table and the transitions."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Each broker is the real core (SQLite metadata shared by both, its own RocksDB)
 plus a minimal gRPC server with the two calls the coordinator makes to other
 brokers: InterBroker.WriteTxnMarkers and Broker.DescribeTransactions. A
-background task refreshes both cluster views, as broker/main.py's metadata
+background task refreshes both cluster views, as broker/sluice_broker/main.py's metadata
 watch does.
 """
 
@@ -24,8 +24,8 @@ from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
+from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.storage import RocksStorage
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import MetadataStore, open_store
 from sluice.records import build_batch, parse_control

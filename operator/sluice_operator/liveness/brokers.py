@@ -18,7 +18,7 @@ A broker's state follows its answers:
 
 * ``unknown``: registered but not yet answered since the detector first saw
   it (a broker starting up, or every broker right after the controller
-  starts). Neither elected nor replaced: see :mod:`sluice.operator.controller`.
+  starts). Neither elected nor replaced: see :mod:`sluice.operator.controller.decisions`.
 * ``alive``: it answered ``SERVING``. One answer is enough to come back, as
   in Kafka, where one heartbeat unfences a broker.
 * ``dead``: no ``SERVING`` answer has arrived for ``timeout_ms`` (counted
@@ -27,7 +27,7 @@ A broker's state follows its answers:
   SIGSTOPped process: the kernel accepts the connection, nobody answers).
   Or at once, when the broker answers ``NOT_SERVING``: that is a broker
   saying it is shutting down (Kafka's controlled shutdown, see
-  ``broker/main.py``), so there is nothing to wait for and its partitions
+  ``broker/sluice_broker/main.py``), so there is nothing to wait for and its partitions
   move before it stops instead of a timeout after.
 
 ``alive_for(seconds)`` gives the brokers alive without a failed check for at least
@@ -58,7 +58,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-LIVENESS_SERVICE = "sluice.liveness"  # the broker's liveness service (broker/main.py)
+LIVENESS_SERVICE = "sluice.liveness"  # the broker's liveness service (broker/sluice_broker/main.py)
 SERVING = "SERVING"
 SHUTTING_DOWN = "NOT_SERVING"  # what a broker in controlled shutdown answers
 DEFAULT_TIMEOUT_MS = 5000

@@ -1,6 +1,6 @@
 """Which brokers are alive in Kubernetes: from their Pods, with a grace period.
 
-The operator's stand-in for :class:`sluice.operator.failure_detector.FailureDetector`
+The operator's stand-in for :class:`sluice.operator.liveness.brokers.FailureDetector`
 (same interface: ``observe``/``poll`` return :class:`Transition` lists,
 ``live``/``dead`` sets), fed by a watch on the broker Pods instead of by
 health checks of its own: the kubelet already checks each broker with the
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.operator.failure_detector import ALIVE, DEAD, UNKNOWN, Transition
+from sluice.operator.liveness.brokers import ALIVE, DEAD, UNKNOWN, Transition
 from sluice.operator.resources import pod_ordinal
 
 DEFAULT_GRACE_S = 10.0

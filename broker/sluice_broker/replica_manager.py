@@ -36,16 +36,16 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
-from sluice.broker.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
-from sluice.broker.partition import PartitionError, PartitionLog, validate_batch
-from sluice.broker.replication import (
+from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
+from sluice.broker.log.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.log.storage import Storage
+from sluice.broker.replication.fetcher import (
     FollowerTracker,
     ReplicaFetcherManager,
     check_epoch,
     divergence,
 )
-from sluice.broker.replication import now_ms as monotonic_ms
-from sluice.broker.storage import Storage
+from sluice.broker.replication.fetcher import now_ms as monotonic_ms
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ here and nowhere else. The functions take a ``topics/<name>`` document value
 (see :mod:`sluice.metadata.keys`) and what is known about broker liveness,
 and return the new document value, or None when nothing changes. They do no
 I/O: the embedded cluster's local controller
-(:mod:`sluice.operator.local_controller`) and the Kubernetes operator call
+(:mod:`sluice.operator.controller.local`) and the Kubernetes operator call
 them inside their own compare-and-set loops, and tests call them directly.
 
 Liveness comes as two sets: ``live`` (brokers known to answer) and ``dead``

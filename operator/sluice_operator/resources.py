@@ -1,7 +1,7 @@
 """What the custom resources say, as pure functions: names, statuses, conditions (no I/O).
 
 The Kopf handlers (:mod:`sluice.operator.kopf_app`) and the status projector
-(:mod:`sluice.operator.k8s_controller`) both build statuses here, so a Topic's
+(:mod:`sluice.operator.controller.kubernetes`) both build statuses here, so a Topic's
 status reads the same whoever wrote it last, and unit tests state exact
 expectations.
 

@@ -1,14 +1,14 @@
-"""The embedded cluster's controller process: ``python -m sluice.operator.local_controller``.
+"""The embedded cluster's controller process: ``python -m sluice.operator.controller.local``.
 
 One per local cluster (LocalCluster and ``sluice dev up`` start it), next to
 the brokers, sharing their metadata file. Every ``interval_ms`` it:
 
 1. lists the registered brokers (``brokers/<id>``: brokers register
    themselves at start and are never removed when they die),
-2. health-checks them (:mod:`sluice.operator.failure_detector`) and logs
+2. health-checks them (:mod:`sluice.operator.liveness.brokers`) and logs
    every broker that dies or comes back,
-3. applies :func:`sluice.operator.controller.elect_leaders` to every topic
-   document, then :func:`~sluice.operator.controller.restore_preferred_leaders`
+3. applies :func:`sluice.operator.controller.decisions.elect_leaders` to every topic
+   document, then :func:`~sluice.operator.controller.decisions.restore_preferred_leaders`
    with only the brokers alive for ``preferred_leader_delay_ms`` counting (a
    returning broker first catches up and proves it stays up, then takes its
    leaderships back in one move, as Kafka's periodic leader rebalance does),
@@ -50,10 +50,10 @@ from typing import Any, Protocol
 
 from sluice.metadata import keys
 from sluice.metadata.store import Document, MetadataStore, VersionConflict, open_store, update
-from sluice.operator.controller import describe_changes, elect_leaders, restore_preferred_leaders
-from sluice.operator.failure_detector import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker, Transition
+from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
+from sluice.operator.liveness.brokers import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker, Transition
 
-log = logging.getLogger("sluice.operator.controller")
+log = logging.getLogger("sluice.operator.controller.decisions")
 
 DEFAULT_INTERVAL_MS = 100
 DEFAULT_PREFERRED_LEADER_DELAY_MS = 10_000
@@ -61,7 +61,7 @@ CAS_ATTEMPTS = 20
 
 
 class Liveness(Protocol):
-    """Where liveness comes from: health checks here, Pods in Kubernetes (sluice.operator.pod_liveness)."""
+    """Where liveness comes from: health checks here, Pods in Kubernetes (sluice.operator.liveness.pods)."""
 
     def poll(self, targets: Mapping[int, str]) -> list[Transition]: ...
 
@@ -234,7 +234,7 @@ class LocalController:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="python -m sluice.operator.local_controller",
+        prog="python -m sluice.operator.controller.local",
         description="Run the embedded cluster's controller: failure detection and leader election.",
     )
     ap.add_argument("--metadata", required=True, help="the cluster's metadata store (a SQLite file path)")

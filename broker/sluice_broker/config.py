@@ -58,7 +58,7 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "replica.lag.time.max.ms": (int, 30_000),
     "unclean.leader.election.enable": (bool, False),
     "broker.rack": (str, ""),
-    # controlled shutdown: on SIGTERM, hand leaderships over before stopping (broker/main.py)
+    # controlled shutdown: on SIGTERM, hand leaderships over before stopping (broker/sluice_broker/main.py)
     "controlled.shutdown.enable": (bool, True),
     "controlled.shutdown.timeout.ms": (int, 30_000),
     # test-only hooks (never set in production): see docs/architecture.md

@@ -74,7 +74,7 @@ from sluice.broker.cluster import (
     coordinator_partition,
 )
 from sluice.broker.config import BrokerConfig
-from sluice.broker.partition import PartitionError
+from sluice.broker.log.partition import PartitionError
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender

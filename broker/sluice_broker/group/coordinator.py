@@ -55,7 +55,7 @@ from sluice.broker.group.offsets import (
     offset_records,
     with_record_offset,
 )
-from sluice.broker.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionError, PartitionLog
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.records import RecordBatch, RecordDecodeError, build_batch, now_ms
 

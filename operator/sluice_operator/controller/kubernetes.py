@@ -6,12 +6,12 @@ and go. It runs in the operator process as threads that do not depend on
 Kopf's event loop, so a burst of resource events never delays a failover:
 
 * **Pod watch.** A LIST+WATCH of the broker Pods (a label selector) feeds
-  :class:`~sluice.operator.pod_liveness.PodLiveness`: Ready pods are live,
+  :class:`~sluice.operator.liveness.pods.PodLiveness`: Ready pods are live,
   pods NotReady beyond the grace period or deleted are dead.
-* **Controller loop.** The same :class:`~sluice.operator.local_controller.LocalController`
+* **Controller loop.** The same :class:`~sluice.operator.controller.local.LocalController`
   the embedded cluster runs, over the Kubernetes MetadataStore, with Pod
   liveness instead of health checks: it applies the pure rules of
-  :mod:`sluice.operator.controller` to every topic document (user topics and
+  :mod:`sluice.operator.controller.decisions` to every topic document (user topics and
   the coordinators' internal topics alike), electing new leaders for
   everything a dead broker led and handing leadership back to preferred
   replicas once they are back in the ISR.
@@ -52,9 +52,9 @@ from typing import Any
 from sluice.metadata import keys
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
-from sluice.operator.controller import describe_changes
-from sluice.operator.local_controller import ControllerFenced, LocalController
-from sluice.operator.pod_liveness import PodLiveness
+from sluice.operator.controller.decisions import describe_changes
+from sluice.operator.controller.local import ControllerFenced, LocalController
+from sluice.operator.liveness.pods import PodLiveness
 from sluice.operator.resources import (
     COORDINATOR_TOPICS,
     coordinator_rows,
@@ -64,7 +64,7 @@ from sluice.operator.resources import (
     topic_name,
 )
 
-log = logging.getLogger("sluice.operator.controller")
+log = logging.getLogger("sluice.operator.controller.decisions")
 
 LEASE_NAME = "sluice-controller"
 CLUSTER_CONFIGMAP = "sluice-cluster"

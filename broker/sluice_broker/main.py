@@ -25,9 +25,9 @@ from grpc_health.v1._async import HealthServicer
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import BrokerServicer
-from sluice.broker.storage import RocksStorage
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import open_store
 

@@ -29,7 +29,7 @@ from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
-from sluice.broker.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionError, PartitionLog
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Handlers for the three kinds of manifests/crds/ (create, update, resume,
 delete with the ``sluice.dev/finalizer`` finalizer) and timers that repair
-drift, plus the controller threads of :mod:`sluice.operator.k8s_controller`
+drift, plus the controller threads of :mod:`sluice.operator.controller.kubernetes`
 (broker Pod watch, leader election, status projection, Events), started with
 the operator and stopped with it.
 
@@ -66,8 +66,8 @@ from sluice.client.admin import Admin
 from sluice.metadata import keys
 from sluice.metadata.kubernetes import GROUP, VERSION, api_client, parse_url
 from sluice.metadata.store import MetadataStore, VersionConflict, open_store, update
-from sluice.operator.controller import new_topic
-from sluice.operator.k8s_controller import (
+from sluice.operator.controller.decisions import new_topic
+from sluice.operator.controller.kubernetes import (
     DEFAULT_BROKER_SELECTOR,
     KubernetesController,
     coordinator_status_patch,

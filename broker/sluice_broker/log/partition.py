@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.producer_state import (
+from sluice.broker.log.producer_state import (
     NO_OFFSET,
     Action,
     ProducerEntry,
     check_append,
     check_marker,
 )
-from sluice.broker.storage import Storage, WriteSet
+from sluice.broker.log.storage import Storage, WriteSet
 from sluice.records import (
     RecordBatch,
     compute_crc,

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from sluice.operator.k8s_controller import DEFAULT_BROKER_SELECTOR
+from sluice.operator.controller.kubernetes import DEFAULT_BROKER_SELECTOR
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

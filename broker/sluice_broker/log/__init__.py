@@ -1,0 +1,8 @@
+"""Partition logs and the storage under them.
+
+``storage``         the one narrow key-value interface between the broker and its disk, and its
+                    RocksDB engine: everything below it can change without the rest noticing
+``partition``       one partition's log: offsets, high watermark, LSO, idempotence, aborted index
+``producer_state``  the idempotent producer's checks, pure logic (no I/O)
+``fetch_response``  Fetch and ReplicaFetch answers written from the stored batch bytes
+"""
