@@ -38,6 +38,7 @@ from collections.abc import Callable
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline, response_error
+from sluice.client._network import rpc as rpcs
 from sluice.client._types import GroupMetadata, TopicPartition
 
 log = logging.getLogger("sluice.client.consumer")
@@ -172,7 +173,7 @@ class GroupMember(threading.Thread):
         try:
             _node, addr = self.cluster.find_coordinator(self.group_id, GROUP, deadline)
             response: broker_pb2.ConsumerGroupHeartbeatResponse = self.cluster.call(
-                addr, "ConsumerGroupHeartbeat", request, deadline.timeout(self.cluster.request_timeout)
+                addr, rpcs.CONSUMER_GROUP_HEARTBEAT, request, deadline.timeout(self.cluster.request_timeout)
             )
         except errors.SluiceError as exc:
             if not exc.retriable:
@@ -257,7 +258,7 @@ class GroupMember(threading.Thread):
             self.cluster.coordinator_call(
                 self.group_id,
                 GROUP,
-                "ConsumerGroupHeartbeat",
+                rpcs.CONSUMER_GROUP_HEARTBEAT,
                 request,
                 response_error,
                 Deadline(timeout),

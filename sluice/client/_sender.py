@@ -39,7 +39,6 @@ import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -54,6 +53,7 @@ from sluice.client._network import (
     Deadline,
     map_rpc_error,
 )
+from sluice.client._network import rpc as rpcs
 from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
 from sluice.client._types import TopicPartition
 from sluice.records import varint
@@ -129,7 +129,7 @@ class SenderConfig:
 class _Request:
     addr: str
     batches: dict[TopicPartition, ProducerBatch]
-    future: grpc.Future[Any] | None = None
+    future: grpc.Future[broker_pb2.ProduceResponse] | None = None
 
 
 class Sender(threading.Thread):
@@ -160,7 +160,9 @@ class Sender(threading.Thread):
         self._init_retry_at = 0.0
         self._add_backoff = Backoff(0.02, 0.5)
         self._add_retry_at = 0.0
-        self._add_request: tuple[list[TopicPartition], grpc.Future[Any], str] | None = None
+        self._add_request: (
+            tuple[list[TopicPartition], grpc.Future[broker_pb2.AddPartitionsToTxnResponse], str] | None
+        ) = None
         self._stopped_event = threading.Event()
 
     # ------------------------------------------------------------------ control
@@ -330,7 +332,7 @@ class Sender(threading.Thread):
                 producer_epoch=old_epoch if need_bump else -1,
             )
             response: broker_pb2.InitProducerIdResponse = self.cluster.call_any(
-                "InitProducerId", request, min(self.config.request_timeout_ms / 1000.0, 5.0)
+                rpcs.INIT_PRODUCER_ID, request, min(self.config.request_timeout_ms / 1000.0, 5.0)
             )
             errors.check(response.error_code, response.error_message)
         except errors.SluiceError as exc:
@@ -396,7 +398,7 @@ class Sender(threading.Thread):
             topics=[broker_pb2.TxnTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
         )
         try:
-            future = self.cluster.call_future(addr, "AddPartitionsToTxn", request, timeout)
+            future = self.cluster.call_future(addr, rpcs.ADD_PARTITIONS_TO_TXN, request, timeout)
         except Exception as exc:
             self.cluster.forget_coordinator(txn_id, TRANSACTION)
             err = exc if isinstance(exc, errors.SluiceError) else errors.BrokerNotAvailableError(str(exc))
@@ -405,13 +407,15 @@ class Sender(threading.Thread):
         self._add_request = (tps, future, addr)
         future.add_done_callback(lambda _f: self.wakeup())
 
-    def _handle_add_response(self, tps: list[TopicPartition], future: grpc.Future[Any], addr: str) -> None:
+    def _handle_add_response(
+        self, tps: list[TopicPartition], future: grpc.Future[broker_pb2.AddPartitionsToTxnResponse], addr: str
+    ) -> None:
         txn_id = self.txn.transactional_id or ""
         try:
             response: broker_pb2.AddPartitionsToTxnResponse = future.result()
         except grpc.RpcError as rpc_exc:
             self.cluster.forget_coordinator(txn_id, TRANSACTION)
-            self._add_failed(tps, map_rpc_error(rpc_exc, addr, "AddPartitionsToTxn"))
+            self._add_failed(tps, map_rpc_error(rpc_exc, addr, rpcs.ADD_PARTITIONS_TO_TXN.name))
             return
         except Exception as other:
             self._add_failed(tps, errors.BrokerNotAvailableError(str(other)))
@@ -476,7 +480,7 @@ class Sender(threading.Thread):
         self._in_flight.add(id(req))
         try:
             req.future = self.cluster.call_future(
-                addr, "Produce", request, self.config.request_timeout_ms / 1000.0 + 5.0
+                addr, rpcs.PRODUCE_SERIALIZED, request, self.config.request_timeout_ms / 1000.0 + 5.0
             )
         except Exception as exc:  # the channel could not even start the call
             self._in_flight.discard(id(req))
@@ -541,7 +545,7 @@ class Sender(threading.Thread):
         try:
             response: broker_pb2.ProduceResponse = req.future.result()
         except grpc.RpcError as rpc_exc:
-            exc = map_rpc_error(rpc_exc, req.addr, "Produce")
+            exc = map_rpc_error(rpc_exc, req.addr, rpcs.PRODUCE_SERIALIZED.name)
             for batch in req.batches.values():
                 if exc.retriable:
                     self.cluster.forget_leader(batch.tp.topic, batch.tp.partition)

@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Protocol, TypeVar
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, first_error, response_error
+from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
+from sluice.client._network import rpc as rpcs
 from sluice.client._types import PreparedTransaction, TopicPartition
+
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +113,17 @@ class Admin:
 
     def _any(
         self,
-        method: str,
-        request: Any,
-        error_of: Callable[[Any], tuple[int, str]],
+        rpc: Rpc[RequestT, ResponseT],
+        request: RequestT,
+        error_of: Callable[[ResponseT], tuple[int, str]],
         deadline: Deadline,
         no_retry: frozenset[int] = frozenset(),
-    ) -> Any:
+    ) -> ResponseT:
         """An RPC any broker answers, retried while its error is retriable (and not in ``no_retry``)."""
         backoff = Backoff()
         while True:
             try:
-                response = self._cluster.call_any(method, request, deadline.timeout(self._timeout))
+                response = self._cluster.call_any(rpc, request, deadline.timeout(self._timeout))
             except errors.SluiceError as exc:
                 if not exc.retriable or deadline.expired():
                     raise
@@ -162,7 +166,7 @@ class Admin:
             validate_only=validate_only,
         )
         response: broker_pb2.CreateTopicsResponse = self._any(
-            "CreateTopics", request, _topic_error(name), self._deadline(timeout)
+            rpcs.CREATE_TOPICS, request, _topic_error(name), self._deadline(timeout)
         )
         return next((t.topic_id for t in response.topics if t.name == name), "")
 
@@ -170,7 +174,7 @@ class Admin:
         """Delete a topic. Raises UnknownTopicOrPartitionError if there is none of that name."""
         request = broker_pb2.DeleteTopicsRequest(names=[name])
         self._any(
-            "DeleteTopics",
+            rpcs.DELETE_TOPICS,
             request,
             _topic_error(name),
             self._deadline(timeout),
@@ -185,7 +189,7 @@ class Admin:
             topics=[broker_pb2.CreatePartitionsTopic(name=name, count=count)], validate_only=validate_only
         )
         self._any(
-            "CreatePartitions",
+            rpcs.CREATE_PARTITIONS,
             request,
             _topic_error(name),
             self._deadline(timeout),
@@ -196,7 +200,7 @@ class Admin:
         """Names of the cluster's topics (the internal ones too with ``include_internal``)."""
         request = broker_pb2.MetadataRequest(topics=[], include_internal=include_internal)
         response: broker_pb2.MetadataResponse = self._any(
-            "Metadata", request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
+            rpcs.METADATA, request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
         )
         return sorted(
             t.name for t in response.topics if t.error_code == records_pb2.NONE and (include_internal or not t.internal)
@@ -218,7 +222,7 @@ class Admin:
             return first_error((t.error_code, t.error_message or f"topic {t.name!r}") for t in r.topics)
 
         response: broker_pb2.MetadataResponse = self._any(
-            "DescribeTopics",
+            rpcs.DESCRIBE_TOPICS,
             request,
             error_of,
             self._deadline(timeout),
@@ -230,7 +234,7 @@ class Admin:
     def describe_cluster(self, timeout: float | None = None) -> ClusterDescription:
         request = broker_pb2.MetadataRequest(topics=[])
         response: broker_pb2.MetadataResponse = self._any(
-            "Metadata", request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
+            rpcs.METADATA, request, lambda r: (records_pb2.NONE, ""), self._deadline(timeout)
         )
         return ClusterDescription(
             cluster_id=response.cluster_id,
@@ -257,7 +261,7 @@ class Admin:
             response: broker_pb2.DescribeTransactionsResponse = self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
-                "DescribeTransactions",
+                rpcs.DESCRIBE_TRANSACTIONS,
                 broker_pb2.DescribeTransactionsRequest(transactional_ids=[txn_id]),
                 error_of,
                 deadline,
@@ -296,7 +300,7 @@ class Admin:
             response: broker_pb2.InitProducerIdResponse = self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
-                "InitProducerId",
+                rpcs.INIT_PRODUCER_ID,
                 broker_pb2.InitProducerIdRequest(
                     transactional_id=txn_id,
                     transaction_timeout_ms=transaction_timeout_ms,
@@ -321,7 +325,7 @@ class Admin:
         )
         seen: dict[str, ListedTransaction] = {}
         for _broker_id, response in self._cluster.call_all(
-            "ListTransactions", request, self._deadline(timeout).timeout(self._timeout)
+            rpcs.LIST_TRANSACTIONS, request, self._deadline(timeout).timeout(self._timeout)
         ):
             errors.check(response.error_code, "ListTransactions failed")
             for t in response.transactions:
@@ -358,7 +362,7 @@ class Admin:
         self._cluster.coordinator_call(
             handle.transactional_id,
             TRANSACTION,
-            "EndTxn",
+            rpcs.END_TXN,
             broker_pb2.EndTxnRequest(
                 transactional_id=handle.transactional_id,
                 producer_id=handle.producer_id,
@@ -384,7 +388,7 @@ class Admin:
         response: broker_pb2.OffsetFetchResponse = self._cluster.coordinator_call(
             group_id,
             GROUP,
-            "OffsetFetch",
+            rpcs.OFFSET_FETCH,
             request,
             response_error,
             self._deadline(timeout),
@@ -415,7 +419,7 @@ class Admin:
         self._cluster.coordinator_call(
             group_id,
             GROUP,
-            "OffsetCommit",
+            rpcs.OFFSET_COMMIT,
             request,
             lambda r: first_error((x.error_code, x.error_message) for x in r.results),
             self._deadline(timeout),
@@ -435,8 +439,26 @@ class Admin:
         self.close()
 
 
-def _topic_error(name: str) -> Callable[[Any], tuple[int, str]]:
-    def error_of(response: Any) -> tuple[int, str]:
+class _TopicResult(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def error_code(self) -> int: ...
+
+    @property
+    def error_message(self) -> str: ...
+
+
+class _TopicResults(Protocol):
+    """A response with one result per topic (CreateTopics, DeleteTopics, CreatePartitions)."""
+
+    @property
+    def topics(self) -> Iterable[_TopicResult]: ...
+
+
+def _topic_error(name: str) -> Callable[[_TopicResults], tuple[int, str]]:
+    def error_of(response: _TopicResults) -> tuple[int, str]:
         for t in response.topics:
             if t.name == name:
                 return t.error_code, t.error_message or f"topic {name!r}"

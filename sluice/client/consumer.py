@@ -61,7 +61,6 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 import grpc
 
@@ -77,6 +76,7 @@ from sluice.client._network import (
     first_error,
     map_rpc_error,
 )
+from sluice.client._network import rpc as rpcs
 from sluice.client._types import (
     ConsumerRecord,
     GroupMetadata,
@@ -117,7 +117,7 @@ class _Fetched:
 class _InFlightFetch:
     addr: str
     offsets: dict[TopicPartition, int]
-    future: grpc.Future[Any]
+    future: grpc.Future[broker_pb2.FetchResponse]
 
 
 class Consumer:
@@ -570,7 +570,7 @@ class Consumer:
                 replica_id=-1,
             )
             try:
-                future = self._cluster.call_future(addr, "Fetch", request, max_wait / 1000.0 + self._request_timeout)
+                future = self._cluster.call_future(addr, rpcs.FETCH, request, max_wait / 1000.0 + self._request_timeout)
             except Exception as exc:
                 log.debug("fetch to %s could not start: %s", addr, exc)
                 continue
@@ -605,7 +605,7 @@ class Consumer:
         except CancelledError:
             return
         except grpc.RpcError as rpc_exc:
-            exc = map_rpc_error(rpc_exc, fetch.addr, "Fetch")
+            exc = map_rpc_error(rpc_exc, fetch.addr, rpcs.FETCH.name)
             if not exc.retriable:
                 with self._lock:
                     self._pending_error = exc
@@ -727,7 +727,7 @@ class Consumer:
             )
 
         response: broker_pb2.OffsetFetchResponse = self._cluster.coordinator_call(
-            group_id, GROUP, "OffsetFetch", request, error_of, deadline
+            group_id, GROUP, rpcs.OFFSET_FETCH, request, error_of, deadline
         )
         out: dict[TopicPartition, int | None] = dict.fromkeys(tps)
         for x in response.partitions:
@@ -787,7 +787,7 @@ class Consumer:
         self._cluster.coordinator_call(
             group_id,
             GROUP,
-            "OffsetCommit",
+            rpcs.OFFSET_COMMIT,
             request,
             lambda r: first_error((x.error_code, x.error_message) for x in r.results),
             Deadline(self._request_timeout if timeout is None else timeout),
@@ -866,7 +866,7 @@ class Consumer:
                 )
                 try:
                     response: broker_pb2.ListOffsetsResponse = self._cluster.call(
-                        addr, "ListOffsets", request, deadline.timeout(self._request_timeout)
+                        addr, rpcs.LIST_OFFSETS, request, deadline.timeout(self._request_timeout)
                     )
                 except errors.SluiceError as exc:
                     if not exc.retriable:

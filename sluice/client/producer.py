@@ -52,6 +52,7 @@ from sluice.client._accumulator import (
     record_size,
 )
 from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
+from sluice.client._network import rpc as rpcs
 from sluice.client._partitioner import StickyPartitioner, partition_for_key
 from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
 from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
@@ -463,7 +464,7 @@ class Producer:
         response: broker_pb2.InitProducerIdResponse = self._cluster.coordinator_call(
             txn_id,
             TRANSACTION,
-            "InitProducerId",
+            rpcs.INIT_PRODUCER_ID,
             request,
             response_error,
             deadline,
@@ -499,7 +500,7 @@ class Producer:
             self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
-                "AddOffsetsToTxn",
+                rpcs.ADD_OFFSETS_TO_TXN,
                 broker_pb2.AddOffsetsToTxnRequest(
                     transactional_id=txn_id,
                     producer_id=producer_id,
@@ -521,7 +522,7 @@ class Producer:
                 self._cluster.coordinator_call(
                     gm.group_id,
                     GROUP,
-                    "TxnOffsetCommit",
+                    rpcs.TXN_OFFSET_COMMIT,
                     broker_pb2.TxnOffsetCommitRequest(
                         transactional_id=txn_id,
                         group_id=gm.group_id,
@@ -590,7 +591,7 @@ class Producer:
             self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
-                "PrepareTxn",
+                rpcs.PREPARE_TXN,
                 broker_pb2.PrepareTxnRequest(
                     transactional_id=txn_id, producer_id=producer_id, producer_epoch=producer_epoch
                 ),
@@ -645,7 +646,7 @@ class Producer:
             self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
-                "EndTxn",
+                rpcs.END_TXN,
                 broker_pb2.EndTxnRequest(
                     transactional_id=txn_id,
                     producer_id=producer_id,

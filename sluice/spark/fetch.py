@@ -34,7 +34,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -42,6 +41,7 @@ import pyarrow as pa
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import METADATA_REFRESH_CODES, Backoff, Cluster, Deadline, map_rpc_error
+from sluice.client._network import rpc as rpcs
 from sluice.spark.arrow import decode_batches
 
 __all__ = ["DataLossError", "RangeReader"]
@@ -108,7 +108,9 @@ class RangeReader:
             ],
         )
 
-    def _start(self, topic: str, partition: int, offset: int) -> tuple[str, Any] | None:
+    def _start(
+        self, topic: str, partition: int, offset: int
+    ) -> tuple[str, grpc.Future[broker_pb2.FetchResponse]] | None:
         """Send a fetch to the leader; (address, future), or None when the leader is not known yet."""
         leader = self._cluster.leader(topic, partition)
         if leader is None:
@@ -118,7 +120,7 @@ class RangeReader:
                 return None
         addr, epoch = leader
         request = self._request(topic, partition, offset, epoch)
-        return addr, self._cluster.call_future(addr, "Fetch", request, _LONG_POLL_MS / 1000.0 + 30.0)
+        return addr, self._cluster.call_future(addr, rpcs.FETCH, request, _LONG_POLL_MS / 1000.0 + 30.0)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Arrow batches of the records of ``topic``-``partition`` with ``start <= offset < end``."""
@@ -144,7 +146,7 @@ class RangeReader:
             try:
                 response: broker_pb2.FetchResponse = future.result()
             except grpc.RpcError as rpc_exc:
-                exc = map_rpc_error(rpc_exc, addr, "Fetch")
+                exc = map_rpc_error(rpc_exc, addr, rpcs.FETCH.name)
                 if not exc.retriable:
                     raise exc from None
                 last_problem = str(exc)

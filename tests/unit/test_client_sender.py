@@ -21,6 +21,8 @@ import pytest
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._accumulator import AccumulatorConfig, RecordAccumulator
+from sluice.client._network import Rpc
+from sluice.client._network import rpc as rpcs
 from sluice.client._sender import Sender, SenderConfig
 from sluice.client._transaction_manager import TransactionManager
 from sluice.client._types import TopicPartition
@@ -179,12 +181,12 @@ class FakeCluster:
     def forget_leader(self, topic: str, partition: int) -> None:
         self.forgotten += 1
 
-    def call_any(self, method: str, request: Any, timeout: float | None = None) -> Any:
-        assert method == "InitProducerId"
+    def call_any(self, rpc: Rpc[Any, Any], request: Any, timeout: float | None = None) -> Any:
+        assert rpc is rpcs.INIT_PRODUCER_ID
         return broker_pb2.InitProducerIdResponse(producer_id=5, producer_epoch=0)
 
-    def call_future(self, addr: str, method: str, request: Any, timeout: float | None = None) -> FakeFuture:
-        assert method == "Produce"
+    def call_future(self, addr: str, rpc: Rpc[Any, Any], request: Any, timeout: float | None = None) -> FakeFuture:
+        assert rpc is rpcs.PRODUCE_SERIALIZED
         assert isinstance(request, bytes)  # the sender serializes Produce requests itself
         return self.leader_.produce(broker_pb2.ProduceRequest.FromString(request))
 

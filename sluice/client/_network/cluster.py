@@ -1,4 +1,4 @@
-"""Connections, cluster metadata, coordinators and retries: what every client shares.
+"""Connections, cluster metadata and coordinators: the state every client shares.
 
 Design:
 
@@ -9,12 +9,13 @@ Design:
   (:data:`MAX_MESSAGE_BYTES`) and reconnect quickly after a broker restart
   (gRPC's default reconnect backoff grows to two minutes, far too long for a
   failover).
+* Calls are typed: each names an :class:`~sluice.client._network.rpc.Rpc`
+  descriptor, and its request and response types follow from it. The gRPC
+  callable of a (channel, RPC) pair is made once and kept; looking it up
+  takes no lock (dictionary reads are atomic), since the produce and fetch
+  paths make one call per request.
 * gRPC status codes become :mod:`sluice.errors` exceptions in one place
-  (:func:`map_rpc_error`): UNAVAILABLE is :class:`~sluice.errors.BrokerNotAvailableError`
-  (retriable: try another broker), DEADLINE_EXCEEDED is a retriable
-  :class:`~sluice.errors.RequestTimedOutError`, INVALID_ARGUMENT is
-  :class:`~sluice.errors.InvalidArgumentError`. Error *codes* inside responses
-  are turned into exceptions by the callers, with :func:`sluice.errors.error_for`.
+  (:func:`~sluice.client._network.error_mapping.map_rpc_error`).
 * The metadata cache (brokers, topics, partition leaders and epochs) is
   refreshed on demand: when a topic is unknown, after NOT_LEADER_OR_FOLLOWER,
   UNKNOWN_TOPIC_OR_PARTITION or FENCED_LEADER_EPOCH, and when a leader does
@@ -24,9 +25,8 @@ Design:
   the broker does not answer. :meth:`Cluster.coordinator_call` wraps that
   loop so producer, consumer and admin code only state the request and how to
   read the error out of its response.
-* Retries wait with :class:`Backoff` (50 ms growing by 1.6x to 1 s, with
-  jitter) until a :class:`Deadline`; when it passes, the last retriable error
-  is raised as it is, as :mod:`sluice.errors` documents.
+* Retries wait with :class:`~sluice.client._network.retry.Backoff` until a
+  :class:`~sluice.client._network.retry.Deadline`.
 """
 
 from __future__ import annotations
@@ -42,11 +42,16 @@ from typing import Any, TypeVar
 import grpc
 
 from sluice import errors
-from sluice.api.v1 import broker_pb2, broker_pb2_grpc, records_pb2
+from sluice.api.v1 import broker_pb2, records_pb2
+from sluice.client._network import rpc as rpcs
+from sluice.client._network.error_mapping import COORDINATOR_MOVED_CODES, map_rpc_error
+from sluice.client._network.retry import Backoff, Deadline, retry
+from sluice.client._network.rpc import Rpc
 
 log = logging.getLogger("sluice.client")
 
-T = TypeVar("T")
+RequestT = TypeVar("RequestT")
+ResponseT = TypeVar("ResponseT")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
@@ -59,25 +64,8 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_timeout_ms", 10_000),
 ]
 
-# Methods Cluster.call_future also accepts as serialized bytes, with their response type.
-RAW_REQUEST_METHODS: dict[str, Any] = {"Produce": broker_pb2.ProduceResponse}
-
 GROUP = broker_pb2.GROUP
 TRANSACTION = broker_pb2.TRANSACTION
-
-# Codes after which the partition's leader must be looked up again.
-METADATA_REFRESH_CODES = frozenset(
-    {
-        records_pb2.NOT_LEADER_OR_FOLLOWER,
-        records_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-        records_pb2.LEADER_NOT_AVAILABLE,
-        records_pb2.FENCED_LEADER_EPOCH,
-        records_pb2.UNKNOWN_LEADER_EPOCH,
-        records_pb2.KAFKA_STORAGE_ERROR,
-    }
-)
-# Codes after which the coordinator must be found again.
-COORDINATOR_MOVED_CODES = frozenset({records_pb2.NOT_COORDINATOR, records_pb2.COORDINATOR_NOT_AVAILABLE})
 
 
 def parse_bootstrap(servers: str | Sequence[str]) -> list[str]:
@@ -96,84 +84,6 @@ def broker_address(host: str, port: int) -> str:
     if ":" in host and not host.startswith("["):
         return f"[{host}]:{port}"
     return f"{host}:{port}"
-
-
-def map_rpc_error(exc: grpc.RpcError, addr: str, method: str) -> errors.SluiceError:
-    """The :mod:`sluice.errors` exception for a failed gRPC call."""
-    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
-    where = f"{method} to {addr}"
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return errors.InvalidArgumentError(f"{where}: {details}")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.RequestTimedOutError(f"{where} timed out: {details}")
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        return errors.BrokerNotAvailableError(f"{where}: broker not available: {details}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return errors.MessageTooLargeError(f"{where}: {details}")
-    return errors.UnknownServerError(f"{where} failed with gRPC {code.name}: {details}")
-
-
-class Deadline:
-    """A point in (monotonic) time that operations must finish by."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, seconds: float | None) -> None:
-        self.at = float("inf") if seconds is None else time.monotonic() + seconds
-
-    def remaining(self) -> float:
-        return max(0.0, self.at - time.monotonic())
-
-    def expired(self) -> bool:
-        return time.monotonic() >= self.at
-
-    def timeout(self, cap: float) -> float:
-        """A per-call timeout: what remains, at most ``cap``, at least a little."""
-        return max(0.05, min(cap, self.remaining()))
-
-
-class Backoff:
-    """Retry delays: ``initial`` growing by ``factor`` to ``maximum``, +-20% jitter."""
-
-    __slots__ = ("_next", "factor", "initial", "maximum")
-
-    def __init__(self, initial: float = 0.05, maximum: float = 1.0, factor: float = 1.6) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self.factor = factor
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self.maximum, self._next * self.factor)
-        return delay * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-    def sleep(self, deadline: Deadline | None = None) -> None:
-        delay = self.next()
-        if deadline is not None:
-            delay = min(delay, deadline.remaining())
-        if delay > 0:
-            time.sleep(delay)
-
-
-def retry(fn: Callable[[], T], deadline: Deadline, backoff: Backoff | None = None) -> T:
-    """Call ``fn`` until it returns or raises a fatal error; retriable errors wait and retry.
-
-    When the deadline passes, the last retriable error is raised.
-    """
-    backoff = backoff or Backoff()
-    while True:
-        try:
-            return fn()
-        except errors.SluiceError as exc:
-            if not exc.retriable or deadline.expired():
-                raise
-            log.debug("retrying after %s: %s", type(exc).__name__, exc)
-            backoff.sleep(deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +125,8 @@ class Cluster:
         self._lock = threading.RLock()
         self._refresh_lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
-        self._stubs: dict[str, broker_pb2_grpc.BrokerStub] = {}
-        self._raw_methods: dict[tuple[str, str], Any] = {}
+        # address -> descriptor -> the channel's callable for it; read without the lock (see _callable)
+        self._callables: dict[str, dict[Rpc[Any, Any], grpc.UnaryUnaryMultiCallable[Any, Any]]] = {}
         self.brokers: dict[int, str] = {}
         self.cluster_id = ""
         self.controller_id = -1
@@ -229,54 +139,58 @@ class Cluster:
 
     # ------------------------------------------------------------------ channels
 
-    def stub(self, addr: str) -> broker_pb2_grpc.BrokerStub:
+    def _callable(self, addr: str, rpc: Rpc[RequestT, ResponseT]) -> grpc.UnaryUnaryMultiCallable[RequestT, ResponseT]:
+        """The gRPC callable of ``rpc`` on the channel to ``addr``, made on first use.
+
+        The hot path is two dictionary reads without the lock: entries are only
+        ever added under the lock, and close() swaps in an empty dictionary, so a
+        miss falls through to the locked path that checks the client is open.
+        """
+        by_rpc = self._callables.get(addr)
+        if by_rpc is not None:
+            fn = by_rpc.get(rpc)
+            if fn is not None:
+                return fn
         with self._lock:
             if self._closed:
                 raise errors.IllegalStateError("the client is closed")
-            stub = self._stubs.get(addr)
-            if stub is None:
+            channel = self._channels.get(addr)
+            if channel is None:
                 channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
                 self._channels[addr] = channel
-                stub = broker_pb2_grpc.BrokerStub(channel)  # type: ignore[no-untyped-call]
-                self._stubs[addr] = stub
-            return stub
+            by_rpc = self._callables.setdefault(addr, {})
+            fn = by_rpc.get(rpc)
+            if fn is None:
+                # _registered_method: as the generated stubs do (gRPC registers the method once
+                # per channel instead of passing its name with every call); missing from grpc-stubs.
+                fn = channel.unary_unary(  # type: ignore[call-arg]
+                    rpc.path,
+                    request_serializer=rpc.request_serializer,
+                    response_deserializer=rpc.response_deserializer,
+                    _registered_method=True,
+                )
+                by_rpc[rpc] = fn
+            return fn
 
-    def call(self, addr: str, method: str, request: Any, timeout: float | None = None) -> Any:
+    def call(
+        self, addr: str, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
+    ) -> ResponseT:
         """One unary RPC to ``addr``; gRPC failures raise :mod:`sluice.errors` exceptions."""
-        fn = getattr(self.stub(addr), method)
+        fn = self._callable(addr, rpc)
         try:
             return fn(request, timeout=self.request_timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, addr, method) from None
+            raise map_rpc_error(exc, addr, rpc.name) from None
 
-    def call_future(self, addr: str, method: str, request: Any, timeout: float | None = None) -> grpc.Future[Any]:
+    def call_future(
+        self, addr: str, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
+    ) -> grpc.Future[ResponseT]:
         """Start an RPC without waiting; the caller maps errors with :func:`map_rpc_error`.
 
-        ``request`` may be the request message already serialized (bytes), for
-        the methods of :data:`RAW_REQUEST_METHODS`: the producer builds Produce
-        requests from batches it serialized once.
+        The producer sends Produce requests it serialized itself with
+        :data:`~sluice.client._network.rpc.PRODUCE_SERIALIZED`.
         """
-        fn = self._raw_method(addr, method) if isinstance(request, bytes) else getattr(self.stub(addr), method)
-        return fn.future(request, timeout=self.request_timeout if timeout is None else timeout)  # type: ignore[no-any-return]
-
-    def _raw_method(self, addr: str, method: str) -> Any:
-        """A unary call of ``method`` on ``addr`` that sends bytes as they are (no request serializer)."""
-        key = (addr, method)
-        fn = self._raw_methods.get(key)
-        if fn is None:
-            response_type = RAW_REQUEST_METHODS[method]
-            self.stub(addr)  # creates the channel
-            with self._lock:
-                channel = self._channels.get(addr)
-                if channel is None:
-                    raise errors.IllegalStateError("the client is closed")
-                fn = channel.unary_unary(
-                    f"/sluice.v1.Broker/{method}",
-                    request_serializer=None,
-                    response_deserializer=response_type.FromString,
-                )
-                self._raw_methods[key] = fn
-        return fn
+        return self._callable(addr, rpc).future(request, timeout=self.request_timeout if timeout is None else timeout)
 
     def candidates(self) -> list[str]:
         """Addresses to try for a request any broker can answer: known brokers, then bootstrap."""
@@ -293,30 +207,32 @@ class Cluster:
                 out.append(addr)
         return out
 
-    def call_any(self, method: str, request: Any, timeout: float | None = None) -> Any:
+    def call_any(self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None) -> ResponseT:
         """An RPC any broker can answer: try each broker until one responds."""
         last: errors.SluiceError | None = None
         for addr in self.candidates():
             try:
-                return self.call(addr, method, request, timeout)
+                return self.call(addr, rpc, request, timeout)
             except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
                 last = exc
-        raise errors.BrokerNotAvailableError(f"no broker answered {method}: {last}")
+        raise errors.BrokerNotAvailableError(f"no broker answered {rpc.name}: {last}")
 
-    def call_all(self, method: str, request: Any, timeout: float | None = None) -> list[tuple[int, Any]]:
+    def call_all(
+        self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
+    ) -> list[tuple[int, ResponseT]]:
         """The same RPC to every known broker (after a metadata refresh); (broker id, response) pairs."""
         self.refresh()
         with self._lock:
             brokers = dict(self.brokers)
-        out: list[tuple[int, Any]] = []
+        out: list[tuple[int, ResponseT]] = []
         last: errors.SluiceError | None = None
         for broker_id, addr in sorted(brokers.items()):
             try:
-                out.append((broker_id, self.call(addr, method, request, timeout)))
+                out.append((broker_id, self.call(addr, rpc, request, timeout)))
             except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
                 last = exc
         if not out:
-            raise errors.BrokerNotAvailableError(f"no broker answered {method}: {last}")
+            raise errors.BrokerNotAvailableError(f"no broker answered {rpc.name}: {last}")
         return out
 
     def close(self) -> None:
@@ -324,8 +240,7 @@ class Cluster:
             self._closed = True
             channels = list(self._channels.values())
             self._channels.clear()
-            self._stubs.clear()
-            self._raw_methods.clear()
+            self._callables = {}  # a new dictionary: readers without the lock see all or nothing
         for channel in channels:
             channel.close()
 
@@ -336,7 +251,7 @@ class Cluster:
         wanted = sorted(set(topics)) if topics is not None else []
         request = broker_pb2.MetadataRequest(topics=wanted)
         with self._refresh_lock:
-            response: broker_pb2.MetadataResponse = self.call_any("Metadata", request)
+            response = self.call_any(rpcs.METADATA, request)
             self._apply_metadata(response, wanted)
         return response
 
@@ -476,7 +391,7 @@ class Cluster:
         def attempt() -> tuple[int, str]:
             request = broker_pb2.FindCoordinatorRequest(key=key, key_type=key_type)  # type: ignore[arg-type]
             timeout = min(self.request_timeout, 5.0) if once else deadline.timeout(self.request_timeout)
-            response: broker_pb2.FindCoordinatorResponse = self.call_any("FindCoordinator", request, timeout)
+            response = self.call_any(rpcs.FIND_COORDINATOR, request, timeout)
             errors.check(response.error_code, response.error_message)
             return response.node_id, broker_address(response.host, response.port)
 
@@ -493,13 +408,13 @@ class Cluster:
         self,
         key: str,
         key_type: int,
-        method: str,
-        request: Any,
-        error_of: Callable[[Any], tuple[int, str]],
+        rpc: Rpc[RequestT, ResponseT],
+        request: RequestT,
+        error_of: Callable[[ResponseT], tuple[int, str]],
         deadline: Deadline,
         *,
         retry_codes: frozenset[int] = frozenset(),
-    ) -> Any:
+    ) -> ResponseT:
         """Send ``request`` to the coordinator of ``key``, retrying until it succeeds or fails for good.
 
         ``error_of(response)`` names the response's error (code, message),
@@ -511,12 +426,12 @@ class Cluster:
         while True:
             try:
                 _node, addr = self.find_coordinator(key, key_type, deadline)
-                response = self.call(addr, method, request, deadline.timeout(self.request_timeout))
+                response = self.call(addr, rpc, request, deadline.timeout(self.request_timeout))
             except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
                 self.forget_coordinator(key, key_type)
                 if deadline.expired():
                     raise
-                log.debug("%s for %r: %s", method, key, exc)
+                log.debug("%s for %r: %s", rpc.name, key, exc)
                 backoff.sleep(deadline)
                 continue
             code, message = error_of(response)
@@ -527,23 +442,5 @@ class Cluster:
                 self.forget_coordinator(key, key_type)
             if not (exc2.retriable or code in retry_codes) or deadline.expired():
                 raise exc2
-            log.debug("%s for %r: retrying after %s", method, key, exc2.code_name)
+            log.debug("%s for %r: retrying after %s", rpc.name, key, exc2.code_name)
             backoff.sleep(deadline)
-
-
-def response_error(response: Any) -> tuple[int, str]:
-    """The ``error_of`` of coordinator_call() for responses with one top-level error_code/error_message."""
-    return response.error_code, response.error_message
-
-
-def first_error(codes: Iterable[tuple[int, str]]) -> tuple[int, str]:
-    """The error to act on among per-item results: a fatal one first, then a retriable one, else NONE."""
-    retriable: tuple[int, str] | None = None
-    for code, message in codes:
-        if code == records_pb2.NONE:
-            continue
-        if not errors.error_class(code).retriable:
-            return code, message
-        if retriable is None:
-            retriable = (code, message)
-    return retriable or (records_pb2.NONE, "")
