@@ -19,31 +19,23 @@
     for record in consumer.poll(timeout=1.0):
         ...
 
-Module map (each module's docstring explains its design):
+Package map (each module's docstring explains its design):
 
-* ``producer``: the Producer; ``_accumulator`` (batches per partition),
-  ``_sender`` (the background sender thread), ``_transaction_manager`` (the
-  transaction state machine, no I/O), ``_partitioner`` (crc32 / sticky).
-* ``consumer``: the Consumer; ``_group_member`` (group heartbeats and assignment).
+* ``producer/``: the Producer; ``accumulator`` (batches per partition),
+  ``sender`` (the background sender thread), ``transaction_manager`` (the
+  transaction state machine, no I/O), ``partitioner`` (crc32 / sticky).
+* ``consumer/``: the Consumer; ``fetcher`` (Fetch and ListOffsets, the record
+  buffer), ``subscription_state`` (assignment and positions), ``coordinator``
+  (group membership heartbeats, committed offsets).
 * ``admin``: the Admin client.
-* ``_network``: channels, metadata cache, coordinator lookup, retries.
-* ``_types``: TopicPartition, RecordMetadata, ConsumerRecord, GroupMetadata.
+* ``_network/``: what every client shares: typed RPC descriptors (``rpc``),
+  channels, metadata cache and coordinator lookup (``cluster``), error mapping,
+  deadlines and retries.
+* ``types``: TopicPartition, RecordMetadata, ConsumerRecord, GroupMetadata, ...
 
 Errors are the classes of :mod:`sluice.errors`, one per Kafka error code.
 """
 
-from sluice.client._partitioner import partition_for_key
-from sluice.client._sender import ProducerClosedError, TransactionAbortedError
-from sluice.client._transaction_manager import TransactionState
-from sluice.client._types import (
-    ConsumerRecord,
-    FutureRecordMetadata,
-    GroupMetadata,
-    OffsetAndTimestamp,
-    PreparedTransaction,
-    RecordMetadata,
-    TopicPartition,
-)
 from sluice.client.admin import (
     Admin,
     BrokerDescription,
@@ -55,6 +47,18 @@ from sluice.client.admin import (
 )
 from sluice.client.consumer import Consumer
 from sluice.client.producer import Producer
+from sluice.client.producer.partitioner import partition_for_key
+from sluice.client.producer.sender import ProducerClosedError, TransactionAbortedError
+from sluice.client.producer.transaction_manager import TransactionState
+from sluice.client.types import (
+    ConsumerRecord,
+    FutureRecordMetadata,
+    GroupMetadata,
+    OffsetAndTimestamp,
+    PreparedTransaction,
+    RecordMetadata,
+    TopicPartition,
+)
 
 __all__ = [
     "Admin",

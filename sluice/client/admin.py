@@ -24,7 +24,7 @@ from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
 from sluice.client._network import rpc as rpcs
-from sluice.client._types import PreparedTransaction, TopicPartition
+from sluice.client.types import PreparedTransaction, TopicPartition
 
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")

@@ -8,15 +8,15 @@ import zlib
 import pytest
 
 from sluice import errors
-from sluice.client._accumulator import (
+from sluice.client.producer.accumulator import (
     SEQUENCE_MODULUS,
     AccumulatorConfig,
     RecordAccumulator,
     next_sequence,
     record_size,
 )
-from sluice.client._partitioner import StickyPartitioner, default_partition, partition_for_key
-from sluice.client._types import TopicPartition
+from sluice.client.producer.partitioner import StickyPartitioner, default_partition, partition_for_key
+from sluice.client.types import TopicPartition
 from sluice.records import decode_records, verify_crc
 
 TP0 = TopicPartition("t", 0)

@@ -17,7 +17,7 @@ from concurrent.futures import Future, InvalidStateError
 import pytest
 
 from sluice import errors
-from sluice.client._types import BatchOutcome, FutureRecordMetadata, RecordMetadata, failed_future
+from sluice.client.types import BatchOutcome, FutureRecordMetadata, RecordMetadata, failed_future
 
 
 def futures(n: int, topic: str = "t", partition: int = 2) -> tuple[BatchOutcome, list[FutureRecordMetadata]]:

@@ -20,12 +20,12 @@ import pytest
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._accumulator import AccumulatorConfig, RecordAccumulator
 from sluice.client._network import Rpc
 from sluice.client._network import rpc as rpcs
-from sluice.client._sender import Sender, SenderConfig
-from sluice.client._transaction_manager import TransactionManager
-from sluice.client._types import TopicPartition
+from sluice.client.producer.accumulator import AccumulatorConfig, RecordAccumulator
+from sluice.client.producer.sender import Sender, SenderConfig
+from sluice.client.producer.transaction_manager import TransactionManager
+from sluice.client.types import TopicPartition
 from sluice.records import decode_records
 
 TP = TopicPartition("t", 0)

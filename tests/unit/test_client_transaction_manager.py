@@ -7,12 +7,12 @@ import itertools
 import pytest
 
 from sluice import errors
-from sluice.client._transaction_manager import (
+from sluice.client.producer.transaction_manager import (
     TRANSITIONS,
     TransactionManager,
     TransactionState,
 )
-from sluice.client._types import TopicPartition
+from sluice.client.types import TopicPartition
 
 S = TransactionState
 TP0 = TopicPartition("t", 0)

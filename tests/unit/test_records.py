@@ -14,8 +14,8 @@ import random
 import pytest
 
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._sender import encode_produce_request
-from sluice.client._types import ConsumerRecord, consumer_record
+from sluice.client.producer.sender import encode_produce_request
+from sluice.client.types import ConsumerRecord, consumer_record
 from sluice.records import (
     BatchBuilder,
     RecordBatch,

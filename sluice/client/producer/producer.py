@@ -3,11 +3,11 @@
 The pieces, each in its own module:
 
 * ``send()`` (thread-safe, any number of threads) picks the partition
-  (``_partitioner``), appends the record to the partition's open batch in the
-  :class:`~sluice.client._accumulator.RecordAccumulator` and returns a future.
-* The :class:`~sluice.client._sender.Sender` thread drains ready batches into
+  (``partitioner``), appends the record to the partition's open batch in the
+  :class:`~sluice.client.producer.accumulator.RecordAccumulator` and returns a future.
+* The :class:`~sluice.client.producer.sender.Sender` thread drains ready batches into
   Produce requests, one per partition leader, and resolves the futures.
-* The :class:`~sluice.client._transaction_manager.TransactionManager` holds the
+* The :class:`~sluice.client.producer.transaction_manager.TransactionManager` holds the
   producer id, epoch and transaction state and decides what is legal.
 * This module drives the transaction coordinator for the calls the
   application makes and waits for (init_transactions, send_offsets_to_transaction,
@@ -27,7 +27,7 @@ Semantics are Kafka's (the Java client's), with two deliberate choices spelled o
 * ``close()`` with a transaction open does not abort it: the coordinator
   aborts it when transaction_timeout_ms passes, or the next producer with the
   same transactional_id aborts it in ``init_transactions()``.
-* Keys are partitioned with CRC-32, not murmur2 (see ``_partitioner``).
+* Keys are partitioned with CRC-32, not murmur2 (see ``partitioner``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from typing import Literal
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2
-from sluice.client._accumulator import (
+from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
+from sluice.client._network import rpc as rpcs
+from sluice.client.producer.accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
     AccumulatorConfig,
@@ -51,12 +53,10 @@ from sluice.client._accumulator import (
     _PartitionQueue,
     record_size,
 )
-from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
-from sluice.client._network import rpc as rpcs
-from sluice.client._partitioner import StickyPartitioner, partition_for_key
-from sluice.client._sender import Sender, SenderConfig, TransactionAbortedError
-from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
-from sluice.client._types import (
+from sluice.client.producer.partitioner import StickyPartitioner, partition_for_key
+from sluice.client.producer.sender import Sender, SenderConfig, TransactionAbortedError
+from sluice.client.producer.transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client.types import (
     FutureRecordMetadata,
     GroupMetadata,
     PreparedTransaction,

@@ -7,7 +7,7 @@ One loop, one thread, and every decision about a batch's fate made in it:
    which takes a thread hand-off off every record's latency, and queues
    anything else for this thread, keeping the order responses arrived in).
    Success completes the batch's futures; a retriable error queues it again
-   in sequence order (see ``_accumulator``), after forgetting the leader when
+   in sequence order (see ``accumulator``), after forgetting the leader when
    the error says it moved; anything else fails the batch's records.
 2. Idempotent producer without a producer id yet: InitProducerId (empty
    transactional id). After a batch with a sequence failed for good, the
@@ -44,7 +44,6 @@ import grpc
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._accumulator import ProducerBatch, RecordAccumulator
 from sluice.client._network import (
     METADATA_REFRESH_CODES,
     TRANSACTION,
@@ -54,8 +53,9 @@ from sluice.client._network import (
     map_rpc_error,
 )
 from sluice.client._network import rpc as rpcs
-from sluice.client._transaction_manager import TransactionManager, TransactionState, is_fencing_error
-from sluice.client._types import TopicPartition
+from sluice.client.producer.accumulator import ProducerBatch, RecordAccumulator
+from sluice.client.producer.transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client.types import TopicPartition
 from sluice.records import varint
 
 log = logging.getLogger("sluice.client.producer")

@@ -39,7 +39,7 @@ from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline, response_error
 from sluice.client._network import rpc as rpcs
-from sluice.client._types import GroupMetadata, TopicPartition
+from sluice.client.types import GroupMetadata, TopicPartition
 
 log = logging.getLogger("sluice.client.consumer")
 

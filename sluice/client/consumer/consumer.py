@@ -24,7 +24,7 @@ Design:
   position (or, for a prefetch, the end of its buffer) is still the offset
   that was fetched: a ``seek()`` or a rebalance while the fetch was in flight
   simply discards it.
-* ``subscribe()`` hands membership to a :class:`~sluice.client._group_member.GroupMember`
+* ``subscribe()`` hands membership to a :class:`~sluice.client.consumer.coordinator.GroupMember`
   thread (ConsumerGroupHeartbeat, KIP-848 shape); ``assign()`` sets the
   assignment by hand. One lock guards the state; no network call is made
   while it is held, except the commit of revoked partitions' positions
@@ -66,7 +66,6 @@ import grpc
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._group_member import GroupMember
 from sluice.client._network import (
     GROUP,
     METADATA_REFRESH_CODES,
@@ -77,7 +76,8 @@ from sluice.client._network import (
     map_rpc_error,
 )
 from sluice.client._network import rpc as rpcs
-from sluice.client._types import (
+from sluice.client.consumer.coordinator import GroupMember
+from sluice.client.types import (
     ConsumerRecord,
     GroupMetadata,
     OffsetAndTimestamp,

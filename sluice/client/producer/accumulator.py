@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.client._types import BatchOutcome, FutureRecordMetadata, TopicPartition, failed_future
+from sluice.client.types import BatchOutcome, FutureRecordMetadata, TopicPartition, failed_future
 from sluice.records import RECORD_STRUCT, BatchBuilder, Headers, RecordBatch, now_ms
 
 monotonic = time.monotonic
@@ -71,7 +71,7 @@ class ProducerBatch(BatchBuilder):
 
     A :class:`~sluice.records.BatchBuilder` (records are encoded as they are
     appended) plus the batch's delivery state. The records' futures share one
-    :class:`~sluice.client._types.BatchOutcome`.
+    :class:`~sluice.client.types.BatchOutcome`.
     """
 
     __slots__ = (

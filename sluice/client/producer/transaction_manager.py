@@ -3,7 +3,7 @@
 Why a separate module: the rules of a transactional producer (what may be
 called when, what an error does to the producer) are the part users get
 wrong and reviewers must check. Here they are a table, :data:`TRANSITIONS`,
-and a lock; the network code (``producer.py`` and ``_sender.py``) asks this
+and a lock; the network code (``producer.py`` and ``sender.py``) asks this
 object what is allowed and reports what happened, and never keeps a state of
 its own. Unit tests drive it without a broker.
 
@@ -45,7 +45,7 @@ import threading
 from collections.abc import Iterable
 
 from sluice import errors
-from sluice.client._types import TopicPartition
+from sluice.client.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
