@@ -1,7 +1,13 @@
-"""Consumer group membership: one heartbeat RPC, server-side assignment (the shape of KIP-848).
+"""The consumer's side of its group coordinator: membership, and committed offsets.
 
-A :class:`GroupMember` is a background thread that keeps a consumer in its
-group:
+Committed offsets: :func:`fetch_committed` (OffsetFetch) and
+:func:`commit_offsets` (OffsetCommit), through
+:meth:`~sluice.client._network.cluster.Cluster.coordinator_call`, which
+finds the group's coordinator and retries while it moves or loads.
+
+Membership, one heartbeat RPC and server-side assignment (the shape of
+KIP-848): a :class:`GroupMember` is a background thread that keeps a
+consumer in its group:
 
 * It joins with ``member_epoch`` 0 and an empty ``member_id``; the group
   coordinator answers with a member id, an epoch, the heartbeat interval and
@@ -33,11 +39,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import COORDINATOR_MOVED_CODES, GROUP, Backoff, Cluster, Deadline, response_error
+from sluice.client._network import (
+    COORDINATOR_MOVED_CODES,
+    GROUP,
+    Backoff,
+    Cluster,
+    Deadline,
+    first_error,
+    response_error,
+)
 from sluice.client._network import rpc as rpcs
 from sluice.client.types import GroupMetadata, TopicPartition
 
@@ -265,3 +279,77 @@ class GroupMember(threading.Thread):
             )
         except errors.SluiceError as exc:
             log.debug("leaving group %r: %s", self.group_id, exc)
+
+
+# ---------------------------------------------------------------------- committed offsets
+
+
+def fetch_committed(
+    cluster: Cluster, group_id: str, tps: list[TopicPartition], deadline: Deadline, require_stable: bool
+) -> dict[TopicPartition, int | None]:
+    """The group's committed offsets for ``tps``; None where there is none.
+
+    With ``require_stable``, UNSTABLE_OFFSET_COMMIT (an open transaction is
+    committing offsets of the partition) is retried until ``deadline``.
+    """
+    request = broker_pb2.OffsetFetchRequest(
+        group_id=group_id,
+        partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in tps],
+        require_stable=require_stable,
+    )
+
+    def error_of(r: broker_pb2.OffsetFetchResponse) -> tuple[int, str]:
+        wanted = set(tps)
+        return first_error(
+            [(r.error_code, r.error_message)]
+            + [
+                (x.error_code, x.error_message)
+                for x in r.partitions
+                if TopicPartition(x.topic, x.partition) in wanted
+                and x.error_code != records_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            ]
+        )
+
+    response = cluster.coordinator_call(group_id, GROUP, rpcs.OFFSET_FETCH, request, error_of, deadline)
+    out: dict[TopicPartition, int | None] = dict.fromkeys(tps)
+    for x in response.partitions:
+        tp = TopicPartition(x.topic, x.partition)
+        if tp in out and x.error_code == records_pb2.NONE:
+            out[tp] = x.committed_offset if x.committed_offset >= 0 else None
+    return out
+
+
+def commit_offsets(
+    cluster: Cluster,
+    group_id: str,
+    metadata: GroupMetadata,
+    offsets: Mapping[TopicPartition, int],
+    deadline: Deadline,
+) -> None:
+    """Commit ``offsets`` (next offset to read per partition) as the member ``metadata`` describes.
+
+    A member without a member id commits as a non-member (epoch -1).
+    """
+    by_topic: dict[str, list[broker_pb2.OffsetCommitPartition]] = {}
+    for tp, offset in offsets.items():
+        if offset < 0:
+            raise ValueError(f"cannot commit a negative offset for {tp}")
+        by_topic.setdefault(tp.topic, []).append(
+            broker_pb2.OffsetCommitPartition(
+                partition=tp.partition, committed_offset=int(offset), committed_leader_epoch=-1
+            )
+        )
+    request = broker_pb2.OffsetCommitRequest(
+        group_id=group_id,
+        member_id=metadata.member_id,
+        member_epoch=metadata.member_epoch if metadata.member_id else -1,
+        topics=[broker_pb2.OffsetCommitTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+    )
+    cluster.coordinator_call(
+        group_id,
+        GROUP,
+        rpcs.OFFSET_COMMIT,
+        request,
+        lambda r: first_error((x.error_code, x.error_message) for x in r.results),
+        deadline,
+    )
