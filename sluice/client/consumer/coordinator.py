@@ -219,7 +219,8 @@ class GroupMember(threading.Thread):
         self._stop_event.wait(seconds)
 
     def _apply(self, response: broker_pb2.ConsumerGroupHeartbeatResponse, owned: list[TopicPartition]) -> bool:
-        target = frozenset(TopicPartition(tp.topic, tp.partition) for tp in response.assignment)
+        # response.assignment holds wire (records_pb2) TopicPartitions: made client TopicPartitions here
+        target = frozenset(TopicPartition(assigned.topic, assigned.partition) for assigned in response.assignment)
         with self._lock:
             self._member_id = response.member_id or self._member_id
             self._member_epoch = response.member_epoch
