@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import sluice
-from sluice.testing.progress import Progress
+from sluice.cli.engines.progress import Progress
 
 DEFAULT_RESULTS = Path("bench") / "results" / "results.json"
 
@@ -156,7 +156,7 @@ def bench_cluster(
     if bootstrap_servers:
         yield bootstrap_servers
         return
-    from sluice.testing.cluster import LocalCluster
+    from sluice.testing import LocalCluster
 
     with LocalCluster(brokers=brokers, config=config) as cluster:
         yield cluster.bootstrap_servers

@@ -1,6 +1,6 @@
 """An exactly-once copier process: our version of Kafka's TransactionalMessageCopier.
 
-``python -m sluice.testing.copier --bootstrap-server ... --input in --output out
+``python -m sluice.cli.copier --bootstrap-server ... --input in --output out
 --transactional-id copier-0 (--partition 0 | --group-mode) --group copiers``
 
 Consume-transform-produce: a read_committed consumer reads the input, a
@@ -33,7 +33,7 @@ FENCED_EXIT = 3
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sluice.testing.copier", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sluice.cli.copier", description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap-server", required=True)
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)

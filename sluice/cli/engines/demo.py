@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from sluice.testing.progress import Progress
+from sluice.cli.engines.progress import Progress
 
 INPUT = "demo-input"
 OUTPUT = "demo-output"
@@ -389,7 +389,7 @@ def run_demo(
     breaker: Chaos | None = None
     with contextlib.ExitStack() as stack:
         if bootstrap_servers is None:
-            from sluice.testing.cluster import LocalCluster
+            from sluice.testing import LocalCluster
 
             note.message(f"starting a local cluster of {brokers} broker(s)...")
             cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir, failure_timeout_ms=2000))
