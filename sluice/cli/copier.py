@@ -16,6 +16,14 @@ was fenced by a newer instance of its transactional id. Retriable and abortable
 errors abort the transaction and restart from the committed offsets, so a
 broker bounce costs a retry, never a duplicate. Progress goes to stderr as one
 JSON line per commit, which is what the tests read.
+
+Why it is in the package, beside the commands, and not in tests/: it is a
+program people run, not a test helper. manifests/examples/copier-job.yaml runs
+it from the Sluice image, which holds the installed package and no tests/; the
+integration and Kubernetes tests run the same program. Kafka ships its
+TransactionalMessageCopier the same way, in its tools, beside the console
+producer and consumer. It is not a ``sluice`` sub-command: it is an example
+application of the client, and the command list stays Kafka's tools.
 """
 
 from __future__ import annotations
