@@ -244,3 +244,15 @@ def test_console_script_help_runs() -> None:
     assert out.returncode == 0
     for command in ("broker", "dev", "topics", "produce", "consume", "transactions", "bench", "demo"):
         assert command in out.stdout
+
+
+def test_help_loads_neither_the_client_nor_grpc() -> None:
+    """`sluice --help` stays fast: the commands import the client, grpc and the engines when they run."""
+    heavy = ("grpc", "google", "sluice.api", "sluice.client", "sluice.broker", "sluice.operator", "sluice.testing")
+    script = (
+        "import sys, sluice.cli\n"
+        "sluice.cli.build_parser().format_help()\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({heavy!r}) or m.startswith('sluice.cli.engines')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"
