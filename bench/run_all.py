@@ -21,7 +21,7 @@ bench/results/results.json (a JSON list, one entry per run of one
 benchmark); the reported set is also written to
 bench/results/latest.json, a markdown table to bench/results/latest.md, and,
 if matplotlib is installed (pip install -e '.[bench]'), a chart to
-bench/results/latest.png (latest-3brokers.* with --brokers 3). The engine is sluice.testing.bench, the same code
+bench/results/latest.png (latest-3brokers.* with --brokers 3). The engine is sluice.cli.engines.bench, the same code
 `sluice bench` runs.
 """
 
@@ -33,7 +33,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from sluice.testing import bench
+from sluice.cli.engines import bench
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
+from sluice.cli.engines.bench import append_result, environment
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
-from sluice.testing.bench import append_result, environment
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_read.json"
 

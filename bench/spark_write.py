@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import sluice.spark
+from sluice.cli.engines.bench import environment
 from sluice.client import Admin, Consumer, TopicPartition
 from sluice.testing import LocalCluster
-from sluice.testing.bench import environment
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_write.json"
 RECORD_SIZE = 100

@@ -18,7 +18,7 @@ assert "sluice_operator" not in (operator.__file__ or ""), operator.__file__
 names = [m.name for pkg in (sluice,) for m in pkgutil.walk_packages(pkg.__path__, "sluice.")]
 # Every module that needs only the base install imports from the wheel.
 optional = ("sluice.spark", "sluice.operator.kopf_app", "sluice.operator.main", "sluice.operator.handlers",
-            "sluice.operator.controller.kubernetes", "sluice.metadata.kubernetes", "sluice.testing.k8s_env")
+            "sluice.operator.controller.kubernetes", "sluice.metadata.kubernetes")
 for name in names:
     if not name.startswith(optional) and not name.endswith("__main__"):
         importlib.import_module(name)

@@ -1,4 +1,4 @@
-"""Test support: a real local cluster, and the engines of ``sluice bench`` and ``sluice demo``.
+"""What users' own tests import: a real local cluster of broker processes.
 
 :class:`LocalCluster` starts broker processes on loopback (see
 :mod:`sluice.testing.cluster`); it is what the project's integration tests use,
@@ -11,6 +11,10 @@ and what users' own tests can use the same way::
 
 This package sits above the client in the import layers: it may use
 ``sluice.client``, never ``sluice.broker`` (brokers are separate processes).
+It holds only what a user's test suite needs: :class:`LocalCluster` with its
+process and network helpers, and :func:`unique_topic_name`. The engines of
+``sluice dev``/``bench``/``demo`` live with the CLI (:mod:`sluice.cli.engines`);
+helpers only this project's tests use live in ``tests/support/``.
 """
 
 from sluice.testing._net import check_health, free_port, poll_until

@@ -2,7 +2,7 @@
 
 Three brokers, replication factor 3, min.insync.replicas 2; an input topic of 2 partitions
 seeded with numbered messages, an output topic of 3; copier processes
-(``python -m sluice.testing.copier``) copy input to output in transactions while brokers are
+(``python -m sluice.cli.copier``) copy input to output in transactions while brokers are
 hard-bounced (kill -9, restart), clean-bounced (SIGTERM, restart), or the copiers themselves
 are killed and restarted. At the end the output holds every input message exactly once, in
 input order per partition, and a read_committed consumer reading during the bounces saw no
@@ -49,7 +49,7 @@ class Copiers:
         log = open(self.logs / f"copier-{i}.log", "ab")  # noqa: SIM115 - the process owns it
         self.procs[i] = subprocess.Popen(
             [
-                sys.executable, "-m", "sluice.testing.copier",
+                sys.executable, "-m", "sluice.cli.copier",
                 "--bootstrap-server", self.cluster.bootstrap_servers,
                 "--input", "input", "--output", "output", "--group", "copiers",
                 "--transactional-id", f"copier-{i}", "--transaction-size", str(TXN_SIZE),

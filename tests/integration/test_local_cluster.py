@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sluice.cli.engines.dev_cluster import pid_alive
 from sluice.testing import ClusterError, LocalCluster, check_health
-from sluice.testing.dev import pid_alive
 
 Factory = Callable[..., LocalCluster]
 
@@ -174,7 +174,7 @@ def test_dev_cluster_up_status_down(tmp_path: Path) -> None:
 
 
 def test_demo_is_exactly_once() -> None:
-    from sluice.testing.demo import run_demo
+    from sluice.cli.engines.demo import run_demo
 
     report = run_demo(
         records=300, partitions=2, txn_size=40, abort_every=3, brokers=1, chaos=False, progress=False, timeout=240
@@ -185,7 +185,7 @@ def test_demo_is_exactly_once() -> None:
 
 
 def test_demo_is_exactly_once_while_a_broker_and_the_copier_crash() -> None:
-    from sluice.testing.demo import run_demo
+    from sluice.cli.engines.demo import run_demo
 
     report = run_demo(records=600, partitions=3, txn_size=40, abort_every=4, progress=False, timeout=300)
     assert report.exactly_once, report.render()

@@ -1,7 +1,7 @@
 """Fixtures of the Kubernetes tests: a real control plane (envtest-style) or a given cluster.
 
-* ``k8s`` (session): a :class:`sluice.testing.k8s_env.KubeCluster`. By default a
-  :class:`~sluice.testing.k8s_env.TestControlPlane` (etcd + kube-apiserver on loopback, client
+* ``k8s`` (session): a :class:`tests.support.k8s_env.KubeCluster`. By default a
+  :class:`~tests.support.k8s_env.TestControlPlane` (etcd + kube-apiserver on loopback, client
   certificates, RBAC, service-account tokens; binaries from ``tools/k8s-testenv/build.sh``),
   started once for the session and stopped after it. With ``SLUICE_TEST_KUBECONFIG`` set, the
   suite runs against that cluster instead (a kind cluster, see docs/kubernetes.md) and starts
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.testing.k8s_env import ExistingCluster, KubeCluster, TestControlPlane
+from tests.support.k8s_env import ExistingCluster, KubeCluster, TestControlPlane
 
 _LOG_LINES = 40
 

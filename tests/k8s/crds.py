@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sluice.testing._net import poll_until
-from sluice.testing.k8s_env import KubeCluster
+from tests.support.k8s_env import KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "manifests" / "crds"

@@ -23,7 +23,7 @@ from sluice.metadata.kubernetes import KubernetesMetadataStore, api_client
 from sluice.metadata.store import open_store
 from sluice.testing._net import SERVING, check_health, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess
-from sluice.testing.k8s_env import KubeCluster
+from tests.support.k8s_env import KubeCluster
 
 HOSTS = ("127.0.0.10", "127.0.0.11", "127.0.0.12")
 SELECTOR = {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "broker"}

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from sluice.testing import poll_until
-from sluice.testing.k8s_env import ControlPlaneError, KubeCluster, TestControlPlane
+from tests.support.k8s_env import ControlPlaneError, KubeCluster, TestControlPlane
 
 
 def test_serves_a_1_3x_release_and_is_ready(k8s: KubeCluster) -> None:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from sluice.testing._net import poll_until
-from sluice.testing.k8s_env import KubeCluster
+from tests.support.k8s_env import KubeCluster
 
 from .crds import POLICY_DIR, install_crds
 

@@ -19,7 +19,7 @@ import yaml
 from sluice.broker.config import BrokerConfig
 from sluice.broker.main import build_config, parse_args
 from sluice.testing import poll_until
-from sluice.testing.k8s_env import KubeCluster
+from tests.support.k8s_env import KubeCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "sluice"

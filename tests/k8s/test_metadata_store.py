@@ -8,8 +8,8 @@ import pytest
 
 from sluice.metadata.kubernetes import KubernetesMetadataStore, KubernetesStoreError, object_name
 from sluice.metadata.store import MetadataStore, open_store
-from sluice.testing.k8s_env import KubeCluster
 from tests.metadata_contract import CHECKS
+from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
 

@@ -24,7 +24,7 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition
-from sluice.testing.k8s_env import KubeCluster
+from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
 from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s
@@ -335,7 +335,7 @@ class Copiers:
             log = open(self.sluice.workdir / f"copier-{self.tag}-{i}.log", "ab")  # noqa: SIM115
             self.procs[i] = subprocess.Popen(
                 [
-                    sys.executable, "-m", "sluice.testing.copier",
+                    sys.executable, "-m", "sluice.cli.copier",
                     "--bootstrap-server", self.sluice.bootstrap_servers,
                     "--input", f"in-{self.tag}", "--output", f"out-{self.tag}", "--group", f"copiers-{self.tag}",
                     "--transactional-id", f"copier-{self.tag}-{i}", "--transaction-size", str(TXN_SIZE),

@@ -15,7 +15,11 @@ import pytest
 
 from sluice import cli
 from sluice.api.v1 import records_pb2
-from sluice.testing import dev, free_port
+from sluice.cli.consume import format_record
+from sluice.cli.engines import dev_cluster as dev
+from sluice.cli.output import table, to_plain
+from sluice.cli.produce import split_line
+from sluice.testing import free_port
 
 
 @pytest.fixture(autouse=True)
@@ -128,7 +132,9 @@ def test_broker_hands_the_rest_of_the_line_to_the_broker_main(monkeypatch: pytes
 @pytest.fixture
 def fake_supervisor() -> Iterator[int]:
     """A live process whose command line looks like a dev-cluster supervisor's."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "sluice.testing.dev"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "sluice.cli.engines.dev_cluster"]
+    )
     try:
         yield proc.pid
     finally:
@@ -202,28 +208,28 @@ class _Rec:
 
 def test_record_formatting() -> None:
     args = parse("consume", "t")
-    assert cli._format_record(_Rec(), args) == b"v\n"
+    assert format_record(_Rec(), args) == b"v\n"
     args = parse("consume", "t", "--print-key", "--print-offset", "--print-headers", "--separator", "|")
-    assert cli._format_record(_Rec(), args) == b"1:42|h=1|k|v\n"
-    assert cli._format_record(_Rec(key=None, value=None, headers=[]), args) == b"1:42|NO_HEADERS|null|null\n"
+    assert format_record(_Rec(), args) == b"1:42|h=1|k|v\n"
+    assert format_record(_Rec(key=None, value=None, headers=[]), args) == b"1:42|NO_HEADERS|null|null\n"
 
 
 def test_key_separator_parsing() -> None:
-    assert cli._split_line(b"k:v:w", b":", 1) == (b"k", b"v:w")
-    assert cli._split_line(b"plain", None, 1) == (None, b"plain")
+    assert split_line(b"k:v:w", b":", 1) == (b"k", b"v:w")
+    assert split_line(b"plain", None, 1) == (None, b"plain")
     with pytest.raises(cli.CliError, match="line 3 has no key separator"):
-        cli._split_line(b"novalue", b":", 3)
+        split_line(b"novalue", b":", 3)
 
 
 def test_to_plain_handles_client_result_shapes() -> None:
     msg = records_pb2.TopicPartition(topic="t", partition=2)
-    assert cli.to_plain(msg) == {"topic": "t", "partition": 2}
-    assert cli.to_plain(_Rec(headers=[]))["key"] == "k"
-    assert cli.to_plain({"a": [b"x", (1, 2)]}) == {"a": ["x", [1, 2]]}
+    assert to_plain(msg) == {"topic": "t", "partition": 2}
+    assert to_plain(_Rec(headers=[]))["key"] == "k"
+    assert to_plain({"a": [b"x", (1, 2)]}) == {"a": ["x", [1, 2]]}
 
 
 def test_table() -> None:
-    assert cli._table([["a", 1], ["bbb", None]], ["X", "Y"]).splitlines() == ["X    Y", "a    1", "bbb"]
+    assert table([["a", 1], ["bbb", None]], ["X", "Y"]).splitlines() == ["X    Y", "a    1", "bbb"]
 
 
 def test_console_script_help_runs() -> None:
@@ -238,3 +244,15 @@ def test_console_script_help_runs() -> None:
     assert out.returncode == 0
     for command in ("broker", "dev", "topics", "produce", "consume", "transactions", "bench", "demo"):
         assert command in out.stdout
+
+
+def test_help_loads_neither_the_client_nor_grpc() -> None:
+    """`sluice --help` stays fast: the commands import the client, grpc and the engines when they run."""
+    heavy = ("grpc", "google", "sluice.api", "sluice.client", "sluice.broker", "sluice.operator", "sluice.testing")
+    script = (
+        "import sys, sluice.cli\n"
+        "sluice.cli.build_parser().format_help()\n"
+        f"print(sorted(m for m in sys.modules if m.startswith({heavy!r}) or m.startswith('sluice.cli.engines')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

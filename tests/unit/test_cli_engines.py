@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sluice.testing import bench, unique_topic_name
-from sluice.testing.demo import DemoReport, run_demo
-from sluice.testing.progress import Progress
+from sluice.cli.engines import bench
+from sluice.cli.engines.demo import DemoReport, run_demo
+from sluice.cli.engines.progress import Progress
+from sluice.testing import unique_topic_name
 
 
 def test_percentiles() -> None:

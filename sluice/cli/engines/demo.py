@@ -26,9 +26,13 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from sluice.testing.progress import Progress
+from sluice.cli.engines.progress import Progress
+
+if TYPE_CHECKING:
+    from sluice.client import Admin, Consumer, ConsumerRecord, Producer, TopicPartition
+    from sluice.testing import LocalCluster
 
 INPUT = "demo-input"
 OUTPUT = "demo-output"
@@ -95,13 +99,9 @@ class DemoReport:
         return "\n".join(lines)
 
 
-def _offset_of(value: Any) -> int:
-    """A committed offset as an int, whether the client returns ints or OffsetAndMetadata-like objects."""
-    if value is None:
-        return -1
-    if isinstance(value, int):
-        return value
-    return int(value.offset)
+def _offset_of(value: int | None) -> int:
+    """A committed offset, -1 where the group has none."""
+    return -1 if value is None else value
 
 
 def _record_id(value: bytes | None) -> int | None:
@@ -120,7 +120,7 @@ def _read_all(
     isolation_level: str,
     deadline: float,
     progress: Progress | None = None,
-) -> list[Any]:
+) -> list[ConsumerRecord]:
     """Every record of ``topic`` up to its current end (LSO for read_committed), in offset order per partition."""
     from sluice.client import Consumer, TopicPartition
 
@@ -136,8 +136,8 @@ def _read_all(
         consumer.assign(tps)
         for tp, offset in consumer.beginning_offsets(tps).items():
             consumer.seek(tp, offset)
-        ends: Mapping[Any, int] = consumer.end_offsets(tps)
-        out: list[Any] = []
+        ends: Mapping[TopicPartition, int] = consumer.end_offsets(tps)
+        out: list[ConsumerRecord] = []
         while time.monotonic() < deadline:
             if all(consumer.position(tp) >= ends[tp] for tp in tps):
                 return out
@@ -178,7 +178,7 @@ class Chaos:
     it left open. The verdict must still be exactly once.
     """
 
-    cluster: Any
+    cluster: LocalCluster
     victim: int = 0
     restart_after_s: float = 3.0
     broker_killed: bool = False
@@ -200,7 +200,7 @@ class Chaos:
             timer.join(60)
 
 
-def _new_copier(bootstrap: str, txn_size: int) -> tuple[Any, Any]:
+def _new_copier(bootstrap: str, txn_size: int) -> tuple[Consumer, Producer]:
     from sluice.client import Consumer, Producer
 
     consumer = Consumer(
@@ -219,7 +219,7 @@ def _new_copier(bootstrap: str, txn_size: int) -> tuple[Any, Any]:
     return consumer, producer
 
 
-def _rewind(consumer: Any) -> None:
+def _rewind(consumer: Consumer) -> None:
     """Back to the group's committed offsets: what an aborted transaction consumed is read again."""
     from sluice.client import TopicPartition
 
@@ -257,8 +257,8 @@ def _copy(
             if not batch:
                 continue
             txn_no += 1
-            first: dict[Any, int] = {}
-            after: dict[Any, int] = {}
+            first: dict[TopicPartition, int] = {}
+            after: dict[TopicPartition, int] = {}
             try:
                 producer.begin_transaction()
                 for r in batch:
@@ -307,7 +307,7 @@ def _copy(
             consumer.close()
 
 
-def _commit(producer: Any, attempts: int = 5) -> None:
+def _commit(producer: Producer, attempts: int = 5) -> None:
     """commit_transaction, retried after a timeout (Kafka allows calling it again)."""
     from sluice import errors
 
@@ -337,7 +337,7 @@ def verify(
     report.unexpected = sum(1 for i in ids if i is None or not 0 <= i < records)
     report.duplicates = sum(c - 1 for c in counts.values() if c > 1)
     report.lost = sum(1 for i in range(records) if i not in counts)
-    last_by_key: dict[Any, int] = {}
+    last_by_key: dict[bytes | None, int] = {}
     for r in committed:  # per partition in offset order, and a key always maps to one partition
         i = _record_id(r.value)
         if i is None:
@@ -389,7 +389,7 @@ def run_demo(
     breaker: Chaos | None = None
     with contextlib.ExitStack() as stack:
         if bootstrap_servers is None:
-            from sluice.testing.cluster import LocalCluster
+            from sluice.testing import LocalCluster
 
             note.message(f"starting a local cluster of {brokers} broker(s)...")
             cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir, failure_timeout_ms=2000))
@@ -413,8 +413,6 @@ def run_demo(
     return report
 
 
-def _close_quietly(obj: Any) -> None:
-    close = getattr(obj, "close", None)
-    if close is not None:
-        with contextlib.suppress(Exception):
-            close()
+def _close_quietly(admin: Admin) -> None:
+    with contextlib.suppress(Exception):
+        admin.close()

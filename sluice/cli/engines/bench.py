@@ -36,12 +36,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sluice
-from sluice.testing.progress import Progress
+from sluice.cli.engines.progress import Progress
+
+if TYPE_CHECKING:
+    from sluice.client import RecordMetadata
 
 DEFAULT_RESULTS = Path("bench") / "results" / "results.json"
 
@@ -156,7 +160,7 @@ def bench_cluster(
     if bootstrap_servers:
         yield bootstrap_servers
         return
-    from sluice.testing.cluster import LocalCluster
+    from sluice.testing import LocalCluster
 
     with LocalCluster(brokers=brokers, config=config) as cluster:
         yield cluster.bootstrap_servers
@@ -188,7 +192,7 @@ class _Acks:
         self._local.cell = cell
         return cell
 
-    def __call__(self, fut: Any) -> None:
+    def __call__(self, fut: Future[RecordMetadata]) -> None:
         exc = fut.exception()
         if exc is None:
             try:
@@ -450,7 +454,7 @@ def latency(
         start = time.perf_counter()
         measure_from = start + warmup_seconds
 
-        def on_done(fut: Any, t0: float) -> None:
+        def on_done(fut: Future[RecordMetadata], t0: float) -> None:
             t1 = time.perf_counter()
             acked(fut)
             if t0 >= measure_from and fut.exception() is None:

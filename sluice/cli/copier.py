@@ -1,6 +1,6 @@
 """An exactly-once copier process: our version of Kafka's TransactionalMessageCopier.
 
-``python -m sluice.testing.copier --bootstrap-server ... --input in --output out
+``python -m sluice.cli.copier --bootstrap-server ... --input in --output out
 --transactional-id copier-0 (--partition 0 | --group-mode) --group copiers``
 
 Consume-transform-produce: a read_committed consumer reads the input, a
@@ -16,6 +16,14 @@ was fenced by a newer instance of its transactional id. Retriable and abortable
 errors abort the transaction and restart from the committed offsets, so a
 broker bounce costs a retry, never a duplicate. Progress goes to stderr as one
 JSON line per commit, which is what the tests read.
+
+Why it is in the package, beside the commands, and not in tests/: it is a
+program people run, not a test helper. manifests/examples/copier-job.yaml runs
+it from the Sluice image, which holds the installed package and no tests/; the
+integration and Kubernetes tests run the same program. Kafka ships its
+TransactionalMessageCopier the same way, in its tools, beside the console
+producer and consumer. It is not a ``sluice`` sub-command: it is an example
+application of the client, and the command list stays Kafka's tools.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ FENCED_EXIT = 3
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sluice.testing.copier", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m sluice.cli.copier", description=__doc__.splitlines()[0])
     p.add_argument("--bootstrap-server", required=True)
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)

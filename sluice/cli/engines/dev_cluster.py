@@ -2,7 +2,7 @@
 
 ``sluice dev up`` must return to the shell while the cluster keeps running.
 Rather than leave broker processes orphaned, it starts one detached
-*supervisor* process (``python -m sluice.testing.dev --data DIR ...``) that
+*supervisor* process (``python -m sluice.cli.engines.dev_cluster --data DIR ...``) that
 owns a :class:`LocalCluster` exactly as a test would. Consequences:
 
 * the brokers die with the supervisor (PR_SET_PDEATHSIG), so killing one pid
@@ -37,11 +37,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sluice.testing._net import poll_until
+from sluice.testing import poll_until
 
 STATE_FILE = "dev-cluster.json"
 SUPERVISOR_LOG = "dev-supervisor.log"
-_SUPERVISOR_MODULE = "sluice.testing.dev"
+_SUPERVISOR_MODULE = "sluice.cli.engines.dev_cluster"
 
 
 def sluice_home() -> Path:
@@ -236,9 +236,9 @@ def _parse_kv(items: Sequence[str]) -> dict[str, str]:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     """Supervisor main: run a LocalCluster until SIGTERM/SIGINT, keeping the state file current."""
-    from sluice.testing.cluster import LocalCluster
+    from sluice.testing import LocalCluster
 
-    ap = argparse.ArgumentParser(prog="python -m sluice.testing.dev")
+    ap = argparse.ArgumentParser(prog="python -m sluice.cli.engines.dev_cluster")
     ap.add_argument("--data", required=True)
     ap.add_argument("--brokers", type=int, default=1)
     ap.add_argument("--port", type=int, default=9092)

@@ -1,0 +1,107 @@
+"""The typed seam between the commands and :mod:`sluice.client`.
+
+Every command reaches the client through the functions here, and every one of them is typed
+with the client's own classes (``Admin``, ``Producer``, ``Consumer``, ``TopicDescription`` ...),
+so mypy checks each call a command makes against the client's signatures; nothing at this seam
+is ``Any``.
+
+The client is imported inside the functions, not at the top: ``sluice --help`` and ``sluice
+broker`` must not pay for grpc and the client, and the top-level names below exist for the
+type checker only (``TYPE_CHECKING``). A client that cannot be imported (a broken install) is a
+one-line :class:`~sluice.cli.exits.CliError`, not a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from sluice.cli.exits import CliError
+
+if TYPE_CHECKING:
+    from sluice.client import (
+        Admin,
+        Consumer,
+        PartitionDescription,
+        PreparedTransaction,
+        Producer,
+        TopicDescription,
+        TopicPartition,
+    )
+
+
+@contextlib.contextmanager
+def _importing_the_client() -> Iterator[None]:
+    try:
+        yield
+    except ImportError as exc:
+        raise CliError(f"the Sluice client cannot be imported ({exc}); is the package installed?") from exc
+
+
+def open_admin(bootstrap: str) -> Admin:
+    with _importing_the_client():
+        from sluice.client import Admin
+    return Admin(bootstrap_servers=bootstrap)
+
+
+def open_producer(
+    bootstrap: str,
+    *,
+    transactional_id: str | None,
+    acks: str,
+    enable_idempotence: bool,
+    linger_ms: int,
+    compression: str | None,
+) -> Producer:
+    with _importing_the_client():
+        from sluice.client import Producer
+    return Producer(
+        bootstrap_servers=bootstrap,
+        transactional_id=transactional_id,
+        acks=acks,
+        enable_idempotence=enable_idempotence,
+        linger_ms=linger_ms,
+        compression=compression,
+    )
+
+
+def open_consumer(
+    bootstrap: str, *, group_id: str, isolation_level: str, auto_offset_reset: str, enable_auto_commit: bool
+) -> Consumer:
+    with _importing_the_client():
+        from sluice.client import Consumer
+    return Consumer(
+        bootstrap_servers=bootstrap,
+        group_id=group_id,
+        isolation_level=isolation_level,
+        auto_offset_reset=auto_offset_reset,
+        enable_auto_commit=enable_auto_commit,
+    )
+
+
+def topic_partition(topic: str, partition: int) -> TopicPartition:
+    with _importing_the_client():
+        from sluice.client import TopicPartition
+    return TopicPartition(topic, partition)
+
+
+def prepared_transaction(transactional_id: str, producer_id: int, producer_epoch: int) -> PreparedTransaction:
+    with _importing_the_client():
+        from sluice.client import PreparedTransaction
+    return PreparedTransaction(transactional_id, producer_id, producer_epoch)
+
+
+def describe_existing_topic(admin: Admin, topic: str) -> TopicDescription:
+    """The topic's description, or a one-line error (with the command that creates it) if there is none."""
+    from sluice import errors
+
+    try:
+        return admin.describe_topic(topic)
+    except errors.UnknownTopicOrPartitionError:
+        raise CliError(f"unknown topic {topic!r} (create it with `sluice topics create {topic}`)") from None
+
+
+def partitions_of(desc: TopicDescription) -> list[PartitionDescription]:
+    """The topic's partitions in partition order."""
+    return sorted(desc.partitions, key=lambda p: p.partition)

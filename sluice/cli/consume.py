@@ -1,0 +1,152 @@
+"""``sluice consume TOPIC``: kafka-console-consumer.sh, records to stdout.
+
+read_committed by default (Sluice's default, unlike Kafka's): aborted and still open
+transactions are never printed. Without ``--group`` the consumer joins a throw-away group and
+commits nothing; with ``--group`` it commits what it printed when it exits (not with
+``--no-commit``). ``--partition`` reads one partition outside any group, from ``--offset``.
+The command ends after ``--max-messages`` records, after ``--timeout`` seconds without a record,
+or on Ctrl-C, and reports the count on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sluice.cli.argtypes import ISOLATION_LEVELS, non_negative_int, positive_float, positive_int, separator
+from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.clients import describe_existing_topic, open_admin, open_consumer, partitions_of, topic_partition
+from sluice.cli.exits import USAGE, CliError
+from sluice.cli.output import close_quietly, err
+
+if TYPE_CHECKING:
+    from sluice.cli.parser import Subcommands
+    from sluice.client import Consumer, ConsumerRecord
+
+
+def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
+    consume = sub.add_parser("consume", parents=[client], help="print a topic's records to stdout")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true", help="start at the oldest record")
+    consume.add_argument(
+        "--isolation-level",
+        choices=ISOLATION_LEVELS,
+        default="read_committed",
+        help="read_committed (default: Sluice's default, unlike Kafka) or read_uncommitted",
+    )
+    consume.add_argument("--max-messages", type=positive_int, help="exit after this many records")
+    consume.add_argument(
+        "--timeout", type=positive_float, metavar="SECONDS", help="exit when no record arrives for this long"
+    )
+    consume.add_argument("--group", help="consumer group (committed at exit; default: a throw-away group)")
+    consume.add_argument("--no-commit", action="store_true", help="with --group: do not commit offsets")
+    consume.add_argument("--partition", type=non_negative_int, help="read only this partition (no group)")
+    consume.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
+    consume.add_argument("--print-key", action="store_true")
+    consume.add_argument("--print-headers", action="store_true")
+    consume.add_argument("--print-offset", action="store_true", help="print partition and offset")
+    consume.add_argument("--print-timestamp", action="store_true")
+    consume.add_argument("--separator", type=separator, default="\t", help="between printed fields (default tab)")
+
+
+def format_record(rec: ConsumerRecord, args: argparse.Namespace) -> bytes:
+    """One output line: the fields the --print-* options ask for, then the value, ``--separator`` apart."""
+    sep: bytes = args.separator.encode()
+    fields: list[bytes] = []
+    if args.print_timestamp:
+        fields.append(f"CreateTime:{rec.timestamp}".encode())
+    if args.print_offset:
+        fields.append(f"{rec.partition}:{rec.offset}".encode())
+    if args.print_headers:
+        hdrs = rec.headers or []
+        fields.append(b",".join(k.encode() + b"=" + (v or b"") for k, v in hdrs) if hdrs else b"NO_HEADERS")
+    if args.print_key:
+        fields.append(b"null" if rec.key is None else rec.key)
+    fields.append(b"null" if rec.value is None else bytes(rec.value))
+    return sep.join(fields) + b"\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.offset is not None and args.partition is None:
+        raise CliError("--offset needs --partition", USAGE)
+    if args.partition is not None and args.group:
+        raise CliError("--partition reads outside any group: do not combine it with --group", USAGE)
+    bootstrap = bootstrap_servers(args)
+    admin = open_admin(bootstrap)
+    try:
+        desc = describe_existing_topic(admin, args.topic)
+    finally:
+        close_quietly(admin)
+    nparts = len(partitions_of(desc))
+    if args.partition is not None and args.partition >= nparts:
+        raise CliError(f"topic {args.topic!r} has no partition {args.partition} (it has {nparts})")
+    consumer = open_consumer(
+        bootstrap,
+        group_id=args.group or f"sluice-console-{uuid.uuid4().hex[:12]}",
+        isolation_level=args.isolation_level,
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
+        enable_auto_commit=False,
+    )
+    printed = _Printed()
+    try:
+        if args.partition is not None:
+            _assign_one_partition(consumer, args)
+        else:
+            consumer.subscribe([args.topic])
+        _print_records(consumer, args, printed)
+        if args.group and not args.no_commit and printed.count:
+            consumer.commit()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        close_quietly(consumer)
+        err(f"processed a total of {printed.count} messages")
+    return 0
+
+
+def _assign_one_partition(consumer: Consumer, args: argparse.Namespace) -> None:
+    tp = topic_partition(args.topic, args.partition)
+    consumer.assign([tp])
+    where = args.offset or ("earliest" if args.from_beginning else "latest")
+    if where == "earliest":
+        consumer.seek(tp, consumer.beginning_offsets([tp])[tp])
+    elif where == "latest":
+        consumer.seek(tp, consumer.end_offsets([tp])[tp])
+    else:
+        try:
+            consumer.seek(tp, int(where))
+        except ValueError:
+            raise CliError(f"--offset must be an integer, 'earliest' or 'latest', got {where!r}", USAGE) from None
+
+
+@dataclass
+class _Printed:
+    """The records printed so far: the summary line reports it however the command ends."""
+
+    count: int = 0
+
+
+def _print_records(consumer: Consumer, args: argparse.Namespace, printed: _Printed) -> None:
+    """Poll and print until --max-messages, or --timeout seconds without a record."""
+    out = sys.stdout.buffer
+    last_record = time.monotonic()
+    while args.max_messages is None or printed.count < args.max_messages:
+        wait = 1.0
+        if args.timeout is not None:
+            left = args.timeout - (time.monotonic() - last_record)
+            if left <= 0:
+                break
+            wait = min(wait, left)
+        records = consumer.poll(timeout=wait)
+        if records:
+            last_record = time.monotonic()
+        for rec in records:
+            out.write(format_record(rec, args))
+            printed.count += 1
+            if args.max_messages is not None and printed.count >= args.max_messages:
+                break
+        out.flush()

@@ -1,0 +1,113 @@
+"""``sluice dev up|down|status``: a local cluster running in the background.
+
+The work (the detached supervisor process, its state file, finding a running cluster) is the
+engine :mod:`sluice.cli.engines.dev_cluster`; this module parses the options and says what
+happened: progress and outcome on stderr, the bootstrap servers (``up``) or the status table on
+stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sluice.cli.argtypes import key_value, non_negative_int, positive_float, positive_int
+from sluice.cli.exits import CliError
+from sluice.cli.output import err, print_json, table
+
+if TYPE_CHECKING:
+    from sluice.cli.parser import Subcommands
+
+
+def register(sub: Subcommands) -> None:
+    dev = sub.add_parser("dev", help="a local cluster running in the background")
+    dev_sub = dev.add_subparsers(dest="dev_command", metavar="ACTION", required=True)
+    up = dev_sub.add_parser("up", help="start the dev cluster (prints its bootstrap servers)")
+    up.add_argument("--brokers", type=positive_int, default=1, help="number of brokers (default 1)")
+    up.add_argument("--data", metavar="DIR", help="data directory (default: ~/.sluice/dev, or $SLUICE_HOME/dev)")
+    up.add_argument(
+        "--port",
+        type=non_negative_int,
+        default=9092,
+        help="port of broker 0; broker N gets PORT+N (default 9092; 0: any free ports)",
+    )
+    up.add_argument("--config", type=key_value, action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument("--timeout", type=positive_float, default=90.0, help="seconds to wait for the brokers")
+    down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
+    down.add_argument("--data", metavar="DIR")
+    status = dev_sub.add_parser("status", help="show the dev cluster's processes and health")
+    status.add_argument("--data", metavar="DIR")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sluice.cli.engines import dev_cluster
+
+    if args.dev_command == "up":
+        data_dir = Path(args.data).expanduser().resolve() if args.data else dev_cluster.default_data_dir()
+        return _up(args, data_dir)
+    data_dir = dev_cluster.resolve_data_dir(args.data)
+    if args.dev_command == "down":
+        stopped = dev_cluster.down(data_dir)
+        if stopped is None:
+            err(f"no dev cluster is running (data directory {data_dir})")
+        else:
+            err(f"dev cluster stopped (data kept in {stopped.data_dir})")
+        return 0
+    return _status(args, data_dir)
+
+
+def _up(args: argparse.Namespace, data_dir: Path) -> int:
+    from sluice.cli.engines import dev_cluster
+
+    last = [0.0]
+
+    def waiting(elapsed: float) -> None:
+        if elapsed - last[0] >= 5.0:
+            last[0] = elapsed
+            err(f"waiting for {args.brokers} broker(s) to be ready... {elapsed:.0f}s")
+
+    err(f"starting a dev cluster of {args.brokers} broker(s) in {data_dir} ...")
+    try:
+        state, started = dev_cluster.up(
+            data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting
+        )
+    except dev_cluster.DevClusterError as exc:
+        hint = " (use --port to pick other ports, or --port 0 for any free ones)" if "in use" in str(exc) else ""
+        raise CliError(f"the dev cluster failed to start{hint}: {exc}") from None
+    if not started:
+        err(f"a dev cluster is already running (supervisor pid {state.supervisor_pid}, data {state.data_dir})")
+    else:
+        err(f"dev cluster up: {len(state.brokers)} broker(s), logs in {state.data_dir}")
+        err("stop it with `sluice dev down`")
+    print(state.bootstrap_servers)
+    return 0
+
+
+def _status(args: argparse.Namespace, data_dir: Path) -> int:
+    from sluice.cli.engines import dev_cluster
+    from sluice.testing import check_health
+
+    current = dev_cluster.running_state(data_dir)
+    if current is None:
+        if args.json:
+            print_json({"running": False, "data_dir": str(data_dir)})
+        else:
+            err(f"no dev cluster is running (data directory {data_dir}); start one with `sluice dev up`")
+        return 1
+    brokers = []
+    for b in current.brokers:
+        alive = dev_cluster.pid_alive(int(b.get("pid") or 0))
+        health = check_health(b["address"], timeout=2.0) if alive else "DOWN"
+        brokers.append({**b, "alive": alive, "health": health})
+    healthy = all(b["health"] == "SERVING" for b in brokers)
+    if args.json:
+        print_json({"running": True, "healthy": healthy, **dataclasses.asdict(current), "brokers": brokers})
+    else:
+        print(f"dev cluster: supervisor pid {current.supervisor_pid}, data {current.data_dir}")
+        print(f"bootstrap servers: {current.bootstrap_servers}")
+        rows = [[b["id"], b["address"], b.get("pid"), b["health"], b.get("log", "")] for b in brokers]
+        print(table(rows, ["BROKER", "ADDRESS", "PID", "HEALTH", "LOG"]))
+    return 0 if healthy else 1

@@ -1,0 +1,103 @@
+"""``sluice topics create|list|describe|delete``: kafka-topics.sh.
+
+``describe`` prints Kafka's layout (a topic line, then one line per partition with leader,
+leader epoch, replicas and ISR), or the client's TopicDescription as JSON with ``--json``.
+Names of topics that do not exist are one-line errors that say how to create them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from sluice.cli.argtypes import key_value, positive_int
+from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.clients import describe_existing_topic, open_admin, partitions_of
+from sluice.cli.output import close_quietly, err, print_json
+
+if TYPE_CHECKING:
+    from sluice.cli.parser import Subcommands
+    from sluice.client import Admin, PartitionDescription, TopicDescription
+
+
+def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
+    topics = sub.add_parser("topics", help="create, list, describe and delete topics")
+    t_sub = topics.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
+    create = t_sub.add_parser("create", parents=[client], help="create a topic")
+    create.add_argument("topic")
+    create.add_argument("--partitions", type=positive_int, help="default: the broker's num.partitions")
+    create.add_argument(
+        "--replication-factor", type=positive_int, help="default: the broker's default.replication.factor"
+    )
+    create.add_argument(
+        "--config", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="e.g. retention.ms=-1"
+    )
+    t_list = t_sub.add_parser("list", parents=[client], help="list topics")
+    t_list.add_argument("--json", action="store_true")
+    describe = t_sub.add_parser("describe", parents=[client], help="partitions, leaders, replicas, config")
+    describe.add_argument("topics", nargs="+", metavar="TOPIC")
+    describe.add_argument("--json", action="store_true")
+    delete = t_sub.add_parser("delete", parents=[client], help="delete topics")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+
+
+def run(args: argparse.Namespace) -> int:
+    admin = open_admin(bootstrap_servers(args))
+    try:
+        if args.topics_command == "create":
+            _create(admin, args)
+        elif args.topics_command == "list":
+            names = sorted(admin.list_topics())
+            if args.json:
+                print_json(names)
+            else:
+                for name in names:
+                    print(name)
+        elif args.topics_command == "describe":
+            descs = [describe_existing_topic(admin, t) for t in args.topics]
+            if args.json:
+                print_json(descs if len(descs) > 1 else descs[0])
+            else:
+                print("\n".join(render_topic(name, d) for name, d in zip(args.topics, descs, strict=True)))
+        elif args.topics_command == "delete":
+            for topic in args.topics:
+                describe_existing_topic(admin, topic)
+                admin.delete_topic(topic)
+                err(f"deleted topic {topic}")
+    finally:
+        close_quietly(admin)
+    return 0
+
+
+def _create(admin: Admin, args: argparse.Namespace) -> None:
+    # None leaves partitions and replication factor to the broker's defaults.
+    admin.create_topic(
+        args.topic,
+        partitions=args.partitions,
+        replication_factor=args.replication_factor,
+        config=dict(args.config),
+    )
+    err(f"created topic {args.topic}")
+
+
+def render_topic(name: str, desc: TopicDescription) -> str:
+    parts = partitions_of(desc)
+    cfg = ",".join(f"{k}={v}" for k, v in sorted(desc.config.items()))
+    rf = desc.replication_factor
+    if not rf and parts:
+        rf = len(parts[0].replicas)
+    head = (
+        f"Topic: {name}\tTopicId: {desc.topic_id}\tPartitionCount: {len(parts)}"
+        f"\tReplicationFactor: {rf}\tConfigs: {cfg}"
+    )
+    return "\n".join([head, *(_render_partition(name, p) for p in parts)])
+
+
+def _render_partition(name: str, p: PartitionDescription) -> str:
+    def ids(values: list[int]) -> str:
+        return ",".join(str(i) for i in values)
+
+    return (
+        f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader}"
+        f"\tLeaderEpoch: {p.leader_epoch}\tReplicas: {ids(p.replicas)}\tIsr: {ids(p.isr)}"
+    )
