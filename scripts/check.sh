@@ -21,5 +21,7 @@ done
 ln -s "$root/broker/sluice_broker" "$tmp/sluice/broker"
 ln -s "$root/operator/sluice_operator" "$tmp/sluice/operator"
 (cd "$tmp" && mypy --config-file "$root/pyproject.toml" -p sluice)
+# Test support code that is not in the package (the Kubernetes test control plane) is typed too.
+mypy --config-file "$root/pyproject.toml" tests/support
 (cd "$tmp" && PYTHONPATH="$tmp" lint-imports --config "$root/pyproject.toml")
 echo "static checks passed"
