@@ -263,7 +263,7 @@ class KubernetesController:
         self.liveness = PodLiveness(grace_s)
         self.events = EventRecorder(self.core, namespace, self.identity)
         self.elector = LeaseElector(client.CoordinationV1Api(api_client), namespace, self.identity, lease_duration_s)
-        self.controller = ControllerLoop(
+        self.loop = ControllerLoop(
             store,
             self.liveness,
             on_change=self._on_change,
@@ -281,8 +281,8 @@ class KubernetesController:
     def start(self) -> None:
         for target, name in (
             (self._watch_pods, "sluice-pod-watch"),
-            (self._control, "sluice-controller"),
-            (self._project, "sluice-status"),
+            (self._run_controller_loop, "sluice-controller"),
+            (self._project_statuses, "sluice-status"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -353,17 +353,18 @@ class KubernetesController:
 
     # -- the controller loop ----------------------------------------------------------------------
 
-    def _control(self) -> None:
+    def _run_controller_loop(self) -> None:
+        """Rounds of the controller loop while this replica holds the Lease (the sluice-controller thread)."""
         self.pods_synced.wait(timeout=30)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 if self.elector.holds():
                     if not self.leading.is_set():
-                        epoch = self.controller.claim()
+                        epoch = self.loop.claim()
                         log.info("%s is the active controller (epoch %d)", self.identity, epoch)
                         self.leading.set()
-                    self.controller.run_round()
+                    self.loop.run_round()
                     self._publish_broker_count()
                 elif self.leading.is_set():
                     log.info("%s lost the controller lease", self.identity)
@@ -399,7 +400,7 @@ class KubernetesController:
         return replicas
 
     def _publish_broker_count(self) -> None:
-        count = max(len(self.controller.brokers), self.expected())  # read by the round just run
+        count = max(len(self.loop.brokers), self.expected())  # read by the round just run
         if count == self._published_brokers:
             return
         body = {
@@ -474,7 +475,8 @@ class KubernetesController:
 
     # -- status projection ------------------------------------------------------------------------
 
-    def _project(self) -> None:
+    def _project_statuses(self) -> None:
+        """Status projection while this replica leads (the sluice-status thread)."""
         while not self._stop.is_set():
             try:
                 if self.leading.is_set():

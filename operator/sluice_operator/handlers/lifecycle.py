@@ -57,4 +57,4 @@ def probe_controller(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         controller = None
     if controller is None:
         return {"running": False}
-    return {"running": True, "leading": controller.leading.is_set(), "epoch": controller.controller.epoch}
+    return {"running": True, "leading": controller.leading.is_set(), "epoch": controller.loop.epoch}
