@@ -9,8 +9,8 @@ registry. Kopf then runs them: start-up puts the settings and the runtime
 into ``memo``.
 
 Nothing else imports this module: ``sluice operator`` (:mod:`sluice.operator.main`)
-builds its settings from its flags and registers the same handlers into a
-registry of its own.
+builds its settings from its flags and the environment and registers the same
+handlers itself (importing this module too would register them twice).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Each flag stands for one SLUICE_* variable and wins over it: the flags and
 the environment are read once, together, into an
 :class:`~sluice.operator.settings.OperatorSettings` (a bad value exits with an
 error naming the variable). The handlers of :mod:`sluice.operator.handlers`
-are registered with those settings into a registry of this run's own, and
-Kopf runs in this process: namespace-scoped, with peering (unless
+are registered with those settings into Kopf's default registry (where Kopf's
+own login handlers are), and Kopf runs in this process: namespace-scoped, with peering (unless
 ``--standalone``) and a liveness endpoint for the Deployment's probe. The
 process environment is not changed.
 """
@@ -98,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from sluice.operator.handlers import register
 
-    registry = kopf.OperatorRegistry()
+    # Kopf's default registry: it also holds Kopf's own login handlers (kubeconfig, service account).
+    registry = kopf.get_default_registry()
     register(registry, settings)
     kopf.run(
         registry=registry,

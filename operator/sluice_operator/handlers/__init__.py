@@ -11,9 +11,9 @@ Handlers are registered by :func:`register` rather than by decorators at
 import: a timer's interval is fixed when it is registered, and it comes from
 the :class:`~sluice.operator.settings.OperatorSettings` read at start-up, so
 importing a handler module depends on nothing in the environment.
-``sluice operator`` (:mod:`sluice.operator.main`) registers into its own
-registry; ``kopf run -m sluice.operator.kopf_app`` registers into Kopf's
-default one.
+``sluice operator`` (:mod:`sluice.operator.main`) and ``kopf run -m
+sluice.operator.kopf_app`` both register into Kopf's default registry, which
+also holds Kopf's own login handlers.
 
 Every handler is idempotent and re-reads what it needs, so the timers are
 also the retry: a topic that could not be created because no broker was up
