@@ -7,7 +7,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-python -m pip wheel -q --no-deps -w "$tmp/dist" "$root"
+# Built from a copy holding just what the Dockerfile copies into its image (so that set is
+# checked too, and setuptools leaves no build/ folder in the checkout).
+mkdir "$tmp/src"
+cp -r "$root"/{pyproject.toml,setup.py,README.md,sluice,broker,operator} "$tmp/src/"
+python -m pip wheel -q --no-deps -w "$tmp/dist" "$tmp/src"
 python3 -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q "$tmp/dist"/sluice-*.whl
 cd "$tmp"

@@ -2,8 +2,9 @@
 
 Each broker polls the store for changes (a watch by revision) and tells its
 listeners what changed; it also applies its own writes at once, so a client
-that created a topic can use it on the next request. Topic and broker
-documents are described in :mod:`sluice.metadata.keys`.
+that created a topic can use it on the next request. Documents are read and
+written in their typed form (:mod:`sluice.metadata.documents`): the topics this
+view holds are :class:`~sluice.metadata.documents.TopicDocument` values.
 
 This module also holds the writes a broker makes to cluster metadata: its own
 registration, topic creation and deletion (with replica placement while there
@@ -12,26 +13,37 @@ is no controller yet: see docs/architecture.md), and producer-id blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import uuid
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
-from sluice.metadata import keys
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC as CONSUMER_OFFSETS_TOPIC
+from sluice.metadata.documents import (
+    INTERNAL_TOPIC_CONFIG,
+    BrokerDocument,
+    ClusterDocument,
+    ControllerDocument,
+    PartitionState,
+    ProducerIdBlock,
+    TopicDocument,
+)
+from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
+from sluice.metadata.documents import TRANSACTION_STATE_TOPIC as TRANSACTION_STATE_TOPIC
 from sluice.metadata.placement import place_replicas
-from sluice.metadata.store import Document, MetadataStore, VersionConflict, update
+from sluice.metadata.store import Document, MetadataStore, VersionConflict
 from sluice.records import now_ms
 
 log = logging.getLogger(__name__)
 
-TRANSACTION_STATE_TOPIC = "__transaction_state"
-CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
-INTERNAL_TOPICS = (TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC)
+# CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC and INTERNAL_TOPICS are defined once, in
+# sluice.metadata.documents (the operator names them too); imported above "as" themselves so the
+# broker's modules keep importing them from here.
 PID_BLOCK_SIZE = 1000
 MAX_PARTITIONS = 10_000
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
@@ -54,41 +66,9 @@ def check_topic_name(name: str, *, allow_internal: bool = False) -> None:
         raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}")
 
 
-@dataclass(frozen=True)
-class PartitionInfo:
-    replicas: list[int]
-    leader: int
-    leader_epoch: int
-    isr: list[int]
-
-
-@dataclass(frozen=True)
-class TopicInfo:
-    name: str
-    topic_id: str
-    internal: bool
-    config: dict[str, str]
-    replication_factor: int
-    partitions: list[PartitionInfo] = field(default_factory=list)
-
-    @classmethod
-    def from_doc(cls, value: dict[str, Any]) -> TopicInfo:
-        return cls(
-            name=value["name"],
-            topic_id=value["topic_id"],
-            internal=value.get("internal", False),
-            config=dict(value.get("config", {})),
-            replication_factor=value.get("replication_factor", 1),
-            partitions=[PartitionInfo(**p) for p in value["partitions"]],
-        )
-
-
-@dataclass(frozen=True)
-class BrokerEndpoint:
-    broker_id: int
-    host: str
-    port: int
-    rack: str = ""
+# The broker's names for the typed topic documents (the same classes, not copies).
+PartitionInfo = PartitionState
+TopicInfo = TopicDocument
 
 
 TopicListener = Callable[[TopicInfo | None, TopicInfo | None], None]  # (old, new)
@@ -100,7 +80,7 @@ class ClusterView:
         self.config = config
         self.cluster_id = ""
         self.topics: dict[str, TopicInfo] = {}
-        self.brokers: dict[int, BrokerEndpoint] = {}
+        self.brokers: dict[int, BrokerDocument] = {}
         self.listeners: list[TopicListener] = []
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
@@ -112,18 +92,14 @@ class ClusterView:
 
     def register(self) -> None:
         """Make sure the cluster document exists and register this broker's endpoint."""
-        doc = update(self.store, keys.CLUSTER, lambda v: None if v else {"cluster_id": uuid.uuid4().hex})
-        assert doc is not None and doc.value is not None
-        self.cluster_id = doc.value["cluster_id"]
+        cluster = documents.update_document(
+            self.store, keys.CLUSTER, ClusterDocument, lambda v: None if v else ClusterDocument(uuid.uuid4().hex)
+        )
+        assert cluster is not None
+        self.cluster_id = cluster.cluster_id
         cfg = self.config
-        endpoint = {
-            "broker_id": cfg.broker_id,
-            "host": cfg.host,
-            "port": cfg.port,
-            "rack": cfg.get("broker.rack"),
-            "started_ms": now_ms(),
-        }
-        update(self.store, keys.broker(cfg.broker_id), lambda _v: endpoint)
+        endpoint = BrokerDocument(cfg.broker_id, cfg.host, cfg.port, str(cfg.get("broker.rack")), now_ms())
+        documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
     def ensure_internal_topics(self) -> None:
         for name, key in (
@@ -137,7 +113,7 @@ class ClusterView:
                     name,
                     self.config.int(f"{key}.num.partitions"),
                     min(self.config.int(f"{key}.replication.factor"), max(len(self.brokers), 1)),
-                    {"cleanup.policy": "compact", "retention.ms": "-1"},
+                    dict(INTERNAL_TOPIC_CONFIG),
                     internal=True,
                 )
             except AdminError as exc:
@@ -158,12 +134,11 @@ class ClusterView:
             if doc.value is None:
                 self.brokers.pop(broker_id, None)
             else:
-                v = doc.value
-                self.brokers[broker_id] = BrokerEndpoint(v["broker_id"], v["host"], v["port"], v.get("rack", ""))
+                self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
         elif doc.key.startswith(keys.TOPICS):
             name = doc.key[len(keys.TOPICS) :]
             old = self.topics.get(name)
-            new = None if doc.value is None else TopicInfo.from_doc(doc.value)
+            new = None if doc.value is None else TopicDocument.from_json(doc.value)
             if new is None:
                 self.topics.pop(name, None)
             else:
@@ -172,7 +147,7 @@ class ClusterView:
                 for listener in self.listeners:
                     listener(old, new)
         elif doc.key == keys.CLUSTER and doc.value:
-            self.cluster_id = doc.value["cluster_id"]
+            self.cluster_id = ClusterDocument.from_json(doc.value).cluster_id
         elif doc.key.startswith(keys.TRANSACTIONAL_IDS):
             txn_id = doc.key[len(keys.TRANSACTIONAL_IDS) :]
             if doc.value is None:
@@ -180,7 +155,7 @@ class ClusterView:
             else:
                 self.declared_transactional_ids.add(txn_id)
         elif doc.key == keys.CONTROLLER:
-            self.dead_brokers = set((doc.value or {}).get("dead_brokers", []))
+            self.dead_brokers = set(ControllerDocument.from_json(doc.value or {}).dead_brokers)
 
     def transactional_id_declared(self, txn_id: str) -> bool:
         """Whether a TransactionalId declares ``txn_id``: the watched set, else a fresh read.
@@ -211,7 +186,7 @@ class ClusterView:
 
     # -- topic administration ---------------------------------------------------------------------
 
-    def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[dict[str, Any]]:
+    def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[PartitionState]:
         """Replicas for new partitions (sluice.metadata.placement); the first replica leads at epoch 0.
 
         Placement is over every registered broker, alive or not: the controller
@@ -222,7 +197,7 @@ class ClusterView:
             layout = place_replicas(brokers, partitions, replication_factor, start_partition=offset)
         except ValueError as exc:
             raise AdminError(pb.INVALID_REPLICATION_FACTOR, str(exc)) from None
-        return [{"replicas": r, "leader": r[0], "leader_epoch": 0, "isr": list(r)} for r in layout]
+        return [PartitionState.initial(r) for r in layout]
 
     def create_topic(
         self,
@@ -254,16 +229,9 @@ class ClusterView:
             if name in self.topics:
                 raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             return topic_id
-        value = {
-            "name": name,
-            "topic_id": topic_id,
-            "internal": internal,
-            "config": clean,
-            "replication_factor": replication_factor,
-            "partitions": placement,
-        }
+        value = TopicDocument(name, topic_id, internal, clean, replication_factor, placement)
         try:
-            self.store.compare_and_set(keys.topic(name), value, None)
+            documents.create(self.store, keys.topic(name), value)
         except VersionConflict:
             raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists") from None
         self.refresh()
@@ -271,27 +239,27 @@ class ClusterView:
 
     def delete_topic(self, name: str) -> str:
         self.refresh()
-        doc = self.store.get(keys.topic(name))
-        if doc is None or doc.value is None:
+        doc = documents.read(self.store, keys.topic(name), TopicDocument)
+        if doc is None:
             raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-        if doc.value.get("internal"):
+        if doc.value.internal:
             raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be deleted")
         try:
             self.store.delete(keys.topic(name), doc.version)
         except VersionConflict:
             raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} changed while deleting") from None
         self.refresh()
-        return str(doc.value["topic_id"])
+        return doc.value.topic_id
 
     def create_partitions(self, name: str, count: int, validate_only: bool = False) -> str:
         self.refresh()
         for _ in range(20):
-            doc = self.store.get(keys.topic(name))
-            if doc is None or doc.value is None:
+            doc = documents.read(self.store, keys.topic(name), TopicDocument)
+            if doc is None:
                 raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
-            value = dict(doc.value)
-            current = len(value["partitions"])
-            if value.get("internal"):
+            value = doc.value
+            current = len(value.partitions)
+            if value.internal:
                 raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be changed")
             if count <= current:
                 raise AdminError(
@@ -300,16 +268,17 @@ class ClusterView:
                 )
             if count > MAX_PARTITIONS:
                 raise AdminError(pb.INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
-            added = self._place(count - current, value.get("replication_factor", 1), offset=current)
+            added = self._place(count - current, value.replication_factor, offset=current)
             if validate_only:
-                return str(value["topic_id"])
-            value["partitions"] = value["partitions"] + added
+                return value.topic_id
             try:
-                self.store.compare_and_set(keys.topic(name), value, doc.version)
+                documents.replace(
+                    self.store, keys.topic(name), value.with_partitions(value.partitions + added), doc.version
+                )
             except VersionConflict:
                 continue
             self.refresh()
-            return str(value["topic_id"])
+            return value.topic_id
         raise AdminError(pb.UNKNOWN_SERVER_ERROR, f"topic {name!r} kept changing; try again")
 
     def update_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> bool:
@@ -319,21 +288,19 @@ class ClusterView:
         no longer entitled to change the ISR and will hear of its new role.
         """
         for _ in range(20):
-            doc = self.store.get(keys.topic(topic))
-            if doc is None or doc.value is None:
+            doc = documents.read(self.store, keys.topic(topic), TopicDocument)
+            if doc is None:
                 return False
-            value = dict(doc.value)
-            parts = [dict(p) for p in value["partitions"]]
-            if partition >= len(parts):
+            value = doc.value
+            if partition >= len(value.partitions):
                 return False
-            p = parts[partition]
-            if p["leader"] != leader or p["leader_epoch"] != leader_epoch:
+            p = value.partitions[partition]
+            if p.leader != leader or p.leader_epoch != leader_epoch:
                 self.refresh()
                 return False
-            p["isr"] = list(isr)
-            value["partitions"] = parts
+            changed = value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
             try:
-                self.store.compare_and_set(keys.topic(topic), value, doc.version)
+                documents.replace(self.store, keys.topic(topic), changed, doc.version)
             except VersionConflict:
                 continue
             self.refresh()
@@ -350,16 +317,14 @@ class ClusterView:
         never hand out the same id. Ids start at 1.
         """
         if self._pid_next > self._pid_end:
-            claimed: dict[str, int] = {}
 
-            def claim(value: dict[str, Any] | None) -> dict[str, Any]:
-                end = (value or {}).get("block_end", 0)
-                claimed["start"] = end + 1
-                claimed["end"] = end + PID_BLOCK_SIZE
-                return {"broker_id": self.config.broker_id, "block_start": end + 1, "block_end": end + PID_BLOCK_SIZE}
+            def claim(last: ProducerIdBlock | None) -> ProducerIdBlock:
+                end = 0 if last is None else last.block_end
+                return ProducerIdBlock(self.config.broker_id, end + 1, end + PID_BLOCK_SIZE)
 
-            update(self.store, keys.PID_BLOCK, claim)
-            self._pid_next, self._pid_end = claimed["start"], claimed["end"]
+            block = documents.update_document(self.store, keys.PID_BLOCK, ProducerIdBlock, claim)
+            assert block is not None
+            self._pid_next, self._pid_end = block.block_start, block.block_end
             log.info("claimed producer id block [%d, %d]", self._pid_next, self._pid_end)
         pid = self._pid_next
         self._pid_next += 1

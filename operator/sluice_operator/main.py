@@ -1,21 +1,24 @@
 """``sluice operator``: run the Kopf operator (the same as ``kopf run -m sluice.operator.kopf_app``).
 
-Flags become the SLUICE_* environment settings :mod:`sluice.operator.kopf_app`
-reads (set before it is imported, since its timers' intervals are fixed at
-import), then Kopf runs in this process: namespace-scoped, with peering
-(unless ``--standalone``) and a liveness endpoint for the Deployment's probe.
+Each flag stands for one SLUICE_* variable and wins over it: the flags and
+the environment are read once, together, into an
+:class:`~sluice.operator.settings.OperatorSettings` (a bad value exits with an
+error naming the variable). The handlers of :mod:`sluice.operator.handlers`
+are registered with those settings into Kopf's default registry (where Kopf's
+own login handlers are), and Kopf runs in this process: namespace-scoped, with peering (unless
+``--standalone``) and a liveness endpoint for the Deployment's probe. The
+process environment is not changed.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from sluice.operator.controller.kubernetes import DEFAULT_BROKER_SELECTOR
+from sluice.operator.settings import DEFAULT_BROKER_SELECTOR, OperatorSettings, SettingsError
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -63,12 +66,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s [operator] %(name)s: %(message)s"
-    )
-    settings = {
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> OperatorSettings:
+    """The operator's settings: each flag given wins over its SLUICE_* variable in ``environ``."""
+    flags = {
         "SLUICE_NAMESPACE": args.namespace,
         "SLUICE_METADATA": args.metadata,
         "SLUICE_BROKER_SELECTOR": args.broker_selector,
@@ -79,19 +79,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "SLUICE_STATUS_INTERVAL_S": args.status_interval_s,
         "SLUICE_PEERING": args.peering,
     }
-    for key, value in settings.items():
-        if value is not None:  # flags win over the environment the chart sets
-            os.environ[key] = str(value)
+    merged = dict(environ)
+    merged.update({name: str(value) for name, value in flags.items() if value is not None})
+    return OperatorSettings.from_environment(merged)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s [operator] %(name)s: %(message)s"
+    )
+    try:
+        settings = settings_from(args, os.environ)
+    except SettingsError as exc:
+        print(f"sluice operator: {exc}", file=sys.stderr)
+        return 2
     import kopf
 
-    from sluice.metadata.kubernetes import parse_url
+    from sluice.operator.handlers import register
 
-    namespace = args.namespace or parse_url("kubernetes://")[0]
-    importlib.import_module("sluice.operator.kopf_app")
+    # Kopf's default registry: it also holds Kopf's own login handlers (kubeconfig, service account).
+    registry = kopf.get_default_registry()
+    register(registry, settings)
     kopf.run(
-        namespaces=[namespace],
+        registry=registry,
+        namespaces=[settings.namespace],
         standalone=args.standalone,
-        peering_name=None if args.standalone else args.peering,
+        peering_name=None if args.standalone else settings.peering_name,
         liveness_endpoint=args.liveness or None,
     )
     return 0

@@ -1,6 +1,6 @@
 """What the custom resources say, as pure functions: names, statuses, conditions (no I/O).
 
-The Kopf handlers (:mod:`sluice.operator.kopf_app`) and the status projector
+The Kopf handlers (:mod:`sluice.operator.handlers`) and the status projector
 (:mod:`sluice.operator.controller.kubernetes`) both build statuses here, so a Topic's
 status reads the same whoever wrote it last, and unit tests state exact
 expectations.
@@ -28,9 +28,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, TopicDocument
+
 PAUSE_ANNOTATION = "sluice.dev/paused"
 TRUE, FALSE = "True", "False"
-COORDINATOR_TOPICS = {"transaction": "__transaction_state", "group": "__consumer_offsets"}
+# A Coordinator's spec.type -> the internal topic it declares (the names are sluice.metadata's).
+COORDINATOR_TOPICS: Mapping[str, str] = {"transaction": TRANSACTION_STATE_TOPIC, "group": CONSUMER_OFFSETS_TOPIC}
 _ORDINAL = re.compile(r"-(\d+)$")
 
 
@@ -98,21 +101,21 @@ def get_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) ->
     return next((c for c in conditions or () if c.get("type") == type_), None)
 
 
-def partition_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def partition_rows(doc: TopicDocument) -> list[dict[str, Any]]:
     """``status.partitions`` of a Topic from its ``topics/<name>`` document."""
     return [
         {
             "partition": i,
-            "leader": int(p.get("leader", -1)),
-            "leaderEpoch": int(p.get("leader_epoch", 0)),
-            "replicas": [int(b) for b in p.get("replicas", [])],
-            "isr": [int(b) for b in p.get("isr", [])],
+            "leader": p.leader,
+            "leaderEpoch": p.leader_epoch,
+            "replicas": list(p.replicas),
+            "isr": list(p.isr),
         }
-        for i, p in enumerate(doc.get("partitions", []))
+        for i, p in enumerate(doc.partitions)
     ]
 
 
-def coordinator_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+def coordinator_rows(doc: TopicDocument) -> list[dict[str, Any]]:
     """``status.partitions`` of a Coordinator: the leader of each partition coordinates, at its epoch."""
     return [
         {
@@ -127,10 +130,10 @@ def coordinator_rows(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def leadership_condition(
-    conditions: Sequence[Mapping[str, Any]] | None, doc: Mapping[str, Any], generation: int | None, what: str
+    conditions: Sequence[Mapping[str, Any]] | None, doc: TopicDocument, generation: int | None, what: str
 ) -> list[dict[str, Any]]:
     """Ready from the document: True when every partition has a leader."""
-    leaderless = [i for i, p in enumerate(doc.get("partitions", [])) if int(p.get("leader", -1)) < 0]
+    leaderless = [i for i, p in enumerate(doc.partitions) if p.leader < 0]
     if leaderless:
         return set_condition(
             conditions,
@@ -140,7 +143,7 @@ def leadership_condition(
             f"{len(leaderless)} partition(s) of {what} have no leader (no live in-sync replica): {leaderless[:20]}",
             generation,
         )
-    count = len(doc.get("partitions", []))
+    count = len(doc.partitions)
     return set_condition(conditions, "Ready", TRUE, "Ready", f"{what}: {count} partition(s), each led", generation)
 
 

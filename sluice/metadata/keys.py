@@ -1,4 +1,7 @@
-"""Names of the documents Sluice keeps in the MetadataStore, and their shapes.
+"""Names of the documents Sluice keeps in the MetadataStore, and their JSON shapes.
+
+Each shape is one dataclass of :mod:`sluice.metadata.documents`, with its one encode and decode;
+the table below is the summary.
 
 ``cluster``                      {"cluster_id": str}
 ``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms"}

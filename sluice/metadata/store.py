@@ -5,6 +5,12 @@ writers (two brokers claiming a producer-id block, a leader and the controller
 changing an ISR) can never overwrite each other silently: the loser gets
 :class:`VersionConflict`, re-reads and decides again. ``changes_since`` gives a
 poll-based watch: each write gets a store-wide, increasing revision.
+
+This module is the interface only and imports no backend: the backends
+(:mod:`sluice.metadata.local`, :mod:`sluice.metadata.kubernetes`) import it,
+and :mod:`sluice.metadata.factory` imports them to open a store from a URL,
+so the imports point one way. Documents are JSON objects here; their typed
+form is :mod:`sluice.metadata.documents`.
 """
 
 from __future__ import annotations
@@ -62,17 +68,3 @@ def update(
         except VersionConflict:
             continue
     raise VersionConflict(f"{key}: gave up after {attempts} conflicting updates")
-
-
-def open_store(url: str) -> MetadataStore:
-    """A store from a location: ``kubernetes://NAMESPACE[?kubeconfig=..&context=..]`` (custom
-    resources through the API server, :mod:`sluice.metadata.kubernetes`), else a SQLite file
-    path (or ``sqlite:///path``)."""
-    if url.startswith("kubernetes:"):
-        from sluice.metadata.kubernetes import KubernetesMetadataStore
-
-        return KubernetesMetadataStore.from_url(url)
-    from sluice.metadata.local import SqliteMetadataStore
-
-    path = url.removeprefix("sqlite://")
-    return SqliteMetadataStore(path)

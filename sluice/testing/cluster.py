@@ -57,8 +57,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from sluice.metadata import keys
-from sluice.metadata.store import MetadataStore, open_store
+from sluice.metadata import documents, keys, open_store
+from sluice.metadata.documents import NO_LEADER, ControllerDocument, TopicDocument
+from sluice.metadata.store import MetadataStore
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
 
@@ -429,15 +430,15 @@ class LocalCluster:
     def _settled(self, brokers: set[int]) -> bool:
         """The controller counts ``brokers`` as live and has elected every partition it can."""
         self._check_controller()
-        state = self.controller_state()
+        state = documents.read(self.metadata, keys.CONTROLLER, ControllerDocument)
         if state is None:
             return False
-        live = set(state.get("live_brokers", []))
+        live = set(state.value.live_brokers)
         if not brokers <= live:
             return False
-        for doc in self.metadata.list(keys.TOPICS):
-            for p in (doc.value or {}).get("partitions", []):
-                if p["leader"] == -1 and live & set(p["isr"]):
+        for topic in documents.list_documents(self.metadata, keys.TOPICS, TopicDocument):
+            for p in topic.value.partitions:
+                if p.leader == NO_LEADER and live & set(p.isr):
                     return False
         return True
 
@@ -461,7 +462,11 @@ class LocalCluster:
             return self._store
 
     def topic_document(self, topic: str) -> dict[str, Any] | None:
-        """The ``topics/<name>`` document (replicas, leader, leader_epoch, isr per partition), or None."""
+        """The ``topics/<name>`` document as stored (replicas, leader, leader_epoch, isr per partition), or None.
+
+        The JSON form (:meth:`sluice.metadata.documents.TopicDocument.to_json`), so tests can
+        compare it with plain dicts; ``TopicDocument.from_json`` gives the typed form.
+        """
         doc = self.metadata.get(keys.topic(topic))
         return None if doc is None else doc.value
 
@@ -477,7 +482,8 @@ class LocalCluster:
         return int(self.partition_state(topic, partition)["leader"])
 
     def controller_state(self) -> dict[str, Any] | None:
-        """The controller's document: ``{"epoch", "live_brokers", "dead_brokers", "updated_ms", ...}``."""
+        """The controller's document as stored: ``{"epoch", "live_brokers", "dead_brokers", "updated_ms", ...}``
+        (the JSON form of :class:`sluice.metadata.documents.ControllerDocument`)."""
         doc = self.metadata.get(keys.CONTROLLER)
         return None if doc is None else doc.value
 

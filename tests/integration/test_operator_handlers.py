@@ -1,4 +1,4 @@
-"""The operator's handlers (sluice.operator.kopf_app) against real brokers, called directly.
+"""The operator's handlers (sluice.operator.handlers) against real brokers, called directly.
 
 The Kopf machinery and the API server are tested in tests/k8s/; here the handlers' logic meets a
 real LocalCluster (its SQLite MetadataStore stands where the Kubernetes store would): a Topic
@@ -17,21 +17,32 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition
-from sluice.metadata.store import open_store
-from sluice.operator import kopf_app
+from sluice.metadata import open_store
+from sluice.operator.handlers.runtime import OperatorRuntime
+from sluice.operator.handlers.topics import reconcile_topic
+from sluice.operator.handlers.transactional_ids import reconcile_transactional_id, release_transactional_id
+from sluice.operator.settings import OperatorSettings
 from sluice.testing import LocalCluster
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, OperatorRuntime]]:
     with LocalCluster(brokers=1, data_dir=tmp_path_factory.mktemp("ops")) as c:
-        store = open_store(str(c.metadata_path))
-        kopf_app.STATE.store = store
-        kopf_app.STATE.namespace = "test"
-        kopf_app.STATE.expected_brokers = 1
-        yield c
-        kopf_app.STATE.store = None
-        store.close()
+        settings = OperatorSettings(namespace="test", metadata_url=str(c.metadata_path), expected_brokers=1)
+        store = open_store(settings.metadata_url)
+        ops = OperatorRuntime(settings, store)
+        yield c, ops
+        ops.close()
+
+
+@pytest.fixture
+def cluster(runtime: tuple[LocalCluster, OperatorRuntime]) -> LocalCluster:
+    return runtime[0]
+
+
+@pytest.fixture
+def ops(runtime: tuple[LocalCluster, OperatorRuntime]) -> OperatorRuntime:
+    return runtime[1]
 
 
 def body(name: str, generation: int = 1, annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -45,9 +56,9 @@ def cond(patch: kopf.Patch, type_: str) -> dict[str, Any]:
     return next(c for c in patch["status"]["conditions"] if c["type"] == type_)
 
 
-def test_a_topic_body_becomes_a_topic_with_status(cluster: LocalCluster) -> None:
+def test_a_topic_body_becomes_a_topic_with_status(cluster: LocalCluster, ops: OperatorRuntime) -> None:
     patch = kopf.Patch()
-    kopf_app.reconcile_topic(body("orders", partitions=3, replicationFactor=1, config={"retention.ms": "60000"}), patch)
+    reconcile_topic(body("orders", partitions=3, replicationFactor=1, config={"retention.ms": "60000"}), patch, ops)
     assert cond(patch, "Ready")["status"] == "True", patch
     assert [r["partition"] for r in patch["status"]["partitions"]] == [0, 1, 2]
     assert all(r["leader"] == 0 and r["isr"] == [0] for r in patch["status"]["partitions"])
@@ -57,46 +68,46 @@ def test_a_topic_body_becomes_a_topic_with_status(cluster: LocalCluster) -> None
         assert patch["status"]["topicId"] == topic.topic_id
 
     grown = kopf.Patch()
-    kopf_app.reconcile_topic(body("orders", 2, partitions=5, replicationFactor=1, config={"retention.ms": "1"}), grown)
+    reconcile_topic(body("orders", 2, partitions=5, replicationFactor=1, config={"retention.ms": "1"}), grown, ops)
     assert len(grown["status"]["partitions"]) == 5 and grown["status"]["observedGeneration"] == 2
     with Admin(cluster.bootstrap_servers) as admin:
         assert len(admin.describe_topic("orders").partitions) == 5
     assert cluster.topic_document("orders")["config"] == {"retention.ms": "1"}  # type: ignore[index]
 
 
-def test_what_cannot_be_done_is_a_condition(cluster: LocalCluster) -> None:
+def test_what_cannot_be_done_is_a_condition(cluster: LocalCluster, ops: OperatorRuntime) -> None:
     wide = kopf.Patch()
-    kopf_app.reconcile_topic(body("wide", partitions=1, replicationFactor=2), wide)
+    reconcile_topic(body("wide", partitions=1, replicationFactor=2), wide, ops)
     assert (cond(wide, "Ready")["status"], cond(wide, "Ready")["reason"]) == ("False", "InvalidReplicationFactor")
     assert cluster.topic_document("wide") is None
 
     bad = kopf.Patch()
-    kopf_app.reconcile_topic(body("bad", partitions=1, replicationFactor=1, config={"no.such.setting": "x"}), bad)
+    reconcile_topic(body("bad", partitions=1, replicationFactor=1, config={"no.such.setting": "x"}), bad, ops)
     assert cond(bad, "Ready")["status"] == "False" and "no.such.setting" in cond(bad, "Ready")["message"]
 
-    kopf_app.reconcile_topic(body("fixed", partitions=2, replicationFactor=1), kopf.Patch())
+    reconcile_topic(body("fixed", partitions=2, replicationFactor=1), kopf.Patch(), ops)
     fewer = kopf.Patch()
-    kopf_app.reconcile_topic(body("fixed", 2, partitions=1, replicationFactor=1), fewer)
+    reconcile_topic(body("fixed", 2, partitions=1, replicationFactor=1), fewer, ops)
     assert (
         cond(fewer, "NotSupported")["status"] == "True" and "never decrease" in cond(fewer, "NotSupported")["message"]
     )
     assert len(cluster.topic_document("fixed")["partitions"]) == 2  # type: ignore[index]
 
     paused = kopf.Patch()
-    kopf_app.reconcile_topic(
-        body("fixed", 3, annotations={"sluice.dev/paused": "true"}, partitions=4, replicationFactor=1), paused
+    reconcile_topic(
+        body("fixed", 3, annotations={"sluice.dev/paused": "true"}, partitions=4, replicationFactor=1), paused, ops
     )
     assert cond(paused, "Paused")["status"] == "True"
     assert len(cluster.topic_document("fixed")["partitions"]) == 2  # type: ignore[index]
 
 
-def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalCluster) -> None:
-    kopf_app.reconcile_topic(body("out", partitions=1, replicationFactor=1), kopf.Patch())
+def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalCluster, ops: OperatorRuntime) -> None:
+    reconcile_topic(body("out", partitions=1, replicationFactor=1), kopf.Patch(), ops)
     idle = kopf.Patch()
-    kopf_app.reconcile_transactional_id(body("app", transactionalId="app"), idle, describe=True)
+    reconcile_transactional_id(body("app", transactionalId="app"), idle, ops, describe=True)
     assert cond(idle, "Ready")["status"] == "True" and idle["status"]["state"] == "Unknown"
     assert cluster.topic_document("out") is not None
-    store = kopf_app.STATE.meta
+    store = ops.meta
     assert store.get("transactional_ids/app").value == {"transactional_id": "app", "resource": "test/app"}  # type: ignore[union-attr]
 
     producer = Producer(cluster.bootstrap_servers, transactional_id="app")
@@ -105,13 +116,13 @@ def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalClust
     producer.send("out", value=b"x", partition=0)
     producer.flush()
     ongoing = kopf.Patch()
-    kopf_app.reconcile_transactional_id(body("app", transactionalId="app"), ongoing, describe=True)
+    reconcile_transactional_id(body("app", transactionalId="app"), ongoing, ops, describe=True)
     assert ongoing["status"]["state"] == "Ongoing" and ongoing["status"]["partitions"] == ["out-0"]
     epoch = ongoing["status"]["producerEpoch"]
 
     fenced = kopf.Patch()
     spec = {"transactionalId": "app", "operation": {"type": "fence", "requestId": "r1"}}
-    kopf_app.reconcile_transactional_id(body("app", 2, **spec), fenced, describe=True)
+    reconcile_transactional_id(body("app", 2, **spec), fenced, ops, describe=True)
     assert fenced["status"]["lastOperation"]["result"] == "Succeeded", fenced["status"]["lastOperation"]
     assert fenced["status"]["producerEpoch"] > epoch
     with pytest.raises(errors.ProducerFencedError):
@@ -121,7 +132,7 @@ def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalClust
     again = kopf.Patch()
     b = body("app", 2, **spec)
     b["status"] = {"lastOperation": fenced["status"]["lastOperation"]}
-    kopf_app.reconcile_transactional_id(b, again, describe=True)
+    reconcile_transactional_id(b, again, ops, describe=True)
     assert "lastOperation" not in again["status"]
     # As after Kafka's fenceProducers: the open transaction was aborted, then the epoch bumped.
     assert again["status"]["state"] == "Empty" and again["status"]["producerEpoch"] == fenced["status"]["producerEpoch"]
@@ -140,5 +151,5 @@ def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalClust
     assert committed.poll(timeout=2.0) == []
     committed.close()
 
-    kopf_app.transactional_id_deleted(body=body("app", transactionalId="app"))
+    release_transactional_id(body("app", transactionalId="app"), ops)
     assert store.get("transactional_ids/app") is None

@@ -18,9 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sluice.metadata import keys
+from sluice.metadata import keys, open_store
 from sluice.metadata.kubernetes import KubernetesMetadataStore, api_client
-from sluice.metadata.store import open_store
 from sluice.testing._net import SERVING, check_health, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess
 from tests.support.k8s_env import KubeCluster

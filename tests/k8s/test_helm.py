@@ -256,7 +256,7 @@ def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: 
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
     # Every SLUICE_* setting the chart hands the operator is one the operator reads.
-    source = "\n".join(p.read_text() for p in (ROOT / "operator").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "operator" / "sluice_operator").rglob("*.py"))
     settings = {e["name"] for e in container["env"] if e["name"].startswith("SLUICE_")}
     assert settings >= {"SLUICE_BROKER_SELECTOR", "SLUICE_BROKER_STATEFULSET", "SLUICE_FAILOVER_GRACE_SECONDS"}
     assert {s for s in settings if f'"{s}"' not in source} == set()

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
+from sluice.metadata import MetadataStore, open_store
 from sluice.metadata.kubernetes import KubernetesMetadataStore, KubernetesStoreError, object_name
-from sluice.metadata.store import MetadataStore, open_store
 from tests.metadata_contract import CHECKS
 from tests.support.k8s_env import KubeCluster
 

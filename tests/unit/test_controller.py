@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
-from typing import Any
 
 import pytest
 
+from sluice.metadata.documents import PartitionState, TopicDocument
 from sluice.operator.controller.decisions import (
     add_partitions,
     describe_changes,
@@ -19,24 +20,24 @@ from sluice.operator.controller.decisions import (
 )
 
 
-def part(replicas: list[int], leader: int, epoch: int, isr: list[int]) -> dict[str, Any]:
-    return {"replicas": replicas, "leader": leader, "leader_epoch": epoch, "isr": isr}
+def part(replicas: list[int], leader: int, epoch: int, isr: list[int]) -> PartitionState:
+    return PartitionState(replicas=replicas, leader=leader, leader_epoch=epoch, isr=isr)
 
 
-def topic(*partitions: dict[str, Any], config: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "name": "orders",
-        "topic_id": "t1",
-        "internal": False,
-        "config": config or {},
-        "replication_factor": len(partitions[0]["replicas"]),
-        "partitions": list(partitions),
-    }
+def topic(*partitions: PartitionState, config: dict[str, str] | None = None) -> TopicDocument:
+    return TopicDocument(
+        name="orders",
+        topic_id="t1",
+        internal=False,
+        config=config or {},
+        replication_factor=len(partitions[0].replicas),
+        partitions=list(partitions),
+    )
 
 
-def only(doc: dict[str, Any] | None) -> dict[str, Any]:
+def only(doc: TopicDocument | None) -> PartitionState:
     assert doc is not None
-    return dict(doc["partitions"][0])
+    return doc.partitions[0]
 
 
 # -- election ---------------------------------------------------------------------------------------
@@ -56,10 +57,10 @@ def test_dead_leader_replaced_by_first_live_isr_member_in_replica_order() -> Non
 def test_no_election_from_outside_the_isr() -> None:
     t = topic(part([0, 1, 2], 0, 5, [0, 2]))
     p = only(elect_leaders(t, {1, 2}))
-    assert p["leader"] == 2  # 1 is live and earlier in replica order but out of sync
+    assert p.leader == 2  # 1 is live and earlier in replica order but out of sync
     p = only(elect_leaders(t, {1}))
-    assert p["leader"] == -1 and p["leader_epoch"] == 6
-    assert p["isr"] == [0, 2]  # never emptied: the last in-sync members stay
+    assert p.leader == -1 and p.leader_epoch == 6
+    assert p.isr == [0, 2]  # never emptied: the last in-sync members stay
 
 
 def test_last_isr_member_stays_when_it_dies() -> None:
@@ -84,8 +85,8 @@ def test_dead_broker_fenced_out_of_isr_of_live_leaders_without_epoch_change() ->
     t = topic(part([0, 1, 2], 0, 3, [0, 1, 2]), part([1, 2, 0], 1, 2, [1, 2, 0]))
     out = elect_leaders(t, {0, 1})
     assert out is not None
-    assert out["partitions"] == [part([0, 1, 2], 0, 3, [0, 1]), part([1, 2, 0], 1, 2, [1, 0])]
-    assert out["name"] == "orders" and out["topic_id"] == "t1"
+    assert out.partitions == [part([0, 1, 2], 0, 3, [0, 1]), part([1, 2, 0], 1, 2, [1, 0])]
+    assert out.name == "orders" and out.topic_id == "t1"
 
 
 def test_unknown_brokers_are_neither_elected_nor_replaced() -> None:
@@ -103,20 +104,20 @@ def test_unclean_election_takes_any_live_replica_and_resets_isr() -> None:
     assert p == part([0, 1, 2], 1, 4, [1])
     # clean candidates still win over unclean ones
     t = topic(part([0, 1, 2], 0, 3, [0, 2]), config={"unclean.leader.election.enable": "true"})
-    assert only(elect_leaders(t, {1, 2}))["leader"] == 2
+    assert only(elect_leaders(t, {1, 2})).leader == 2
 
 
 def test_unclean_off_by_default_and_broker_default_applies() -> None:
     t = topic(part([0, 1], 0, 3, [0]))
-    assert only(elect_leaders(t, {1}))["leader"] == -1
-    assert only(elect_leaders(t, {1}, default_unclean=True))["leader"] == 1
+    assert only(elect_leaders(t, {1})).leader == -1
+    assert only(elect_leaders(t, {1}, default_unclean=True)).leader == 1
     t = topic(part([0, 1], 0, 3, [0]), config={"unclean.leader.election.enable": "false"})
-    assert only(elect_leaders(t, {1}, default_unclean=True))["leader"] == -1
+    assert only(elect_leaders(t, {1}, default_unclean=True)).leader == -1
 
 
 def test_other_fields_are_kept() -> None:
-    p = {**part([0, 1], 0, 1, [0, 1]), "partition_epoch": 9}
-    assert reconcile_partition(p, {1})["partition_epoch"] == 9
+    p = PartitionState.from_json({**part([0, 1], 0, 1, [0, 1]).to_json(), "partition_epoch": 9})
+    assert reconcile_partition(p, {1}).to_json()["partition_epoch"] == 9
 
 
 # -- preferred leaders and returning brokers --------------------------------------------------------
@@ -127,7 +128,7 @@ def test_returning_broker_does_not_lead_before_it_is_in_sync() -> None:
     after_death = elect_leaders(t, {1, 2})
     assert after_death is not None
     p = only(after_death)
-    assert (p["leader"], p["leader_epoch"], p["isr"]) == (1, 4, [1, 2])
+    assert (p.leader, p.leader_epoch, p.isr) == (1, 4, [1, 2])
     # broker 0 is back but the leader has not re-admitted it: nothing moves
     assert reconcile_topic(after_death, {0, 1, 2}) is None
     # the leader adds it to the ISR once caught up; now it gets its leadership back
@@ -139,7 +140,7 @@ def test_returning_broker_does_not_lead_before_it_is_in_sync() -> None:
 def test_preferred_restoration_only_when_preferred_is_live() -> None:
     t = topic(part([0, 1, 2], 1, 4, [1, 2, 0]))
     assert restore_preferred_leaders(t, {1, 2}) is None
-    assert only(restore_preferred_leaders(t, {0, 1, 2}))["leader"] == 0
+    assert only(restore_preferred_leaders(t, {0, 1, 2})).leader == 0
 
 
 def test_restore_preferred_alone_does_not_fence_or_elect() -> None:
@@ -162,27 +163,28 @@ def test_epochs_strictly_increase_on_every_leadership_change_under_random_failur
     for _ in range(500):
         live = {b for b in brokers if rng.random() < 0.7}
         # the leaders' side: a live follower may be re-admitted to the ISR, a follower may lag out
-        for p in t["partitions"]:
-            if p["leader"] in live:
-                for r in p["replicas"]:
-                    if r in live and r not in p["isr"] and rng.random() < 0.5:
-                        p["isr"] = [*p["isr"], r]
-                    elif r != p["leader"] and r in p["isr"] and rng.random() < 0.1:
-                        p["isr"] = [b for b in p["isr"] if b != r]
+        for i, p in enumerate(t.partitions):
+            if p.leader in live:
+                for r in p.replicas:
+                    if r in live and r not in p.isr and rng.random() < 0.5:
+                        p = dataclasses.replace(p, isr=[*p.isr, r])
+                    elif r != p.leader and r in p.isr and rng.random() < 0.1:
+                        p = dataclasses.replace(p, isr=[b for b in p.isr if b != r])
+                t = t.with_partition(i, p)
         new = reconcile_topic(t, live)
         if new is None:
             continue
-        for old_p, new_p in zip(t["partitions"], new["partitions"], strict=True):
-            if new_p["leader"] != old_p["leader"]:
-                assert new_p["leader_epoch"] == old_p["leader_epoch"] + 1
-                assert new_p["leader"] == -1 or new_p["leader"] in old_p["isr"]  # clean only
-                assert new_p["leader"] == -1 or new_p["leader"] in live
+        for old_p, new_p in zip(t.partitions, new.partitions, strict=True):
+            if new_p.leader != old_p.leader:
+                assert new_p.leader_epoch == old_p.leader_epoch + 1
+                assert new_p.leader == -1 or new_p.leader in old_p.isr  # clean only
+                assert new_p.leader == -1 or new_p.leader in live
             else:
-                assert new_p["leader_epoch"] == old_p["leader_epoch"]
-            assert new_p["isr"], "the ISR is never emptied"
-            assert set(new_p["isr"]) <= set(old_p["isr"])  # the controller never adds to the ISR
-            if new_p["leader"] != -1:
-                assert new_p["leader"] in new_p["isr"]
+                assert new_p.leader_epoch == old_p.leader_epoch
+            assert new_p.isr, "the ISR is never emptied"
+            assert set(new_p.isr) <= set(old_p.isr)  # the controller never adds to the ISR
+            if new_p.leader != -1:
+                assert new_p.leader in new_p.isr
         assert reconcile_topic(new, live) is None, "decisions are stable: a second pass changes nothing"
         t = new
 
@@ -193,7 +195,7 @@ def test_leadership_change_to_and_from_no_leader_bumps_epoch_each_time() -> None
     for live in ({0}, set(), set(), {0}, set(), {0}):
         new = reconcile_topic(t, live)
         t = new if new is not None else t
-        epochs.append(only(t)["leader_epoch"])
+        epochs.append(only(t).leader_epoch)
     assert epochs == [0, 1, 1, 2, 3, 4]
 
 
@@ -235,11 +237,11 @@ def test_describe_changes_says_who_was_elected_and_why() -> None:
 def test_new_topic_and_added_partitions() -> None:
     brokers: list[tuple[int, str | None]] = [(0, ""), (1, ""), (2, "")]
     t = new_topic("orders", "id1", 2, 3, {"retention.ms": "1000"}, brokers)
-    assert t["partitions"] == [part([0, 1, 2], 0, 0, [0, 1, 2]), part([1, 2, 0], 1, 0, [1, 2, 0])]
-    assert t["replication_factor"] == 3 and t["config"] == {"retention.ms": "1000"}
+    assert t.partitions == [part([0, 1, 2], 0, 0, [0, 1, 2]), part([1, 2, 0], 1, 0, [1, 2, 0])]
+    assert t.replication_factor == 3 and t.config == {"retention.ms": "1000"}
     grown = add_partitions(t, 4, brokers)
     assert grown is not None
-    assert [p["replicas"] for p in grown["partitions"]] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1]]
+    assert [p.replicas for p in grown.partitions] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1]]
     assert add_partitions(grown, 4, brokers) is None
     with pytest.raises(ValueError, match="cannot shrink"):
         add_partitions(grown, 3, brokers)
@@ -253,5 +255,5 @@ def test_every_combination_of_three_brokers_gives_a_valid_state() -> None:
         for live_tuple in itertools.combinations(range(3), n):
             live = set(live_tuple)
             new = reconcile_topic(base, live) or base
-            for p in new["partitions"]:
-                assert p["leader"] in live or (p["leader"] == -1 and not live)
+            for p in new.partitions:
+                assert p.leader in live or (p.leader == -1 and not live)

@@ -1,4 +1,5 @@
-"""The local controller's loop over a real SQLite MetadataStore, with fake health checks and clock."""
+"""The controller loop (ControllerLoop) over a real SQLite MetadataStore, with fake health checks and clock;
+and the embedded cluster's controller process (sluice.operator.controller.local) around it."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from sluice.metadata import keys
-from sluice.metadata.store import Document, MetadataStore, open_store
+from sluice.metadata import keys, open_store
+from sluice.metadata.store import Document, MetadataStore
 from sluice.operator.controller.decisions import new_topic
-from sluice.operator.controller.local import (
+from sluice.operator.controller.loop import (
     DEFAULT_PREFERRED_LEADER_DELAY_MS,
     ControllerFenced,
-    LocalController,
+    ControllerLoop,
 )
 from sluice.operator.liveness.brokers import FailureDetector
 
@@ -48,13 +49,13 @@ def register(store: MetadataStore, *ids: int) -> None:
         store.compare_and_set(keys.broker(i), value, None)
 
 
-def setup(tmp_path: Path) -> tuple[MetadataStore, LocalController, Fake]:
+def setup(tmp_path: Path) -> tuple[MetadataStore, ControllerLoop, Fake]:
     store = open_store(str(tmp_path / "metadata.sqlite"))
     register(store, 0, 1, 2)
     doc = new_topic("orders", "id", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
-    store.compare_and_set(keys.topic("orders"), doc, None)
+    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
     fake = Fake()
-    controller = LocalController(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
     controller.claim()
     return store, controller, fake
 
@@ -65,16 +66,16 @@ def partitions(store: MetadataStore, name: str = "orders") -> list[dict[str, Any
     return list(doc.value["partitions"])
 
 
-def fail_for(controller: LocalController, fake: Fake, seconds: float) -> None:
+def fail_for(controller: ControllerLoop, fake: Fake, seconds: float) -> None:
     for _ in range(int(seconds / 0.2) + 1):
         fake.now += 0.2
-        controller.step()
+        controller.run_round()
 
 
 def test_all_alive_writes_nothing(tmp_path: Path) -> None:
     store, controller, _ = setup(tmp_path)
     before = store.get(keys.topic("orders"))
-    assert controller.step() == 0
+    assert controller.run_round() == 0
     assert store.get(keys.topic("orders")) == before
     ctl = store.get(keys.CONTROLLER)
     assert ctl is not None and ctl.value is not None
@@ -84,9 +85,9 @@ def test_all_alive_writes_nothing(tmp_path: Path) -> None:
 
 def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store, controller, fake = setup(tmp_path)
-    controller.step()
+    controller.run_round()
     fake.down = {0}
-    with caplog.at_level(logging.INFO, logger="sluice.operator.controller.decisions"):
+    with caplog.at_level(logging.INFO, logger="sluice.operator.controller"):
         fail_for(controller, fake, 1.2)
     p0, p1, p2 = partitions(store)
     assert (p0["leader"], p0["leader_epoch"], p0["isr"]) == (1, 1, [1, 2])
@@ -100,24 +101,24 @@ def test_dead_broker_loses_leadership_and_isr_membership(tmp_path: Path, caplog:
     assert ctl.value["live_brokers"] == [1, 2] and ctl.value["dead_brokers"] == [0]
     # back, but not in sync: no leadership; in sync (the leader's write): leadership returns
     fake.down = set()
-    controller.step()
+    controller.run_round()
     assert partitions(store)[0]["leader"] == 1
     doc = store.get(keys.topic("orders"))
     assert doc is not None and doc.value is not None
     value = dict(doc.value)
     value["partitions"][0]["isr"] = [1, 2, 0]
     store.compare_and_set(doc.key, value, doc.version)
-    controller.step()
+    controller.run_round()
     assert partitions(store)[0]["leader"] == 1, "leadership returned before the preferred-leader delay"
     fake.now += DEFAULT_PREFERRED_LEADER_DELAY_MS / 1000
-    controller.step()
+    controller.run_round()
     p0 = partitions(store)[0]
     assert (p0["leader"], p0["leader_epoch"]) == (0, 2)
 
 
 def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
-    controller.step()
+    controller.run_round()
     fake.down = {0}
     fail_for(controller, fake, 1.2)
     fake.down = set()
@@ -129,7 +130,7 @@ def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> No
     delay_s = DEFAULT_PREFERRED_LEADER_DELAY_MS / 1000
     fail_for(controller, fake, delay_s * 0.6)  # alive for a while ...
     fake.down = {0}
-    controller.step()  # ... one failed check: not dead yet, but the clock of being up starts again
+    controller.run_round()  # ... one failed check: not dead yet, but the clock of being up starts again
     fake.down = set()
     fail_for(controller, fake, delay_s * 0.6)
     assert partitions(store)[0]["leader"] == 1
@@ -139,9 +140,9 @@ def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> No
 
 def test_controlled_shutdown_moves_leadership_without_waiting_for_the_timeout(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
-    controller.step()
+    controller.run_round()
     fake.leaving = {0}
-    controller.step()  # no time passes: the NOT_SERVING answer is enough
+    controller.run_round()  # no time passes: the NOT_SERVING answer is enough
     p0, p1, _ = partitions(store)
     assert p0["leader"] == 1 and 0 not in p0["isr"] and 0 not in p1["isr"]
     ctl = store.get(keys.CONTROLLER)
@@ -150,7 +151,7 @@ def test_controlled_shutdown_moves_leadership_without_waiting_for_the_timeout(tm
 
 def test_a_conflicting_isr_write_is_re_read_and_re_decided(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
-    controller.step()
+    controller.run_round()
     fake.down = {2}
 
     class Racing:
@@ -184,20 +185,20 @@ def test_a_conflicting_isr_write_is_re_read_and_re_decided(tmp_path: Path) -> No
 
 def test_a_newer_controller_fences_the_older_one(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
-    controller.step()
-    newer = LocalController(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller.run_round()
+    newer = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
     assert newer.claim() == 2
     with pytest.raises(ControllerFenced):
-        controller.step()
+        controller.run_round()
     stop = threading.Event()
     controller.run(stop, interval_ms=10)  # returns at once instead of looping
-    newer.step()
+    newer.run_round()
 
 
 def test_unknown_brokers_keep_leadership_until_declared_dead(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
     fake.down = {0}  # never seen alive by this controller
-    controller.step()
+    controller.run_round()
     assert partitions(store)[0]["leader"] == 0
     fail_for(controller, fake, 1.2)
     assert partitions(store)[0]["leader"] == 1

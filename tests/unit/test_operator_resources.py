@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from sluice.metadata.documents import TopicDocument
 from sluice.operator.resources import (
     coordinator_rows,
     is_paused,
@@ -13,13 +16,16 @@ from sluice.operator.resources import (
     transaction_status,
 )
 
-DOC = {
-    "name": "orders",
-    "partitions": [
-        {"replicas": [0, 1, 2], "leader": 0, "leader_epoch": 3, "isr": [0, 1, 2]},
-        {"replicas": [1, 2, 0], "leader": 2, "leader_epoch": 1, "isr": [2, 0]},
-    ],
-}
+DOC = TopicDocument.from_json(
+    {
+        "name": "orders",
+        "topic_id": "t1",
+        "partitions": [
+            {"replicas": [0, 1, 2], "leader": 0, "leader_epoch": 3, "isr": [0, 1, 2]},
+            {"replicas": [1, 2, 0], "leader": 2, "leader_epoch": 1, "isr": [2, 0]},
+        ],
+    }
+)
 
 
 def test_names_ordinals_and_pause() -> None:
@@ -61,7 +67,7 @@ def test_partition_rows_and_readiness_follow_the_document() -> None:
     }  # fmt: skip
     ready = leadership_condition(None, DOC, 1, "topic orders")
     assert ready[0]["status"] == "True"
-    leaderless = {"name": "orders", "partitions": [dict(DOC["partitions"][0], leader=-1)]}  # type: ignore[arg-type]
+    leaderless = DOC.with_partitions([dataclasses.replace(DOC.partitions[0], leader=-1)])
     assert leadership_condition(ready, leaderless, 1, "topic orders")[0]["reason"] == "LeaderNotAvailable"
 
 

@@ -1,9 +1,9 @@
 """The controller's decisions, as pure functions over topic documents (DESIGN 6).
 
 Who leads each partition, and which replicas count as in sync, is decided
-here and nowhere else. The functions take a ``topics/<name>`` document value
-(see :mod:`sluice.metadata.keys`) and what is known about broker liveness,
-and return the new document value, or None when nothing changes. They do no
+here and nowhere else. The functions take a ``topics/<name>`` document (a
+:class:`~sluice.metadata.documents.TopicDocument`) and what is known about
+broker liveness, and return the new document, or None when nothing changes. They do no
 I/O: the embedded cluster's local controller
 (:mod:`sluice.operator.controller.local`) and the Kubernetes operator call
 them inside their own compare-and-set loops, and tests call them directly.
@@ -60,10 +60,11 @@ leading at epoch 0 and every replica in the ISR (an empty log is in sync).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
 
+from sluice.metadata.documents import NO_LEADER, PartitionState, TopicDocument
 from sluice.metadata.placement import place_replicas
 
 __all__ = [
@@ -77,7 +78,6 @@ __all__ = [
     "restore_preferred_leaders",
 ]
 
-NO_LEADER = -1
 UNCLEAN_KEY = "unclean.leader.election.enable"
 
 
@@ -87,16 +87,16 @@ def _is_dead(broker: int, live: AbstractSet[int], dead: AbstractSet[int] | None)
     return dead is None or broker in dead
 
 
-def unclean_enabled(topic: Mapping[str, Any], default: bool = False) -> bool:
+def unclean_enabled(topic: TopicDocument, default: bool = False) -> bool:
     """Whether the topic allows unclean election (its config, else ``default``, the broker-wide setting)."""
-    value = topic.get("config", {}).get(UNCLEAN_KEY)
+    value = topic.config.get(UNCLEAN_KEY)
     if value is None:
         return default
     return str(value).strip().lower() == "true"
 
 
 def reconcile_partition(
-    partition: Mapping[str, Any],
+    partition: PartitionState,
     live: AbstractSet[int],
     dead: AbstractSet[int] | None = None,
     *,
@@ -104,19 +104,18 @@ def reconcile_partition(
     elect: bool = True,
     fence: bool = True,
     preferred: bool = True,
-) -> dict[str, Any]:
+) -> PartitionState:
     """One partition's state after applying the rules of the module docstring.
 
     ``elect``/``fence``/``preferred`` switch rules 1-2, 3 and 4 on and off
-    (rule 5 always holds). Returns a new dict (other keys are kept as they are).
+    (rule 5 always holds). Returns a new value (replicas are kept as they are).
     """
-    out = dict(partition)
-    replicas: list[int] = list(partition.get("replicas", []))
-    isr: list[int] = list(partition.get("isr", []))
-    leader: int = partition.get("leader", NO_LEADER)
-    epoch: int = partition.get("leader_epoch", 0)
+    replicas = list(partition.replicas)
+    isr = list(partition.isr)
+    leader = partition.leader
+    epoch = partition.leader_epoch
     if not replicas:
-        return out
+        return partition
 
     # Dead members leave the ISR, but it never becomes empty (rule 2).
     alive_isr = [b for b in isr if not _is_dead(b, live, dead)]
@@ -140,60 +139,51 @@ def reconcile_partition(
         if first != leader and first in live and first in new_isr:
             new_leader = first
 
-    out["isr"] = new_isr
     if new_leader != leader:
-        out["leader"] = new_leader
-        out["leader_epoch"] = epoch + 1
-    return out
+        return dataclasses.replace(partition, isr=new_isr, leader=new_leader, leader_epoch=epoch + 1)
+    return dataclasses.replace(partition, isr=new_isr)
 
 
 def reconcile_topic(
-    topic: Mapping[str, Any],
+    topic: TopicDocument,
     live: AbstractSet[int],
     dead: AbstractSet[int] | None = None,
     *,
     preferred: bool = True,
     default_unclean: bool = False,
-) -> dict[str, Any] | None:
+) -> TopicDocument | None:
     """The topic document with every rule applied to each partition; None if nothing changes."""
     unclean = unclean_enabled(topic, default_unclean)
-    partitions = [
-        reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred) for p in topic.get("partitions", [])
-    ]
-    if partitions == list(topic.get("partitions", [])):
+    partitions = [reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred) for p in topic.partitions]
+    if partitions == topic.partitions:
         return None
-    out = dict(topic)
-    out["partitions"] = partitions
-    return out
+    return topic.with_partitions(partitions)
 
 
 def elect_leaders(
-    topic: Mapping[str, Any],
+    topic: TopicDocument,
     live: AbstractSet[int],
     dead: AbstractSet[int] | None = None,
     *,
     default_unclean: bool = False,
-) -> dict[str, Any] | None:
+) -> TopicDocument | None:
     """Rules 1-3 only: replace dead leaders, elect leaderless partitions, fence dead brokers out of ISRs."""
     return reconcile_topic(topic, live, dead, preferred=False, default_unclean=default_unclean)
 
 
-def restore_preferred_leaders(topic: Mapping[str, Any], live: AbstractSet[int]) -> dict[str, Any] | None:
+def restore_preferred_leaders(topic: TopicDocument, live: AbstractSet[int]) -> TopicDocument | None:
     """Rule 4 only: hand leadership back to live, in-sync preferred replicas."""
     partitions = [
-        reconcile_partition(p, live, frozenset(), elect=False, fence=False, preferred=True)
-        for p in topic.get("partitions", [])
+        reconcile_partition(p, live, frozenset(), elect=False, fence=False, preferred=True) for p in topic.partitions
     ]
-    if partitions == list(topic.get("partitions", [])):
+    if partitions == topic.partitions:
         return None
-    out = dict(topic)
-    out["partitions"] = partitions
-    return out
+    return topic.with_partitions(partitions)
 
 
 def describe_changes(
-    topic: Mapping[str, Any],
-    new: Mapping[str, Any],
+    topic: TopicDocument,
+    new: TopicDocument,
     live: AbstractSet[int],
     dead: AbstractSet[int] | None = None,
 ) -> list[str]:
@@ -203,36 +193,37 @@ def describe_changes(
     those ISR-only changes are grouped by the brokers removed, so the log
     shows the elections rather than a page of fencing.
     """
-    name = new.get("name", topic.get("name", "?"))
+    name = new.name
     lines: list[str] = []
     fenced: dict[tuple[int, ...], list[tuple[int, list[int]]]] = {}
-    old_parts: Sequence[Mapping[str, Any]] = topic.get("partitions", [])
-    for i, (old, cur) in enumerate(zip(old_parts, new.get("partitions", []), strict=False)):
-        tp = f"{name}-{i}"
-        was, now = old.get("leader", NO_LEADER), cur.get("leader", NO_LEADER)
-        epoch = cur.get("leader_epoch", 0)
+    for i, (old, cur) in enumerate(zip(topic.partitions, new.partitions, strict=False)):
+        partition_name = f"{name}-{i}"
+        was, now = old.leader, cur.leader
+        epoch = cur.leader_epoch
         if was != now:
             if was == NO_LEADER:
                 why = "it had no leader"
             elif _is_dead(was, live, dead):
                 why = f"broker {was} dead"
-            elif cur.get("replicas", [None])[0] == now:
+            elif cur.replicas[:1] == [now]:
                 why = f"preferred replica back in sync; broker {was} led"
             else:
                 why = f"broker {was} led"
             if now == NO_LEADER:
-                lines.append(f"{tp} has no leader at epoch {epoch} ({why}; no live in-sync replica, ISR {cur['isr']})")
-            elif now not in old.get("isr", []):
                 lines.append(
-                    f"UNCLEAN election of broker {now} as leader of {tp} at epoch {epoch} ({why}): "
+                    f"{partition_name} has no leader at epoch {epoch} ({why}; no live in-sync replica, ISR {cur.isr})"
+                )
+            elif now not in old.isr:
+                lines.append(
+                    f"UNCLEAN election of broker {now} as leader of {partition_name} at epoch {epoch} ({why}): "
                     "records acknowledged by the old in-sync replicas may be lost"
                 )
             else:
-                lines.append(f"elected broker {now} leader of {tp} at epoch {epoch} ({why}), ISR {cur['isr']}")
+                lines.append(f"elected broker {now} leader of {partition_name} at epoch {epoch} ({why}), ISR {cur.isr}")
             continue
-        removed = tuple(b for b in old.get("isr", []) if b not in cur.get("isr", []))
+        removed = tuple(b for b in old.isr if b not in cur.isr)
         if removed:
-            fenced.setdefault(removed, []).append((i, list(cur["isr"])))
+            fenced.setdefault(removed, []).append((i, list(cur.isr)))
     for removed, parts in fenced.items():
         if len(parts) == 1:
             i, isr = parts[0]
@@ -248,10 +239,6 @@ def describe_changes(
 # -- topic creation and partition addition --------------------------------------------------------
 
 
-def _initial(replicas: list[int]) -> dict[str, Any]:
-    return {"replicas": replicas, "leader": replicas[0], "leader_epoch": 0, "isr": list(replicas)}
-
-
 def new_topic(
     name: str,
     topic_id: str,
@@ -261,32 +248,27 @@ def new_topic(
     brokers: Sequence[tuple[int, str | None]],
     *,
     internal: bool = False,
-) -> dict[str, Any]:
-    """A new ``topics/<name>`` document value. Raises ValueError as place_replicas does."""
-    return {
-        "name": name,
-        "topic_id": topic_id,
-        "internal": internal,
-        "config": dict(config),
-        "replication_factor": replication_factor,
-        "partitions": [_initial(r) for r in place_replicas(brokers, partitions, replication_factor)],
-    }
+) -> TopicDocument:
+    """A new ``topics/<name>`` document. Raises ValueError as place_replicas does."""
+    return TopicDocument(
+        name=name,
+        topic_id=topic_id,
+        internal=internal,
+        config=dict(config),
+        replication_factor=replication_factor,
+        partitions=[PartitionState.initial(r) for r in place_replicas(brokers, partitions, replication_factor)],
+    )
 
 
-def add_partitions(
-    topic: Mapping[str, Any], count: int, brokers: Sequence[tuple[int, str | None]]
-) -> dict[str, Any] | None:
+def add_partitions(topic: TopicDocument, count: int, brokers: Sequence[tuple[int, str | None]]) -> TopicDocument | None:
     """The topic grown to ``count`` partitions (None if it has that many already).
 
     Raises ValueError when ``count`` is smaller than the current count (partitions never go away).
     """
-    current = list(topic.get("partitions", []))
+    current = topic.partitions
     if count < len(current):
-        raise ValueError(f"topic {topic.get('name')!r} has {len(current)} partitions; cannot shrink to {count}")
+        raise ValueError(f"topic {topic.name!r} has {len(current)} partitions; cannot shrink to {count}")
     if count == len(current):
         return None
-    rf = int(topic.get("replication_factor", len(current[0]["replicas"]) if current else 1))
-    added = place_replicas(brokers, count - len(current), rf, start_partition=len(current))
-    out = dict(topic)
-    out["partitions"] = current + [_initial(r) for r in added]
-    return out
+    added = place_replicas(brokers, count - len(current), topic.replication_factor, start_partition=len(current))
+    return topic.with_partitions(current + [PartitionState.initial(r) for r in added])

@@ -1,6 +1,6 @@
 """The controller in Kubernetes: leader election from broker Pods, status projection, Events.
 
-The Kopf handlers (:mod:`sluice.operator.kopf_app`) turn resources into
+The Kopf handlers (:mod:`sluice.operator.handlers`) turn resources into
 metadata documents; this module keeps the cluster right while brokers come
 and go. It runs in the operator process as threads that do not depend on
 Kopf's event loop, so a burst of resource events never delays a failover:
@@ -8,7 +8,7 @@ Kopf's event loop, so a burst of resource events never delays a failover:
 * **Pod watch.** A LIST+WATCH of the broker Pods (a label selector) feeds
   :class:`~sluice.operator.liveness.pods.PodLiveness`: Ready pods are live,
   pods NotReady beyond the grace period or deleted are dead.
-* **Controller loop.** The same :class:`~sluice.operator.controller.local.LocalController`
+* **Controller loop.** The same :class:`~sluice.operator.controller.loop.ControllerLoop`
   the embedded cluster runs, over the Kubernetes MetadataStore, with Pod
   liveness instead of health checks: it applies the pure rules of
   :mod:`sluice.operator.controller.decisions` to every topic document (user topics and
@@ -50,10 +50,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sluice.metadata import keys
+from sluice.metadata.documents import TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller.decisions import describe_changes
-from sluice.operator.controller.local import ControllerFenced, LocalController
+from sluice.operator.controller.loop import ControllerFenced, ControllerLoop
 from sluice.operator.liveness.pods import PodLiveness
 from sluice.operator.resources import (
     COORDINATOR_TOPICS,
@@ -63,12 +64,12 @@ from sluice.operator.resources import (
     partition_rows,
     topic_name,
 )
+from sluice.operator.settings import DEFAULT_BROKER_SELECTOR
 
-log = logging.getLogger("sluice.operator.controller.decisions")
+log = logging.getLogger("sluice.operator.controller")
 
 LEASE_NAME = "sluice-controller"
 CLUSTER_CONFIGMAP = "sluice-cluster"
-DEFAULT_BROKER_SELECTOR = "app.kubernetes.io/name=sluice,app.kubernetes.io/component=broker"
 COMPONENT = "sluice-operator"
 
 
@@ -262,7 +263,7 @@ class KubernetesController:
         self.liveness = PodLiveness(grace_s)
         self.events = EventRecorder(self.core, namespace, self.identity)
         self.elector = LeaseElector(client.CoordinationV1Api(api_client), namespace, self.identity, lease_duration_s)
-        self.controller = LocalController(
+        self.loop = ControllerLoop(
             store,
             self.liveness,
             on_change=self._on_change,
@@ -280,8 +281,8 @@ class KubernetesController:
     def start(self) -> None:
         for target, name in (
             (self._watch_pods, "sluice-pod-watch"),
-            (self._control, "sluice-controller"),
-            (self._project, "sluice-status"),
+            (self._run_controller_loop, "sluice-controller"),
+            (self._project_statuses, "sluice-status"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -352,17 +353,18 @@ class KubernetesController:
 
     # -- the controller loop ----------------------------------------------------------------------
 
-    def _control(self) -> None:
+    def _run_controller_loop(self) -> None:
+        """Rounds of the controller loop while this replica holds the Lease (the sluice-controller thread)."""
         self.pods_synced.wait(timeout=30)
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 if self.elector.holds():
                     if not self.leading.is_set():
-                        epoch = self.controller.claim()
+                        epoch = self.loop.claim()
                         log.info("%s is the active controller (epoch %d)", self.identity, epoch)
                         self.leading.set()
-                    self.controller.step()
+                    self.loop.run_round()
                     self._publish_broker_count()
                 elif self.leading.is_set():
                     log.info("%s lost the controller lease", self.identity)
@@ -398,7 +400,7 @@ class KubernetesController:
         return replicas
 
     def _publish_broker_count(self) -> None:
-        count = max(len(self.controller.brokers), self.expected())  # read by the round just run
+        count = max(len(self.loop.brokers), self.expected())  # read by the round just run
         if count == self._published_brokers:
             return
         body = {
@@ -447,20 +449,17 @@ class KubernetesController:
         return None
 
     def _on_change(
-        self, key: str, old: dict[str, Any], new: dict[str, Any], live: frozenset[int], dead: frozenset[int]
+        self, key: str, old: TopicDocument, new: TopicDocument, live: frozenset[int], dead: frozenset[int]
     ) -> None:
         """Queue the Event for one rewritten topic document (resolved and posted by the event thread)."""
         lines = describe_changes(old, new, live, dead)
         if not lines or not key.startswith(keys.TOPICS):
             return
-        leaderless = any(int(p.get("leader", -1)) < 0 for p in new.get("partitions", []))
-        moved = any(
-            a.get("leader") != b.get("leader")
-            for a, b in zip(old.get("partitions", []), new.get("partitions", []), strict=False)
-        )
+        leaderless = any(p.leader < 0 for p in new.partitions)
+        moved = any(a.leader != b.leader for a, b in zip(old.partitions, new.partitions, strict=False))
         reason = "LeaderNotAvailable" if leaderless else ("LeaderElected" if moved else "IsrShrunk")
         topic = key[len(keys.TOPICS) :]
-        leaders = [int(p.get("leader", -1)) for p in new.get("partitions", [])]
+        leaders = [p.leader for p in new.partitions]
         self.events.record_later(lambda: self._involved(topic, leaders), reason, "; ".join(lines), leaderless)
 
     def _involved(self, topic: str, leaders: list[int]) -> dict[str, Any] | None:
@@ -476,7 +475,8 @@ class KubernetesController:
 
     # -- status projection ------------------------------------------------------------------------
 
-    def _project(self) -> None:
+    def _project_statuses(self) -> None:
+        """Status projection while this replica leads (the sluice-status thread)."""
         while not self._stop.is_set():
             try:
                 if self.leading.is_set():
@@ -490,20 +490,23 @@ class KubernetesController:
         changes = self.store.changes_since(self._projected_revision, keys.TOPICS)
         if not changes:
             return 0
-        latest = {d.key[len(keys.TOPICS) :]: d for d in changes}
+        # The newest state of each changed topic (None: deleted), decoded once.
+        latest = {
+            d.key[len(keys.TOPICS) :]: None if d.value is None else TopicDocument.from_json(d.value) for d in changes
+        }
         patched = 0
         topics = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "topics")["items"]
         for item in topics:
             doc = latest.get(topic_name(item))
-            if doc is not None and doc.value is not None:
-                patched += self._patch_status("topics", item, topic_status_patch(item, doc.value))
+            if doc is not None:
+                patched += self._patch_status("topics", item, topic_status_patch(item, doc))
         internal = {v: k for k, v in COORDINATOR_TOPICS.items()}
         if any(name in internal for name in latest):
             coordinators = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "coordinators")
             for item in coordinators["items"]:
                 doc = latest.get(COORDINATOR_TOPICS.get((item.get("spec") or {}).get("type", ""), ""))
-                if doc is not None and doc.value is not None:
-                    patched += self._patch_status("coordinators", item, coordinator_status_patch(item, doc.value))
+                if doc is not None:
+                    patched += self._patch_status("coordinators", item, coordinator_status_patch(item, doc))
         self._projected_revision = max(d.revision for d in changes)
         return patched
 
@@ -521,25 +524,26 @@ class KubernetesController:
         return 1
 
 
-def topic_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
+def topic_status_patch(item: Mapping[str, Any], doc: TopicDocument) -> dict[str, Any]:
     """The part of a Topic's status that follows its document (partitions, topic id, Ready)."""
     status = item.get("status") or {}
     return {
-        "topicName": doc.get("name") or topic_name(item),
-        "topicId": doc.get("topic_id", ""),
+        "topicName": doc.name or topic_name(item),
+        "topicId": doc.topic_id,
         "partitions": partition_rows(doc),
         "conditions": leadership_condition(
-            status.get("conditions"), doc, status.get("observedGeneration"), f"topic {doc.get('name')}"
+            status.get("conditions"), doc, status.get("observedGeneration"), f"topic {doc.name}"
         ),
     }
 
 
-def coordinator_status_patch(item: Mapping[str, Any], doc: Mapping[str, Any]) -> dict[str, Any]:
+def coordinator_status_patch(item: Mapping[str, Any], doc: TopicDocument) -> dict[str, Any]:
+    """The part of a Coordinator's status that follows its internal topic's document."""
     status = item.get("status") or {}
     return {
-        "topicName": doc.get("name", ""),
+        "topicName": doc.name,
         "partitions": coordinator_rows(doc),
         "conditions": leadership_condition(
-            status.get("conditions"), doc, status.get("observedGeneration"), f"coordinator topic {doc.get('name')}"
+            status.get("conditions"), doc, status.get("observedGeneration"), f"coordinator topic {doc.name}"
         ),
     }

@@ -1,0 +1,231 @@
+"""The controller loop: one round of liveness, elections and ISR fencing over a MetadataStore.
+
+:class:`ControllerLoop` is the controller itself, independent of where it
+runs: the embedded cluster's controller process (:mod:`sluice.operator.controller.local`)
+drives it with gRPC health checks, the Kubernetes operator
+(:mod:`sluice.operator.controller.kubernetes`) with broker Pod liveness under a
+Lease. Every round it:
+
+1. lists the registered brokers (``brokers/<id>``: brokers register
+   themselves at start and are never removed when they die),
+2. polls its liveness source and logs every broker that dies or comes back,
+3. applies :func:`sluice.operator.controller.decisions.elect_leaders` to every topic
+   document, then :func:`~sluice.operator.controller.decisions.restore_preferred_leaders`
+   with only the brokers alive for ``preferred_leader_delay_ms`` counting (a
+   returning broker first catches up and proves it stays up, then takes its
+   leaderships back in one move, as Kafka's periodic leader rebalance does),
+   and writes each changed one with compare-and-set, logging each
+   election ("elected broker 2 leader of orders-0 at epoch 3 (broker 1
+   dead)"). A conflict (a leader changed its ISR meanwhile) means re-read
+   and re-decide: the decision is a pure function of the document and the
+   liveness, so deciding again on the new version is always right.
+4. writes the ``controller`` document (:class:`~sluice.metadata.documents.ControllerDocument`)
+   when liveness changes: leaders read its ``dead_brokers``.
+
+Every topic is reconsidered every round, not only changed ones: the rules
+are idempotent (a second pass changes nothing), so this is also the repair
+for anything a crashed controller left half done, at the cost of reading
+every topic document a few times a second, which the embedded cluster's
+size makes cheap.
+
+Only one controller may act at a time. Each start takes the next
+``epoch`` in the ``controller`` document; a controller that finds a higher
+epoch there (a newer controller started on the same metadata) stops at once
+instead of fighting it (:class:`ControllerFenced`). ``controller_id`` is -1
+because this controller is not a broker (as a KRaft controller has its own id
+space).
+
+It was called ``LocalController`` while it was only the embedded cluster's;
+the Kubernetes operator runs the same loop, so it is named for what it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, Versioned
+from sluice.metadata.store import MetadataStore, VersionConflict
+from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
+from sluice.operator.liveness.brokers import Transition
+
+# The controller's log: elections, fencing, liveness changes (the local process and the operator alike).
+log = logging.getLogger("sluice.operator.controller")
+
+DEFAULT_INTERVAL_MS = 100
+DEFAULT_PREFERRED_LEADER_DELAY_MS = 10_000
+CAS_ATTEMPTS = 20
+
+
+class Liveness(Protocol):
+    """Where liveness comes from: health checks (sluice.operator.liveness.brokers) or Pods (.liveness.pods)."""
+
+    def poll(self, targets: Mapping[int, str]) -> list[Transition]: ...
+
+    @property
+    def live(self) -> frozenset[int]: ...
+
+    @property
+    def dead(self) -> frozenset[int]: ...
+
+    def alive_for(self, seconds: float) -> frozenset[int]: ...
+
+
+# Called after each topic document the controller wrote: (key, old document, new document, live, dead).
+ChangeListener = Callable[[str, TopicDocument, TopicDocument, frozenset[int], frozenset[int]], None]
+
+
+class ControllerFenced(Exception):
+    """A newer controller (higher epoch) runs on the same metadata: this one must stop."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ControllerLoop:
+    """The controller's loop over one MetadataStore (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        detector: Liveness,
+        *,
+        preferred_leaders: bool = True,
+        preferred_leader_delay_ms: int = DEFAULT_PREFERRED_LEADER_DELAY_MS,
+        default_unclean: bool = False,
+        clock_ms: Callable[[], int] = _now_ms,
+        on_change: ChangeListener | None = None,
+    ) -> None:
+        self.store = store
+        self.detector = detector
+        self.on_change = on_change
+        self.preferred_leaders = preferred_leaders
+        self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
+        self.default_unclean = default_unclean
+        self.clock_ms = clock_ms
+        self.epoch = -1
+        self._published: tuple[frozenset[int], frozenset[int]] | None = None
+        self.brokers: dict[int, str] = {}  # registered brokers (id -> address) as of the last round
+
+    # -- the controller document ----------------------------------------------------------------
+
+    def claim(self) -> int:
+        """Take the next controller epoch; returns it."""
+
+        def bump(current: ControllerDocument | None) -> ControllerDocument:
+            epoch = 0 if current is None else current.epoch
+            return ControllerDocument(controller_id=-1, epoch=epoch + 1, updated_ms=self.clock_ms())
+
+        doc = documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, bump)
+        assert doc is not None
+        self.epoch = doc.epoch
+        log.info("controller epoch %d", self.epoch)
+        return self.epoch
+
+    def _check_epoch(self) -> None:
+        doc = documents.read(self.store, keys.CONTROLLER, ControllerDocument)
+        epoch = 0 if doc is None else doc.value.epoch
+        if epoch > self.epoch:
+            raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
+
+    def _publish(self) -> None:
+        live, dead = self.detector.live, self.detector.dead
+        if self._published == (live, dead):
+            return
+
+        def write(current: ControllerDocument | None) -> ControllerDocument:
+            epoch = 0 if current is None else current.epoch
+            if epoch > self.epoch:
+                raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
+            return ControllerDocument(-1, self.epoch, sorted(live), sorted(dead), self.clock_ms())
+
+        documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, write)
+        self._published = (live, dead)
+
+    # -- one round ------------------------------------------------------------------------------
+
+    def registered_brokers(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for doc in self.store.list(keys.BROKERS):
+            if doc.value is None:
+                continue
+            try:
+                broker = BrokerDocument.from_json(doc.value)
+                out[broker.broker_id] = broker.address
+            except (KeyError, ValueError, TypeError):
+                log.warning("ignoring malformed broker document %s: %r", doc.key, doc.value)
+        return out
+
+    def run_round(self) -> int:
+        """One round: check liveness, reconcile every topic. Returns the number of documents written."""
+        self._check_epoch()
+        self.brokers = self.registered_brokers()
+        for change in self.detector.poll(self.brokers):
+            log.info("%s", change.describe())
+        self._publish()
+        written = 0
+        for doc in self.topic_documents():
+            written += self.reconcile_topic(doc)
+        return written
+
+    def topic_documents(self) -> list[Versioned[TopicDocument]]:
+        """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round."""
+        out: list[Versioned[TopicDocument]] = []
+        for doc in self.store.list(keys.TOPICS):
+            if doc.value is None:
+                continue
+            try:
+                out.append(Versioned(doc.key, TopicDocument.from_json(doc.value), doc.version, doc.revision))
+            except (KeyError, ValueError, TypeError):
+                log.warning("ignoring malformed topic document %s: %r", doc.key, doc.value)
+        return out
+
+    def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
+        """Apply the rules to one topic document with compare-and-set; 1 if it was written."""
+        live, dead = self.detector.live, self.detector.dead
+        key = "?" if doc is None else doc.key
+        for _ in range(CAS_ATTEMPTS):
+            if doc is None:
+                return 0
+            current = doc.value
+            new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
+            if self.preferred_leaders:
+                settled = self.detector.alive_for(self.preferred_leader_delay_s)
+                new = restore_preferred_leaders(new or current, settled) or new
+            if new is None:
+                return 0
+            try:
+                documents.replace(self.store, doc.key, new, doc.version)
+            except VersionConflict:
+                doc = documents.read(self.store, doc.key, TopicDocument)
+                continue
+            for line in describe_changes(current, new, live, dead):
+                log.info("%s", line)
+            if self.on_change is not None:
+                try:
+                    self.on_change(doc.key, current, new, live, dead)
+                except Exception:
+                    log.exception("reporting the change of %s failed", doc.key)
+            return 1
+        log.warning("%s kept changing under the controller; trying again next round", key)
+        return 0
+
+    def run(self, stop: threading.Event, interval_ms: int = DEFAULT_INTERVAL_MS) -> None:
+        """Rounds every ``interval_ms`` until ``stop`` is set (or a newer controller fences this one)."""
+        if self.epoch < 0:
+            self.claim()
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.run_round()
+            except ControllerFenced as exc:
+                log.warning("stopping: %s", exc)
+                return
+            except Exception:
+                log.exception("controller round failed; trying again")
+            stop.wait(max(0.0, interval_ms / 1000 - (time.monotonic() - started)))

@@ -1,0 +1,60 @@
+"""Start-up, clean-up and the liveness probe of the operator.
+
+At start-up Kopf's own settings are set (finalizer, annotation storage,
+peering, posting level, workers), the :class:`~sluice.operator.settings.OperatorSettings`
+and the :class:`~sluice.operator.handlers.runtime.OperatorRuntime` made from
+them go into Kopf's ``memo`` (which Kopf hands to every handler), and the
+controller's threads start. Clean-up stops them. The probe (on the liveness
+endpoint) says whether the controller runs and leads.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import kopf
+
+from sluice.operator.handlers.runtime import FINALIZER, OperatorRuntime, runtime_of
+from sluice.operator.settings import OperatorSettings
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Register start-up (with ``settings``), clean-up and the controller probe."""
+    operator_settings = settings
+
+    def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure_kopf(settings, operator_settings)
+        memo.settings = operator_settings
+        memo.runtime = OperatorRuntime.open(operator_settings)
+
+    kopf.on.startup(registry=registry)(startup)
+    kopf.on.cleanup(registry=registry)(cleanup)
+    kopf.on.probe(id="controller", registry=registry)(probe_controller)
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
+    kopf_settings.persistence.finalizer = FINALIZER
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev")
+    kopf_settings.peering.name = settings.peering_name
+    kopf_settings.peering.priority = settings.peering_priority or random.randint(1, 2**31 - 1)
+    kopf_settings.posting.level = logging.WARNING  # our own Events say what happened; Kopf's only for failures
+    kopf_settings.execution.max_workers = 8
+
+
+def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    runtime = getattr(memo, "runtime", None)
+    if isinstance(runtime, OperatorRuntime):
+        runtime.close()
+
+
+def probe_controller(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    try:
+        controller = runtime_of(memo).controller
+    except kopf.TemporaryError:
+        controller = None
+    if controller is None:
+        return {"running": False}
+    return {"running": True, "leading": controller.leading.is_set(), "epoch": controller.loop.epoch}

@@ -1,0 +1,125 @@
+"""What the handlers share at run time: settings, the metadata store, an admin client, the controller.
+
+One :class:`OperatorRuntime` per operator process, made by the start-up
+handler (:mod:`sluice.operator.handlers.lifecycle`) from the
+:class:`~sluice.operator.settings.OperatorSettings` and kept in Kopf's
+``memo``, which Kopf hands to every handler. Handlers get it with
+:func:`runtime_of`; tests build one over a LocalCluster's store and call the
+handlers' reconcile functions with it directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import kopf
+
+from sluice.client.admin import Admin
+from sluice.metadata import documents, keys, open_store
+from sluice.metadata.documents import BrokerDocument
+from sluice.metadata.kubernetes import api_client
+from sluice.metadata.store import MetadataStore
+from sluice.operator.controller.kubernetes import KubernetesController
+from sluice.operator.settings import OperatorSettings
+
+log = logging.getLogger("sluice.operator")
+
+FINALIZER = "sluice.dev/finalizer"
+ADMIN_TIMEOUT_S = 15.0
+HANDLER_BACKOFF_S = 3.0  # a failed handler is retried this soon (Kopf's default is 60 s)
+
+
+class OperatorRuntime:
+    """The store, an admin client to the brokers and the controller, shared by every handler."""
+
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        store: MetadataStore | None = None,
+        controller: KubernetesController | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.controller = controller
+        self._admin: tuple[tuple[str, ...], Admin] | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, settings: OperatorSettings) -> OperatorRuntime:
+        """Open the store and start the controller's threads."""
+        store = open_store(settings.metadata_url)
+        controller = KubernetesController(
+            store,
+            api_client(settings.kubeconfig),
+            settings.namespace,
+            broker_selector=settings.broker_selector,
+            grace_s=settings.failover_grace_s,
+            expected_brokers=settings.expected_brokers,
+            statefulset=settings.broker_statefulset,
+            preferred_leader_delay_s=settings.preferred_leader_delay_s,
+            identity=settings.identity,
+        )
+        controller.start()
+        log.info("operator for namespace %s, metadata %s", settings.namespace, settings.metadata_url)
+        return cls(settings, store, controller)
+
+    def close(self) -> None:
+        if self.controller is not None:
+            self.controller.stop()
+        with self._lock:
+            if self._admin is not None:
+                self._admin[1].close()
+                self._admin = None
+        if self.store is not None:
+            self.store.close()
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
+
+    @property
+    def meta(self) -> MetadataStore:
+        if self.store is None:
+            raise kopf.TemporaryError("the operator is starting", delay=1)
+        return self.store
+
+    def brokers(self) -> list[BrokerDocument]:
+        """Registered brokers, by id."""
+        found = documents.list_documents(self.meta, keys.BROKERS, BrokerDocument)
+        return sorted((d.value for d in found), key=lambda b: b.broker_id)
+
+    def custom(self) -> Any:
+        """The API server's CustomObjectsApi (the controller's client)."""
+        if self.controller is None:
+            raise kopf.TemporaryError("the operator is starting", delay=1)
+        return self.controller.custom
+
+    def known_brokers(self) -> int:
+        """The brokers a replication factor is checked against: registered ones, or the expected count if larger."""
+        expected = self.controller.expected() if self.controller is not None else self.settings.expected_brokers
+        return max(len(self.brokers()), expected)
+
+    def admin(self) -> Admin:
+        """An admin client to the registered brokers (made again when they change)."""
+        addresses = tuple(b.address for b in self.brokers())
+        if not addresses:
+            raise kopf.TemporaryError("no broker has registered yet", delay=5)
+        with self._lock:
+            if self._admin is None or self._admin[0] != addresses:
+                if self._admin is not None:
+                    self._admin[1].close()
+                self._admin = (
+                    addresses,
+                    Admin(list(addresses), request_timeout_ms=10_000, client_id="sluice-operator"),
+                )
+            return self._admin[1]
+
+
+def runtime_of(memo: Any) -> OperatorRuntime:
+    """The runtime the start-up handler put in Kopf's memo (TemporaryError while it is not there yet)."""
+    runtime = getattr(memo, "runtime", None)
+    if not isinstance(runtime, OperatorRuntime):
+        raise kopf.TemporaryError("the operator is starting", delay=1)
+    return runtime

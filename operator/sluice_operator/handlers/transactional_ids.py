@@ -1,0 +1,174 @@
+"""TransactionalId handlers: a resource -> a ``transactional_ids/<id>`` document, status from the coordinator.
+
+Brokers with ``transactional.id.declaration.required=true`` refuse ids no
+document declares (:class:`~sluice.metadata.documents.TransactionalIdDocument`).
+The status follows the coordinator (DescribeTransactions) every
+``status_interval_s``, with the Hanging condition; ``spec.operation`` (fence |
+abort, with a requestId) fences the id or aborts its open transaction, once per
+requestId, through InitProducerId as Kafka's ``Admin.fenceProducers`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+import kopf
+
+from sluice import errors
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import TransactionalIdDocument
+from sluice.metadata.kubernetes import GROUP, VERSION
+from sluice.metadata.store import VersionConflict
+from sluice.operator.handlers.runtime import ADMIN_TIMEOUT_S, HANDLER_BACKOFF_S, OperatorRuntime, runtime_of
+from sluice.operator.handlers.status import check_paused, conditions_of
+from sluice.operator.resources import FALSE, TRUE, set_condition, transaction_status
+from sluice.operator.settings import OperatorSettings
+
+log = logging.getLogger("sluice.operator")
+
+PLURAL = "transactionalids"
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    """Register the TransactionalId handlers; the status timer runs every ``settings.status_interval_s``."""
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(transactional_id_changed)
+    interval = settings.status_interval_s
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval, registry=registry)(
+        transactional_id_status
+    )
+    kopf.on.delete(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(transactional_id_deleted)
+
+
+def transactional_id_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    reconcile_transactional_id(body, patch, runtime_of(memo), describe=True)
+
+
+def transactional_id_status(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    reconcile_transactional_id(body, patch, runtime_of(memo), describe=True)
+
+
+def transactional_id_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    release_transactional_id(body, runtime_of(memo))
+
+
+def _resource(meta: Mapping[str, Any], runtime: OperatorRuntime) -> str:
+    return f"{meta.get('namespace', runtime.namespace)}/{meta['name']}"
+
+
+def reconcile_transactional_id(
+    body: Mapping[str, Any], patch: kopf.Patch, runtime: OperatorRuntime, *, describe: bool
+) -> None:
+    meta, spec, status = body["metadata"], body.get("spec") or {}, body.get("status") or {}
+    generation = meta.get("generation")
+    txn_id = str(spec["transactionalId"])
+    resource = _resource(meta, runtime)
+    paused = check_paused(meta, status, patch, generation)
+    conds = list(patch.status.get("conditions") or conditions_of(status))
+    patch.status["observedGeneration"] = generation
+    if not paused:
+
+        def declare(current: TransactionalIdDocument | None) -> TransactionalIdDocument | None:
+            return TransactionalIdDocument(txn_id, resource) if current is None else None
+
+        declared = documents.update_document(
+            runtime.meta, keys.transactional_id(txn_id), TransactionalIdDocument, declare
+        )
+        owner = resource if declared is None else declared.resource
+        if owner != resource:
+            conds = set_condition(
+                conds, "Ready", FALSE, "AlreadyDeclared", f"{owner} already declares {txn_id!r}", generation
+            )
+        else:
+            conds = set_condition(
+                conds, "Ready", TRUE, "Declared", f"{txn_id!r} is declared to the brokers", generation
+            )
+        principals = list(spec.get("allowedServiceAccounts") or []) + list(spec.get("allowedUsers") or [])
+        conds = set_condition(
+            conds,
+            "NotSupported",
+            TRUE if principals else FALSE,
+            "NoClientAuthentication" if principals else "Supported",
+            "allowedServiceAccounts/allowedUsers are recorded but not enforced: Sluice has no client authentication"
+            if principals
+            else "",
+            generation,
+        )
+    known, described = _describe(runtime, txn_id) if describe else (False, None)
+    if not paused:
+        operation = spec.get("operation") or {}
+        last = status.get("lastOperation") or {}
+        if operation and operation.get("requestId") != last.get("requestId"):
+            patch.status["lastOperation"] = run_operation(runtime, txn_id, operation, described)
+            known, described = _describe(runtime, txn_id)
+    if not known:  # the coordinator did not answer (moving, loading): keep the status as it is
+        patch.status["conditions"] = conds
+        return
+    new = transaction_status(described, conds, spec.get("transactionTimeoutMs"), int(time.time() * 1000), generation)
+    for k, v in new.items():
+        patch.status[k] = v
+
+
+def _describe(runtime: OperatorRuntime, txn_id: str) -> tuple[bool, dict[str, Any] | None]:
+    """(answered, description): (True, None) for an id never used, (False, None) when nobody answered."""
+    try:
+        found = runtime.admin().describe_transactions([txn_id], timeout=ADMIN_TIMEOUT_S / 3)
+    except errors.TransactionalIdNotFoundError:
+        return True, None
+    except errors.SluiceError as exc:
+        log.info("describing %s failed: %s", txn_id, exc)
+        return False, None
+    described = asdict(found[0])
+    described["partitions"] = [f"{tp.topic}-{tp.partition}" for tp in found[0].partitions]
+    return True, described
+
+
+def run_operation(
+    runtime: OperatorRuntime, txn_id: str, operation: Mapping[str, Any], described: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Fence the id, or abort its open transaction (which fences its producer too)."""
+    kind, request_id = str(operation["type"]), str(operation["requestId"])
+    result: dict[str, Any] = {
+        "type": kind,
+        "requestId": request_id,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    timeout_ms = int((described or {}).get("transaction_timeout_ms") or 60_000)
+    try:
+        if kind == "abort" and (described is None or described["state"] != "Ongoing"):
+            state = "never used" if described is None else f"state {described['state']}"
+            result.update(result="Succeeded", message=f"no open transaction to abort ({state})")
+            return result
+        fenced = runtime.admin().fence_producers([txn_id], transaction_timeout_ms=timeout_ms, timeout=ADMIN_TIMEOUT_S)
+        pid, epoch = fenced[txn_id]
+        if kind == "abort":
+            parts = ", ".join((described or {}).get("partitions", []))
+            message = f"aborted the open transaction (partitions {parts}); producer {pid} fenced, epoch now {epoch}"
+        else:
+            message = f"producer {pid} fenced: epoch now {epoch}"
+        result.update(result="Succeeded", message=message)
+        log.info("TransactionalId %s: %s", txn_id, message)
+    except errors.SluiceError as exc:
+        result.update(result="Failed", message=str(exc))
+        log.warning("TransactionalId %s: %s failed: %s", txn_id, kind, exc)
+    return result
+
+
+def release_transactional_id(body: Mapping[str, Any], runtime: OperatorRuntime) -> None:
+    """Delete the id's document, if this resource is the one declaring it."""
+    txn_id = str(body["spec"]["transactionalId"])
+    resource = _resource(body["metadata"], runtime)
+    key = keys.transactional_id(txn_id)
+    for _attempt in range(20):
+        found = documents.read(runtime.meta, key, TransactionalIdDocument)
+        if found is None or found.value.resource != resource:
+            return
+        try:
+            runtime.meta.delete(key, found.version)
+            return
+        except VersionConflict:
+            continue

@@ -1,0 +1,145 @@
+"""Every setting of the operator, in one typed place, read once at start-up.
+
+The operator is configured through environment variables (what the Helm
+chart's Deployment sets) and ``sluice operator``'s flags, which win over the
+environment. Both end up here: :meth:`OperatorSettings.from_environment`
+reads a mapping of ``SLUICE_*`` variables once, checks every value and
+returns a frozen :class:`OperatorSettings`. Nothing else in the operator
+reads the environment: the handlers get the settings through Kopf's ``memo``
+(:mod:`sluice.operator.handlers.lifecycle` puts them there at start-up), and
+the timers' intervals are taken from them when the handlers are registered
+(:func:`sluice.operator.handlers.register`).
+
+Why not module-level globals read at import, as before: importing a module
+then depended on the environment of whoever imported it first (tests, the
+``sluice operator`` entry point that had to set variables before importing),
+and a bad value surfaced as a bare ``ValueError: could not convert string to
+float`` somewhere in Kopf's start-up. Here a bad value is a
+:class:`SettingsError` at start that names the variable.
+
+==================================  ====================================================  =========
+variable                            meaning                                               default
+==================================  ====================================================  =========
+SLUICE_NAMESPACE (POD_NAMESPACE)    the namespace of the Sluice cluster                   the pod's
+SLUICE_METADATA                     the metadata store                                    kubernetes://NAMESPACE
+SLUICE_KUBECONFIG                   kubeconfig for the API server (none in a pod)         in-cluster
+SLUICE_BROKER_SELECTOR              label selector of the broker Pods                     see below
+SLUICE_FAILOVER_GRACE_SECONDS       a broker Pod NotReady this long is dead               10
+SLUICE_EXPECTED_BROKERS             broker count for replicationFactor checks (0: none)   0
+SLUICE_BROKER_STATEFULSET           the broker StatefulSet (its replicas: the count)      none
+SLUICE_PREFERRED_LEADER_DELAY_S     a Ready broker takes its leaderships back after this  10
+SLUICE_RECONCILE_INTERVAL_S         drift repair period of Topics and Coordinators        30
+SLUICE_STATUS_INTERVAL_S            TransactionalId status period                         5
+SLUICE_PEERING                      the KopfPeering object's name                         sluice
+SLUICE_PEERING_PRIORITY             this replica's peering priority                       random
+HOSTNAME                            this replica's identity (controller Lease holder)     host name
+==================================  ====================================================  =========
+
+Each replica takes a random peering priority unless one is set, because Kopf
+freezes every operator when two share the highest one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sluice.metadata.kubernetes import KubernetesStoreError, parse_url
+
+__all__ = ["DEFAULT_BROKER_SELECTOR", "OperatorSettings", "SettingsError"]
+
+DEFAULT_BROKER_SELECTOR = "app.kubernetes.io/name=sluice,app.kubernetes.io/component=broker"
+
+
+class SettingsError(ValueError):
+    """A setting has a value the operator cannot use; the message names the variable."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """The operator's settings (see the module docstring for each one's variable and default)."""
+
+    namespace: str
+    metadata_url: str
+    kubeconfig: str | None = None
+    broker_selector: str = DEFAULT_BROKER_SELECTOR
+    failover_grace_s: float = 10.0
+    expected_brokers: int = 0
+    broker_statefulset: str | None = None
+    preferred_leader_delay_s: float = 10.0
+    reconcile_interval_s: float = 30.0
+    status_interval_s: float = 5.0
+    peering_name: str = "sluice"
+    peering_priority: int | None = None
+    identity: str | None = None
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
+        """The settings from ``environ`` (default: this process's environment); SettingsError on a bad value."""
+        env = os.environ if environ is None else environ
+        namespace = _text(env, "SLUICE_NAMESPACE") or _text(env, "POD_NAMESPACE")
+        if namespace is None:
+            try:
+                namespace, _ = parse_url("kubernetes://")
+            except KubernetesStoreError as exc:
+                raise SettingsError(f"SLUICE_NAMESPACE is not set and this is not a pod: {exc}") from None
+        return cls(
+            namespace=namespace,
+            metadata_url=_text(env, "SLUICE_METADATA") or f"kubernetes://{namespace}",
+            kubeconfig=_text(env, "SLUICE_KUBECONFIG"),
+            broker_selector=_text(env, "SLUICE_BROKER_SELECTOR") or DEFAULT_BROKER_SELECTOR,
+            failover_grace_s=_number(env, "SLUICE_FAILOVER_GRACE_SECONDS", 10.0, minimum=0.0),
+            expected_brokers=_integer(env, "SLUICE_EXPECTED_BROKERS", 0, minimum=0),
+            broker_statefulset=_text(env, "SLUICE_BROKER_STATEFULSET"),
+            preferred_leader_delay_s=_number(env, "SLUICE_PREFERRED_LEADER_DELAY_S", 10.0, minimum=0.0),
+            reconcile_interval_s=_number(env, "SLUICE_RECONCILE_INTERVAL_S", 30.0, positive=True),
+            status_interval_s=_number(env, "SLUICE_STATUS_INTERVAL_S", 5.0, positive=True),
+            peering_name=_text(env, "SLUICE_PEERING") or "sluice",
+            peering_priority=_optional_integer(env, "SLUICE_PEERING_PRIORITY"),
+            identity=_text(env, "HOSTNAME"),
+        )
+
+
+def _text(env: Mapping[str, str], name: str) -> str | None:
+    """The variable's value, None when it is unset or empty (an empty value means the default)."""
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _number(
+    env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0, positive: bool = False
+) -> float:
+    raw = _text(env, name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number (seconds)") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise SettingsError(f"{name}={raw!r} is not a finite number")
+    if positive and value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be greater than 0")
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum:g}")
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    value = _optional_integer(env, name)
+    if value is None:
+        return default
+    if value < minimum:
+        raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _optional_integer(env: Mapping[str, str], name: str) -> int | None:
+    raw = _text(env, name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a whole number") from None

@@ -1,0 +1,385 @@
+"""Typed metadata documents: one frozen dataclass per kind, with one encode and one decode each.
+
+The MetadataStore (:mod:`sluice.metadata.store`) is a store of JSON objects:
+that is what SQLite rows and ``MetadataDocument`` custom resources hold, and
+it stays so, because existing data and the resources in a running cluster
+must keep reading the same. The typing sits here, on top of it: every
+component that reads or writes a document (the broker's cluster view, the
+controller, the operator's handlers, LocalCluster) decodes it with
+``Kind.from_json`` and writes it with ``doc.to_json()``, so the shape of each
+document is written down once, below, instead of as ``dict[str, Any]``
+lookups with their own defaults in every reader.
+
+The JSON shapes, keyed as in :mod:`sluice.metadata.keys`:
+
+``cluster``                 :class:`ClusterDocument`
+``brokers/<id>``            :class:`BrokerDocument`
+``topics/<name>``           :class:`TopicDocument` (partitions: :class:`PartitionState`)
+``producer_id_block``       :class:`ProducerIdBlock`
+``controller``              :class:`ControllerDocument`
+``transactional_ids/<id>``  :class:`TransactionalIdDocument`
+
+Decoding is lenient where readers always were (a missing optional field takes
+its default) and strict where they were not (a topic without a name or
+partitions is an error). Fields this version does not know are kept in
+``extra`` and written back as they were, so a read-modify-write (a leader's
+ISR change, the controller's election) never drops what a newer writer added.
+Encoding writes every field, with the same names and JSON types as before, so
+a document written by this version equals one written by the previous one.
+
+Dataclasses rather than TypedDicts: the controller's decisions build new
+documents from old ones (``dataclasses.replace``), equality is by value, and
+defaults live in one place. Fields holding lists stay lists (not tuples): the
+broker's hot paths use them as the lists they were.
+
+The internal topics' names are defined here too, once, because the broker
+(which creates them) and the operator (whose Coordinator resources declare
+them) may not import each other.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+
+from sluice.metadata.store import MetadataStore, update
+
+__all__ = [
+    "CONSUMER_OFFSETS_TOPIC",
+    "INTERNAL_TOPICS",
+    "INTERNAL_TOPIC_CONFIG",
+    "NO_LEADER",
+    "TRANSACTION_STATE_TOPIC",
+    "BrokerDocument",
+    "ClusterDocument",
+    "ControllerDocument",
+    "PartitionState",
+    "ProducerIdBlock",
+    "TopicDocument",
+    "TransactionalIdDocument",
+    "Versioned",
+    "create",
+    "list_documents",
+    "read",
+    "replace",
+    "update_document",
+]
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+CONSUMER_OFFSETS_TOPIC = "__consumer_offsets"
+INTERNAL_TOPICS = (TRANSACTION_STATE_TOPIC, CONSUMER_OFFSETS_TOPIC)
+# Both internal topics are compacted and kept forever: they hold the coordinators' state.
+INTERNAL_TOPIC_CONFIG: Mapping[str, str] = {"cleanup.policy": "compact", "retention.ms": "-1"}
+NO_LEADER = -1
+
+
+def _ints(values: Any) -> list[int]:
+    return [int(v) for v in values or ()]
+
+
+def _extra(value: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    """The fields of ``value`` a document class does not know (kept, and written back unchanged)."""
+    return {k: v for k, v in value.items() if k not in known}
+
+
+@dataclass(frozen=True)
+class ClusterDocument:
+    """``cluster``: the id every broker of the cluster reports, made by the first broker to start."""
+
+    cluster_id: str
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("cluster_id",)
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(cluster_id=str(value["cluster_id"]), extra=_extra(value, cls.FIELDS))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "cluster_id": self.cluster_id}
+
+
+@dataclass(frozen=True)
+class BrokerDocument:
+    """``brokers/<id>``: a broker's endpoint, written by the broker itself at start (never removed)."""
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str = ""
+    started_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            broker_id=int(value["broker_id"]),
+            host=str(value["host"]),
+            port=int(value["port"]),
+            rack=str(value.get("rack") or ""),
+            started_ms=int(value.get("started_ms", 0)),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "broker_id": self.broker_id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.rack,
+            "started_ms": self.started_ms,
+        }
+
+    @property
+    def address(self) -> str:
+        """``host:port`` as gRPC takes it (an IPv6 host in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """One partition in a topic document: its replicas (preferred leader first), leader, epoch and ISR."""
+
+    replicas: list[int]
+    leader: int = NO_LEADER
+    leader_epoch: int = 0
+    isr: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("replicas", "leader", "leader_epoch", "isr")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            replicas=_ints(value.get("replicas")),
+            leader=int(value.get("leader", NO_LEADER)),
+            leader_epoch=int(value.get("leader_epoch", 0)),
+            isr=_ints(value.get("isr")),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    @classmethod
+    def initial(cls, replicas: list[int]) -> Self:
+        """A new partition: the preferred replica leads at epoch 0, every replica in sync (its log is empty)."""
+        return cls(replicas=list(replicas), leader=replicas[0], leader_epoch=0, isr=list(replicas))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "isr": list(self.isr),
+        }
+
+
+@dataclass(frozen=True)
+class TopicDocument:
+    """``topics/<name>``: a topic's id, config and partitions; the truth about leadership."""
+
+    name: str
+    topic_id: str
+    internal: bool = False
+    config: dict[str, str] = field(default_factory=dict)
+    replication_factor: int = 1
+    partitions: list[PartitionState] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("name", "topic_id", "internal", "config", "replication_factor", "partitions")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            name=str(value["name"]),
+            topic_id=str(value["topic_id"]),
+            internal=bool(value.get("internal", False)),
+            config={str(k): str(v) for k, v in (value.get("config") or {}).items()},
+            replication_factor=int(value.get("replication_factor", 1)),
+            partitions=[PartitionState.from_json(p) for p in value["partitions"]],
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "internal": self.internal,
+            "config": dict(self.config),
+            "replication_factor": self.replication_factor,
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+    def with_partitions(self, partitions: list[PartitionState]) -> TopicDocument:
+        return dataclasses.replace(self, partitions=list(partitions))
+
+    def with_partition(self, index: int, partition: PartitionState) -> TopicDocument:
+        parts = list(self.partitions)
+        parts[index] = partition
+        return self.with_partitions(parts)
+
+
+@dataclass(frozen=True)
+class ProducerIdBlock:
+    """``producer_id_block``: the last block of producer ids handed out (Kafka's /latest_producer_id_block)."""
+
+    broker_id: int
+    block_start: int
+    block_end: int  # inclusive
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "block_start", "block_end")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            broker_id=int(value["broker_id"]),
+            block_start=int(value["block_start"]),
+            block_end=int(value["block_end"]),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "broker_id": self.broker_id, "block_start": self.block_start, "block_end": self.block_end}
+
+
+@dataclass(frozen=True)
+class ControllerDocument:
+    """``controller``: the controller's epoch and its view of broker liveness.
+
+    Leaders read ``dead_brokers`` and never re-admit a dead broker to an ISR (as
+    in KIP-841). ``controller_id`` is -1 for the embedded cluster's controller,
+    which is not a broker.
+    """
+
+    controller_id: int = -1
+    epoch: int = 0
+    live_brokers: list[int] = field(default_factory=list)
+    dead_brokers: list[int] = field(default_factory=list)
+    updated_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("controller_id", "epoch", "live_brokers", "dead_brokers", "updated_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            controller_id=int(value.get("controller_id", -1)),
+            epoch=int(value.get("epoch", 0)),
+            live_brokers=_ints(value.get("live_brokers")),
+            dead_brokers=_ints(value.get("dead_brokers")),
+            updated_ms=int(value.get("updated_ms", 0)),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "controller_id": self.controller_id,
+            "epoch": self.epoch,
+            "live_brokers": list(self.live_brokers),
+            "dead_brokers": list(self.dead_brokers),
+            "updated_ms": self.updated_ms,
+        }
+
+
+@dataclass(frozen=True)
+class TransactionalIdDocument:
+    """``transactional_ids/<id>``: a declared transactional id and the resource (``namespace/name``) declaring it."""
+
+    transactional_id: str
+    resource: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("transactional_id", "resource")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            transactional_id=str(value["transactional_id"]),
+            resource=str(value.get("resource", "")),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "transactional_id": self.transactional_id, "resource": self.resource}
+
+
+# -- typed access to the store ------------------------------------------------------------------------
+
+
+class _Codec(Protocol):
+    """What every document class above has: one decode and one encode."""
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self: ...
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+D = TypeVar("D", bound=_Codec)
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[D]):
+    """A decoded document with the version its next compare-and-set must name."""
+
+    key: str
+    value: D
+    version: int
+    revision: int
+
+
+def read(store: MetadataStore, key: str, kind: type[D]) -> Versioned[D] | None:
+    """The document at ``key`` decoded as ``kind``, None when there is none."""
+    doc = store.get(key)
+    if doc is None or doc.value is None:
+        return None
+    return Versioned(doc.key, kind.from_json(doc.value), doc.version, doc.revision)
+
+
+def list_documents(store: MetadataStore, prefix: str, kind: type[D]) -> builtins.list[Versioned[D]]:
+    """Every document under ``prefix`` decoded as ``kind``, in key order."""
+    return [
+        Versioned(doc.key, kind.from_json(doc.value), doc.version, doc.revision)
+        for doc in store.list(prefix)
+        if doc.value is not None
+    ]
+
+
+def create(store: MetadataStore, key: str, value: _Codec) -> int:
+    """Write a new document; raises VersionConflict when one exists. Returns its version."""
+    return store.compare_and_set(key, value.to_json(), None).version
+
+
+def replace(store: MetadataStore, key: str, value: _Codec, version: int) -> int:
+    """Replace the document at ``version``; raises VersionConflict when it moved on. Returns the new version."""
+    return store.compare_and_set(key, value.to_json(), version).version
+
+
+def update_document(
+    store: MetadataStore,
+    key: str,
+    kind: type[D],
+    change: Callable[[D | None], D | None],
+    attempts: int = 50,
+) -> D | None:
+    """Typed read-modify-write with retries on conflict (:func:`sluice.metadata.store.update`).
+
+    ``change`` gets the current document (None: there is none) and returns the
+    new one, or None to leave it as it is. Returns the document as stored
+    afterwards (None when there is none).
+    """
+
+    def change_json(value: dict[str, Any] | None) -> dict[str, Any] | None:
+        new = change(None if value is None else kind.from_json(value))
+        return None if new is None else new.to_json()
+
+    doc = update(store, key, change_json, attempts)
+    return None if doc is None or doc.value is None else kind.from_json(doc.value)
