@@ -30,7 +30,7 @@ ErrorCode = records_pb2.ErrorCode
 class SluiceError(Exception):
     """Base of every Sluice error. ``code`` is the wire ErrorCode (NONE for client-side errors)."""
 
-    code: ClassVar[int] = records_pb2.UNKNOWN_SERVER_ERROR
+    code: ClassVar[ErrorCode] = records_pb2.UNKNOWN_SERVER_ERROR
     retriable: ClassVar[bool] = False
 
     def __init__(self, message: str = "") -> None:
@@ -76,7 +76,7 @@ class InvalidArgumentError(SluiceError):
 _BY_CODE: dict[int, type[SluiceError]] = {}
 
 
-def _define(name: str, code: int, retriable: bool, doc: str) -> type[SluiceError]:
+def _define(name: str, code: ErrorCode, retriable: bool, doc: str) -> type[SluiceError]:
     cls = type(name, (SluiceError,), {"code": code, "retriable": retriable, "__doc__": doc})
     _BY_CODE[code] = cls
     return cls
