@@ -27,12 +27,12 @@ from sluice.broker.cluster import (
     CONSUMER_OFFSETS_TOPIC,
     INTERNAL_TOPICS,
     TRANSACTION_STATE_TOPIC,
-    AdminError,
     ClusterView,
     TopicInfo,
     coordinator_partition,
 )
 from sluice.broker.config import BrokerConfig
+from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
@@ -41,10 +41,6 @@ log = logging.getLogger(__name__)
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 Handler = Callable[[Any, Ctx], Awaitable[Message | bytes]]
-
-
-class InvalidRequest(Exception):
-    """The request is understood but makes no sense (negative sizes ...): INVALID_ARGUMENT."""
 
 
 class _Malformed:
@@ -71,7 +67,7 @@ def _guard(name: str, handler: Handler) -> Handler:
             # broker started (a state write waiting for replication, markers) must run to its end,
             # or in-memory state is left half-changed.
             return await asyncio.shield(handler(request, context))
-        except InvalidRequest as exc:
+        except InvalidArgumentError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
         except grpc.aio.AbortError:
             raise
@@ -100,16 +96,15 @@ def _service(
 
 def _nonneg(value: int, what: str) -> None:
     if value < 0:
-        raise InvalidRequest(f"{what} must be >= 0, not {value}")
+        raise InvalidArgumentError(f"{what} must be >= 0, not {value}")
 
 
 def _admin_result(result: Any, action: Callable[[], str]) -> None:
-    """Fill one topic's result of a topic-admin request: the topic id, or the AdminError's code and message."""
+    """Fill one topic's result of a topic-admin request: the topic id, or the refusal's code and message."""
     try:
         result.topic_id = action()
-    except AdminError as exc:
-        result.error_code = exc.code
-        result.error_message = exc.message
+    except SluiceError as exc:
+        answer(result, exc)
 
 
 class BrokerServicer:
@@ -218,7 +213,7 @@ class BrokerServicer:
         _nonneg(req.min_bytes, "min_bytes")
         _nonneg(req.max_bytes, "max_bytes")
         if req.max_wait_ms > 300_000:
-            raise InvalidRequest(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
+            raise InvalidArgumentError(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
         for topic in req.topics:
             for fp in topic.partitions:
                 _nonneg(fp.partition_max_bytes, "partition_max_bytes")
@@ -238,9 +233,9 @@ class BrokerServicer:
         _nonneg(req.max_wait_ms, "max_wait_ms")
         _nonneg(req.max_bytes, "max_bytes")
         if req.replica_id < 0:
-            raise InvalidRequest(f"replica_id must be a broker id, not {req.replica_id}")
+            raise InvalidArgumentError(f"replica_id must be a broker id, not {req.replica_id}")
         if req.max_wait_ms > 300_000:
-            raise InvalidRequest(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
+            raise InvalidArgumentError(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
         return await self.replicas.replica_fetch(req)
 
     async def offsets_for_leader_epoch(
@@ -293,7 +288,7 @@ class BrokerServicer:
         self, req: bpb.FindCoordinatorRequest, _ctx: Ctx
     ) -> bpb.FindCoordinatorResponse:
         if not req.key:
-            raise InvalidRequest("key (group id or transactional id) must not be empty")
+            raise InvalidArgumentError("key (group id or transactional id) must not be empty")
         topic = TRANSACTION_STATE_TOPIC if req.key_type == bpb.TRANSACTION else CONSUMER_OFFSETS_TOPIC
         info = self.cluster.topics.get(topic)
         resp = bpb.FindCoordinatorResponse(node_id=-1)

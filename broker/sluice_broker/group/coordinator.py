@@ -49,6 +49,7 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
+from sluice.broker.errors import answer
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
 from sluice.broker.group.offsets import (
     METADATA_MAX_BYTES,
@@ -59,7 +60,7 @@ from sluice.broker.group.offsets import (
     offset_records,
     with_record_offset,
 )
-from sluice.broker.log.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionLog
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.errors import SluiceError
 from sluice.records import RecordBatch, RecordDecodeError, build_batch, now_ms
@@ -250,7 +251,7 @@ class GroupCoordinator:
         )
         try:
             return int(self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch))
-        except PartitionError as exc:
+        except SluiceError as exc:
             code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in valid:
                 item.fail(code, exc.message)
@@ -383,7 +384,7 @@ class GroupCoordinator:
             return
         try:
             await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
-        except PartitionError as exc:
+        except SluiceError as exc:
             code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in items:
                 if item.code == pb.NONE:
@@ -396,7 +397,7 @@ class GroupCoordinator:
         try:
             state = self._locate(req.group_id)
         except SluiceError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+            answer(resp, exc)
             return resp
         offsets = state.offsets
         if req.partitions:
@@ -432,7 +433,7 @@ class GroupCoordinator:
         try:
             state = self._locate(req.group_id)
         except SluiceError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+            answer(resp, exc)
             return resp
         names = tuple(req.subscribed_topic_names)
         hb = HeartbeatInput(

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from sluice import errors
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
-from sluice.broker.log.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionLog
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +251,7 @@ def check_epoch(part: PartitionLog, current_leader_epoch: int) -> None:
     if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
         return
     code = pb.FENCED_LEADER_EPOCH if current_leader_epoch < part.leader_epoch else pb.UNKNOWN_LEADER_EPOCH
-    raise PartitionError(
+    raise errors.error_for(
         code,
         f"leader epoch {current_leader_epoch} in the request, {part.topic}-{part.partition} is at {part.leader_epoch}",
     )

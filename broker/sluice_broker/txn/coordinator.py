@@ -79,7 +79,7 @@ from sluice.broker.cluster import (
 )
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
-from sluice.broker.log.partition import PartitionError
+from sluice.broker.errors import answer
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
@@ -295,7 +295,7 @@ class TransactionCoordinator:
             entry.pending = None
             if entry.meta is None and cpart.state.txns.get(transactional_id) is entry:
                 del cpart.state.txns[transactional_id]  # the first write of a new id failed: forget it
-            if isinstance(exc, PartitionError):
+            if isinstance(exc, SluiceError):
                 code = (
                     pb.NOT_COORDINATOR
                     if exc.code in (pb.NOT_LEADER_OR_FOLLOWER, pb.KAFKA_STORAGE_ERROR)
@@ -319,7 +319,7 @@ class TransactionCoordinator:
             pid, epoch, previous = await self._init_producer_id(req)
             resp.producer_id, resp.producer_epoch, resp.previous_state = pid, epoch, previous
         except SluiceError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+            answer(resp, exc)
         return resp
 
     def _new_producer_id(self) -> int:
@@ -489,7 +489,7 @@ class TransactionCoordinator:
                 req.transactional_id, req.producer_id, req.producer_epoch, req.committed, prepared_only=req.prepared
             )
         except SluiceError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+            answer(resp, exc)
         return resp
 
     async def _end_txn(
@@ -527,7 +527,7 @@ class TransactionCoordinator:
             await self._prepare_txn(req.transactional_id, req.producer_id, req.producer_epoch)
             resp.producer_id, resp.producer_epoch = req.producer_id, req.producer_epoch
         except SluiceError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+            answer(resp, exc)
         return resp
 
     async def _prepare_txn(self, tid: str, producer_id: int, producer_epoch: int) -> None:
@@ -699,7 +699,7 @@ class TransactionCoordinator:
             try:
                 cpart = self._partition_for(tid)
             except SluiceError as exc:
-                st.error_code, st.error_message = exc.code, exc.message
+                answer(st, exc)
                 continue
             entry = cpart.state.txns.get(tid)
             meta = entry.meta if entry is not None else None
