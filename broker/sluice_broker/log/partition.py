@@ -546,7 +546,9 @@ class PartitionLog:
         """Drop the batches of a compacted partition that no reader of the latest values needs.
 
         Only the decided part of the log is cleaned: below min(LSO, HW), every
-        transaction there has its marker. A data batch stays if one of its
+        transaction there has its marker; and, as Kafka's min.compaction.lag.ms,
+        only batches older than that lag (by their max timestamp): the first
+        newer batch ends the cleanable part. A data batch stays if one of its
         records is the latest for its key (a tombstone only until
         delete.retention.ms has passed), or if its transaction is undecided; an
         aborted batch goes; a marker stays while a batch of its transaction
@@ -557,10 +559,13 @@ class PartitionLog:
         """
         bound = min(self.last_stable_offset, self.high_watermark)
         delete_retention_ms = int(str(self.config("delete.retention.ms")))
-        entries = [
-            (key, RecordBatch.FromString(value))
-            for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound))
-        ]
+        lag_ms = int(str(self.config("min.compaction.lag.ms")))
+        entries: list[tuple[bytes, RecordBatch]] = []
+        for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound)):
+            batch = RecordBatch.FromString(value)
+            if lag_ms > 0 and batch.max_timestamp > now - lag_ms:
+                break  # too recent to clean, and so is everything after it
+            entries.append((key, batch))
         if len(entries) < 2:
             return 0
         last_key = self.storage.last("log", self.prefix, self._end_key)
