@@ -48,12 +48,12 @@ from sluice.broker.replication.fetcher import (
     divergence,
 )
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
+from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
 
-TopicPartitionKey = tuple[str, int]
 # a per-partition result to fill in, and the (topic, partition, end offset) it waits to see replicated
 ReplicationWait = tuple[bpb.ProducePartitionResponse | ipb.MarkerPartitionResult, str, int, int]
 # (transactional id, producer id, epoch, topic, partition) -> (error code, message)
@@ -78,12 +78,12 @@ class ReplicaManager:
         self.storage = storage
         self.cluster = cluster
         self.config = config
-        self.partitions: dict[TopicPartitionKey, PartitionLog] = {}
-        self.leader_of: set[TopicPartitionKey] = set()
-        self.trackers: dict[TopicPartitionKey, FollowerTracker] = {}
+        self.partitions: dict[TopicPartition, PartitionLog] = {}
+        self.leader_of: set[TopicPartition] = set()
+        self.trackers: dict[TopicPartition, FollowerTracker] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
-        self._locks: dict[TopicPartitionKey, asyncio.Lock] = {}
+        self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
         self.channels = channels or BrokerChannels(cluster)
         self.fetchers = ReplicaFetcherManager(
@@ -173,13 +173,13 @@ class ReplicaManager:
         self._data_arrived.set()
         self._data_arrived = asyncio.Event()
 
-    def isr(self, key: TopicPartitionKey) -> list[int]:
+    def isr(self, key: TopicPartition) -> list[int]:
         info = self.cluster.topics.get(key[0])
         if info is None or key[1] >= len(info.partitions):
             return []
         return info.partitions[key[1]].isr
 
-    def _maybe_advance_hw(self, key: TopicPartitionKey, part: PartitionLog) -> bool:
+    def _maybe_advance_hw(self, key: TopicPartition, part: PartitionLog) -> bool:
         """HW = the smallest log end offset in the ISR (this leader's included); it never goes back."""
         tracker = self.trackers.get(key)
         if tracker is None:
@@ -198,7 +198,7 @@ class ReplicaManager:
         self._maybe_advance_hw((part.topic, part.partition), part)
         self._notify()
 
-    def _check_min_isr(self, key: TopicPartitionKey, part: PartitionLog) -> None:
+    def _check_min_isr(self, key: TopicPartition, part: PartitionLog) -> None:
         min_isr = int(str(part.config("min.insync.replicas")))
         isr = self.isr(key)
         if len(isr) < min_isr:
@@ -330,17 +330,17 @@ class ReplicaManager:
         waits: list[ReplicationWait] = []
         for marker in req.markers:
             mresp = resp.markers.add(producer_id=marker.producer_id)
-            for tp in marker.partitions:
-                presp = mresp.partitions.add(topic=tp.topic, partition=tp.partition)
+            for marked in marker.partitions:
+                presp = mresp.partitions.add(topic=marked.topic, partition=marked.partition)
                 try:
-                    part = self.leader_partition(tp.topic, tp.partition)
+                    part = self.leader_partition(marked.topic, marked.partition)
                     offset = part.write_marker(
                         marker.producer_id, marker.producer_epoch, marker.committed, marker.coordinator_epoch
                     )
                     if offset is not None:
                         self._after_append(part)
                     # a re-sent marker that wrote nothing still waits for the first one to replicate
-                    waits.append((presp, tp.topic, tp.partition, part.log_end_offset))
+                    waits.append((presp, marked.topic, marked.partition, part.log_end_offset))
                 except SluiceError as exc:
                     answer(presp, exc)
         await self._await_replication(waits, MARKER_REPLICATION_TIMEOUT_S)

@@ -56,12 +56,12 @@ from sluice.broker.group.offsets import (
     OffsetAndMetadata,
     OffsetRecordError,
     OffsetStore,
-    TopicPartition,
     offset_records,
     with_record_offset,
 )
 from sluice.broker.log.partition import PartitionLog
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.records import RecordBatch, RecordDecodeError, build_batch, now_ms
 
@@ -401,7 +401,7 @@ class GroupCoordinator:
             return resp
         offsets = state.offsets
         if req.partitions:
-            tps = [(tp.topic, tp.partition) for tp in req.partitions]
+            tps = [(requested.topic, requested.partition) for requested in req.partitions]
         else:
             tps = offsets.partitions(req.group_id, include_pending=req.require_stable)
         for tp in tps:
@@ -440,7 +440,7 @@ class GroupCoordinator:
             member_id=req.member_id,
             member_epoch=req.member_epoch,
             subscription=None if req.subscription_unchanged and not names else names,
-            owned=frozenset((tp.topic, tp.partition) for tp in req.owned_partitions),
+            owned=frozenset((owned.topic, owned.partition) for owned in req.owned_partitions),
             session_timeout_ms=req.session_timeout_ms,
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )

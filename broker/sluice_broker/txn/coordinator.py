@@ -81,11 +81,11 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
 from sluice.broker.errors import answer
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.topic_partition import TopicPartition
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
 from sluice.broker.txn.state import (
     IDLE,
-    TopicPartition,
     TxnMetadata,
     TxnState,
     epoch_exhausted,
