@@ -3,7 +3,9 @@
 Layers, top to bottom (imports point down only):
 
 ``main``              process entry: arguments, signals, the asyncio loop
-``server``            gRPC servicers: thin, validate and hand over to the core
+``server``            the gRPC surface: registers the services of ``servicers/``
+``servicers/``        thin gRPC servicers, one module per service (``broker``, ``interbroker``),
+                      on shared ``registration`` plumbing: validate and hand over to the core
 ``txn/``, ``group/``  the transaction and the group coordinator: shards on the runtime below
 ``coordination/``     ONE coordinator runtime: loads, retries and unloads the internal-topic
                       partitions this broker leads (``__transaction_state``, ``__consumer_offsets``)

@@ -18,7 +18,7 @@ from sluice.broker.config import (
     ConfigError,
     validate_topic_config,
 )
-from sluice.broker.server import _admin_result
+from sluice.broker.servicers.broker import admin_result
 from sluice.metadata import open_store
 
 
@@ -47,7 +47,7 @@ def test_create_topics_answers_invalid_config_naming_the_key(tmp_path: Path) -> 
         assert "t" not in cluster.topics
         # What the servicer answers for it: INVALID_CONFIG with the message.
         result = bpb.CreateTopicsResponse().topics.add(name="t")
-        _admin_result(result, lambda: cluster.create_topic("t", 1, 1, {"segment.ms": "600000"}))
+        admin_result(result, lambda: cluster.create_topic("t", 1, 1, {"segment.ms": "600000"}))
         assert result.error_code == pb.INVALID_CONFIG and "segment.ms" in result.error_message
         assert cluster.create_topic("t", 1, 1, {"retention.ms": "1000"})  # the accepted keys still work
     finally:
