@@ -296,3 +296,22 @@ def test_offsets_partition_is_a_shard_on_the_runtime(tmp_path: Path) -> None:
             core.close()
 
     asyncio.run(main())
+
+
+def test_leadership_told_outside_the_loop_is_loaded_by_the_supervisor(tmp_path: Path) -> None:
+    """A synchronous metadata refresh between loop runs: no task can start then; the runtime starts it later."""
+    loop = asyncio.new_event_loop()
+    core = Core(tmp_path)
+    coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+    try:
+        loop.run_until_complete(coord.start())
+        core.create_topics()  # leadership of every partition is told here, with no loop running
+        cparts = coord.runtime.all_partitions()
+        assert len(cparts) == PARTITIONS and all(c.load_task is None for c in cparts)
+        assert not coord.is_ready()
+        loop.run_until_complete(until(coord.is_ready, "the supervisor to load them"))
+        assert all(c.status is LoadStatus.ACTIVE and c.attempts == 1 for c in cparts)
+    finally:
+        loop.run_until_complete(coord.stop())
+        loop.close()
+        core.close()
