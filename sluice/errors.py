@@ -30,7 +30,7 @@ ErrorCode = records_pb2.ErrorCode
 class SluiceError(Exception):
     """Base of every Sluice error. ``code`` is the wire ErrorCode (NONE for client-side errors)."""
 
-    code: ClassVar[int] = records_pb2.UNKNOWN_SERVER_ERROR
+    code: ClassVar[ErrorCode] = records_pb2.UNKNOWN_SERVER_ERROR
     retriable: ClassVar[bool] = False
 
     def __init__(self, message: str = "") -> None:
@@ -71,171 +71,405 @@ class InvalidArgumentError(SluiceError):
     code = records_pb2.INVALID_REQUEST
 
 
-# -- one class per wire error code ----------------------------------------------------------------
-
-_BY_CODE: dict[int, type[SluiceError]] = {}
-
-
-def _define(name: str, code: int, retriable: bool, doc: str) -> type[SluiceError]:
-    cls = type(name, (SluiceError,), {"code": code, "retriable": retriable, "__doc__": doc})
-    _BY_CODE[code] = cls
-    return cls
-
+# -- one class per wire error code: the table ------------------------------------------------------
+#
+# Each class is one row: the Kafka name (the wire ErrorCode), whether it is retriable, and the
+# exception raised for it. Broker code raises these (sluice.broker.errors) and the client raises
+# them from response codes (error_for), so both sides read the same table.
 
 E = records_pb2
-UnknownServerError = _define("UnknownServerError", E.UNKNOWN_SERVER_ERROR, False, "Unexpected broker error.")
-OffsetOutOfRangeError = _define(
-    "OffsetOutOfRangeError", E.OFFSET_OUT_OF_RANGE, False, "The offset is outside the log's range."
-)
-CorruptMessageError = _define(
-    "CorruptMessageError", E.CORRUPT_MESSAGE, True, "The batch failed its CRC check or could not be decoded."
-)
-UnknownTopicOrPartitionError = _define(
-    "UnknownTopicOrPartitionError", E.UNKNOWN_TOPIC_OR_PARTITION, True, "The topic or partition does not exist."
-)
-InvalidFetchSizeError = _define("InvalidFetchSizeError", E.INVALID_FETCH_SIZE, False, "Invalid fetch size.")
-LeaderNotAvailableError = _define(
-    "LeaderNotAvailableError", E.LEADER_NOT_AVAILABLE, True, "The partition has no leader right now."
-)
-NotLeaderOrFollowerError = _define(
-    "NotLeaderOrFollowerError", E.NOT_LEADER_OR_FOLLOWER, True, "This broker does not lead the partition."
-)
-RequestTimedOutError = _define("RequestTimedOutError", E.REQUEST_TIMED_OUT, True, "The request timed out.")
-MessageTooLargeError = _define(
-    "MessageTooLargeError", E.MESSAGE_TOO_LARGE, False, "The batch is larger than max.message.bytes."
-)
-CoordinatorLoadInProgressError = _define(
-    "CoordinatorLoadInProgressError", E.COORDINATOR_LOAD_IN_PROGRESS, True, "The coordinator is loading its state."
-)
-CoordinatorNotAvailableError = _define(
-    "CoordinatorNotAvailableError", E.COORDINATOR_NOT_AVAILABLE, True, "The coordinator is not available."
-)
-NotCoordinatorError = _define(
-    "NotCoordinatorError", E.NOT_COORDINATOR, True, "This broker is not the coordinator for the key."
-)
-InvalidTopicError = _define(
-    "InvalidTopicError", E.INVALID_TOPIC_EXCEPTION, False, "Invalid topic name, or a write to an internal topic."
-)
-RecordListTooLargeError = _define(
-    "RecordListTooLargeError", E.RECORD_LIST_TOO_LARGE, False, "The request is too large."
-)
-NotEnoughReplicasError = _define(
-    "NotEnoughReplicasError", E.NOT_ENOUGH_REPLICAS, True, "Fewer in-sync replicas than min.insync.replicas."
-)
-NotEnoughReplicasAfterAppendError = _define(
-    "NotEnoughReplicasAfterAppendError",
-    E.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    True,
-    "Stored, but fewer in-sync replicas than min.insync.replicas acknowledged it.",
-)
-InvalidRequiredAcksError = _define(
-    "InvalidRequiredAcksError", E.INVALID_REQUIRED_ACKS, False, "acks must be -1 (all), 0 or 1."
-)
-IllegalGenerationError = _define("IllegalGenerationError", E.ILLEGAL_GENERATION, False, "Stale group generation.")
-InvalidGroupIdError = _define("InvalidGroupIdError", E.INVALID_GROUP_ID, False, "The group id is invalid.")
-UnknownMemberIdError = _define(
-    "UnknownMemberIdError", E.UNKNOWN_MEMBER_ID, False, "The group coordinator does not know this member."
-)
-InvalidSessionTimeoutError = _define(
-    "InvalidSessionTimeoutError", E.INVALID_SESSION_TIMEOUT, False, "The session timeout is out of range."
-)
-InvalidTimestampError = _define("InvalidTimestampError", E.INVALID_TIMESTAMP, False, "Invalid record timestamp.")
-TopicAlreadyExistsError = _define(
-    "TopicAlreadyExistsError", E.TOPIC_ALREADY_EXISTS, False, "A topic of that name exists."
-)
-InvalidPartitionsError = _define(
-    "InvalidPartitionsError", E.INVALID_PARTITIONS, False, "Invalid number of partitions."
-)
-InvalidReplicationFactorError = _define(
-    "InvalidReplicationFactorError", E.INVALID_REPLICATION_FACTOR, False, "Invalid replication factor."
-)
-InvalidConfigError = _define("InvalidConfigError", E.INVALID_CONFIG, False, "Invalid configuration.")
-InvalidRequestError = _define("InvalidRequestError", E.INVALID_REQUEST, False, "The request is invalid.")
-OutOfOrderSequenceError = _define(
-    "OutOfOrderSequenceError",
-    E.OUT_OF_ORDER_SEQUENCE_NUMBER,
-    False,
-    "The broker received a sequence number it did not expect: a gap in the producer's writes.",
-)
-DuplicateSequenceNumberError = _define(
-    "DuplicateSequenceNumberError", E.DUPLICATE_SEQUENCE_NUMBER, False, "A duplicate sequence number."
-)
-InvalidProducerEpochError = _define(
-    "InvalidProducerEpochError", E.INVALID_PRODUCER_EPOCH, False, "The producer epoch is stale."
-)
-InvalidTxnStateError = _define(
-    "InvalidTxnStateError", E.INVALID_TXN_STATE, False, "The operation is not legal in the transaction's state."
-)
-InvalidProducerIdMappingError = _define(
-    "InvalidProducerIdMappingError",
-    E.INVALID_PRODUCER_ID_MAPPING,
-    False,
-    "The producer id does not belong to this transactional id.",
-)
-InvalidTransactionTimeoutError = _define(
-    "InvalidTransactionTimeoutError",
-    E.INVALID_TRANSACTION_TIMEOUT,
-    False,
-    "The transaction timeout is above transaction.max.timeout.ms (or not positive).",
-)
-ConcurrentTransactionsError = _define(
-    "ConcurrentTransactionsError",
-    E.CONCURRENT_TRANSACTIONS,
-    True,
-    "The previous transaction of this producer is still being completed.",
-)
-TransactionCoordinatorFencedError = _define(
-    "TransactionCoordinatorFencedError",
-    E.TRANSACTION_COORDINATOR_FENCED,
-    False,
-    "A newer transaction coordinator has taken over.",
-)
-TransactionalIdAuthorizationFailedError = _define(
-    "TransactionalIdAuthorizationFailedError",
-    E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    False,
-    "The transactional id is not declared or not allowed.",
-)
-KafkaStorageError = _define("KafkaStorageError", E.KAFKA_STORAGE_ERROR, True, "The broker's storage failed.")
-UnknownProducerIdError = _define(
-    "UnknownProducerIdError",
-    E.UNKNOWN_PRODUCER_ID,
-    False,
-    "The partition has no state for this producer id and the sequence is not 0.",
-)
-GroupIdNotFoundError = _define("GroupIdNotFoundError", E.GROUP_ID_NOT_FOUND, False, "The group does not exist.")
-FencedLeaderEpochError = _define(
-    "FencedLeaderEpochError", E.FENCED_LEADER_EPOCH, True, "The leader epoch in the request is stale."
-)
-UnknownLeaderEpochError = _define(
-    "UnknownLeaderEpochError", E.UNKNOWN_LEADER_EPOCH, True, "The leader epoch in the request is newer."
-)
-UnsupportedCompressionTypeError = _define(
-    "UnsupportedCompressionTypeError", E.UNSUPPORTED_COMPRESSION_TYPE, False, "Unsupported compression."
-)
-InvalidRecordError = _define("InvalidRecordError", E.INVALID_RECORD, False, "The batch's header is invalid.")
-UnstableOffsetCommitError = _define(
-    "UnstableOffsetCommitError",
-    E.UNSTABLE_OFFSET_COMMIT,
-    True,
-    "The group has transactional offsets pending for this partition.",
-)
-ProducerFencedError = _define(
-    "ProducerFencedError",
-    E.PRODUCER_FENCED,
-    False,
-    "Another producer with the same transactional.id has taken over (a newer epoch).",
-)
-TransactionalIdNotFoundError = _define(
-    "TransactionalIdNotFoundError", E.TRANSACTIONAL_ID_NOT_FOUND, False, "No such transactional id."
-)
-FencedMemberEpochError = _define(
-    "FencedMemberEpochError", E.FENCED_MEMBER_EPOCH, False, "The group member's epoch is stale: rejoin."
-)
-UnreleasedInstanceIdError = _define(
-    "UnreleasedInstanceIdError", E.UNRELEASED_INSTANCE_ID, False, "The instance id is still in use."
-)
+
+
+class UnknownServerError(SluiceError):
+    """Unexpected broker error."""
+
+    code = E.UNKNOWN_SERVER_ERROR
+    retriable = False
+
+
+class OffsetOutOfRangeError(SluiceError):
+    """The offset is outside the log's range."""
+
+    code = E.OFFSET_OUT_OF_RANGE
+    retriable = False
+
+
+class CorruptMessageError(SluiceError):
+    """The batch failed its CRC check or could not be decoded."""
+
+    code = E.CORRUPT_MESSAGE
+    retriable = True
+
+
+class UnknownTopicOrPartitionError(SluiceError):
+    """The topic or partition does not exist."""
+
+    code = E.UNKNOWN_TOPIC_OR_PARTITION
+    retriable = True
+
+
+class InvalidFetchSizeError(SluiceError):
+    """Invalid fetch size."""
+
+    code = E.INVALID_FETCH_SIZE
+    retriable = False
+
+
+class LeaderNotAvailableError(SluiceError):
+    """The partition has no leader right now."""
+
+    code = E.LEADER_NOT_AVAILABLE
+    retriable = True
+
+
+class NotLeaderOrFollowerError(SluiceError):
+    """This broker does not lead the partition."""
+
+    code = E.NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class RequestTimedOutError(SluiceError):
+    """The request timed out."""
+
+    code = E.REQUEST_TIMED_OUT
+    retriable = True
+
+
+class MessageTooLargeError(SluiceError):
+    """The batch is larger than max.message.bytes."""
+
+    code = E.MESSAGE_TOO_LARGE
+    retriable = False
+
+
+class CoordinatorLoadInProgressError(SluiceError):
+    """The coordinator is loading its state."""
+
+    code = E.COORDINATOR_LOAD_IN_PROGRESS
+    retriable = True
+
+
+class CoordinatorNotAvailableError(SluiceError):
+    """The coordinator is not available."""
+
+    code = E.COORDINATOR_NOT_AVAILABLE
+    retriable = True
+
+
+class NotCoordinatorError(SluiceError):
+    """This broker is not the coordinator for the key."""
+
+    code = E.NOT_COORDINATOR
+    retriable = True
+
+
+class InvalidTopicError(SluiceError):
+    """Invalid topic name, or a write to an internal topic."""
+
+    code = E.INVALID_TOPIC_EXCEPTION
+    retriable = False
+
+
+class RecordListTooLargeError(SluiceError):
+    """The request is too large."""
+
+    code = E.RECORD_LIST_TOO_LARGE
+    retriable = False
+
+
+class NotEnoughReplicasError(SluiceError):
+    """Fewer in-sync replicas than min.insync.replicas."""
+
+    code = E.NOT_ENOUGH_REPLICAS
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(SluiceError):
+    """Stored, but fewer in-sync replicas than min.insync.replicas acknowledged it."""
+
+    code = E.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+    retriable = True
+
+
+class InvalidRequiredAcksError(SluiceError):
+    """acks must be -1 (all), 0 or 1."""
+
+    code = E.INVALID_REQUIRED_ACKS
+    retriable = False
+
+
+class IllegalGenerationError(SluiceError):
+    """Stale group generation."""
+
+    code = E.ILLEGAL_GENERATION
+    retriable = False
+
+
+class InvalidGroupIdError(SluiceError):
+    """The group id is invalid."""
+
+    code = E.INVALID_GROUP_ID
+    retriable = False
+
+
+class UnknownMemberIdError(SluiceError):
+    """The group coordinator does not know this member."""
+
+    code = E.UNKNOWN_MEMBER_ID
+    retriable = False
+
+
+class InvalidSessionTimeoutError(SluiceError):
+    """The session timeout is out of range."""
+
+    code = E.INVALID_SESSION_TIMEOUT
+    retriable = False
+
+
+class InvalidTimestampError(SluiceError):
+    """Invalid record timestamp."""
+
+    code = E.INVALID_TIMESTAMP
+    retriable = False
+
+
+class TopicAlreadyExistsError(SluiceError):
+    """A topic of that name exists."""
+
+    code = E.TOPIC_ALREADY_EXISTS
+    retriable = False
+
+
+class InvalidPartitionsError(SluiceError):
+    """Invalid number of partitions."""
+
+    code = E.INVALID_PARTITIONS
+    retriable = False
+
+
+class InvalidReplicationFactorError(SluiceError):
+    """Invalid replication factor."""
+
+    code = E.INVALID_REPLICATION_FACTOR
+    retriable = False
+
+
+class InvalidConfigError(SluiceError):
+    """Invalid configuration."""
+
+    code = E.INVALID_CONFIG
+    retriable = False
+
+
+class InvalidRequestError(SluiceError):
+    """The request is invalid."""
+
+    code = E.INVALID_REQUEST
+    retriable = False
+
+
+class OutOfOrderSequenceError(SluiceError):
+    """The broker received a sequence number it did not expect: a gap in the producer's writes."""
+
+    code = E.OUT_OF_ORDER_SEQUENCE_NUMBER
+    retriable = False
+
+
+class DuplicateSequenceNumberError(SluiceError):
+    """A duplicate sequence number."""
+
+    code = E.DUPLICATE_SEQUENCE_NUMBER
+    retriable = False
+
+
+class InvalidProducerEpochError(SluiceError):
+    """The producer epoch is stale."""
+
+    code = E.INVALID_PRODUCER_EPOCH
+    retriable = False
+
+
+class InvalidTxnStateError(SluiceError):
+    """The operation is not legal in the transaction's state."""
+
+    code = E.INVALID_TXN_STATE
+    retriable = False
+
+
+class InvalidProducerIdMappingError(SluiceError):
+    """The producer id does not belong to this transactional id."""
+
+    code = E.INVALID_PRODUCER_ID_MAPPING
+    retriable = False
+
+
+class InvalidTransactionTimeoutError(SluiceError):
+    """The transaction timeout is above transaction.max.timeout.ms (or not positive)."""
+
+    code = E.INVALID_TRANSACTION_TIMEOUT
+    retriable = False
+
+
+class ConcurrentTransactionsError(SluiceError):
+    """The previous transaction of this producer is still being completed."""
+
+    code = E.CONCURRENT_TRANSACTIONS
+    retriable = True
+
+
+class TransactionCoordinatorFencedError(SluiceError):
+    """A newer transaction coordinator has taken over."""
+
+    code = E.TRANSACTION_COORDINATOR_FENCED
+    retriable = False
+
+
+class TransactionalIdAuthorizationFailedError(SluiceError):
+    """The transactional id is not declared or not allowed."""
+
+    code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class KafkaStorageError(SluiceError):
+    """The broker's storage failed."""
+
+    code = E.KAFKA_STORAGE_ERROR
+    retriable = True
+
+
+class UnknownProducerIdError(SluiceError):
+    """The partition has no state for this producer id and the sequence is not 0."""
+
+    code = E.UNKNOWN_PRODUCER_ID
+    retriable = False
+
+
+class GroupIdNotFoundError(SluiceError):
+    """The group does not exist."""
+
+    code = E.GROUP_ID_NOT_FOUND
+    retriable = False
+
+
+class FencedLeaderEpochError(SluiceError):
+    """The leader epoch in the request is stale."""
+
+    code = E.FENCED_LEADER_EPOCH
+    retriable = True
+
+
+class UnknownLeaderEpochError(SluiceError):
+    """The leader epoch in the request is newer."""
+
+    code = E.UNKNOWN_LEADER_EPOCH
+    retriable = True
+
+
+class UnsupportedCompressionTypeError(SluiceError):
+    """Unsupported compression."""
+
+    code = E.UNSUPPORTED_COMPRESSION_TYPE
+    retriable = False
+
+
+class InvalidRecordError(SluiceError):
+    """The batch's header is invalid."""
+
+    code = E.INVALID_RECORD
+    retriable = False
+
+
+class UnstableOffsetCommitError(SluiceError):
+    """The group has transactional offsets pending for this partition."""
+
+    code = E.UNSTABLE_OFFSET_COMMIT
+    retriable = True
+
+
+class ProducerFencedError(SluiceError):
+    """Another producer with the same transactional.id has taken over (a newer epoch)."""
+
+    code = E.PRODUCER_FENCED
+    retriable = False
+
+
+class TransactionalIdNotFoundError(SluiceError):
+    """No such transactional id."""
+
+    code = E.TRANSACTIONAL_ID_NOT_FOUND
+    retriable = False
+
+
+class FencedMemberEpochError(SluiceError):
+    """The group member's epoch is stale: rejoin."""
+
+    code = E.FENCED_MEMBER_EPOCH
+    retriable = False
+
+
+class UnreleasedInstanceIdError(SluiceError):
+    """The instance id is still in use."""
+
+    code = E.UNRELEASED_INSTANCE_ID
+    retriable = False
+
+
 del E
+
+# Every class of the table; the code -> class map is built from it, so a code has exactly one class.
+ERRORS: tuple[type[SluiceError], ...] = (
+    UnknownServerError,
+    OffsetOutOfRangeError,
+    CorruptMessageError,
+    UnknownTopicOrPartitionError,
+    InvalidFetchSizeError,
+    LeaderNotAvailableError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    MessageTooLargeError,
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    NotCoordinatorError,
+    InvalidTopicError,
+    RecordListTooLargeError,
+    NotEnoughReplicasError,
+    NotEnoughReplicasAfterAppendError,
+    InvalidRequiredAcksError,
+    IllegalGenerationError,
+    InvalidGroupIdError,
+    UnknownMemberIdError,
+    InvalidSessionTimeoutError,
+    InvalidTimestampError,
+    TopicAlreadyExistsError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidConfigError,
+    InvalidRequestError,
+    OutOfOrderSequenceError,
+    DuplicateSequenceNumberError,
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    InvalidProducerIdMappingError,
+    InvalidTransactionTimeoutError,
+    ConcurrentTransactionsError,
+    TransactionCoordinatorFencedError,
+    TransactionalIdAuthorizationFailedError,
+    KafkaStorageError,
+    UnknownProducerIdError,
+    GroupIdNotFoundError,
+    FencedLeaderEpochError,
+    UnknownLeaderEpochError,
+    UnsupportedCompressionTypeError,
+    InvalidRecordError,
+    UnstableOffsetCommitError,
+    ProducerFencedError,
+    TransactionalIdNotFoundError,
+    FencedMemberEpochError,
+    UnreleasedInstanceIdError,
+)
+_BY_CODE: dict[int, type[SluiceError]] = {cls.code: cls for cls in ERRORS}
 
 
 def error_class(code: int) -> type[SluiceError]:

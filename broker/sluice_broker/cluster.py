@@ -20,8 +20,10 @@ import uuid
 import zlib
 from collections.abc import Callable
 
+from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
+from sluice.errors import SluiceError
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC as CONSUMER_OFFSETS_TOPIC
 from sluice.metadata.documents import (
@@ -49,21 +51,13 @@ MAX_PARTITIONS = 10_000
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
-class AdminError(Exception):
-    def __init__(self, code: pb.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def check_topic_name(name: str, *, allow_internal: bool = False) -> None:
     if not _TOPIC_NAME.match(name) or name in (".", ".."):
-        raise AdminError(
-            pb.INVALID_TOPIC_EXCEPTION,
+        raise errors.InvalidTopicError(
             f"invalid topic name {name!r}: use 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'",
         )
     if name.startswith("__") and not allow_internal:
-        raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"topic names starting with '__' are reserved: {name!r}")
+        raise errors.InvalidTopicError(f"topic names starting with '__' are reserved: {name!r}")
 
 
 # The broker's names for the typed topic documents (the same classes, not copies).
@@ -116,7 +110,7 @@ class ClusterView:
                     dict(INTERNAL_TOPIC_CONFIG),
                     internal=True,
                 )
-            except AdminError as exc:
+            except SluiceError as exc:
                 if exc.code != pb.TOPIC_ALREADY_EXISTS:
                     raise
 
@@ -196,7 +190,7 @@ class ClusterView:
         try:
             layout = place_replicas(brokers, partitions, replication_factor, start_partition=offset)
         except ValueError as exc:
-            raise AdminError(pb.INVALID_REPLICATION_FACTOR, str(exc)) from None
+            raise errors.InvalidReplicationFactorError(str(exc)) from None
         return [PartitionState.initial(r) for r in layout]
 
     def create_topic(
@@ -213,27 +207,27 @@ class ClusterView:
         partitions = partitions or self.config.int("num.partitions")
         replication_factor = replication_factor or self.config.int("default.replication.factor")
         if not 1 <= partitions <= MAX_PARTITIONS:
-            raise AdminError(pb.INVALID_PARTITIONS, f"partitions must be in [1, {MAX_PARTITIONS}], not {partitions}")
+            raise errors.InvalidPartitionsError(f"partitions must be in [1, {MAX_PARTITIONS}], not {partitions}")
         if replication_factor < 1:
-            raise AdminError(
-                pb.INVALID_REPLICATION_FACTOR, f"replication factor must be >= 1, not {replication_factor}"
+            raise errors.InvalidReplicationFactorError(
+                f"replication factor must be >= 1, not {replication_factor}"
             )
         try:
             clean = validate_topic_config(config)
         except ConfigError as exc:
-            raise AdminError(pb.INVALID_CONFIG, str(exc)) from None
+            raise errors.InvalidConfigError(str(exc)) from None
         self.refresh()
         placement = self._place(partitions, replication_factor)
         topic_id = uuid.uuid4().hex
         if validate_only:
             if name in self.topics:
-                raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+                raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
             return topic_id
         value = TopicDocument(name, topic_id, internal, clean, replication_factor, placement)
         try:
             documents.create(self.store, keys.topic(name), value)
         except VersionConflict:
-            raise AdminError(pb.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists") from None
+            raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists") from None
         self.refresh()
         return topic_id
 
@@ -241,13 +235,13 @@ class ClusterView:
         self.refresh()
         doc = documents.read(self.store, keys.topic(name), TopicDocument)
         if doc is None:
-            raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+            raise errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         if doc.value.internal:
-            raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be deleted")
+            raise errors.InvalidTopicError(f"internal topic {name!r} cannot be deleted")
         try:
             self.store.delete(keys.topic(name), doc.version)
         except VersionConflict:
-            raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} changed while deleting") from None
+            raise errors.UnknownTopicOrPartitionError(f"topic {name!r} changed while deleting") from None
         self.refresh()
         return doc.value.topic_id
 
@@ -256,18 +250,17 @@ class ClusterView:
         for _ in range(20):
             doc = documents.read(self.store, keys.topic(name), TopicDocument)
             if doc is None:
-                raise AdminError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+                raise errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             value = doc.value
             current = len(value.partitions)
             if value.internal:
-                raise AdminError(pb.INVALID_TOPIC_EXCEPTION, f"internal topic {name!r} cannot be changed")
+                raise errors.InvalidTopicError(f"internal topic {name!r} cannot be changed")
             if count <= current:
-                raise AdminError(
-                    pb.INVALID_PARTITIONS,
+                raise errors.InvalidPartitionsError(
                     f"topic {name!r} has {current} partitions; the new count {count} must be larger",
                 )
             if count > MAX_PARTITIONS:
-                raise AdminError(pb.INVALID_PARTITIONS, f"at most {MAX_PARTITIONS} partitions")
+                raise errors.InvalidPartitionsError(f"at most {MAX_PARTITIONS} partitions")
             added = self._place(count - current, value.replication_factor, offset=current)
             if validate_only:
                 return value.topic_id
@@ -279,7 +272,7 @@ class ClusterView:
                 continue
             self.refresh()
             return value.topic_id
-        raise AdminError(pb.UNKNOWN_SERVER_ERROR, f"topic {name!r} kept changing; try again")
+        raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
 
     def update_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> bool:
         """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.

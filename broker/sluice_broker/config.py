@@ -5,6 +5,12 @@ Every key a user can pass with ``--config KEY=VALUE`` is declared in
 refused at start-up with a message naming it, rather than silently ignored.
 Topic-level keys (retention.ms ...) double as broker-wide defaults, as in
 Kafka where ``log.retention.ms`` sets the default of ``retention.ms``.
+
+Every topic key that is accepted is read by the broker or the controller.
+Kafka keys that mean nothing here are refused by name with the reason
+(:data:`UNSUPPORTED_TOPIC_KEYS`, INVALID_CONFIG on CreateTopics) rather than
+accepted and ignored: a user who sets ``segment.bytes`` learns that the log has
+no segments instead of believing it took effect.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "message.timestamp.type": (str, "CreateTime"),
     "cleanup.policy": (str, "delete"),
     "delete.retention.ms": (int, 86_400_000),
+    "min.compaction.lag.ms": (int, 0),
     "log.retention.check.interval.ms": (int, 300_000),
     # transactions
     "transaction.state.log.num.partitions": (int, 50),
@@ -65,7 +72,9 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "sluice.test.hooks": (str, ""),
 }
 
-# Keys a topic may override, and the validation each gets.
+# Keys a topic may override, and the validation each gets. Each is read: by the partition log
+# (retention, compaction, timestamps), the replica manager (max.message.bytes, min.insync.replicas)
+# or the controller (unclean.leader.election.enable).
 TOPIC_KEYS = {
     "retention.ms",
     "retention.bytes",
@@ -74,10 +83,20 @@ TOPIC_KEYS = {
     "cleanup.policy",
     "min.insync.replicas",
     "unclean.leader.election.enable",
-    "segment.bytes",
-    "segment.ms",
     "delete.retention.ms",
     "min.compaction.lag.ms",
+}
+
+# Kafka topic keys that have no meaning in Sluice, and why: refused by name, never silently ignored.
+_NO_SEGMENTS = (
+    "Sluice's log has no segments (each batch is its own RocksDB key, and retention and compaction "
+    "drop whole batches); bound the log with retention.ms or retention.bytes"
+)
+UNSUPPORTED_TOPIC_KEYS = {
+    "segment.bytes": _NO_SEGMENTS,
+    "segment.ms": _NO_SEGMENTS,
+    "segment.jitter.ms": _NO_SEGMENTS,
+    "segment.index.bytes": _NO_SEGMENTS,
 }
 
 
@@ -105,14 +124,18 @@ def validate_topic_config(config: Mapping[str, str]) -> dict[str, str]:
     """Check a topic's config overrides; returns them normalised as strings."""
     out: dict[str, str] = {}
     for key, raw in config.items():
+        if key in UNSUPPORTED_TOPIC_KEYS:
+            raise ConfigError(f"topic config {key!r} is not supported: {UNSUPPORTED_TOPIC_KEYS[key]}")
         if key not in TOPIC_KEYS:
             raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_KEYS))}")
-        kind = DEFAULTS.get(key, (int, 0))[0]
+        kind = DEFAULTS[key][0]
         value = parse_value(key, kind, raw)
         if key == "cleanup.policy" and not set(str(value).split(",")) <= {"delete", "compact"}:
             raise ConfigError(f"cleanup.policy must be delete, compact or both, not {raw!r}")
         if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
             raise ConfigError(f"message.timestamp.type must be CreateTime or LogAppendTime, not {raw!r}")
+        if key == "min.compaction.lag.ms" and value < 0:
+            raise ConfigError(f"{key} must be >= 0, not {raw!r}")
         if key in ("retention.ms", "retention.bytes") and value < -1:
             raise ConfigError(f"{key} must be -1 (unlimited) or >= 0, not {raw!r}")
         if key in ("max.message.bytes", "min.insync.replicas") and value < 1:

@@ -30,14 +30,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
+from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
+from sluice.broker.errors import answer
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
-from sluice.broker.log.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
@@ -46,11 +48,12 @@ from sluice.broker.replication.fetcher import (
     divergence,
 )
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
+from sluice.broker.topic_partition import TopicPartition
+from sluice.errors import SluiceError
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
 
-TopicPartitionKey = tuple[str, int]
 # a per-partition result to fill in, and the (topic, partition, end offset) it waits to see replicated
 ReplicationWait = tuple[bpb.ProducePartitionResponse | ipb.MarkerPartitionResult, str, int, int]
 # (transactional id, producer id, epoch, topic, partition) -> (error code, message)
@@ -75,12 +78,12 @@ class ReplicaManager:
         self.storage = storage
         self.cluster = cluster
         self.config = config
-        self.partitions: dict[TopicPartitionKey, PartitionLog] = {}
-        self.leader_of: set[TopicPartitionKey] = set()
-        self.trackers: dict[TopicPartitionKey, FollowerTracker] = {}
+        self.partitions: dict[TopicPartition, PartitionLog] = {}
+        self.leader_of: set[TopicPartition] = set()
+        self.trackers: dict[TopicPartition, FollowerTracker] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
-        self._locks: dict[TopicPartitionKey, asyncio.Lock] = {}
+        self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
         self.channels = channels or BrokerChannels(cluster)
         self.fetchers = ReplicaFetcherManager(
@@ -154,14 +157,14 @@ class ReplicaManager:
                 log.exception("leadership listener failed for %s-%d", topic, partition)
 
     def leader_partition(self, topic: str, partition: int) -> PartitionLog:
-        """The partition if this broker leads it, else the PartitionError a client should see."""
+        """The partition if this broker leads it, else the error a client should see."""
         info = self.cluster.topics.get(topic)
         if info is None or not 0 <= partition < len(info.partitions):
-            raise PartitionError(pb.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition {topic}-{partition}")
+            raise errors.UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
         part = self.partitions.get((topic, partition))
         if part is None or (topic, partition) not in self.leader_of:
-            raise PartitionError(
-                pb.NOT_LEADER_OR_FOLLOWER, f"broker {self.config.broker_id} does not lead {topic}-{partition}"
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {self.config.broker_id} does not lead {topic}-{partition}"
             )
         return part
 
@@ -170,13 +173,13 @@ class ReplicaManager:
         self._data_arrived.set()
         self._data_arrived = asyncio.Event()
 
-    def isr(self, key: TopicPartitionKey) -> list[int]:
+    def isr(self, key: TopicPartition) -> list[int]:
         info = self.cluster.topics.get(key[0])
         if info is None or key[1] >= len(info.partitions):
             return []
         return info.partitions[key[1]].isr
 
-    def _maybe_advance_hw(self, key: TopicPartitionKey, part: PartitionLog) -> bool:
+    def _maybe_advance_hw(self, key: TopicPartition, part: PartitionLog) -> bool:
         """HW = the smallest log end offset in the ISR (this leader's included); it never goes back."""
         tracker = self.trackers.get(key)
         if tracker is None:
@@ -195,12 +198,11 @@ class ReplicaManager:
         self._maybe_advance_hw((part.topic, part.partition), part)
         self._notify()
 
-    def _check_min_isr(self, key: TopicPartitionKey, part: PartitionLog) -> None:
+    def _check_min_isr(self, key: TopicPartition, part: PartitionLog) -> None:
         min_isr = int(str(part.config("min.insync.replicas")))
         isr = self.isr(key)
         if len(isr) < min_isr:
-            raise PartitionError(
-                pb.NOT_ENOUGH_REPLICAS,
+            raise errors.NotEnoughReplicasError(
                 f"{key[0]}-{key[1]} has {len(isr)} in-sync replica(s) {isr}, min.insync.replicas is {min_isr}",
             )
 
@@ -211,23 +213,20 @@ class ReplicaManager:
         while True:
             part = self.partitions.get(key)
             if part is None or key not in self.leader_of:
-                raise PartitionError(
-                    pb.NOT_LEADER_OR_FOLLOWER,
+                raise errors.NotLeaderOrFollowerError(
                     f"broker {self.config.broker_id} lost the leadership of {topic}-{partition} before the write "
                     "was replicated",
                 )
             if part.high_watermark >= end_offset:
                 min_isr = int(str(part.config("min.insync.replicas")))
                 if len(self.isr(key)) < min_isr:
-                    raise PartitionError(
-                        pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                    raise errors.NotEnoughReplicasAfterAppendError(
                         f"stored, but the ISR of {topic}-{partition} shrank below min.insync.replicas={min_isr}",
                     )
                 return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PartitionError(
-                    pb.REQUEST_TIMED_OUT,
+                raise errors.RequestTimedOutError(
                     f"{topic}-{partition}: the in-sync replicas did not acknowledge offset {end_offset - 1} in time",
                 )
             waiter = self._data_arrived
@@ -252,9 +251,8 @@ class ReplicaManager:
                         presp.log_append_time = pdata.batch.max_timestamp
                     if req.acks == -1:
                         waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
-                except PartitionError as exc:
-                    presp.error_code = exc.code
-                    presp.error_message = exc.message
+                except SluiceError as exc:
+                    answer(presp, exc)
         # Every partition is appended before any waits, so replication of all of them overlaps.
         await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
         return resp
@@ -263,9 +261,9 @@ class ReplicaManager:
         self, req: bpb.ProduceRequest, topic: str, part: PartitionLog, batch: RecordBatch
     ) -> tuple[int, bool]:
         if req.acks not in (-1, 0, 1):
-            raise PartitionError(pb.INVALID_REQUIRED_ACKS, f"acks must be -1 (all), 0 or 1, not {req.acks}")
+            raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
         if topic in INTERNAL_TOPICS:
-            raise PartitionError(pb.INVALID_TOPIC_EXCEPTION, f"clients cannot write to internal topic {topic}")
+            raise errors.InvalidTopicError(f"clients cannot write to internal topic {topic}")
         validate_batch(batch, int(str(part.config("max.message.bytes"))))
         key = (part.topic, part.partition)
         if req.acks == -1:
@@ -286,14 +284,14 @@ class ReplicaManager:
     async def _verify_txn(self, transactional_id: str, batch: RecordBatch, part: PartitionLog) -> None:
         """KIP-890's defence against hanging transactions: the partition asks the coordinator."""
         if not transactional_id:
-            raise PartitionError(pb.INVALID_REQUEST, "transactional batches need ProduceRequest.transactional_id")
+            raise errors.InvalidRequestError("transactional batches need ProduceRequest.transactional_id")
         if self.txn_verifier is None:
-            raise PartitionError(pb.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator is not running")
+            raise errors.CoordinatorNotAvailableError("the transaction coordinator is not running")
         code, message = await self.txn_verifier(
             transactional_id, batch.producer_id, batch.producer_epoch, part.topic, part.partition
         )
         if code != pb.NONE:
-            raise PartitionError(code, message)
+            raise errors.error_for(code, message)
 
     # -- internal writes (coordinators) ---------------------------------------------------------
 
@@ -332,20 +330,19 @@ class ReplicaManager:
         waits: list[ReplicationWait] = []
         for marker in req.markers:
             mresp = resp.markers.add(producer_id=marker.producer_id)
-            for tp in marker.partitions:
-                presp = mresp.partitions.add(topic=tp.topic, partition=tp.partition)
+            for marked in marker.partitions:
+                presp = mresp.partitions.add(topic=marked.topic, partition=marked.partition)
                 try:
-                    part = self.leader_partition(tp.topic, tp.partition)
+                    part = self.leader_partition(marked.topic, marked.partition)
                     offset = part.write_marker(
                         marker.producer_id, marker.producer_epoch, marker.committed, marker.coordinator_epoch
                     )
                     if offset is not None:
                         self._after_append(part)
                     # a re-sent marker that wrote nothing still waits for the first one to replicate
-                    waits.append((presp, tp.topic, tp.partition, part.log_end_offset))
-                except PartitionError as exc:
-                    presp.error_code = exc.code
-                    presp.error_message = exc.message
+                    waits.append((presp, marked.topic, marked.partition, part.log_end_offset))
+                except SluiceError as exc:
+                    answer(presp, exc)
         await self._await_replication(waits, MARKER_REPLICATION_TIMEOUT_S)
         return resp
 
@@ -357,9 +354,8 @@ class ReplicaManager:
             *(self.wait_replicated(t, p, end, timeout_s) for _r, t, p, end in waits), return_exceptions=True
         )
         for (presp, _t, _p, _end), result in zip(waits, results, strict=True):
-            if isinstance(result, PartitionError):
-                presp.error_code = result.code
-                presp.error_message = result.message
+            if isinstance(result, SluiceError):
+                answer(presp, result)
             elif isinstance(result, BaseException):
                 raise result
 
@@ -372,9 +368,9 @@ class ReplicaManager:
         first = True
         while True:
             waiter = self._data_arrived
-            resp, total, errors = self._replica_fetch_once(req, budget, record=first)
+            resp, total, any_error = self._replica_fetch_once(req, budget, record=first)
             first = False
-            if total or errors or time.monotonic() >= deadline:
+            if total or any_error or time.monotonic() >= deadline:
                 return resp
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
@@ -384,7 +380,7 @@ class ReplicaManager:
     ) -> tuple[bytes, int, bool]:
         out = ReplicaFetchResponseWriter()
         total = 0
-        errors = False
+        any_error = False
         hw_moved = False
         now = monotonic_ms()
         for fp in req.partitions:
@@ -396,8 +392,7 @@ class ReplicaManager:
                 check_epoch(part, fp.current_leader_epoch)
                 info = self.cluster.topics[fp.topic].partitions[fp.partition]
                 if req.replica_id not in info.replicas:
-                    raise PartitionError(
-                        pb.NOT_LEADER_OR_FOLLOWER,
+                    raise errors.NotLeaderOrFollowerError(
                         f"broker {req.replica_id} is not a replica of {fp.topic}-{fp.partition}",
                     )
                 presp.log_start_offset = part.log_start_offset
@@ -406,12 +401,11 @@ class ReplicaManager:
                 if diverging is not None:
                     presp.diverging_epoch.CopyFrom(diverging)
                     presp.high_watermark = part.high_watermark
-                    errors = True  # answer at once: the follower must truncate before anything else
+                    any_error = True  # answer at once: the follower must truncate before anything else
                     out.partition(presp, raw)
                     continue
                 if fp.fetch_offset < part.log_start_offset:
-                    raise PartitionError(
-                        pb.OFFSET_OUT_OF_RANGE,
+                    raise errors.OffsetOutOfRangeError(
                         f"offset {fp.fetch_offset} is before the log start {part.log_start_offset}",
                     )
                 if record:
@@ -423,14 +417,13 @@ class ReplicaManager:
                     result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=part.log_end_offset)
                     raw = result.raw
                     total += result.size
-            except PartitionError as exc:
-                presp.error_code = exc.code
-                presp.error_message = exc.message
-                errors = True
+            except SluiceError as exc:
+                answer(presp, exc)
+                any_error = True
             out.partition(presp, raw)
         if hw_moved:
             self._notify()
-        return out.getvalue(), total, errors
+        return out.getvalue(), total, any_error
 
     def offsets_for_leader_epoch(self, req: ipb.OffsetsForLeaderEpochRequest) -> ipb.OffsetsForLeaderEpochResponse:
         resp = ipb.OffsetsForLeaderEpochResponse()
@@ -440,9 +433,8 @@ class ReplicaManager:
                 part = self.leader_partition(p.topic, p.partition)
                 check_epoch(part, p.current_leader_epoch)
                 presp.leader_epoch, presp.end_offset = part.end_offset_for_epoch(p.leader_epoch)
-            except PartitionError as exc:
-                presp.error_code = exc.code
-                presp.error_message = exc.message
+            except SluiceError as exc:
+                answer(presp, exc)
         return resp
 
     def maintain_isr(self) -> None:
@@ -493,9 +485,9 @@ class ReplicaManager:
         read_committed = req.isolation_level == pb.READ_COMMITTED
         while True:
             waiter = self._data_arrived
-            resp, total, errors = self._fetch_once(req, max_bytes, read_committed)
+            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed)
             remaining = deadline - time.monotonic()
-            if total >= max(min_bytes, 1) or errors or remaining <= 0:
+            if total >= max(min_bytes, 1) or any_error or remaining <= 0:
                 return resp
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), remaining)
@@ -504,7 +496,7 @@ class ReplicaManager:
         """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
         out = FetchResponseWriter()
         total = 0
-        errors = False
+        any_error = False
         for topic in req.topics:
             out.topic(topic.name)
             for fp in topic.partitions:
@@ -524,7 +516,7 @@ class ReplicaManager:
                             if fp.current_leader_epoch < part.leader_epoch
                             else pb.UNKNOWN_LEADER_EPOCH
                         )
-                        raise PartitionError(
+                        raise errors.error_for(
                             code, f"leader epoch {fp.current_leader_epoch}, the partition is at {part.leader_epoch}"
                         )
                     presp.high_watermark = part.high_watermark
@@ -539,12 +531,11 @@ class ReplicaManager:
                     total += result.size
                     if result.next_fetch_offset > fp.fetch_offset and not result.batches:
                         total += 1  # stepped over aborted data: worth answering now
-                except PartitionError as exc:
-                    presp.error_code = exc.code
-                    presp.error_message = exc.message
-                    errors = True
+                except SluiceError as exc:
+                    answer(presp, exc)
+                    any_error = True
                 out.partition(presp, raw)
-        return out.getvalue(), total, errors
+        return out.getvalue(), total, any_error
 
     # -- list offsets -----------------------------------------------------------------------------
 
@@ -567,10 +558,9 @@ class ReplicaManager:
                     elif lp.timestamp >= 0:
                         presp.offset, presp.timestamp = part.offset_for_timestamp(lp.timestamp)
                     else:
-                        raise PartitionError(pb.INVALID_REQUEST, f"unknown offset spec {lp.timestamp}")
-                except PartitionError as exc:
-                    presp.error_code = exc.code
-                    presp.error_message = exc.message
+                        raise errors.InvalidRequestError(f"unknown offset spec {lp.timestamp}")
+                except SluiceError as exc:
+                    answer(presp, exc)
         return resp
 
     # -- housekeeping -----------------------------------------------------------------------------

@@ -1,119 +1,26 @@
-"""gRPC servicers: thin, they check the request can be understood and hand it to the core.
+"""The broker's gRPC surface: both services of :mod:`sluice.broker.servicers`, ready to register.
 
-Handlers are registered by hand (not with the generated ``add_*_to_server``)
-so that a request that is not a valid protobuf at all reaches us as bytes and
-is answered with INVALID_ARGUMENT and a message, instead of a generic INTERNAL
-from the gRPC runtime. A handler that fails unexpectedly answers INTERNAL with
-the error text and is logged; the broker keeps serving either way. Handlers
-are shielded from the cancellation of their call: a request is finished even
-when its client went away.
+``main`` builds a :class:`BrokerServicer` and adds :meth:`BrokerServicer.handlers`
+to its ``grpc.aio`` server. The services themselves are thin (one module per
+service in ``servicers/``); everything they hand over is the core's.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
-from sluice.api.v1 import broker_pb2 as bpb
-from sluice.api.v1 import interbroker_pb2 as ipb
-from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import (
-    CONSUMER_OFFSETS_TOPIC,
-    INTERNAL_TOPICS,
-    TRANSACTION_STATE_TOPIC,
-    AdminError,
-    ClusterView,
-    TopicInfo,
-    coordinator_partition,
-)
+from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.txn import TransactionCoordinator
-
-log = logging.getLogger(__name__)
-
-Ctx = grpc.aio.ServicerContext[Any, Any]
-Handler = Callable[[Any, Ctx], Awaitable[Message | bytes]]
-
-
-class InvalidRequest(Exception):
-    """The request is understood but makes no sense (negative sizes ...): INVALID_ARGUMENT."""
-
-
-class _Malformed:
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-
-def _parser(cls: type[Message]) -> Callable[[bytes], Message | _Malformed]:
-    def parse(data: bytes) -> Message | _Malformed:
-        try:
-            return cls.FromString(data)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            return _Malformed(f"cannot decode {cls.DESCRIPTOR.name}: {exc}")
-
-    return parse
-
-
-def _guard(name: str, handler: Handler) -> Handler:
-    async def run(request: Any, context: Ctx) -> Message | bytes:
-        if isinstance(request, _Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
-        try:
-            # Shielded: a client that disconnects (or is killed) cancels its call, but what the
-            # broker started (a state write waiting for replication, markers) must run to its end,
-            # or in-memory state is left half-changed.
-            return await asyncio.shield(handler(request, context))
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
-        except grpc.aio.AbortError:
-            raise
-        except Exception as exc:
-            log.exception("%s failed", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
-        raise AssertionError("unreachable")
-
-    return run
-
-
-def _service(
-    full_name: str, methods: dict[str, tuple[Handler, type[Message]]]
-) -> grpc.GenericRpcHandler[Any, Any]:
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            _guard(name, fn),
-            request_deserializer=_parser(req_cls),
-            # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
-            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
-        )
-        for name, (fn, req_cls) in methods.items()
-    }
-    return grpc.method_handlers_generic_handler(full_name, handlers)
-
-
-def _nonneg(value: int, what: str) -> None:
-    if value < 0:
-        raise InvalidRequest(f"{what} must be >= 0, not {value}")
-
-
-def _admin_result(result: Any, action: Callable[[], str]) -> None:
-    """Fill one topic's result of a topic-admin request: the topic id, or the AdminError's code and message."""
-    try:
-        result.topic_id = action()
-    except AdminError as exc:
-        result.error_code = exc.code
-        result.error_message = exc.message
 
 
 class BrokerServicer:
-    """sluice.v1.Broker and sluice.v1.InterBroker."""
+    """sluice.v1.Broker and sluice.v1.InterBroker of one broker."""
 
     def __init__(
         self,
@@ -124,198 +31,8 @@ class BrokerServicer:
         groups: GroupCoordinator,
     ) -> None:
         self.config = config
-        self.cluster = cluster
-        self.replicas = replicas
-        self.txn = txn
-        self.groups = groups
+        self.broker = BrokerService(cluster, replicas, txn, groups)
+        self.interbroker = InterBrokerService(replicas)
 
     def handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:
-        b = bpb
-        broker = _service(
-            "sluice.v1.Broker",
-            {
-                "Metadata": (self.metadata, b.MetadataRequest),
-                "DescribeTopics": (self.metadata, b.MetadataRequest),
-                "Produce": (self.produce, b.ProduceRequest),
-                "Fetch": (self.fetch, b.FetchRequest),
-                "ListOffsets": (self.list_offsets, b.ListOffsetsRequest),
-                "CreateTopics": (self.create_topics, b.CreateTopicsRequest),
-                "DeleteTopics": (self.delete_topics, b.DeleteTopicsRequest),
-                "CreatePartitions": (self.create_partitions, b.CreatePartitionsRequest),
-                "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
-                "InitProducerId": (lambda r, c: self.txn.init_producer_id(r), b.InitProducerIdRequest),
-                "AddPartitionsToTxn": (lambda r, c: self.txn.add_partitions_to_txn(r), b.AddPartitionsToTxnRequest),
-                "AddOffsetsToTxn": (lambda r, c: self.txn.add_offsets_to_txn(r), b.AddOffsetsToTxnRequest),
-                "EndTxn": (lambda r, c: self.txn.end_txn(r), b.EndTxnRequest),
-                "PrepareTxn": (lambda r, c: self.txn.prepare_txn(r), b.PrepareTxnRequest),
-                "DescribeTransactions": (self.describe_transactions, b.DescribeTransactionsRequest),
-                "ListTransactions": (self.list_transactions, b.ListTransactionsRequest),
-                "TxnOffsetCommit": (lambda r, c: self.groups.txn_offset_commit(r), b.TxnOffsetCommitRequest),
-                "OffsetCommit": (lambda r, c: self.groups.offset_commit(r), b.OffsetCommitRequest),
-                "OffsetFetch": (lambda r, c: self.groups.offset_fetch(r), b.OffsetFetchRequest),
-                "ConsumerGroupHeartbeat": (
-                    lambda r, c: self.groups.heartbeat(r),
-                    b.ConsumerGroupHeartbeatRequest,
-                ),
-            },
-        )
-        inter = _service(
-            "sluice.v1.InterBroker",
-            {
-                "WriteTxnMarkers": (self.write_txn_markers, ipb.WriteTxnMarkersRequest),
-                "ReplicaFetch": (self.replica_fetch, ipb.ReplicaFetchRequest),
-                "OffsetsForLeaderEpoch": (self.offsets_for_leader_epoch, ipb.OffsetsForLeaderEpochRequest),
-            },
-        )
-        return [broker, inter]
-
-    # -- metadata ---------------------------------------------------------------------------------
-
-    async def metadata(self, req: bpb.MetadataRequest, _ctx: Ctx) -> bpb.MetadataResponse:
-        self.cluster.refresh()
-        resp = bpb.MetadataResponse(cluster_id=self.cluster.cluster_id, controller_id=-1)
-        for b in sorted(self.cluster.brokers.values(), key=lambda b: b.broker_id):
-            resp.brokers.add(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
-        names = list(req.topics) or sorted(
-            n for n in self.cluster.topics if req.include_internal or n not in INTERNAL_TOPICS
-        )
-        for name in names:
-            info = self.cluster.topics.get(name)
-            if info is None:
-                resp.topics.add(
-                    name=name,
-                    error_code=pb.UNKNOWN_TOPIC_OR_PARTITION,
-                    error_message=f"topic {name!r} does not exist",
-                )
-                continue
-            self._topic_metadata(resp.topics.add(), info)
-        return resp
-
-    @staticmethod
-    def _topic_metadata(out: bpb.TopicMetadata, info: TopicInfo) -> None:
-        out.name = info.name
-        out.topic_id = info.topic_id
-        out.internal = info.internal
-        out.replication_factor = info.replication_factor
-        out.config.update(info.config)
-        for p, part in enumerate(info.partitions):
-            out.partitions.add(
-                partition=p,
-                leader=part.leader,
-                leader_epoch=part.leader_epoch,
-                replicas=part.replicas,
-                isr=part.isr,
-            )
-
-    # -- data path --------------------------------------------------------------------------------
-
-    async def produce(self, req: bpb.ProduceRequest, _ctx: Ctx) -> bpb.ProduceResponse:
-        _nonneg(req.timeout_ms, "timeout_ms")
-        return await self.replicas.produce(req)
-
-    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bytes:
-        _nonneg(req.max_wait_ms, "max_wait_ms")
-        _nonneg(req.min_bytes, "min_bytes")
-        _nonneg(req.max_bytes, "max_bytes")
-        if req.max_wait_ms > 300_000:
-            raise InvalidRequest(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
-        for topic in req.topics:
-            for fp in topic.partitions:
-                _nonneg(fp.partition_max_bytes, "partition_max_bytes")
-        return await self.replicas.fetch(req)
-
-    async def list_offsets(
-        self, req: bpb.ListOffsetsRequest, _ctx: Ctx
-    ) -> bpb.ListOffsetsResponse:
-        return self.replicas.list_offsets(req)
-
-    async def write_txn_markers(
-        self, req: ipb.WriteTxnMarkersRequest, _ctx: Ctx
-    ) -> ipb.WriteTxnMarkersResponse:
-        return await self.replicas.write_markers(req)
-
-    async def replica_fetch(self, req: ipb.ReplicaFetchRequest, _ctx: Ctx) -> bytes:
-        _nonneg(req.max_wait_ms, "max_wait_ms")
-        _nonneg(req.max_bytes, "max_bytes")
-        if req.replica_id < 0:
-            raise InvalidRequest(f"replica_id must be a broker id, not {req.replica_id}")
-        if req.max_wait_ms > 300_000:
-            raise InvalidRequest(f"max_wait_ms must be at most 300000, not {req.max_wait_ms}")
-        return await self.replicas.replica_fetch(req)
-
-    async def offsets_for_leader_epoch(
-        self, req: ipb.OffsetsForLeaderEpochRequest, _ctx: Ctx
-    ) -> ipb.OffsetsForLeaderEpochResponse:
-        return self.replicas.offsets_for_leader_epoch(req)
-
-    # -- topic admin ------------------------------------------------------------------------------
-
-    async def create_topics(
-        self, req: bpb.CreateTopicsRequest, _ctx: Ctx
-    ) -> bpb.CreateTopicsResponse:
-        resp = bpb.CreateTopicsResponse()
-        for t in req.topics:
-            _admin_result(
-                resp.topics.add(name=t.name),
-                functools.partial(
-                    self.cluster.create_topic,
-                    t.name,
-                    t.num_partitions,
-                    t.replication_factor,
-                    dict(t.config),
-                    validate_only=req.validate_only,
-                ),
-            )
-        return resp
-
-    async def delete_topics(
-        self, req: bpb.DeleteTopicsRequest, _ctx: Ctx
-    ) -> bpb.DeleteTopicsResponse:
-        resp = bpb.DeleteTopicsResponse()
-        for name in req.names:
-            _admin_result(resp.topics.add(name=name), functools.partial(self.cluster.delete_topic, name))
-        return resp
-
-    async def create_partitions(
-        self, req: bpb.CreatePartitionsRequest, _ctx: Ctx
-    ) -> bpb.CreatePartitionsResponse:
-        resp = bpb.CreatePartitionsResponse()
-        for t in req.topics:
-            _admin_result(
-                resp.topics.add(name=t.name),
-                functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
-            )
-        return resp
-
-    # -- coordinators -----------------------------------------------------------------------------
-
-    async def find_coordinator(
-        self, req: bpb.FindCoordinatorRequest, _ctx: Ctx
-    ) -> bpb.FindCoordinatorResponse:
-        if not req.key:
-            raise InvalidRequest("key (group id or transactional id) must not be empty")
-        topic = TRANSACTION_STATE_TOPIC if req.key_type == bpb.TRANSACTION else CONSUMER_OFFSETS_TOPIC
-        info = self.cluster.topics.get(topic)
-        resp = bpb.FindCoordinatorResponse(node_id=-1)
-        if info is None:
-            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = f"{topic} does not exist yet"
-            return resp
-        leader = info.partitions[coordinator_partition(req.key, len(info.partitions))].leader
-        endpoint = self.cluster.brokers.get(leader)
-        if endpoint is None:
-            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = f"the coordinator partition of {req.key!r} has no live leader"
-            return resp
-        resp.node_id, resp.host, resp.port = endpoint.broker_id, endpoint.host, endpoint.port
-        return resp
-
-    async def describe_transactions(
-        self, req: bpb.DescribeTransactionsRequest, _ctx: Ctx
-    ) -> bpb.DescribeTransactionsResponse:
-        return self.txn.describe_transactions(req)
-
-    async def list_transactions(
-        self, req: bpb.ListTransactionsRequest, _ctx: Ctx
-    ) -> bpb.ListTransactionsResponse:
-        return self.txn.list_transactions(req)
+        return [self.broker.handler(), self.interbroker.handler()]

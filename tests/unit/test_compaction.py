@@ -75,3 +75,18 @@ def test_old_tombstones_go_recent_ones_stay(tmp_path: Path) -> None:
     p.compact(NOW)
     assert visible(p) == [(b"y", None), (b"z", b"last")]
     s.close()
+
+
+def test_min_compaction_lag_keeps_recent_batches(tmp_path: Path) -> None:
+    """min.compaction.lag.ms is read: batches newer than the lag, and all after them, are not cleaned yet."""
+    s, p = open_log(tmp_path / "db", **{"min.compaction.lag.ms": 60_000})
+    put(p, b"a", b"old", ts=NOW - 120_000)
+    put(p, b"a", b"older-than-lag", ts=NOW - 90_000)
+    put(p, b"a", b"recent", ts=NOW - 1_000)
+    put(p, b"a", b"newest", ts=NOW - 120_000)  # after a recent batch: not cleanable yet either
+    put(p, b"z", b"last")
+    assert p.compact(NOW) == 1  # only the first "a": shadowed within the cleanable part
+    assert visible(p) == [(b"a", b"older-than-lag"), (b"a", b"recent"), (b"a", b"newest"), (b"z", b"last")]
+    assert p.compact(NOW + 120_000) == 2  # once the lag has passed, the usual rule
+    assert visible(p) == [(b"a", b"newest"), (b"z", b"last")]
+    s.close()

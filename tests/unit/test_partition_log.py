@@ -8,8 +8,9 @@ import pytest
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import DEFAULTS
-from sluice.broker.log.partition import PartitionError, PartitionLog, validate_batch
+from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import RocksStorage
+from sluice.errors import SluiceError
 from sluice.records import build_batch, decode_records
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
@@ -67,10 +68,10 @@ def test_retried_batch_is_stored_once_with_original_offset(storage: RocksStorage
 def test_corrupt_and_oversize_batches_are_refused() -> None:
     batch = build_batch([(None, b"x" * 100)])
     batch.records = batch.records[:-1] + b"y"
-    with pytest.raises(PartitionError) as err:
+    with pytest.raises(SluiceError) as err:
         validate_batch(batch, 1 << 20)
     assert err.value.code == pb.CORRUPT_MESSAGE
-    with pytest.raises(PartitionError) as err:
+    with pytest.raises(SluiceError) as err:
         validate_batch(build_batch([(None, b"x" * 2000)]), 1000)
     assert err.value.code == pb.MESSAGE_TOO_LARGE
 
@@ -119,7 +120,7 @@ def test_retention_by_bytes_advances_log_start(storage: RocksStorage) -> None:
         append(p, 1)
     start = p.apply_retention(0)
     assert 0 < start < 10
-    with pytest.raises(PartitionError) as err:
+    with pytest.raises(SluiceError) as err:
         p.read(0, 1 << 20, False)
     assert err.value.code == pb.OFFSET_OUT_OF_RANGE
     assert p.read(start, 1 << 20, False).batches[0].base_offset == start

@@ -337,8 +337,9 @@ def test_kip360_reinit_and_lost_response_retry(tmp_path: Path) -> None:
 def test_exhausted_epoch_gets_a_new_producer_id(tmp_path: Path) -> None:
     async def test(b: Broker) -> None:
         pid, _ = await b.init("tx")
-        tp = b.coord._partitions[coordinator_partition("tx", TXN_PARTITIONS)]
-        entry = tp.txns["tx"]
+        cpart = b.coord.runtime.get(coordinator_partition("tx", TXN_PARTITIONS))
+        assert cpart is not None
+        entry = cpart.state.txns["tx"]
         assert entry.meta is not None
         entry.meta = dataclasses.replace(entry.meta, producer_epoch=MAX_EPOCH - 2)
         assert await b.init("tx") == (pid, MAX_EPOCH - 1)
@@ -447,17 +448,18 @@ def test_losing_leadership_drops_the_partition(tmp_path: Path) -> None:
         pid, epoch = await b.init("tx")
         p = coordinator_partition("tx", TXN_PARTITIONS)
         b.replicas.leader_of.discard((TRANSACTION_STATE_TOPIC, p))
-        b.coord._on_leadership(TRANSACTION_STATE_TOPIC, p, False, 0)
+        b.coord.runtime.on_leadership(TRANSACTION_STATE_TOPIC, p, False, 0)
         assert await b.add("tx", pid, epoch, 0) == [pb.NOT_COORDINATOR]
         assert b.describe("tx").error_code == pb.NOT_COORDINATOR
         assert b.coord.is_ready()
         # Leadership comes back with a new epoch: the state is loaded again from the log.
         b.replicas.leader_of.add((TRANSACTION_STATE_TOPIC, p))
-        b.coord._on_leadership(TRANSACTION_STATE_TOPIC, p, True, 1)
+        b.coord.runtime.on_leadership(TRANSACTION_STATE_TOPIC, p, True, 1)
         assert not b.coord.is_ready()
         await until(b.coord.is_ready, "reload")
         assert b.describe("tx").producer_id == pid
-        assert b.coord._partitions[p].coordinator_epoch == 1
+        reloaded = b.coord.runtime.get(p)
+        assert reloaded is not None and reloaded.coordinator_epoch == 1
 
     run(tmp_path, test)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-TopicPartition = tuple[str, int]
+from sluice.broker.topic_partition import TopicPartition
 
 
 def assign(

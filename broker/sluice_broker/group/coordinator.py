@@ -6,14 +6,16 @@ orchestration around two pure parts: :mod:`.offsets` (what is committed or
 pending, and the record format) and :mod:`.membership` (members, epochs,
 assignment). Everything here is I/O and routing:
 
-* Leadership. A ``ReplicaManager`` leadership listener tells us when this
-  broker starts or stops leading a ``__consumer_offsets`` partition. Starting
-  launches a load task that replays the partition (offset records, and the
-  transactional ones with their COMMIT/ABORT markers); requests for its groups
-  answer COORDINATOR_LOAD_IN_PROGRESS until the replay reaches the end of the
-  log. The marker listener is registered in the same synchronous step that
+* Leadership and loading are the coordinator runtime's
+  (:mod:`sluice.broker.coordination.runtime`): it loads a ``__consumer_offsets``
+  partition when this broker becomes its leader, answers
+  COORDINATOR_LOAD_IN_PROGRESS until the replay reached the end of the log,
+  retries a load that failed, and unloads on resignation. This class is its
+  shard: it replays offset records (and the transactional ones with their
+  COMMIT/ABORT markers) into an :class:`OffsetsPartitionState`. The marker
+  listener is registered in ``on_loaded``, the same synchronous step that
   finishes the replay, so no marker is applied twice or missed: markers written
-  while loading are in the log the replay is still reading. Stopping drops the
+  while loading are in the log the replay is still reading. Unloading drops the
   partition's groups (members included): NOT_COORDINATOR from then on.
 * Writes. An offset commit is one record batch appended to the group's
   partition with ``append_internal`` (synchronous, atomic); memory changes only
@@ -41,22 +43,26 @@ from dataclasses import dataclass, field
 
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView, coordinator_partition
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
+from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
+from sluice.broker.errors import answer
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
 from sluice.broker.group.offsets import (
     METADATA_MAX_BYTES,
     OffsetAndMetadata,
     OffsetRecordError,
     OffsetStore,
-    TopicPartition,
     offset_records,
     with_record_offset,
 )
-from sluice.broker.log.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionLog
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.topic_partition import TopicPartition
+from sluice.errors import SluiceError
 from sluice.records import RecordBatch, RecordDecodeError, build_batch, now_ms
 
 log = logging.getLogger(__name__)
@@ -64,34 +70,25 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]  # monotonic milliseconds
 MarkerListener = Callable[[PartitionLog, int, bool, int], None]
 
-_LOAD_YIELD_EVERY = 64  # batches replayed between yields to the event loop
 _REPLICATION_TIMEOUT_S = 30.0
-_LOAD_RETRY_S = 1.0
 
 
 def _monotonic_ms() -> float:
     return time.monotonic() * 1000
 
 
-class CoordinatorError(Exception):
-    def __init__(self, code: pb.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class _PartitionState:
-    """What this broker knows about one ``__consumer_offsets`` partition it leads."""
+@dataclass(eq=False)
+class OffsetsPartitionState:
+    """The groups of one ``__consumer_offsets`` partition this broker leads (the shard's state)."""
 
     partition: int
-    leader_epoch: int
-    loaded: bool = False
     offsets: OffsetStore = field(default_factory=OffsetStore)
     groups: dict[str, ConsumerGroup] = field(default_factory=dict)
-    log: PartitionLog | None = None
+    log: PartitionLog | None = None  # where the marker listener is registered, once loaded
     marker_listener: MarkerListener | None = None
-    task: asyncio.Task[None] | None = None
+
+
+OffsetsPartition = CoordinatorPartition[OffsetsPartitionState]  # a __consumer_offsets partition led here
 
 
 @dataclass
@@ -110,6 +107,8 @@ class _Item:
 
 
 class GroupCoordinator:
+    """Offsets and membership RPCs; a shard of the coordinator runtime."""
+
     def __init__(
         self,
         replicas: ReplicaManager,
@@ -123,7 +122,9 @@ class GroupCoordinator:
         self.config = config
         self.settings = GroupSettings.from_config(config)
         self.clock = clock
-        self._states: dict[int, _PartitionState] = {}
+        self.runtime: CoordinatorRuntime[OffsetsPartitionState] = CoordinatorRuntime(
+            CONSUMER_OFFSETS_TOPIC, self, replicas, cluster, config
+        )
         self._running = False
         self._expiry_task: asyncio.Task[None] | None = None
 
@@ -131,114 +132,33 @@ class GroupCoordinator:
 
     async def start(self) -> None:
         self._running = True
-        self.replicas.leadership_listeners.append(self._on_leadership)
-        for topic, partition in sorted(self.replicas.leader_of):
-            if topic == CONSUMER_OFFSETS_TOPIC:
-                part = self.replicas.partitions[(topic, partition)]
-                self._on_leadership(topic, partition, True, part.leader_epoch)
+        await self.runtime.start()
         self._expiry_task = asyncio.create_task(self._expiry_loop(), name="group-session-expiry")
 
     async def stop(self) -> None:
         self._running = False
-        with contextlib.suppress(ValueError):
-            self.replicas.leadership_listeners.remove(self._on_leadership)
-        tasks = [t for t in (self._expiry_task, *(s.task for s in self._states.values())) if t is not None]
-        for state in list(self._states.values()):
-            self._unload(state)
-        self._states.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        expiry = self._expiry_task
+        if expiry is not None:
+            expiry.cancel()
+        await self.runtime.stop()
+        if expiry is not None:
+            await asyncio.gather(expiry, return_exceptions=True)
         self._expiry_task = None
 
     def is_ready(self) -> bool:
         """Every ``__consumer_offsets`` partition this broker leads is loaded."""
-        for topic, partition in self.replicas.leader_of:
-            if topic == CONSUMER_OFFSETS_TOPIC:
-                state = self._states.get(partition)
-                if state is None or not state.loaded:
-                    return False
-        return True
+        return self.runtime.is_ready()
 
     def partition_for(self, group_id: str) -> int | None:
         """The ``__consumer_offsets`` partition of a group (None while the topic does not exist)."""
-        info = self.cluster.topics.get(CONSUMER_OFFSETS_TOPIC)
-        if info is None or not info.partitions:
-            return None
-        return int(coordinator_partition(group_id, len(info.partitions)))
+        return self.runtime.partition_for(group_id)
 
-    # -- leadership and loading -----------------------------------------------------------------
+    # -- the shard: replaying __consumer_offsets (the runtime loads and unloads) ------------------
 
-    def _on_leadership(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
-        if topic != CONSUMER_OFFSETS_TOPIC:
-            return
-        old = self._states.pop(partition, None)
-        if old is not None:
-            self._unload(old)
-            log.info("group coordinator: unloaded %s-%d", topic, partition)
-        if is_leader and self._running:
-            state = _PartitionState(partition, leader_epoch)
-            self._states[partition] = state
-            self._start_load(state)
+    def new_state(self, partition: int, coordinator_epoch: int) -> OffsetsPartitionState:
+        return OffsetsPartitionState(partition)
 
-    def _start_load(self, state: _PartitionState) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # told outside the loop (a synchronous refresh): the expiry loop starts it
-        state.task = loop.create_task(self._load(state), name=f"group-load-{state.partition}")
-
-    def _unload(self, state: _PartitionState) -> None:
-        state.loaded = False
-        if state.task is not None and not state.task.done():
-            state.task.cancel()
-        if state.log is not None and state.marker_listener is not None:
-            with contextlib.suppress(ValueError):
-                state.log.marker_listeners.remove(state.marker_listener)
-        state.groups.clear()
-
-    async def _load(self, state: _PartitionState) -> None:
-        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
-        while self._states.get(state.partition) is state:
-            started = time.monotonic()
-            state.offsets = OffsetStore()
-            try:
-                part = self.replicas.partitions[key]
-                count = 0
-                for batch in self.replicas.iter_batches(*key):
-                    self._replay(state, batch)
-                    count += 1
-                    if count % _LOAD_YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                        if self._states.get(state.partition) is not state:
-                            return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("group coordinator: loading %s-%d failed; retrying", *key)
-                await asyncio.sleep(_LOAD_RETRY_S)
-                continue
-
-            # No await from the end of the replay to here: a marker cannot fall in between.
-            def listener(_part: PartitionLog, pid: int, committed: bool, _offset: int) -> None:
-                self._on_marker(state, pid, committed)
-
-            part.marker_listeners.append(listener)
-            state.log, state.marker_listener, state.loaded = part, listener, True
-            log.info(
-                "group coordinator: loaded %s-%d (leader epoch %d): %d batches, %d groups with offsets, "
-                "%d producers with pending offsets, in %.3f s",
-                *key,
-                state.leader_epoch,
-                count,
-                len(state.offsets.groups),
-                len(state.offsets.pending_producers()),
-                time.monotonic() - started,
-            )
-            return
-
-    @staticmethod
-    def _replay(state: _PartitionState, batch: RecordBatch) -> None:
+    def replay(self, state: OffsetsPartitionState, partition: int, batch: RecordBatch) -> None:
         try:
             state.offsets.replay(batch)
         except (OffsetRecordError, RecordDecodeError) as exc:
@@ -247,14 +167,38 @@ class GroupCoordinator:
                 "group coordinator: skipping undecodable batch at offset %d of %s-%d: %s",
                 batch.base_offset,
                 CONSUMER_OFFSETS_TOPIC,
-                state.partition,
+                partition,
                 exc,
             )
 
-    def _on_marker(self, state: _PartitionState, producer_id: int, committed: bool) -> None:
-        if self._states.get(state.partition) is not state:
+    def on_loaded(self, loaded: OffsetsPartition) -> None:
+        """Listen for markers from now on: called in the step that ended the replay, so none is missed."""
+        part = self.replicas.partitions[(CONSUMER_OFFSETS_TOPIC, loaded.partition)]
+
+        def listener(_part: PartitionLog, pid: int, committed: bool, _offset: int) -> None:
+            self._on_marker(loaded, pid, committed)
+
+        part.marker_listeners.append(listener)
+        loaded.state.log, loaded.state.marker_listener = part, listener
+
+    def on_unloaded(self, unloaded: OffsetsPartition) -> None:
+        """Drop the partition's groups (members included): NOT_COORDINATOR from now on."""
+        state = unloaded.state
+        if state.log is not None and state.marker_listener is not None:
+            with contextlib.suppress(ValueError):
+                state.log.marker_listeners.remove(state.marker_listener)
+        state.groups.clear()
+
+    def summary(self, state: OffsetsPartitionState) -> str:
+        return (
+            f"{len(state.offsets.groups)} groups with offsets, "
+            f"{len(state.offsets.pending_producers())} producers with pending offsets"
+        )
+
+    def _on_marker(self, cpart: OffsetsPartition, producer_id: int, committed: bool) -> None:
+        if not self.runtime.is_current(cpart):
             return
-        groups = state.offsets.end_txn(producer_id, committed)
+        groups = cpart.state.offsets.end_txn(producer_id, committed)
         if groups:
             log.debug(
                 "group coordinator: %s of producer %d applied to groups %s",
@@ -263,28 +207,16 @@ class GroupCoordinator:
                 groups,
             )
 
-    def _locate(self, group_id: str) -> _PartitionState:
-        """The loaded state of the group's partition, or the CoordinatorError a client should see."""
+    def _locate(self, group_id: str) -> OffsetsPartitionState:
+        """The loaded state of the group's partition, or the error a client should see."""
         if not group_id:
-            raise CoordinatorError(pb.INVALID_GROUP_ID, "the group id must not be empty")
+            raise errors.InvalidGroupIdError("the group id must not be empty")
         if not self._running:
-            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, "the group coordinator is not running")
+            raise errors.CoordinatorNotAvailableError("the group coordinator is not running")
         partition = self.partition_for(group_id)
         if partition is None:
-            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
-        if (CONSUMER_OFFSETS_TOPIC, partition) not in self.replicas.leader_of:
-            raise CoordinatorError(
-                pb.NOT_COORDINATOR,
-                f"broker {self.config.broker_id} is not the coordinator of group {group_id!r} "
-                f"({CONSUMER_OFFSETS_TOPIC}-{partition})",
-            )
-        state = self._states.get(partition)
-        if state is None or not state.loaded:
-            raise CoordinatorError(
-                pb.COORDINATOR_LOAD_IN_PROGRESS,
-                f"broker {self.config.broker_id} is loading {CONSUMER_OFFSETS_TOPIC}-{partition}",
-            )
-        return state
+            raise errors.CoordinatorNotAvailableError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
+        return self.runtime.active(partition, f"group {group_id!r}").state
 
     # -- offset commits -------------------------------------------------------------------------
 
@@ -307,7 +239,9 @@ class GroupCoordinator:
                     item.value = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch, p.metadata, now)
         return items
 
-    def _append(self, state: _PartitionState, group_id: str, items: list[_Item], **header: int | bool) -> int | None:
+    def _append(
+        self, state: OffsetsPartitionState, group_id: str, items: list[_Item], **header: int | bool
+    ) -> int | None:
         """Append the valid items as one batch; returns its base offset (None: nothing written)."""
         valid = [i for i in items if i.code == pb.NONE and i.value is not None]
         if not valid:
@@ -317,7 +251,7 @@ class GroupCoordinator:
         )
         try:
             return int(self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch))
-        except PartitionError as exc:
+        except SluiceError as exc:
             code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in valid:
                 item.fail(code, exc.message)
@@ -355,21 +289,20 @@ class GroupCoordinator:
             group = state.groups.get(req.group_id)
             if req.member_id:
                 if group is None:
-                    raise CoordinatorError(
-                        pb.UNKNOWN_MEMBER_ID, f"member {req.member_id!r} is not in group {req.group_id!r}"
+                    raise errors.UnknownMemberIdError(
+                        f"member {req.member_id!r} is not in group {req.group_id!r}"
                     )
                 code, message = group.check_commit(
                     req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items]
                 )
                 if code != pb.NONE:
-                    raise CoordinatorError(code, message)
+                    raise errors.error_for(code, message)
             elif group is not None and not group.is_empty:
                 # Kafka's rule: commits from outside the group only while it has no members.
-                raise CoordinatorError(
-                    pb.UNKNOWN_MEMBER_ID,
+                raise errors.UnknownMemberIdError(
                     f"group {req.group_id!r} has active members: commit with a member id and epoch",
                 )
-        except CoordinatorError as exc:
+        except SluiceError as exc:
             self._fail_all(items, exc.code, exc.message)
         else:
             base = self._append(state, req.group_id, items)
@@ -385,7 +318,7 @@ class GroupCoordinator:
         items = self._items(list(req.topics))
         try:
             await self._txn_offset_commit(req, items)
-        except CoordinatorError as exc:
+        except SluiceError as exc:
             self._fail_all(items, exc.code, exc.message)
         self._results(items, resp.results)
         return resp
@@ -393,38 +326,37 @@ class GroupCoordinator:
     async def _txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, items: list[_Item]) -> None:
         state = self._locate(req.group_id)
         if not req.transactional_id:
-            raise CoordinatorError(pb.INVALID_REQUEST, "TxnOffsetCommit needs a transactional id")
+            raise errors.InvalidRequestError("TxnOffsetCommit needs a transactional id")
         if req.producer_id <= 0 or not 0 <= req.producer_epoch <= 32767:
-            raise CoordinatorError(
-                pb.INVALID_REQUEST,
+            raise errors.InvalidRequestError(
                 f"producer id {req.producer_id} / epoch {req.producer_epoch} are not a valid producer",
             )
         if all(i.code != pb.NONE for i in items):
             return
         verifier = self.replicas.txn_verifier
         if verifier is None:
-            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator is not running")
+            raise errors.CoordinatorNotAvailableError("the transaction coordinator is not running")
         try:
             verdict, message = await verifier(
                 req.transactional_id, req.producer_id, req.producer_epoch, CONSUMER_OFFSETS_TOPIC, state.partition
             )
         except Exception as exc:
             log.exception("group coordinator: transaction verification failed for %r", req.transactional_id)
-            raise CoordinatorError(pb.COORDINATOR_NOT_AVAILABLE, f"cannot verify the transaction: {exc}") from exc
+            raise errors.CoordinatorNotAvailableError(f"cannot verify the transaction: {exc}") from exc
         if verdict != pb.NONE:
-            raise CoordinatorError(verdict, message)
+            raise errors.error_for(verdict, message)
         # The await may have seen leadership or membership change: check again from here on, synchronously.
         if self._locate(req.group_id) is not state:
-            raise CoordinatorError(pb.NOT_COORDINATOR, f"the coordinator of group {req.group_id!r} moved")
+            raise errors.NotCoordinatorError(f"the coordinator of group {req.group_id!r} moved")
         if req.member_id:
             group = state.groups.get(req.group_id)
             if group is None:
-                raise CoordinatorError(
-                    pb.UNKNOWN_MEMBER_ID, f"member {req.member_id!r} is not in group {req.group_id!r}"
+                raise errors.UnknownMemberIdError(
+                    f"member {req.member_id!r} is not in group {req.group_id!r}"
                 )
             code, message = group.check_commit(req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items])
             if code != pb.NONE:
-                raise CoordinatorError(code, message)
+                raise errors.error_for(code, message)
         base = self._append(
             state,
             req.group_id,
@@ -439,7 +371,7 @@ class GroupCoordinator:
                 state.offsets.stage(req.group_id, req.producer_id, tp, value)
             await self._await_replication(state, items)
 
-    async def _await_replication(self, state: _PartitionState, items: list[_Item]) -> None:
+    async def _await_replication(self, state: OffsetsPartitionState, items: list[_Item]) -> None:
         """acks=all for the offsets log: answer once the ISR has the write.
 
         Memory was updated right after the append, so it always mirrors this
@@ -452,7 +384,7 @@ class GroupCoordinator:
             return
         try:
             await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
-        except PartitionError as exc:
+        except SluiceError as exc:
             code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in items:
                 if item.code == pb.NONE:
@@ -464,12 +396,12 @@ class GroupCoordinator:
         resp = bpb.OffsetFetchResponse()
         try:
             state = self._locate(req.group_id)
-        except CoordinatorError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+        except SluiceError as exc:
+            answer(resp, exc)
             return resp
         offsets = state.offsets
         if req.partitions:
-            tps = [(tp.topic, tp.partition) for tp in req.partitions]
+            tps = [(requested.topic, requested.partition) for requested in req.partitions]
         else:
             tps = offsets.partitions(req.group_id, include_pending=req.require_stable)
         for tp in tps:
@@ -500,15 +432,15 @@ class GroupCoordinator:
         )
         try:
             state = self._locate(req.group_id)
-        except CoordinatorError as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+        except SluiceError as exc:
+            answer(resp, exc)
             return resp
         names = tuple(req.subscribed_topic_names)
         hb = HeartbeatInput(
             member_id=req.member_id,
             member_epoch=req.member_epoch,
             subscription=None if req.subscription_unchanged and not names else names,
-            owned=frozenset((tp.topic, tp.partition) for tp in req.owned_partitions),
+            owned=frozenset((owned.topic, owned.partition) for owned in req.owned_partitions),
             session_timeout_ms=req.session_timeout_ms,
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )
@@ -550,11 +482,8 @@ class GroupCoordinator:
         """Remove members whose session expired (or that did not revoke in time), in every group."""
         now = self.clock()
         sizes: dict[str, int] | None = None
-        for state in list(self._states.values()):
-            if not state.loaded:
-                if state.task is None:
-                    self._start_load(state)
-                continue
+        for cpart in self.runtime.active_partitions():
+            state = cpart.state
             for group_id, group in list(state.groups.items()):
                 if sizes is None:
                     sizes = self._topic_sizes()

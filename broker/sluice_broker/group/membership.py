@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig
-from sluice.broker.group.assignor import TopicPartition, assign
+from sluice.broker.group.assignor import assign
+from sluice.broker.topic_partition import TopicPartition
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1

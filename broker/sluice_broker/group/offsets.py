@@ -36,9 +36,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
+from sluice.broker.topic_partition import TopicPartition
 from sluice.records import RecordBatch, decode_records, parse_control
-
-TopicPartition = tuple[str, int]
 
 OFFSET_KEY_TYPE = 0
 VALUE_VERSION = 0

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.log.producer_state import (
     NO_OFFSET,
@@ -51,15 +52,6 @@ _ABORTED = struct.Struct(">qq")  # producer id, last offset (the ABORT marker)
 MAX_OFFSET_KEY = _OFFSET.pack(2**63 - 1)
 
 
-class PartitionError(Exception):
-    """A request on the partition failed with a wire ErrorCode."""
-
-    def __init__(self, code: pb.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 def partition_prefix(topic_id: str, partition: int) -> bytes:
     return bytes.fromhex(topic_id.replace("-", "")) + struct.pack(">I", partition)
 
@@ -67,33 +59,32 @@ def partition_prefix(topic_id: str, partition: int) -> bytes:
 def validate_batch(batch: RecordBatch, max_message_bytes: int) -> None:
     """The header checks every produced batch passes before anything else looks at it."""
     if batch.control:
-        raise PartitionError(pb.INVALID_RECORD, "control batches are written by the broker only")
+        raise errors.InvalidRecordError("control batches are written by the broker only")
     if batch.record_count < 1:
-        raise PartitionError(pb.INVALID_RECORD, f"record_count must be >= 1, not {batch.record_count}")
+        raise errors.InvalidRecordError(f"record_count must be >= 1, not {batch.record_count}")
     if batch.compression not in (
         pb.COMPRESSION_NONE,
         pb.COMPRESSION_GZIP,
         pb.COMPRESSION_LZ4,
         pb.COMPRESSION_ZSTD,
     ):
-        raise PartitionError(pb.UNSUPPORTED_COMPRESSION_TYPE, f"unknown compression {batch.compression}")
+        raise errors.UnsupportedCompressionTypeError(f"unknown compression {batch.compression}")
     size = batch.ByteSize()
     if size > max_message_bytes:
-        raise PartitionError(
-            pb.MESSAGE_TOO_LARGE, f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}"
+        raise errors.MessageTooLargeError(
+            f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}"
         )
     has_pid = batch.producer_id > 0
     if has_pid and (batch.producer_epoch < 0 or batch.producer_epoch > 32767 or batch.base_sequence < 0):
-        raise PartitionError(
-            pb.INVALID_RECORD,
+        raise errors.InvalidRecordError(
             f"producer id {batch.producer_id} needs an epoch in [0, 32767] and a sequence >= 0",
         )
     if batch.transactional and not has_pid:
-        raise PartitionError(pb.INVALID_RECORD, "a transactional batch needs a producer id")
+        raise errors.InvalidRecordError("a transactional batch needs a producer id")
     if batch.first_timestamp > batch.max_timestamp:
-        raise PartitionError(pb.INVALID_TIMESTAMP, "first_timestamp is after max_timestamp")
+        raise errors.InvalidTimestampError("first_timestamp is after max_timestamp")
     if not verify_crc(batch):
-        raise PartitionError(pb.CORRUPT_MESSAGE, "the batch's CRC-32C does not match its contents")
+        raise errors.CorruptMessageError("the batch's CRC-32C does not match its contents")
 
 
 @dataclass(frozen=True)
@@ -257,10 +248,9 @@ class PartitionLog:
             if verdict.action is Action.DUPLICATE:
                 return verdict.duplicate_offset, True
             if verdict.action is Action.REJECT:
-                raise PartitionError(verdict.error, verdict.message)
+                raise errors.error_for(verdict.error, verdict.message)
             if batch.transactional and pid not in self.open_txns and not verified_txn:
-                raise PartitionError(
-                    pb.INVALID_TXN_STATE,
+                raise errors.InvalidTxnStateError(
                     f"partition {self.topic}-{self.partition} was not added to producer {pid}'s transaction "
                     "(AddPartitionsToTxn must come before the first write)",
                 )
@@ -284,7 +274,7 @@ class PartitionLog:
         entry = self.producers.get(producer_id)
         verdict = check_marker(entry, producer_id, epoch, coordinator_epoch)
         if verdict.action is Action.REJECT:
-            raise PartitionError(verdict.error, verdict.message)
+            raise errors.error_for(verdict.error, verdict.message)
         if entry is None or producer_id not in self.open_txns:
             if entry is not None and (epoch > entry.epoch or coordinator_epoch > entry.coordinator_epoch):
                 self._store_entry_change(entry, epoch, coordinator_epoch)
@@ -306,8 +296,7 @@ class PartitionLog:
         from the batch exactly as the leader built them.
         """
         if batch.base_offset < self.log_end_offset:
-            raise PartitionError(
-                pb.UNKNOWN_SERVER_ERROR,
+            raise errors.UnknownServerError(
                 f"replica of {self.topic}-{self.partition} expected a batch at offset {self.log_end_offset} or "
                 f"later (a gap is a batch compacted away), got {batch.base_offset}",
             )
@@ -459,8 +448,7 @@ class PartitionLog:
         At least one batch is returned when there is one, whatever ``max_bytes`` says.
         """
         if fetch_offset < self.log_start_offset or fetch_offset > self.log_end_offset:
-            raise PartitionError(
-                pb.OFFSET_OUT_OF_RANGE,
+            raise errors.OffsetOutOfRangeError(
                 f"offset {fetch_offset} is outside [{self.log_start_offset}, {self.log_end_offset}] "
                 f"of {self.topic}-{self.partition}",
             )
@@ -558,7 +546,9 @@ class PartitionLog:
         """Drop the batches of a compacted partition that no reader of the latest values needs.
 
         Only the decided part of the log is cleaned: below min(LSO, HW), every
-        transaction there has its marker. A data batch stays if one of its
+        transaction there has its marker; and, as Kafka's min.compaction.lag.ms,
+        only batches older than that lag (by their max timestamp): the first
+        newer batch ends the cleanable part. A data batch stays if one of its
         records is the latest for its key (a tombstone only until
         delete.retention.ms has passed), or if its transaction is undecided; an
         aborted batch goes; a marker stays while a batch of its transaction
@@ -569,10 +559,13 @@ class PartitionLog:
         """
         bound = min(self.last_stable_offset, self.high_watermark)
         delete_retention_ms = int(str(self.config("delete.retention.ms")))
-        entries = [
-            (key, RecordBatch.FromString(value))
-            for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound))
-        ]
+        lag_ms = int(str(self.config("min.compaction.lag.ms")))
+        entries: list[tuple[bytes, RecordBatch]] = []
+        for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound)):
+            batch = RecordBatch.FromString(value)
+            if lag_ms > 0 and batch.max_timestamp > now - lag_ms:
+                break  # too recent to clean, and so is everything after it
+            entries.append((key, batch))
         if len(entries) < 2:
             return 0
         last_key = self.storage.last("log", self.prefix, self._end_key)

@@ -25,15 +25,16 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from sluice import errors
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
-from sluice.broker.log.partition import PartitionError, PartitionLog
+from sluice.broker.log.partition import PartitionLog
+from sluice.broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
-TopicPartitionKey = tuple[str, int]
 
 FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF_S = 0.1
@@ -81,7 +82,7 @@ class FollowerTracker:
 
 @dataclass
 class Followed:
-    key: TopicPartitionKey
+    key: TopicPartition
     leader: int
     leader_epoch: int
 
@@ -92,7 +93,7 @@ class ReplicaFetcherManager:
     def __init__(
         self,
         broker_id: int,
-        partitions: dict[TopicPartitionKey, PartitionLog],
+        partitions: dict[TopicPartition, PartitionLog],
         channels: BrokerChannels,
         max_bytes: int,
         on_change: Callable[[], None],
@@ -102,7 +103,7 @@ class ReplicaFetcherManager:
         self.channels = channels
         self.max_bytes = max_bytes
         self.on_change = on_change
-        self.followed: dict[TopicPartitionKey, Followed] = {}
+        self.followed: dict[TopicPartition, Followed] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._running = False
 
@@ -121,7 +122,7 @@ class ReplicaFetcherManager:
             with contextlib.suppress(BaseException):
                 await task
 
-    def follow(self, key: TopicPartitionKey, leader: int, leader_epoch: int) -> None:
+    def follow(self, key: TopicPartition, leader: int, leader_epoch: int) -> None:
         current = self.followed.get(key)
         if current is not None and (current.leader, current.leader_epoch) == (leader, leader_epoch):
             return
@@ -129,7 +130,7 @@ class ReplicaFetcherManager:
         if self._running:
             self._ensure_task(leader)
 
-    def unfollow(self, key: TopicPartitionKey) -> None:
+    def unfollow(self, key: TopicPartition) -> None:
         self.followed.pop(key, None)
 
     def _ensure_task(self, leader: int) -> None:
@@ -250,7 +251,7 @@ def check_epoch(part: PartitionLog, current_leader_epoch: int) -> None:
     if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
         return
     code = pb.FENCED_LEADER_EPOCH if current_leader_epoch < part.leader_epoch else pb.UNKNOWN_LEADER_EPOCH
-    raise PartitionError(
+    raise errors.error_for(
         code,
         f"leader epoch {current_leader_epoch} in the request, {part.topic}-{part.partition} is at {part.leader_epoch}",
     )

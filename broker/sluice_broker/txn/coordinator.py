@@ -1,10 +1,13 @@
 """The transaction coordinator: Kafka's transaction protocol over ``__transaction_state``.
 
 The coordinator of a transactional id is the leader of partition
-``coordinator_partition(id, n)`` of ``__transaction_state``. This broker keeps,
-for every such partition it leads, a :class:`TxnPartition`: the coordinator
-epoch (the partition's leader epoch, carried by every marker) and the
-:class:`TxnMetadata` of each id it coordinates.
+``coordinator_partition(id, n)`` of ``__transaction_state``. The coordinator
+is a shard of the :mod:`coordinator runtime <sluice.broker.coordination.runtime>`,
+which loads, retries and unloads those partitions as leadership comes and goes;
+for every partition it leads, this broker keeps a :data:`TxnPartition`: the
+coordinator epoch (the partition's leader epoch, carried by every marker) and
+the :class:`TxnMetadata` of each id it coordinates. Refusals are raised as the
+:mod:`sluice.errors` class of their Kafka error code and answered as that code.
 
 Write-ahead, always: a state change is first appended to the id's partition
 (:mod:`.log` encoding), and only then becomes current in memory. A request is
@@ -24,9 +27,10 @@ transaction) is two logged steps with markers in between::
     --> CompleteCommit/CompleteAbort                 logged; partitions cleared
 
 While an id is in Prepare* its requests get CONCURRENT_TRANSACTIONS. A broker
-that becomes leader of a partition loads it (answering
-COORDINATOR_LOAD_IN_PROGRESS meanwhile) and completes every Prepare* it finds
-by sending the markers again; duplicates are harmless.
+that becomes leader of a partition loads it (the runtime answers
+COORDINATOR_LOAD_IN_PROGRESS meanwhile, and retries a load that fails) and
+completes every Prepare* it finds by sending the markers again; duplicates are
+harmless.
 
 Prepared transactions (two-phase commit with an external coordinator, the
 idea of Kafka's KIP-939): PrepareTxn moves Ongoing (or an idle id: an empty
@@ -56,13 +60,13 @@ after loading a partition, so the broker that takes over completes them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
 
+from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
@@ -74,35 +78,27 @@ from sluice.broker.cluster import (
     coordinator_partition,
 )
 from sluice.broker.config import BrokerConfig
-from sluice.broker.log.partition import PartitionError
+from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
+from sluice.broker.errors import answer
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.topic_partition import TopicPartition
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
 from sluice.broker.txn.state import (
     IDLE,
-    TopicPartition,
     TxnMetadata,
     TxnState,
     epoch_exhausted,
 )
-from sluice.records import now_ms
+from sluice.errors import SluiceError
+from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
 
 S = TxnState
 HOOK_STOP_BEFORE_COMPLETE_COMMIT = "txn.stop_before_complete_commit"
-LOAD_YIELD_EVERY = 200  # batches replayed between yields to the event loop
 STATE_REPLICATION_TIMEOUT_S = 30.0
 VERIFY_RPC_TIMEOUT_S = 5.0
-
-
-class Refused(Exception):
-    """A request cannot proceed: the wire ErrorCode and message to answer with."""
-
-    def __init__(self, code: pb.ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 @dataclass(eq=False)
@@ -114,15 +110,14 @@ class TxnEntry:
 
 
 @dataclass(eq=False)
-class TxnPartition:
-    """A ``__transaction_state`` partition this broker leads."""
+class TxnPartitionState:
+    """The transactional ids of one ``__transaction_state`` partition (the shard's state)."""
 
-    partition: int
-    coordinator_epoch: int
-    loaded: bool = False
-    active: bool = True  # False once leadership is lost (or the coordinator stopped)
-    txns: dict[str, TxnEntry] = field(default_factory=dict)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    replayed: dict[str, TxnMetadata] = field(default_factory=dict)  # filled while loading
+    txns: dict[str, TxnEntry] = field(default_factory=dict)  # made from ``replayed`` once loaded
+
+
+TxnPartition = CoordinatorPartition[TxnPartitionState]  # a __transaction_state partition this broker leads
 
 
 def verdict(
@@ -132,21 +127,29 @@ def verdict(
     partitions: Iterable[TopicPartition],
     pid: int,
     epoch: int,
-    tp: TopicPartition,
+    topic_partition: TopicPartition,
 ) -> tuple[pb.ErrorCode, str]:
     """The answer to a partition leader's verification of a first transactional write (KIP-890)."""
     if pid == producer_id and epoch < producer_epoch:
         return pb.PRODUCER_FENCED, f"producer {pid} epoch {epoch} was fenced by epoch {producer_epoch}"
-    if state == S.ONGOING and pid == producer_id and epoch == producer_epoch and tp in set(partitions):
+    if (
+        state == S.ONGOING
+        and pid == producer_id
+        and epoch == producer_epoch
+        and topic_partition in set(partitions)
+    ):
         return pb.NONE, ""
+    topic, partition = topic_partition
     return pb.INVALID_TXN_STATE, (
-        f"{tp[0]}-{tp[1]} is not part of an open transaction of producer {pid} epoch {epoch} "
+        f"{topic}-{partition} is not part of an open transaction of producer {pid} epoch {epoch} "
         f"(the coordinator has producer {producer_id} epoch {producer_epoch} in state {state}); "
         "AddPartitionsToTxn must come before the first write"
     )
 
 
 class TransactionCoordinator:
+    """The requests of the transaction protocol; a shard of the coordinator runtime."""
+
     def __init__(self, replicas: ReplicaManager, cluster: ClusterView, config: BrokerConfig) -> None:
         self.replicas = replicas
         self.cluster = cluster
@@ -154,21 +157,16 @@ class TransactionCoordinator:
         self.clock: Callable[[], int] = now_ms  # tests may replace it
         self.channels = BrokerChannels(cluster)
         self.markers = MarkerSender(replicas, cluster, config, self.channels)
-        self._partitions: dict[int, TxnPartition] = {}
+        self.runtime: CoordinatorRuntime[TxnPartitionState] = CoordinatorRuntime(
+            TRANSACTION_STATE_TOPIC, self, replicas, cluster, config
+        )
         self._loops: list[asyncio.Task[None]] = []
-        self._running = False
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._running = True
-        self.replicas.leadership_listeners.append(self._on_leadership)
         self.replicas.txn_verifier = self.verify_partition
-        # Partitions led before we listened (a caller that refreshed metadata first).
-        info = self.cluster.topics.get(TRANSACTION_STATE_TOPIC)
-        for topic, p in sorted(self.replicas.leader_of):
-            if topic == TRANSACTION_STATE_TOPIC and info is not None and p < len(info.partitions):
-                self._on_leadership(topic, p, True, info.partitions[p].leader_epoch)
+        await self.runtime.start()
         cfg = self.config
         self._loops = [
             asyncio.create_task(
@@ -186,28 +184,18 @@ class TransactionCoordinator:
         ]
 
     async def stop(self) -> None:
-        self._running = False
-        with contextlib.suppress(ValueError):
-            self.replicas.leadership_listeners.remove(self._on_leadership)
         if self.replicas.txn_verifier == self.verify_partition:
             self.replicas.txn_verifier = None
-        tasks: list[asyncio.Task[None]] = list(self._loops)
-        for tp in list(self._partitions.values()):
-            tasks.extend(tp.tasks)
-            self._drop(tp)
-        for task in tasks:
+        loops = list(self._loops)
+        for task in loops:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runtime.stop()
+        await asyncio.gather(*loops, return_exceptions=True)
         self._loops = []
         await self.channels.close()
 
     def is_ready(self) -> bool:
-        for topic, p in self.replicas.leader_of:
-            if topic == TRANSACTION_STATE_TOPIC:
-                tp = self._partitions.get(p)
-                if tp is None or not tp.loaded:
-                    return False
-        return True
+        return self.runtime.is_ready()
 
     async def _every(self, interval_ms: int, job: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -217,106 +205,57 @@ class TransactionCoordinator:
             except Exception:
                 log.exception("transaction coordinator housekeeping failed")
 
-    def _spawn(self, tp: TxnPartition, coro: Awaitable[None], what: str) -> None:
-        async def run() -> None:
-            try:
-                await coro
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("%s failed (__transaction_state-%d)", what, tp.partition)
+    # -- the shard: replaying __transaction_state (the runtime loads and unloads) -----------------
 
-        task = asyncio.get_running_loop().create_task(run())
-        tp.tasks.add(task)
-        task.add_done_callback(tp.tasks.discard)
+    def new_state(self, partition: int, coordinator_epoch: int) -> TxnPartitionState:
+        return TxnPartitionState()
 
-    # -- leadership and loading -------------------------------------------------------------------
+    def replay(self, state: TxnPartitionState, partition: int, batch: RecordBatch) -> None:
+        try:
+            apply_batch(state.replayed, batch)
+        except TxnLogError:
+            log.exception("__transaction_state-%d: skipping an undecodable batch", partition)
 
-    def _on_leadership(self, topic: str, partition: int, is_leader: bool, leader_epoch: int) -> None:
-        if topic != TRANSACTION_STATE_TOPIC:
-            return
-        old = self._partitions.get(partition)
-        if not is_leader:
-            if old is not None:
-                log.info("no longer coordinator of __transaction_state-%d: dropping its state", partition)
-                self._drop(old)
-            return
-        if old is not None:
-            if old.coordinator_epoch == leader_epoch:
-                return
-            self._drop(old)
-        tp = TxnPartition(partition, leader_epoch)
-        self._partitions[partition] = tp
-        if self._running:
-            self._spawn(tp, self._load(tp), "loading")
-
-    def _drop(self, tp: TxnPartition) -> None:
-        tp.active = False
-        if self._partitions.get(tp.partition) is tp:
-            del self._partitions[tp.partition]
-        for task in list(tp.tasks):
-            task.cancel()
-
-    async def _load(self, tp: TxnPartition) -> None:
-        started = self.clock()
-        states: dict[str, TxnMetadata] = {}
-        for count, batch in enumerate(self.replicas.iter_batches(TRANSACTION_STATE_TOPIC, tp.partition), 1):
-            try:
-                apply_batch(states, batch)
-            except TxnLogError:
-                log.exception("__transaction_state-%d: skipping an undecodable batch", tp.partition)
-            if count % LOAD_YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-                if not tp.active:
-                    return
-        tp.txns = {tid: TxnEntry(meta) for tid, meta in states.items()}
-        tp.loaded = True
-        log.info(
-            "loaded __transaction_state-%d (coordinator epoch %d): %d transactional id(s) in %d ms",
-            tp.partition,
-            tp.coordinator_epoch,
-            len(states),
-            self.clock() - started,
-        )
-        for tid, entry in tp.txns.items():
+    def on_loaded(self, loaded: TxnPartition) -> None:
+        """Serve the replayed ids, and finish every Prepare* found (re-sending markers is harmless)."""
+        state = loaded.state
+        state.txns = {tid: TxnEntry(meta) for tid, meta in state.replayed.items()}
+        state.replayed = {}
+        for tid, entry in state.txns.items():
             assert entry.meta is not None
             if entry.meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT):
-                self._spawn(tp, self._complete(tp, tid, entry, entry.meta, recovering=True), f"completing {tid!r}")
+                self.runtime.spawn(
+                    loaded, self._complete(loaded, tid, entry, entry.meta, recovering=True), f"completing {tid!r}"
+                )
+
+    def on_unloaded(self, unloaded: TxnPartition) -> None:
+        pass  # the runtime cancels the partition's tasks (completions in flight stop there)
+
+    def summary(self, state: TxnPartitionState) -> str:
+        return f"{len(state.txns)} transactional id(s)"
 
     # -- lookups and checks -----------------------------------------------------------------------
 
     def _coordinator_partition(self, transactional_id: str) -> int:
-        info = self.cluster.topics.get(TRANSACTION_STATE_TOPIC)
-        if info is None or not info.partitions:
-            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"{TRANSACTION_STATE_TOPIC} does not exist yet")
-        return coordinator_partition(transactional_id, len(info.partitions))
+        partition = self.runtime.partition_for(transactional_id)
+        if partition is None:
+            raise errors.CoordinatorNotAvailableError(f"{TRANSACTION_STATE_TOPIC} does not exist yet")
+        return partition
 
     def _partition_for(self, transactional_id: str) -> TxnPartition:
-        p = self._coordinator_partition(transactional_id)
-        tp = self._partitions.get(p)
-        if tp is None or (TRANSACTION_STATE_TOPIC, p) not in self.replicas.leader_of:
-            raise Refused(
-                pb.NOT_COORDINATOR,
-                f"broker {self.config.broker_id} is not the coordinator of {transactional_id!r} "
-                f"({TRANSACTION_STATE_TOPIC}-{p})",
-            )
-        if not tp.loaded:
-            raise Refused(pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is being loaded")
-        return tp
+        return self.runtime.active(self._coordinator_partition(transactional_id), repr(transactional_id))
 
-    def _entry(self, tp: TxnPartition, transactional_id: str) -> tuple[TxnEntry, TxnMetadata]:
+    def _entry(self, cpart: TxnPartition, transactional_id: str) -> tuple[TxnEntry, TxnMetadata]:
         """The id's entry and current state for a request that will change it."""
-        entry = tp.txns.get(transactional_id)
+        entry = cpart.state.txns.get(transactional_id)
         if entry is None or entry.meta is None:
             if entry is not None:  # its first write is in flight
-                raise Refused(pb.CONCURRENT_TRANSACTIONS, f"{transactional_id!r} is being initialized")
-            raise Refused(
-                pb.INVALID_PRODUCER_ID_MAPPING,
+                raise errors.ConcurrentTransactionsError(f"{transactional_id!r} is being initialized")
+            raise errors.InvalidProducerIdMappingError(
                 f"transactional id {transactional_id!r} has no producer id: call InitProducerId first",
             )
         if entry.pending is not None:
-            raise Refused(
-                pb.CONCURRENT_TRANSACTIONS,
+            raise errors.ConcurrentTransactionsError(
                 f"{transactional_id!r} is changing to {entry.pending.state} right now; retry",
             )
         return entry, entry.meta
@@ -324,54 +263,51 @@ class TransactionCoordinator:
     @staticmethod
     def _check_producer(meta: TxnMetadata, producer_id: int, producer_epoch: int) -> None:
         if producer_id != meta.producer_id:
-            raise Refused(
-                pb.INVALID_PRODUCER_ID_MAPPING,
+            raise errors.InvalidProducerIdMappingError(
                 f"producer id {producer_id} does not belong to {meta.transactional_id!r} "
                 f"(its producer id is {meta.producer_id})",
             )
         if producer_epoch < meta.producer_epoch:
-            raise Refused(
-                pb.PRODUCER_FENCED,
+            raise errors.ProducerFencedError(
                 f"producer {producer_id} epoch {producer_epoch} was fenced: {meta.transactional_id!r} "
                 f"is at epoch {meta.producer_epoch}",
             )
         if producer_epoch > meta.producer_epoch:
-            raise Refused(
-                pb.INVALID_PRODUCER_EPOCH,
+            raise errors.InvalidProducerEpochError(
                 f"producer {producer_id} epoch {producer_epoch} is newer than the coordinator's {meta.producer_epoch}",
             )
 
     # -- the write-ahead step ---------------------------------------------------------------------
 
-    async def _write(self, tp: TxnPartition, transactional_id: str, entry: TxnEntry, new: TxnMetadata) -> None:
+    async def _write(self, cpart: TxnPartition, transactional_id: str, entry: TxnEntry, new: TxnMetadata) -> None:
         """Log ``new`` for the id, then make it current (or remove the id, for Dead)."""
-        if not tp.active or self._partitions.get(tp.partition) is not tp:
-            raise Refused(pb.NOT_COORDINATOR, f"no longer the coordinator of {transactional_id!r}")
+        if not self.runtime.is_current(cpart):
+            raise errors.NotCoordinatorError(f"no longer the coordinator of {transactional_id!r}")
         entry.pending = new
         try:
             batch = state_batch(new)
-            base = self.replicas.append_internal(TRANSACTION_STATE_TOPIC, tp.partition, batch)
+            base = self.replicas.append_internal(TRANSACTION_STATE_TOPIC, cpart.partition, batch)
             # acks=all for our own log: a decision only counts once the ISR has it
             await self.replicas.wait_replicated(
-                TRANSACTION_STATE_TOPIC, tp.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
+                TRANSACTION_STATE_TOPIC, cpart.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
             )
         except Exception as exc:
             entry.pending = None
-            if entry.meta is None and tp.txns.get(transactional_id) is entry:
-                del tp.txns[transactional_id]  # the first write of a new id failed: forget it
-            if isinstance(exc, PartitionError):
+            if entry.meta is None and cpart.state.txns.get(transactional_id) is entry:
+                del cpart.state.txns[transactional_id]  # the first write of a new id failed: forget it
+            if isinstance(exc, SluiceError):
                 code = (
                     pb.NOT_COORDINATOR
                     if exc.code in (pb.NOT_LEADER_OR_FOLLOWER, pb.KAFKA_STORAGE_ERROR)
                     else pb.COORDINATOR_NOT_AVAILABLE
                 )
-                raise Refused(code, f"cannot log the state of {transactional_id!r}: {exc.message}") from exc
+                raise errors.error_for(code, f"cannot log the state of {transactional_id!r}: {exc.message}") from exc
             log.exception("logging the state of %r failed", transactional_id)
-            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"cannot log the state of {transactional_id!r}: {exc}") from exc
+            raise errors.CoordinatorNotAvailableError(f"cannot log the state of {transactional_id!r}: {exc}") from exc
         entry.pending = None
         if new.state is S.DEAD:
-            if tp.txns.get(transactional_id) is entry:
-                del tp.txns[transactional_id]
+            if cpart.state.txns.get(transactional_id) is entry:
+                del cpart.state.txns[transactional_id]
         else:
             entry.meta = new
 
@@ -382,8 +318,8 @@ class TransactionCoordinator:
         try:
             pid, epoch, previous = await self._init_producer_id(req)
             resp.producer_id, resp.producer_epoch, resp.previous_state = pid, epoch, previous
-        except Refused as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+        except SluiceError as exc:
+            answer(resp, exc)
         return resp
 
     def _new_producer_id(self) -> int:
@@ -391,7 +327,7 @@ class TransactionCoordinator:
             return self.cluster.next_producer_id()
         except Exception as exc:
             log.exception("allocating a producer id failed")
-            raise Refused(pb.COORDINATOR_NOT_AVAILABLE, f"cannot allocate a producer id: {exc}") from exc
+            raise errors.CoordinatorNotAvailableError(f"cannot allocate a producer id: {exc}") from exc
 
     async def _init_producer_id(self, req: bpb.InitProducerIdRequest) -> tuple[int, int, str]:
         """(producer id, epoch, the id's state before the request)."""
@@ -400,47 +336,43 @@ class TransactionCoordinator:
             return self._new_producer_id(), 0, ""  # an idempotent producer: any broker answers
         required = self.config.get("transactional.id.declaration.required")
         if required and not self.cluster.transactional_id_declared(tid):
-            raise Refused(
-                pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            raise errors.TransactionalIdAuthorizationFailedError(
                 f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
                 "for every id (transactional.id.declaration.required)",
             )
         if req.keep_prepared_txn and req.abort_prepared_txn:
-            raise Refused(pb.INVALID_REQUEST, "keep_prepared_txn and abort_prepared_txn exclude each other")
+            raise errors.InvalidRequestError("keep_prepared_txn and abort_prepared_txn exclude each other")
         max_timeout = self.config.int("transaction.max.timeout.ms")
         if not 0 < req.transaction_timeout_ms <= max_timeout:
-            raise Refused(
-                pb.INVALID_TRANSACTION_TIMEOUT,
+            raise errors.InvalidTransactionTimeoutError(
                 f"transaction timeout {req.transaction_timeout_ms} ms must be in (0, {max_timeout}] "
                 "(transaction.max.timeout.ms)",
             )
-        tp = self._partition_for(tid)
+        cpart = self._partition_for(tid)
         now = self.clock()
-        if tid not in tp.txns:
+        if tid not in cpart.state.txns:
             new = TxnMetadata.new(tid, self._new_producer_id(), req.transaction_timeout_ms, now)
             entry = TxnEntry(None)
-            tp.txns[tid] = entry
-            await self._write(tp, tid, entry, new)
+            cpart.state.txns[tid] = entry
+            await self._write(cpart, tid, entry, new)
             return new.producer_id, new.producer_epoch, ""
-        entry, meta = self._entry(tp, tid)
+        entry, meta = self._entry(cpart, tid)
         # KIP-360: the producer says which id/epoch it has. Producer ids start at 1, so 0 (the
         # proto default of a client that did not set the field) counts as "none", like -1.
         expected = req.producer_id > 0
         if expected and req.producer_id not in (meta.producer_id, meta.last_producer_id):
-            raise Refused(
-                pb.PRODUCER_FENCED,
+            raise errors.ProducerFencedError(
                 f"producer id {req.producer_id} is not the current one of {tid!r} ({meta.producer_id})",
             )
         if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
-            raise Refused(
-                pb.CONCURRENT_TRANSACTIONS, f"the previous transaction of {tid!r} is being completed ({meta.state})"
+            raise errors.ConcurrentTransactionsError(
+                f"the previous transaction of {tid!r} is being completed ({meta.state})"
             )
         if meta.state is S.PREPARED:
             if req.keep_prepared_txn:
                 return meta.producer_id, meta.producer_epoch, meta.state.value
             if not req.abort_prepared_txn:
-                raise Refused(
-                    pb.INVALID_TXN_STATE,
+                raise errors.InvalidTxnStateError(
                     f"{tid!r} has a prepared transaction (producer {meta.producer_id} epoch "
                     f"{meta.producer_epoch}) waiting for its external coordinator's decision: commit or "
                     "abort it with its handle (EndTxn with prepared, `sluice transactions commit|abort`), or "
@@ -448,23 +380,21 @@ class TransactionCoordinator:
                 )
         if meta.state in (S.ONGOING, S.PREPARED):
             if expected and (req.producer_id, req.producer_epoch) != (meta.producer_id, meta.producer_epoch):
-                raise Refused(
-                    pb.PRODUCER_FENCED,
+                raise errors.ProducerFencedError(
                     f"producer {req.producer_id} epoch {req.producer_epoch} is not the current "
                     f"{meta.producer_id}/{meta.producer_epoch} of {tid!r}",
                 )
             # A new instance (or a KIP-360 re-init): abort the open transaction with the epoch
             # bumped, so the old instance is fenced, and let the client retry for its epoch.
             fenced = meta.fence_and_abort(now)
-            await self._write(tp, tid, entry, fenced)
-            self._spawn(tp, self._complete(tp, tid, entry, fenced), f"aborting {tid!r}")
-            raise Refused(
-                pb.CONCURRENT_TRANSACTIONS,
+            await self._write(cpart, tid, entry, fenced)
+            self.runtime.spawn(cpart, self._complete(cpart, tid, entry, fenced), f"aborting {tid!r}")
+            raise errors.ConcurrentTransactionsError(
                 f"aborting the open transaction of {tid!r} (producer {meta.producer_id} fenced at epoch "
                 f"{fenced.producer_epoch}); retry",
             )
         if meta.state not in IDLE:
-            raise Refused(pb.INVALID_TXN_STATE, f"{tid!r} is in state {meta.state}")
+            raise errors.InvalidTxnStateError(f"{tid!r} is in state {meta.state}")
         if expected:
             current = (req.producer_id, req.producer_epoch) == (meta.producer_id, meta.producer_epoch)
             previous = (req.producer_id, req.producer_epoch) == (meta.last_producer_id, meta.last_producer_epoch)
@@ -473,14 +403,14 @@ class TransactionCoordinator:
                     # A retry whose response was lost: answer what it was given, do not bump again.
                     return meta.producer_id, meta.producer_epoch, meta.state.value
                 code = pb.INVALID_PRODUCER_EPOCH if req.producer_epoch > meta.producer_epoch else pb.PRODUCER_FENCED
-                raise Refused(
+                raise errors.error_for(
                     code,
                     f"producer {req.producer_id} epoch {req.producer_epoch} is not the current "
                     f"{meta.producer_id}/{meta.producer_epoch} of {tid!r}",
                 )
         new_pid = self._new_producer_id() if epoch_exhausted(meta.producer_epoch) else None
         new = meta.bump_epoch(req.transaction_timeout_ms, now, new_pid)
-        await self._write(tp, tid, entry, new)
+        await self._write(cpart, tid, entry, new)
         return new.producer_id, new.producer_epoch, meta.state.value
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn -----------------------------------------------------
@@ -503,9 +433,9 @@ class TransactionCoordinator:
             resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
             resp.error_message = f"{CONSUMER_OFFSETS_TOPIC} does not exist yet"
             return resp
-        tp = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(req.group_id, len(info.partitions)))
-        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, [tp])
-        resp.error_code, resp.error_message = results[tp]
+        offsets_partition = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(req.group_id, len(info.partitions)))
+        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, [offsets_partition])
+        resp.error_code, resp.error_message = results[offsets_partition]
         return resp
 
     async def _add(
@@ -519,21 +449,19 @@ class TransactionCoordinator:
         """
         results: dict[TopicPartition, tuple[pb.ErrorCode, str]] = {}
         try:
-            tp = self._partition_for(tid)
-            entry, meta = self._entry(tp, tid)
+            cpart = self._partition_for(tid)
+            entry, meta = self._entry(cpart, tid)
             self._check_producer(meta, producer_id, producer_epoch)
             if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
-                raise Refused(
-                    pb.CONCURRENT_TRANSACTIONS,
+                raise errors.ConcurrentTransactionsError(
                     f"the previous transaction of {tid!r} is being completed ({meta.state}); retry",
                 )
             if meta.state is S.PREPARED:
-                raise Refused(
-                    pb.INVALID_TXN_STATE,
+                raise errors.InvalidTxnStateError(
                     f"the transaction of {tid!r} is prepared: nothing may join it; commit or abort it first",
                 )
             if meta.state is not S.ONGOING and meta.state not in IDLE:
-                raise Refused(pb.INVALID_TXN_STATE, f"{tid!r} is in state {meta.state}")
+                raise errors.InvalidTxnStateError(f"{tid!r} is in state {meta.state}")
             valid: list[TopicPartition] = []
             for topic, partition in wanted:
                 info = self.cluster.topics.get(topic)
@@ -545,10 +473,10 @@ class TransactionCoordinator:
                 else:
                     valid.append((topic, partition))
             if valid and (meta.state is not S.ONGOING or not set(valid) <= meta.partitions):
-                await self._write(tp, tid, entry, meta.add_partitions(valid, self.clock()))
+                await self._write(cpart, tid, entry, meta.add_partitions(valid, self.clock()))
             for key in valid:
                 results[key] = (pb.NONE, "")
-        except Refused as exc:
+        except SluiceError as exc:
             return {key: (exc.code, exc.message) for key in wanted}
         return {key: results[key] for key in wanted}  # in the order asked
 
@@ -560,37 +488,36 @@ class TransactionCoordinator:
             await self._end_txn(
                 req.transactional_id, req.producer_id, req.producer_epoch, req.committed, prepared_only=req.prepared
             )
-        except Refused as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+        except SluiceError as exc:
+            answer(resp, exc)
         return resp
 
     async def _end_txn(
         self, tid: str, producer_id: int, producer_epoch: int, commit: bool, *, prepared_only: bool = False
     ) -> None:
-        tp = self._partition_for(tid)
-        if prepared_only and tid not in tp.txns:
-            raise Refused(pb.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {tid!r}: no prepared transaction to end")
-        entry, meta = self._entry(tp, tid)
+        cpart = self._partition_for(tid)
+        if prepared_only and tid not in cpart.state.txns:
+            raise errors.TransactionalIdNotFoundError(f"no transactional id {tid!r}: no prepared transaction to end")
+        entry, meta = self._entry(cpart, tid)
         self._check_producer(meta, producer_id, producer_epoch)
         outcome = "commit" if commit else "abort"
         same = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
         done = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
         if meta.state is S.PREPARED or (meta.state is S.ONGOING and not prepared_only):
             new = meta.prepare_end(commit, self.clock())
-            await self._write(tp, tid, entry, new)
-            self._spawn(tp, self._complete(tp, tid, entry, new), f"completing {tid!r}")
+            await self._write(cpart, tid, entry, new)
+            self.runtime.spawn(cpart, self._complete(cpart, tid, entry, new), f"completing {tid!r}")
             return
         if meta.state is done:
             return  # a retry of the EndTxn that completed it
         if meta.state is same:
-            raise Refused(pb.CONCURRENT_TRANSACTIONS, f"the {outcome} of {tid!r} is being completed; retry")
+            raise errors.ConcurrentTransactionsError(f"the {outcome} of {tid!r} is being completed; retry")
         if prepared_only:
-            raise Refused(
-                pb.INVALID_TXN_STATE,
+            raise errors.InvalidTxnStateError(
                 f"cannot {outcome}: {tid!r} (producer {producer_id} epoch {producer_epoch}) has no prepared "
                 f"transaction (state {meta.state})",
             )
-        raise Refused(pb.INVALID_TXN_STATE, f"cannot {outcome}: {tid!r} is in state {meta.state}")
+        raise errors.InvalidTxnStateError(f"cannot {outcome}: {tid!r} is in state {meta.state}")
 
     # -- PrepareTxn -------------------------------------------------------------------------------
 
@@ -599,29 +526,28 @@ class TransactionCoordinator:
         try:
             await self._prepare_txn(req.transactional_id, req.producer_id, req.producer_epoch)
             resp.producer_id, resp.producer_epoch = req.producer_id, req.producer_epoch
-        except Refused as exc:
-            resp.error_code, resp.error_message = exc.code, exc.message
+        except SluiceError as exc:
+            answer(resp, exc)
         return resp
 
     async def _prepare_txn(self, tid: str, producer_id: int, producer_epoch: int) -> None:
         """Ongoing (or idle: an empty transaction) -> Prepared; a repeat of a prepare is answered again."""
-        tp = self._partition_for(tid)
-        entry, meta = self._entry(tp, tid)
+        cpart = self._partition_for(tid)
+        entry, meta = self._entry(cpart, tid)
         self._check_producer(meta, producer_id, producer_epoch)
         if meta.state is S.PREPARED:
             return  # a retry whose answer was lost
         if meta.state is S.ONGOING or meta.state in IDLE:
-            await self._write(tp, tid, entry, meta.prepare(self.clock()))
+            await self._write(cpart, tid, entry, meta.prepare(self.clock()))
             return
-        raise Refused(
-            pb.INVALID_TXN_STATE,
+        raise errors.InvalidTxnStateError(
             f"cannot prepare: the transaction of {tid!r} is already being ended ({meta.state})",
         )
 
     # -- completing a transaction -----------------------------------------------------------------
 
     async def _complete(
-        self, tp: TxnPartition, tid: str, entry: TxnEntry, prepared: TxnMetadata, *, recovering: bool = False
+        self, cpart: TxnPartition, tid: str, entry: TxnEntry, prepared: TxnMetadata, *, recovering: bool = False
     ) -> None:
         """Markers for a Prepare* state, then Complete*. Runs as a task; stops if leadership is lost."""
         committed = prepared.state is S.PREPARE_COMMIT
@@ -630,12 +556,12 @@ class TransactionCoordinator:
             producer_id=prepared.producer_id,
             producer_epoch=prepared.producer_epoch,
             committed=committed,
-            coordinator_epoch=tp.coordinator_epoch,
+            coordinator_epoch=cpart.coordinator_epoch,
             partitions=prepared.partitions,
         )
 
         def still_valid() -> bool:
-            return tp.active and tp.txns.get(tid) is entry and entry.meta is prepared
+            return self.runtime.is_current(cpart) and cpart.state.txns.get(tid) is entry and entry.meta is prepared
 
         result = await self.markers.send(job, still_valid)
         if result is not MarkerResult.DONE:
@@ -650,9 +576,9 @@ class TransactionCoordinator:
                 await asyncio.sleep(backoff)
                 continue
             try:
-                await self._write(tp, tid, entry, prepared.complete(self.clock()))
+                await self._write(cpart, tid, entry, prepared.complete(self.clock()))
                 return
-            except Refused as exc:
+            except SluiceError as exc:
                 if exc.code == pb.NOT_COORDINATOR:
                     return
                 log.warning("cannot log the completion of %r yet: %s", tid, exc.message)
@@ -664,10 +590,8 @@ class TransactionCoordinator:
     async def abort_timed_out_transactions(self) -> None:
         """Abort (with an epoch bump, fencing the producer) every Ongoing transaction past its timeout."""
         now = self.clock()
-        for tp in list(self._partitions.values()):
-            if not tp.loaded or not tp.active:
-                continue
-            for tid, entry in list(tp.txns.items()):
+        for cpart in self.runtime.active_partitions():
+            for tid, entry in list(cpart.state.txns.items()):
                 meta = entry.meta
                 if meta is None or entry.pending is not None or meta.state is not S.ONGOING:
                     continue
@@ -682,29 +606,27 @@ class TransactionCoordinator:
                 )
                 fenced = meta.fence_and_abort(now)
                 try:
-                    await self._write(tp, tid, entry, fenced)
-                except Refused as exc:
+                    await self._write(cpart, tid, entry, fenced)
+                except SluiceError as exc:
                     log.warning("cannot abort the timed-out transaction of %r: %s", tid, exc.message)
                     continue
-                self._spawn(tp, self._complete(tp, tid, entry, fenced), f"aborting {tid!r}")
+                self.runtime.spawn(cpart, self._complete(cpart, tid, entry, fenced), f"aborting {tid!r}")
 
     async def remove_expired_transactional_ids(self) -> None:
         """Tombstone ids idle longer than transactional.id.expiration.ms."""
         now = self.clock()
         expiration = self.config.int("transactional.id.expiration.ms")
-        for tp in list(self._partitions.values()):
-            if not tp.loaded or not tp.active:
-                continue
-            for tid, entry in list(tp.txns.items()):
+        for cpart in self.runtime.active_partitions():
+            for tid, entry in list(cpart.state.txns.items()):
                 meta = entry.meta
                 if meta is None or entry.pending is not None or meta.state not in IDLE:
                     continue
                 if now - meta.last_update_ms <= expiration:
                     continue
                 try:
-                    await self._write(tp, tid, entry, meta.expire(now))
+                    await self._write(cpart, tid, entry, meta.expire(now))
                     log.info("transactional id %r expired (idle since %d)", tid, meta.last_update_ms)
-                except Refused as exc:
+                except SluiceError as exc:
                     log.warning("cannot expire %r: %s", tid, exc.message)
 
     # -- verification for partition leaders (KIP-890) ---------------------------------------------
@@ -718,20 +640,22 @@ class TransactionCoordinator:
         asking the coordinator with DescribeTransactions. Errors a producer
         should retry (coordinator moving or loading) come back retriable.
         """
-        tpk = (topic, partition)
+        written = (topic, partition)
         try:
             p = self._coordinator_partition(transactional_id)
-        except Refused as exc:
+        except SluiceError as exc:
             return exc.code, exc.message
-        local = self._partitions.get(p)
+        local = self.runtime.get(p)
         if local is not None:
-            if not local.loaded:
-                return pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is being loaded"
-            entry = local.txns.get(transactional_id)
+            if not local.active:
+                return pb.COORDINATOR_LOAD_IN_PROGRESS, self.runtime.loading_message(p)
+            entry = local.state.txns.get(transactional_id)
             meta = entry.meta if entry is not None else None
             if meta is None:
                 return pb.INVALID_TXN_STATE, f"unknown transactional id {transactional_id!r}"
-            return verdict(meta.state, meta.producer_id, meta.producer_epoch, meta.partitions, producer_id, epoch, tpk)
+            return verdict(
+                meta.state, meta.producer_id, meta.producer_epoch, meta.partitions, producer_id, epoch, written
+            )
         leader = self.cluster.topics[TRANSACTION_STATE_TOPIC].partitions[p].leader
         if leader == self.config.broker_id:
             return pb.COORDINATOR_LOAD_IN_PROGRESS, f"{TRANSACTION_STATE_TOPIC}-{p} is not loaded yet"
@@ -761,7 +685,7 @@ class TransactionCoordinator:
             [(x.topic, x.partition) for x in st.partitions],
             producer_id,
             epoch,
-            tpk,
+            written,
         )
 
     # -- describe / list --------------------------------------------------------------------------
@@ -773,11 +697,11 @@ class TransactionCoordinator:
                 transactional_id=tid, producer_id=-1, producer_epoch=-1, transaction_start_time_ms=-1
             )
             try:
-                tp = self._partition_for(tid)
-            except Refused as exc:
-                st.error_code, st.error_message = exc.code, exc.message
+                cpart = self._partition_for(tid)
+            except SluiceError as exc:
+                answer(st, exc)
                 continue
-            entry = tp.txns.get(tid)
+            entry = cpart.state.txns.get(tid)
             meta = entry.meta if entry is not None else None
             if meta is None:
                 st.error_code = pb.TRANSACTIONAL_ID_NOT_FOUND
@@ -799,11 +723,11 @@ class TransactionCoordinator:
         resp = bpb.ListTransactionsResponse()
         states = set(req.state_filters)
         pids = set(req.producer_id_filters)
-        for tp in sorted(self._partitions.values(), key=lambda x: x.partition):
-            if not tp.loaded:
+        for cpart in self.runtime.all_partitions():
+            if not cpart.active:
                 resp.error_code = pb.COORDINATOR_LOAD_IN_PROGRESS
                 continue
-            for tid, entry in sorted(tp.txns.items()):
+            for tid, entry in sorted(cpart.state.txns.items()):
                 meta = entry.meta
                 if meta is None or (states and meta.state.value not in states):
                     continue

@@ -43,7 +43,7 @@ from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.txn.state import TopicPartition
+from sluice.broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

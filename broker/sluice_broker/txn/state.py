@@ -43,12 +43,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sluice.broker.topic_partition import TopicPartition
+
 MAX_EPOCH = 32767  # int16, as Kafka
 NO_PRODUCER_ID = -1
 NO_EPOCH = -1
 NO_TIME = -1
 
-TopicPartition = tuple[str, int]
 
 
 class TxnState(StrEnum):

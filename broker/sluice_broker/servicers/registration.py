@@ -1,0 +1,86 @@
+"""Registering a service's handlers: decoding, guarding, serializing, shared by every service.
+
+Handlers are registered by hand (not with the generated ``add_*_to_server``)
+so that a request that is not a valid protobuf at all reaches us as bytes and
+is answered with INVALID_ARGUMENT and a message, instead of a generic INTERNAL
+from the gRPC runtime. A handler that raises
+:class:`~sluice.errors.InvalidArgumentError` (a request that decodes but makes
+no sense, such as a negative size) answers INVALID_ARGUMENT too. A handler that
+fails unexpectedly answers INTERNAL with the error text and is logged; the
+broker keeps serving either way. Handlers are shielded from the cancellation of
+their call: a request is finished even when its client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from sluice.broker.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+Handler = Callable[[Any, Ctx], Awaitable[Message | bytes]]
+Methods = dict[str, tuple[Handler, type[Message]]]  # method name -> (handler, request class)
+
+
+class _Malformed:
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _parser(cls: type[Message]) -> Callable[[bytes], Message | _Malformed]:
+    def parse(data: bytes) -> Message | _Malformed:
+        try:
+            return cls.FromString(data)
+        except (DecodeError, RuntimeError, ValueError) as exc:
+            return _Malformed(f"cannot decode {cls.DESCRIPTOR.name}: {exc}")
+
+    return parse
+
+
+def _guard(name: str, handler: Handler) -> Handler:
+    async def run(request: Any, context: Ctx) -> Message | bytes:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        try:
+            # Shielded: a client that disconnects (or is killed) cancels its call, but what the
+            # broker started (a state write waiting for replication, markers) must run to its end,
+            # or in-memory state is left half-changed.
+            return await asyncio.shield(handler(request, context))
+        except InvalidArgumentError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            log.exception("%s failed", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
+        raise AssertionError("unreachable")
+
+    return run
+
+
+def service(full_name: str, methods: Methods) -> grpc.GenericRpcHandler[Any, Any]:
+    """The generic handler of service ``full_name`` (e.g. "sluice.v1.Broker") for ``methods``."""
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(
+            _guard(name, fn),
+            request_deserializer=_parser(req_cls),
+            # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
+            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+        )
+        for name, (fn, req_cls) in methods.items()
+    }
+    return grpc.method_handlers_generic_handler(full_name, handlers)
+
+
+def nonneg(value: int, what: str) -> None:
+    """Refuse a negative size or timeout as malformed (INVALID_ARGUMENT)."""
+    if value < 0:
+        raise InvalidArgumentError(f"{what} must be >= 0, not {value}")
