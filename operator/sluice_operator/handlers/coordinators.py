@@ -24,7 +24,7 @@ from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.store import VersionConflict
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.kubernetes import coordinator_status_patch
-from sluice.operator.handlers.runtime import HANDLER_BACKOFF_S, OperatorRuntime, runtime_of
+from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
 from sluice.operator.handlers.status import check_paused, conditions_of
 from sluice.operator.resources import COORDINATOR_TOPICS, FALSE, TRUE, set_condition
 from sluice.operator.settings import OperatorSettings
@@ -36,10 +36,9 @@ PLURAL = "coordinators"
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Register the Coordinator handlers; the drift timer runs every ``settings.reconcile_interval_s``."""
-    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(coordinator_changed)
-    interval = settings.reconcile_interval_s
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval, registry=registry)(coordinator_drift)
+    register_kind(
+        registry, PLURAL, changed=coordinator_changed, timer=coordinator_drift, interval_s=settings.reconcile_interval_s
+    )
 
 
 def coordinator_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:

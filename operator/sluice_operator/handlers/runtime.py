@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -19,7 +20,7 @@ import kopf
 from sluice.client.admin import Admin
 from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import BrokerDocument
-from sluice.metadata.kubernetes import api_client
+from sluice.metadata.kubernetes import GROUP, VERSION, api_client
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller.kubernetes import KubernetesController
 from sluice.operator.settings import OperatorSettings
@@ -29,6 +30,25 @@ log = logging.getLogger("sluice.operator")
 FINALIZER = "sluice.dev/finalizer"
 ADMIN_TIMEOUT_S = 15.0
 HANDLER_BACKOFF_S = 3.0  # a failed handler is retried this soon (Kopf's default is 60 s)
+
+
+def register_kind(
+    registry: kopf.OperatorRegistry,
+    plural: str,
+    *,
+    changed: Callable[..., Any],
+    timer: Callable[..., Any],
+    interval_s: float,
+    deleted: Callable[..., Any] | None = None,
+) -> None:
+    """Register one kind's handlers the way every kind wants them: ``changed`` on resume, create
+    and update (retried after HANDLER_BACKOFF_S), ``timer`` every ``interval_s`` (drift repair or
+    status), and ``deleted`` behind the finalizer when given."""
+    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
+        on(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(changed)
+    kopf.timer(GROUP, VERSION, plural, interval=interval_s, initial_delay=interval_s, registry=registry)(timer)
+    if deleted is not None:
+        kopf.on.delete(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(deleted)
 
 
 class OperatorRuntime:

@@ -25,9 +25,13 @@ import kopf
 from sluice import errors
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TopicDocument
-from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.operator.controller.kubernetes import topic_status_patch
-from sluice.operator.handlers.runtime import ADMIN_TIMEOUT_S, HANDLER_BACKOFF_S, OperatorRuntime, runtime_of
+from sluice.operator.handlers.runtime import (
+    ADMIN_TIMEOUT_S,
+    OperatorRuntime,
+    register_kind,
+    runtime_of,
+)
 from sluice.operator.handlers.status import check_paused, conditions_of, reason_of
 from sluice.operator.resources import FALSE, TRUE, get_condition, is_paused, set_condition, topic_name
 from sluice.operator.settings import OperatorSettings
@@ -39,11 +43,14 @@ PLURAL = "topics"
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Register the Topic handlers; the drift timer runs every ``settings.reconcile_interval_s``."""
-    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(topic_changed)
-    interval = settings.reconcile_interval_s
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval, registry=registry)(topic_drift)
-    kopf.on.delete(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(topic_deleted)
+    register_kind(
+        registry,
+        PLURAL,
+        changed=topic_changed,
+        timer=topic_drift,
+        interval_s=settings.reconcile_interval_s,
+        deleted=topic_deleted,
+    )
 
 
 def topic_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:

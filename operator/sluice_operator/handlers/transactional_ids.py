@@ -21,9 +21,13 @@ import kopf
 from sluice import errors
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TransactionalIdDocument
-from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.store import VersionConflict
-from sluice.operator.handlers.runtime import ADMIN_TIMEOUT_S, HANDLER_BACKOFF_S, OperatorRuntime, runtime_of
+from sluice.operator.handlers.runtime import (
+    ADMIN_TIMEOUT_S,
+    OperatorRuntime,
+    register_kind,
+    runtime_of,
+)
 from sluice.operator.handlers.status import check_paused, conditions_of
 from sluice.operator.resources import FALSE, TRUE, set_condition, transaction_status
 from sluice.operator.settings import OperatorSettings
@@ -35,13 +39,14 @@ PLURAL = "transactionalids"
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Register the TransactionalId handlers; the status timer runs every ``settings.status_interval_s``."""
-    for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
-        on(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(transactional_id_changed)
-    interval = settings.status_interval_s
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval, registry=registry)(
-        transactional_id_status
+    register_kind(
+        registry,
+        PLURAL,
+        changed=transactional_id_changed,
+        timer=transactional_id_status,
+        interval_s=settings.status_interval_s,
+        deleted=transactional_id_deleted,
     )
-    kopf.on.delete(GROUP, VERSION, PLURAL, backoff=HANDLER_BACKOFF_S, registry=registry)(transactional_id_deleted)
 
 
 def transactional_id_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
