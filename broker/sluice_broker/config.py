@@ -27,7 +27,6 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "num.partitions": (int, 1),
     "default.replication.factor": (int, 1),
     "min.insync.replicas": (int, 1),
-    "auto.create.topics.enable": (bool, False),
     "retention.ms": (int, 7 * DAY_MS),
     "retention.bytes": (int, -1),
     "max.message.bytes": (int, 1024 * 1024 + 12),
@@ -43,7 +42,6 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "transactional.id.expiration.ms": (int, 7 * DAY_MS),
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": (int, 10_000),
     "transaction.remove.expired.transaction.cleanup.interval.ms": (int, 3_600_000),
-    "producer.id.expiration.ms": (int, DAY_MS),
     # Sluice's own: only transactional ids declared by a TransactionalId resource (a
     # transactional_ids/<id> document, written by the operator) may be used; others get
     # TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
@@ -51,13 +49,11 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # consumer groups
     "offsets.topic.num.partitions": (int, 50),
     "offsets.topic.replication.factor": (int, 1),
-    "offsets.retention.minutes": (int, 7 * 24 * 60),
     "group.consumer.session.timeout.ms": (int, 45_000),
     "group.consumer.min.session.timeout.ms": (int, 1_000),
     "group.consumer.max.session.timeout.ms": (int, 300_000),
     "group.consumer.heartbeat.interval.ms": (int, 5_000),
     # requests
-    "message.max.bytes": (int, 1024 * 1024 + 12),
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     "fetch.max.bytes": (int, 50 * 1024 * 1024),
     "replica.fetch.max.bytes": (int, 1024 * 1024),
@@ -97,6 +93,23 @@ UNSUPPORTED_TOPIC_KEYS = {
     "segment.ms": _NO_SEGMENTS,
     "segment.jitter.ms": _NO_SEGMENTS,
     "segment.index.bytes": _NO_SEGMENTS,
+}
+
+
+# Kafka's broker-level names of topic defaults: the broker setting message.max.bytes is the
+# default of the topic setting max.message.bytes.
+BROKER_KEY_ALIASES = {"message.max.bytes": "max.message.bytes"}
+
+# Kafka broker keys Sluice does not implement, refused by name with the reason, never accepted
+# and ignored. The value given first is accepted: it states what Sluice does anyway.
+UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
+    "auto.create.topics.enable": (
+        "false",
+        "topics are created explicitly (sluice topics create, Admin.create_topic, a Topic resource); "
+        "a write to an unknown topic is UNKNOWN_TOPIC_OR_PARTITION",
+    ),
+    "offsets.retention.minutes": (None, "committed offsets do not expire in Sluice yet"),
+    "producer.id.expiration.ms": (None, "idle producer ids do not expire in Sluice yet"),
 }
 
 
@@ -164,7 +177,18 @@ class BrokerConfig:
         overrides: Mapping[str, Any] | None = None,
     ) -> BrokerConfig:
         values = {k: default for k, (_kind, default) in DEFAULTS.items()}
-        for key, raw in (overrides or {}).items():
+        given = dict(overrides or {})
+        for alias, key in BROKER_KEY_ALIASES.items():
+            if alias in given:
+                if key in given and str(given[key]) != str(given[alias]):
+                    raise ConfigError(f"{alias} and {key} name the same setting; give one")
+                given[key] = given.pop(alias)
+        for key, raw in given.items():
+            if key in UNSUPPORTED_BROKER_KEYS:
+                accepted, reason = UNSUPPORTED_BROKER_KEYS[key]
+                if accepted is None or str(raw).strip().lower() != accepted:
+                    raise ConfigError(f"broker config {key!r} is not supported: {reason}")
+                continue
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)

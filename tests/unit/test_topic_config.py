@@ -13,6 +13,7 @@ from sluice.broker.cluster import ClusterView
 from sluice.broker.config import (
     DEFAULTS,
     TOPIC_KEYS,
+    UNSUPPORTED_BROKER_KEYS,
     UNSUPPORTED_TOPIC_KEYS,
     BrokerConfig,
     ConfigError,
@@ -52,3 +53,24 @@ def test_create_topics_answers_invalid_config_naming_the_key(tmp_path: Path) -> 
         assert cluster.create_topic("t", 1, 1, {"retention.ms": "1000"})  # the accepted keys still work
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("key", sorted(UNSUPPORTED_BROKER_KEYS))
+def test_broker_keys_without_an_implementation_are_refused_by_name(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"broker config '{key}' is not supported: "):
+        BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "sqlite:///unused", {key: "12345"})
+
+
+def test_a_refused_broker_key_accepts_the_value_that_states_what_sluice_does() -> None:
+    config = BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "x", {"auto.create.topics.enable": "false"})
+    assert "auto.create.topics.enable" not in config.values
+    with pytest.raises(ConfigError, match="topics are created explicitly"):
+        BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "x", {"auto.create.topics.enable": "true"})
+
+
+def test_message_max_bytes_is_kafkas_broker_name_of_the_max_message_bytes_default() -> None:
+    config = BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "x", {"message.max.bytes": "2048"})
+    assert config.topic_value({}, "max.message.bytes") == 2048
+    assert config.topic_value({"max.message.bytes": "100"}, "max.message.bytes") == 100
+    with pytest.raises(ConfigError, match="name the same setting"):
+        BrokerConfig.build(0, "h", 9092, "/tmp/unused", "x", {"message.max.bytes": "1", "max.message.bytes": "2"})
