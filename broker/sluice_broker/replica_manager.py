@@ -41,6 +41,7 @@ from sluice.broker.errors import answer
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage
+from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
     ReplicaFetcherManager,
@@ -83,6 +84,7 @@ class ReplicaManager:
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
+        self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
         self.channels = channels or BrokerChannels(cluster)
@@ -117,6 +119,7 @@ class ReplicaManager:
                     self._tell_leadership(old.name, p, False, -1)
                 if part is not None:
                     part.delete_all()
+            self.events.forget_topic(old.name)
             old = None
         if new is None:
             return
@@ -246,12 +249,14 @@ class ReplicaManager:
                     part = self.leader_partition(topic.name, pdata.partition)
                     base, _dup = await self._produce_one(req, topic.name, part, pdata.batch)
                     presp.base_offset = base
+                    self.events.produced(topic.name, pdata.batch.ByteSize(), pdata.batch.record_count)
                     presp.log_start_offset = part.log_start_offset
                     if part.config("message.timestamp.type") == "LogAppendTime":
                         presp.log_append_time = pdata.batch.max_timestamp
                     if req.acks == -1:
                         waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
                 except SluiceError as exc:
+                    self.events.produce_failed(topic.name)
                     answer(presp, exc)
         # Every partition is appended before any waits, so replication of all of them overlaps.
         await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
@@ -465,6 +470,7 @@ class ReplicaManager:
                 key[0], key[1], me, part.leader_epoch, isr
             ):
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
+                self.events.isr_changed(pinfo.isr, isr)
                 if self._maybe_advance_hw(key, part):
                     self._notify()
 
@@ -485,14 +491,18 @@ class ReplicaManager:
         read_committed = req.isolation_level == pb.READ_COMMITTED
         while True:
             waiter = self._data_arrived
-            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed)
+            tally = FetchTally()
+            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally)
             remaining = deadline - time.monotonic()
             if total >= max(min_bytes, 1) or any_error or remaining <= 0:
+                self.events.fetched(tally)
                 return resp
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), remaining)
 
-    def _fetch_once(self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool) -> tuple[bytes, int, bool]:
+    def _fetch_once(
+        self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool, tally: FetchTally | None = None
+    ) -> tuple[bytes, int, bool]:
         """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
         out = FetchResponseWriter()
         total = 0
@@ -529,11 +539,15 @@ class ReplicaManager:
                     for pid, first in result.aborted:
                         presp.aborted_transactions.add(producer_id=pid, first_offset=first)
                     total += result.size
+                    if tally is not None:
+                        tally.read(topic.name, result.size)
                     if result.next_fetch_offset > fp.fetch_offset and not result.batches:
                         total += 1  # stepped over aborted data: worth answering now
                 except SluiceError as exc:
                     answer(presp, exc)
                     any_error = True
+                    if tally is not None:
+                        tally.error(topic.name)
                 out.partition(presp, raw)
         return out.getvalue(), total, any_error
 
