@@ -247,9 +247,10 @@ class ReplicaManager:
                 presp = tresp.partitions.add(partition=pdata.partition, base_offset=-1, log_append_time=-1)
                 try:
                     part = self.leader_partition(topic.name, pdata.partition)
-                    base, _dup = await self._produce_one(req, topic.name, part, pdata.batch)
+                    base, dup = await self._produce_one(req, topic.name, part, pdata.batch)
                     presp.base_offset = base
-                    self.events.produced(topic.name, pdata.batch.ByteSize(), pdata.batch.record_count)
+                    if not dup:  # a retried batch answered with its first offset was not appended again
+                        self.events.produced(topic.name, pdata.batch.ByteSize(), pdata.batch.record_count)
                     presp.log_start_offset = part.log_start_offset
                     if part.config("message.timestamp.type") == "LogAppendTime":
                         presp.log_append_time = pdata.batch.max_timestamp

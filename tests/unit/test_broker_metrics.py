@@ -229,10 +229,11 @@ def test_events_and_histogram() -> None:
     assert (ev.topics["a"].bytes_in, ev.topics["a"].messages_in, ev.topics["a"].failed_produce_requests) == (10, 2, 1)
     assert (
         ev.topics["a"].bytes_out == 7
-        and ev.topics["b"].fetch_requests == 1
+        and ev.topics["b"].fetch_requests == 2
         and ev.topics["b"].failed_fetch_requests == 1
     )
-    assert ev.all_topics.fetch_requests == 2 and ev.all_topics.bytes_out == 7
+    assert ev.all_topics.fetch_requests == 3 and ev.all_topics.bytes_out == 7
+    assert ev.topics["a"].produce_requests == 2  # the failed one included, as Kafka counts it
     ev.isr_changed([0, 1, 2], [0, 1])
     ev.isr_changed([0, 1], [0, 1, 2])
     assert (ev.isr_shrinks, ev.isr_expands) == (1, 1)

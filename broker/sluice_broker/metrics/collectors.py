@@ -405,9 +405,9 @@ _TOPIC_COUNTERS: tuple[tuple[str, Callable[[TopicCounters], int], str], ...] = (
     ("bytesin", lambda c: c.bytes_in, "Bytes of record batches appended by producers (leader only)"),
     ("messagesin", lambda c: c.messages_in, "Records appended by producers (leader only)"),
     ("bytesout", lambda c: c.bytes_out, "Bytes of record batches sent to consumers (replication excluded)"),
-    ("totalproducerequests", lambda c: c.produce_requests, "Partition batches produced (successfully) here"),
+    ("totalproducerequests", lambda c: c.produce_requests, "Partition batches produced here (failed included)"),
     ("failedproducerequests", lambda c: c.failed_produce_requests, "Partition batches refused with an error"),
-    ("totalfetchrequests", lambda c: c.fetch_requests, "Partitions read by consumer fetches"),
+    ("totalfetchrequests", lambda c: c.fetch_requests, "Partitions in consumer fetches answered (failed included)"),
     ("failedfetchrequests", lambda c: c.failed_fetch_requests, "Partitions of consumer fetches answered with an error"),
 )
 

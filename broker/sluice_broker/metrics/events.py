@@ -69,9 +69,10 @@ class TopicCounters:
     bytes_in: int = 0
     messages_in: int = 0
     bytes_out: int = 0
-    produce_requests: int = 0  # partition batches offered to this broker as leader
+    # As Kafka's Total*RequestsPerSec, the totals include the failed ones.
+    produce_requests: int = 0  # partition batches produced to this broker (as leader or not)
     failed_produce_requests: int = 0
-    fetch_requests: int = 0  # partitions read by consumer fetches
+    fetch_requests: int = 0  # partitions in consumer fetches answered
     failed_fetch_requests: int = 0
 
 
@@ -89,6 +90,7 @@ class FetchTally:
             self.sizes[topic] = self.sizes.get(topic, 0) + size
 
     def error(self, topic: str) -> None:
+        self.partitions[topic] = self.partitions.get(topic, 0) + 1
         self.failed[topic] = self.failed.get(topic, 0) + 1
 
 
@@ -128,8 +130,9 @@ class BrokerEvents:
         a.messages_in += records
 
     def produce_failed(self, topic: str) -> None:
-        self._topic(topic).failed_produce_requests += 1
-        self.all_topics.failed_produce_requests += 1
+        for c in (self._topic(topic), self.all_topics):
+            c.produce_requests += 1
+            c.failed_produce_requests += 1
 
     def fetched(self, tally: FetchTally) -> None:
         """One consumer Fetch answered: what its last pass read (a long poll's earlier passes are not sent)."""
