@@ -11,6 +11,9 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import SimpleNamespace
+
+from prometheus_client import CollectorRegistry, generate_latest
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
@@ -19,6 +22,7 @@ from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.main import parse_metrics_listen
+from sluice.broker.metrics.collectors import ReplicaCollector
 from sluice.broker.metrics.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
@@ -255,3 +259,58 @@ def test_metrics_listen_is_parsed_or_refused() -> None:
             assert "--metrics-listen" in str(exc)
         else:
             raise AssertionError(f"{bad!r} was accepted")
+
+
+def _collect(collector: ReplicaCollector) -> Scrape:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return Scrape.parse(generate_latest(registry).decode())
+
+
+def test_replica_gauges_follow_the_cluster_view() -> None:
+    """Leader-side counts from the ISR in the metadata; offline partitions from the lowest live broker only."""
+
+    def part(leo: int, hw: int, lso: int, open_txns: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            log_end_offset=leo,
+            log_start_offset=0,
+            high_watermark=hw,
+            last_stable_offset=lso,
+            open_txns=dict.fromkeys(range(open_txns), lso),
+            config=lambda key: 2,  # min.insync.replicas
+        )
+
+    def p(leader: int, isr: list[int]) -> SimpleNamespace:
+        return SimpleNamespace(leader=leader, replicas=[0, 1, 2], isr=isr)
+
+    topics = {
+        "t": SimpleNamespace(partitions=[p(0, [0, 1]), p(1, [1, 0, 2])]),  # t-0 at min ISR, t-1 led by 1
+        "u": SimpleNamespace(partitions=[p(0, [0])]),  # under min ISR
+        "v": SimpleNamespace(partitions=[p(-1, [2])]),  # offline (no leader), no replica here
+    }
+    replicas = SimpleNamespace(
+        partitions={("t", 0): part(10, 8, 5, 1), ("t", 1): part(10, 10, 10, 0), ("u", 0): part(3, 3, 3, 0)},
+        leader_of={("t", 0), ("u", 0)},
+    )
+    cluster = SimpleNamespace(topics=topics, brokers={0: None, 1: None, 2: None}, dead_brokers=set())
+
+    def collector(me: int) -> ReplicaCollector:
+        return ReplicaCollector(replicas, cluster, SimpleNamespace(broker_id=me))  # type: ignore[arg-type]
+
+    m = _collect(collector(0))
+    assert m.value("kafka_server_replicamanager_partitioncount") == 3
+    assert m.value("kafka_server_replicamanager_leadercount") == 2
+    assert m.value("kafka_server_replicamanager_underreplicatedpartitions") == 2
+    assert m.value("kafka_server_replicamanager_underminisrpartitioncount") == 1
+    assert m.value("kafka_server_replicamanager_atminisrpartitioncount") == 1
+    assert m.value("kafka_controller_kafkacontroller_offlinepartitionscount") == 1
+    assert m.value("kafka_cluster_partition_laststableoffsetlag", topic="t", partition="0") == 3
+    assert m.value("sluice_log_open_transactions", topic="t", partition="0") == 1
+    assert m.value("kafka_cluster_partition_underreplicated", topic="u", partition="0") == 1
+    # a follower reports its log, not the leader's gauges
+    assert m.value("kafka_log_log_logendoffset", topic="t", partition="1") == 10
+    assert m.value("sluice_log_last_stable_offset", topic="t", partition="1") is None
+    # only the lowest live broker counts offline partitions: not 1 while 0 is alive, 1 once 0 is dead
+    assert _collect(collector(1)).value("kafka_controller_kafkacontroller_offlinepartitionscount") == 0
+    cluster.dead_brokers = {0}
+    assert _collect(collector(1)).value("kafka_controller_kafkacontroller_offlinepartitionscount") == 1

@@ -101,7 +101,7 @@ class ReplicaCollector(_SafeCollector):
             "The offset after the last batch of the partition's log on this replica",
             labels=TP_LABELS,
         )
-        lso_start = GaugeMetricFamily(
+        log_start = GaugeMetricFamily(
             "kafka_log_log_logstartoffset", "The first offset of the partition's log on this replica", labels=TP_LABELS
         )
         hw = GaugeMetricFamily(
@@ -132,7 +132,7 @@ class ReplicaCollector(_SafeCollector):
         for key, part in sorted(rm.partitions.items()):
             labels = _tp(key)
             leo.add_metric(labels, part.log_end_offset)
-            lso_start.add_metric(labels, part.log_start_offset)
+            log_start.add_metric(labels, part.log_start_offset)
             hw.add_metric(labels, part.high_watermark)
             if key not in rm.leader_of:
                 continue
@@ -152,7 +152,7 @@ class ReplicaCollector(_SafeCollector):
             under_min_isr += isr < min_isr
             at_min_isr += isr == min_isr
         yield leo
-        yield lso_start
+        yield log_start
         yield hw
         yield lso
         yield lso_lag
