@@ -22,7 +22,7 @@ from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.main import parse_metrics_listen
-from sluice.broker.metrics.collectors import ReplicaCollector
+from sluice.broker.metrics.collectors import ReplicaCollector, stall_seconds
 from sluice.broker.metrics.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
@@ -123,6 +123,7 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         assert before.value("sluice_coordinator_partitions", coordinator="transaction", status="active") == 2
         assert (before.value("sluice_data_volume_free_bytes") or 0) > 0
         assert (before.value("sluice_rocksdb_memtable_bytes") or 0) > 0
+        assert before.value("sluice_rocksdb_write_stall_seconds_total") == 0
 
         # Plain produce: bytes and messages in, offsets.
         batch = build_batch([(None, b"x" * 100), (None, b"y" * 100)])
@@ -246,6 +247,12 @@ def test_events_and_histogram() -> None:
     assert ev.requests["Produce"] == 2 and ev.request_errors["Produce"] == 1
     ev.forget_topic("a")
     assert "a" not in ev.topics and ev.all_topics.bytes_in == 10
+
+
+def test_stall_time_is_read_from_rocksdb_stats() -> None:
+    stats = "Cumulative stall: 01:02:3.500 H:M:S, 0.1 percent\nInterval stall: 00:00:1.000 H:M:S, 0.0 percent"
+    assert stall_seconds(stats) == 3723.5
+    assert stall_seconds("no stats") is None
 
 
 def test_metrics_listen_is_parsed_or_refused() -> None:

@@ -140,6 +140,11 @@ class RocksStorage:
             total += int(value)
         return total
 
+    def str_property(self, name: str) -> str | None:
+        """A database-wide RocksDB text property (``rocksdb.dbstats`` ...), for the metrics endpoint."""
+        value = self._db.property_value(name)
+        return None if value is None else str(value)
+
     def close(self) -> None:
         # Column-family views hold references to the DB: drop them first, or
         # RocksDB keeps its LOCK file and the same process cannot reopen it.

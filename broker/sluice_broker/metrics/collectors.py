@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -376,6 +377,19 @@ _ROCKSDB: tuple[tuple[str, str, bool, str], ...] = (
 )
 
 
+# "Cumulative stall: 00:00:1.234 H:M:S, 0.1 percent" in rocksdb.dbstats: time writes spent stalled
+_CUMULATIVE_STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
+
+
+def stall_seconds(dbstats: str) -> float | None:
+    """The cumulative write-stall time in RocksDB's ``rocksdb.dbstats`` text, in seconds."""
+    found = _CUMULATIVE_STALL.search(dbstats)
+    if found is None:
+        return None
+    hours, minutes, seconds = found.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
 class StorageCollector(_SafeCollector):
     """RocksDB's size and stall state, and the free space of the data volume."""
 
@@ -389,6 +403,13 @@ class StorageCollector(_SafeCollector):
                 value = self.storage.int_property(prop, per_column_family=per_cf)
                 if value >= 0:
                     yield GaugeMetricFamily(name, doc, value)
+            stalled = stall_seconds(self.storage.str_property("rocksdb.dbstats") or "")
+            if stalled is not None:
+                yield CounterMetricFamily(
+                    "sluice_rocksdb_write_stall_seconds",
+                    "Time writes spent stalled (delayed or stopped by RocksDB) since the broker started",
+                    stalled,
+                )
         st = os.statvfs(self.data_dir)
         yield GaugeMetricFamily(
             "sluice_data_volume_free_bytes",
