@@ -257,7 +257,7 @@ class ReplicaManager:
                     if req.acks == -1:
                         waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
                 except SluiceError as exc:
-                    self.events.produce_failed(topic.name)
+                    self.events.produce_failed(topic.name, topic.name in self.cluster.topics)
                     answer(presp, exc)
         # Every partition is appended before any waits, so replication of all of them overlaps.
         await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
@@ -548,7 +548,7 @@ class ReplicaManager:
                     answer(presp, exc)
                     any_error = True
                     if tally is not None:
-                        tally.error(topic.name)
+                        tally.error(topic.name, topic.name in self.cluster.topics)
                 out.partition(presp, raw)
         return out.getvalue(), total, any_error
 

@@ -225,11 +225,13 @@ def test_events_and_histogram() -> None:
     assert h.count == 4 and h.sum == 104.5
     ev = BrokerEvents()
     ev.produced("a", 10, 2)
-    ev.produce_failed("a")
+    ev.produce_failed("a", known=True)
+    ev.produce_failed("no-such-topic", known=False)  # counted for all topics only: no label value made up
     tally = FetchTally()
     tally.read("a", 7)
     tally.read("b", 0)
-    tally.error("b")
+    tally.error("b", known=True)
+    tally.error("typo", known=False)
     ev.fetched(tally)
     assert (ev.topics["a"].bytes_in, ev.topics["a"].messages_in, ev.topics["a"].failed_produce_requests) == (10, 2, 1)
     assert (
@@ -237,7 +239,9 @@ def test_events_and_histogram() -> None:
         and ev.topics["b"].fetch_requests == 2
         and ev.topics["b"].failed_fetch_requests == 1
     )
-    assert ev.all_topics.fetch_requests == 3 and ev.all_topics.bytes_out == 7
+    assert ev.all_topics.fetch_requests == 4 and ev.all_topics.bytes_out == 7
+    assert ev.all_topics.failed_produce_requests == 2 and ev.all_topics.failed_fetch_requests == 2
+    assert set(ev.topics) == {"a", "b"}
     assert ev.topics["a"].produce_requests == 2  # the failed one included, as Kafka counts it
     ev.isr_changed([0, 1, 2], [0, 1])
     ev.isr_changed([0, 1], [0, 1, 2])

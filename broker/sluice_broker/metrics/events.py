@@ -81,17 +81,19 @@ class FetchTally:
     """What one pass over a Fetch request read, per topic; counted only for the pass that is answered."""
 
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of stored batches sent
-    partitions: dict[str, int] = field(default_factory=dict)  # partitions read
-    failed: dict[str, int] = field(default_factory=dict)  # partitions answered with an error
+    partitions: dict[str, int] = field(default_factory=dict)  # partitions read ("": of unknown topics)
+    failed: dict[str, int] = field(default_factory=dict)  # partitions answered with an error ("": ditto)
 
     def read(self, topic: str, size: int) -> None:
         self.partitions[topic] = self.partitions.get(topic, 0) + 1
         if size:
             self.sizes[topic] = self.sizes.get(topic, 0) + size
 
-    def error(self, topic: str) -> None:
-        self.partitions[topic] = self.partitions.get(topic, 0) + 1
-        self.failed[topic] = self.failed.get(topic, 0) + 1
+    def error(self, topic: str, known: bool) -> None:
+        """A partition answered with an error; ``known``: the topic exists (else only the all-topics count)."""
+        key = topic if known else ""
+        self.partitions[key] = self.partitions.get(key, 0) + 1
+        self.failed[key] = self.failed.get(key, 0) + 1
 
 
 @dataclass
@@ -129,8 +131,10 @@ class BrokerEvents:
         a.bytes_in += size
         a.messages_in += records
 
-    def produce_failed(self, topic: str) -> None:
-        for c in (self._topic(topic), self.all_topics):
+    def produce_failed(self, topic: str, known: bool) -> None:
+        """A partition batch refused; ``known``: the topic exists (a client's made-up topic names must not
+        become label values: only the all-topics count takes those)."""
+        for c in (self._topic(topic), self.all_topics) if known else (self.all_topics,):
             c.produce_requests += 1
             c.failed_produce_requests += 1
 
@@ -138,15 +142,16 @@ class BrokerEvents:
         """One consumer Fetch answered: what its last pass read (a long poll's earlier passes are not sent)."""
         a = self.all_topics
         for topic, n in tally.partitions.items():
-            t = self._topic(topic)
-            t.fetch_requests += n
             a.fetch_requests += n
+            if topic:
+                self._topic(topic).fetch_requests += n
         for topic, size in tally.sizes.items():
             self._topic(topic).bytes_out += size
             a.bytes_out += size
         for topic, n in tally.failed.items():
-            self._topic(topic).failed_fetch_requests += n
             a.failed_fetch_requests += n
+            if topic:
+                self._topic(topic).failed_fetch_requests += n
 
     def request(self, name: str, millis: float, failed: bool) -> None:
         """One RPC answered (``failed``: it ended in a gRPC error, not a per-partition error code)."""
