@@ -247,10 +247,8 @@ class ReplicaManager:
                 presp = tresp.partitions.add(partition=pdata.partition, base_offset=-1, log_append_time=-1)
                 try:
                     part = self.leader_partition(topic.name, pdata.partition)
-                    base, dup = await self._produce_one(req, topic.name, part, pdata.batch)
+                    base, _dup = await self._produce_one(req, topic.name, part, pdata.batch)
                     presp.base_offset = base
-                    if not dup:  # a retried batch answered with its first offset was not appended again
-                        self.events.produced(topic.name, pdata.batch.ByteSize(), pdata.batch.record_count)
                     presp.log_start_offset = part.log_start_offset
                     if part.config("message.timestamp.type") == "LogAppendTime":
                         presp.log_append_time = pdata.batch.max_timestamp
@@ -270,7 +268,7 @@ class ReplicaManager:
             raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
         if topic in INTERNAL_TOPICS:
             raise errors.InvalidTopicError(f"clients cannot write to internal topic {topic}")
-        validate_batch(batch, int(str(part.config("max.message.bytes"))))
+        size = validate_batch(batch, int(str(part.config("max.message.bytes"))))
         key = (part.topic, part.partition)
         if req.acks == -1:
             self._check_min_isr(key, part)
@@ -278,6 +276,7 @@ class ReplicaManager:
         if not needs_verification:
             result = part.append(batch)
             self._after_append(part)
+            self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -285,6 +284,7 @@ class ReplicaManager:
                 await self._verify_txn(req.transactional_id, batch, part)
             result = part.append(batch, verified_txn=True)
             self._after_append(part)
+            self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
 
     async def _verify_txn(self, transactional_id: str, batch: RecordBatch, part: PartitionLog) -> None:

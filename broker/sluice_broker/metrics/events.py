@@ -121,7 +121,11 @@ class BrokerEvents:
 
     # -- the data path (called per partition batch: keep these cheap) ------------------------------
 
-    def produced(self, topic: str, size: int, records: int) -> None:
+    def produced(self, topic: str, size: int, records: int, duplicate: bool = False) -> None:
+        """A partition batch appended (``duplicate``: a retry answered with its first offset, not appended)."""
+        if duplicate:
+            self.produce_duplicate(topic)
+            return
         t = self._topic(topic)
         t.produce_requests += 1
         t.bytes_in += size
@@ -130,6 +134,10 @@ class BrokerEvents:
         a.produce_requests += 1
         a.bytes_in += size
         a.messages_in += records
+
+    def produce_duplicate(self, topic: str) -> None:
+        for c in (self._topic(topic), self.all_topics):
+            c.produce_requests += 1
 
     def produce_failed(self, topic: str, known: bool) -> None:
         """A partition batch refused; ``known``: the topic exists (a client's made-up topic names must not
