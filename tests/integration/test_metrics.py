@@ -1,7 +1,7 @@
 """Every broker's Prometheus endpoint, scraped while a real cluster works and fails (issue 14, "Done when").
 
 Three broker processes (replication factor 3, min.insync.replicas 2), a transactional workload, a
-transaction left open, a consumer group that lags behind, then a kill -9. Every broker is scraped
+transaction left open, a consumer group that lags behind, then a kill -9 and a restart. Every broker is scraped
 through ``LocalCluster.metrics_url(i)``; the values asserted are the ones the cluster's own state
 (metadata, ListOffsets, the workload) says they must be. Every wait is bounded.
 """
@@ -180,5 +180,17 @@ def test_metrics_of_a_three_broker_cluster(fresh_cluster: Callable[..., LocalClu
     # The controller took the dead broker out of the ISRs itself; brokers count only their own shrinks.
     assert all("kafka_server_replicamanager_isrshrinks_total" in s.names() for s in m.values())
     assert total(m, "kafka_controller_kafkacontroller_offlinepartitionscount") == 0
+
+    # -- the broker comes back: the leaders take it into their ISRs again, and count it --------------
+    cluster.restart(victim)
+
+    def caught_up() -> bool:
+        m = scrape_all(cluster, everyone)
+        return (
+            total(m, "kafka_server_replicamanager_underreplicatedpartitions") == 0
+            and total(m, "kafka_server_replicamanager_isrexpands_total") > 0
+        )
+
+    wait_for(holds(caught_up), timeout=60, what="every ISR full again after the restart")
     stuck.close()
     admin.close()
