@@ -192,12 +192,16 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(f"{config.host}:{config.port}")
-    await server.start()
     metrics: BrokerMetrics | None = None
     if metrics_listen is not None:
         metrics = BrokerMetrics(config, storage, cluster, replicas, txn, groups)
-        await metrics.start(*metrics_listen)
+        try:
+            await metrics.start(*metrics_listen)
+        except OSError as exc:  # before the gRPC port opens: a broker that cannot serve what was asked stops
+            host, port = metrics_listen
+            raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
+    await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
     # the coordinator partitions it loads.
