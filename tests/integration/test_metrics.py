@@ -8,12 +8,16 @@ through ``LocalCluster.metrics_url(i)``; the values asserted are the ones the cl
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Callable
+from pathlib import Path
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
-from sluice.testing import LocalCluster, Scrape, scrape
+from sluice.testing import LocalCluster, Scrape, free_port, scrape
 
 from .helpers import wait_for
 
@@ -194,3 +198,21 @@ def test_metrics_of_a_three_broker_cluster(fresh_cluster: Callable[..., LocalClu
     wait_for(holds(caught_up), timeout=60, what="every ISR full again after the restart")
     stuck.close()
     admin.close()
+
+
+def test_a_metrics_port_in_use_stops_the_broker_with_a_message(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable, "-m", "sluice.broker", "--id", "0",
+                "--listen", f"127.0.0.1:{free_port()}", "--data", str(tmp_path / "data"),
+                "--metrics-listen", f"127.0.0.1:{taken}",
+            ],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert f"cannot serve metrics on 127.0.0.1:{taken}" in result.stderr
+    assert "Traceback" not in result.stderr
