@@ -192,6 +192,15 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         assert m.value("kafka_network_requestmetrics_requests_total", request="Produce") is None  # no gRPC here
         assert "process_cpu_seconds_total" in m.names()
 
+        assert m.value("sluice_transaction_coordinator_open_transactions_past_timeout") == 0
+        # Two minutes later (the coordinator's clock), the 60 s transaction is past its timeout.
+        real_clock = txn.clock
+        txn.clock = lambda: real_clock() + 120_000
+        later = await scrape(port)
+        txn.clock = real_clock
+        assert later.value("sluice_transaction_coordinator_open_transactions_past_timeout") == 1
+        assert (later.value("sluice_transaction_coordinator_oldest_open_transaction_age_seconds") or 0) >= 120
+
         # Commit: the transaction is counted, the LSO catches up, markers were timed.
         ended = await txn.end_txn(
             bpb.EndTxnRequest(transactional_id="t", producer_id=pid, producer_epoch=epoch, committed=True)
