@@ -5,6 +5,14 @@ first metadata refresh, so loading their internal partitions is the first
 thing that happens when this broker learns it leads them; the health service
 says SERVING only once they are loaded, which is what LocalCluster (and a
 Kubernetes readiness probe) waits for.
+
+Metrics (``--metrics-listen HOST:PORT``, off unless given): Prometheus
+``GET /metrics`` on its own port, served on this loop (:mod:`sluice.broker.metrics`).
+Off by default because it is an unauthenticated port that names every topic
+and consumer group: it should be opened on purpose, on an address chosen for
+it (the chart opens it on the pod's port 9404, LocalCluster on loopback).
+It starts with the gRPC server, before the broker is ready, so a broker stuck
+loading its coordinator partitions can still be looked at.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
+from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import BrokerServicer
 from sluice.broker.txn import TransactionCoordinator
@@ -108,8 +117,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--config", action="append", default=[], metavar="KEY=VALUE", help="a broker setting (Kafka's names)"
     )
+    parser.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; see docs/metrics.md)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
+
+
+def parse_metrics_listen(value: str | None) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of --metrics-listen, or None when it is not given."""
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--metrics-listen must be HOST:PORT with a port in 1..65535, not {value!r}")
+    return host, int(port)
 
 
 def pod_ordinal_id(hostname: str) -> int:
@@ -141,7 +167,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     return BrokerConfig.build(args.id, host, int(port), args.data, metadata, overrides)
 
 
-async def serve(config: BrokerConfig) -> None:
+async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = None) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
     storage = RocksStorage(os.path.join(config.data_dir, "rocksdb"))
@@ -166,6 +192,15 @@ async def serve(config: BrokerConfig) -> None:
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(f"{config.host}:{config.port}")
+    metrics: BrokerMetrics | None = None
+    if metrics_listen is not None:
+        metrics = BrokerMetrics(config, storage, cluster, replicas, txn, groups)
+        try:
+            await metrics.start(*metrics_listen)
+        except OSError as exc:  # before the gRPC port opens: a broker that cannot serve what was asked stops
+            host, port = metrics_listen
+            raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
+        log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -233,6 +268,8 @@ async def serve(config: BrokerConfig) -> None:
     for task in tasks:
         task.cancel()
     await server.stop(grace=2.0)
+    if metrics is not None:
+        await metrics.stop()
     await replicas.fetchers.stop()
     replicas.checkpoint_high_watermarks()
     await replicas.channels.close()
@@ -251,8 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         config = build_config(args)
+        metrics_listen = parse_metrics_listen(args.metrics_listen)
     except ConfigError as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, metrics_listen))
     return 0

@@ -41,6 +41,7 @@ from sluice.broker.errors import answer
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage
+from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
     ReplicaFetcherManager,
@@ -83,6 +84,7 @@ class ReplicaManager:
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
+        self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
         self.channels = channels or BrokerChannels(cluster)
@@ -117,6 +119,7 @@ class ReplicaManager:
                     self._tell_leadership(old.name, p, False, -1)
                 if part is not None:
                     part.delete_all()
+            self.events.forget_topic(old.name)
             old = None
         if new is None:
             return
@@ -252,6 +255,7 @@ class ReplicaManager:
                     if req.acks == -1:
                         waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
                 except SluiceError as exc:
+                    self.events.produce_failed(topic.name, topic.name in self.cluster.topics)
                     answer(presp, exc)
         # Every partition is appended before any waits, so replication of all of them overlaps.
         await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
@@ -264,7 +268,7 @@ class ReplicaManager:
             raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
         if topic in INTERNAL_TOPICS:
             raise errors.InvalidTopicError(f"clients cannot write to internal topic {topic}")
-        validate_batch(batch, int(str(part.config("max.message.bytes"))))
+        size = validate_batch(batch, int(str(part.config("max.message.bytes"))))
         key = (part.topic, part.partition)
         if req.acks == -1:
             self._check_min_isr(key, part)
@@ -272,6 +276,7 @@ class ReplicaManager:
         if not needs_verification:
             result = part.append(batch)
             self._after_append(part)
+            self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
@@ -279,6 +284,7 @@ class ReplicaManager:
                 await self._verify_txn(req.transactional_id, batch, part)
             result = part.append(batch, verified_txn=True)
             self._after_append(part)
+            self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
 
     async def _verify_txn(self, transactional_id: str, batch: RecordBatch, part: PartitionLog) -> None:
@@ -465,6 +471,7 @@ class ReplicaManager:
                 key[0], key[1], me, part.leader_epoch, isr
             ):
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
+                self.events.isr_changed(pinfo.isr, isr)
                 if self._maybe_advance_hw(key, part):
                     self._notify()
 
@@ -485,14 +492,18 @@ class ReplicaManager:
         read_committed = req.isolation_level == pb.READ_COMMITTED
         while True:
             waiter = self._data_arrived
-            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed)
+            tally = FetchTally()
+            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally)
             remaining = deadline - time.monotonic()
             if total >= max(min_bytes, 1) or any_error or remaining <= 0:
+                self.events.fetched(tally)
                 return resp
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), remaining)
 
-    def _fetch_once(self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool) -> tuple[bytes, int, bool]:
+    def _fetch_once(
+        self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool, tally: FetchTally | None = None
+    ) -> tuple[bytes, int, bool]:
         """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
         out = FetchResponseWriter()
         total = 0
@@ -529,11 +540,15 @@ class ReplicaManager:
                     for pid, first in result.aborted:
                         presp.aborted_transactions.add(producer_id=pid, first_offset=first)
                     total += result.size
+                    if tally is not None:
+                        tally.read(topic.name, result.size)
                     if result.next_fetch_offset > fp.fetch_offset and not result.batches:
                         total += 1  # stepped over aborted data: worth answering now
                 except SluiceError as exc:
                     answer(presp, exc)
                     any_error = True
+                    if tally is not None:
+                        tally.error(topic.name, topic.name in self.cluster.topics)
                 out.partition(presp, raw)
         return out.getvalue(), total, any_error
 

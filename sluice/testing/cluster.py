@@ -23,6 +23,11 @@ Broker ids are 0..N-1 and equal the index used by kill(i), restart(i) ...
 Each broker keeps its port across restarts, so clients reconnect to the same
 address the way they would to a restarted pod.
 
+Metrics: every broker serves Prometheus metrics on a second port of its own
+loopback address (``--metrics-listen``), also kept across restarts;
+``metrics_url(i)`` is broker i's full URL, and :func:`sluice.testing.scrape`
+reads it into samples a test can assert on.
+
 Replication (several brokers): every broker gets the same ``--metadata``
 file; that file is the cluster, as the Kubernetes API is in production.
 One more process, the local controller (``python -m
@@ -100,10 +105,12 @@ class BrokerProcess(ManagedProcess):
         *,
         python: str,
         env: Mapping[str, str],
+        metrics_port: int | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.host = host
         self.port = port
+        self.metrics_port = metrics_port
         self.data_path = data_path
         self.config = dict(config)
         listen = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -114,6 +121,8 @@ class BrokerProcess(ManagedProcess):
             "--data", str(data_path),
             "--metadata", str(metadata_path),
         ]  # fmt: skip
+        if metrics_port is not None:
+            argv += ["--metrics-listen", f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"]
         for key, value in self.config.items():
             argv += ["--config", f"{key}={value}"]
         super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
@@ -121,6 +130,14 @@ class BrokerProcess(ManagedProcess):
     @property
     def address(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://HOST:PORT/metrics`` of this broker's Prometheus endpoint (None if it has none)."""
+        if self.metrics_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.metrics_port}/metrics"
 
     def health(self, timeout: float = 1.0) -> str:
         """The broker's grpc.health.v1 status (``SERVING`` ...), or ``UNREACHABLE``/``PAUSED``/its state."""
@@ -254,6 +271,7 @@ class LocalCluster:
                     cfg,
                     python=python,
                     env=child_env,
+                    metrics_port=free_port(host),
                 )
             )
         controller_args = []
@@ -342,6 +360,12 @@ class LocalCluster:
 
     def address(self, i: int) -> str:
         return self.broker(i).address
+
+    def metrics_url(self, i: int) -> str:
+        """Broker ``i``'s Prometheus endpoint, ``http://HOST:PORT/metrics`` (the same across restarts)."""
+        url = self.broker(i).metrics_url
+        assert url is not None  # every broker of a LocalCluster serves metrics
+        return url
 
     def kill(self, i: int) -> None:
         """SIGKILL broker ``i`` (a crash: no shutdown code runs) and reap it."""
@@ -557,6 +581,7 @@ class LocalCluster:
                     "state": b.state,
                     "log": str(b.log_path),
                     "data": str(b.data_path),
+                    "metrics_url": b.metrics_url,
                 }
                 for b in self._brokers
             ],

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sluice.broker.config import BrokerConfig
-from sluice.broker.main import build_config, parse_args
+from sluice.broker.main import build_config, parse_args, parse_metrics_listen
 from sluice.testing import poll_until
 from tests.support.k8s_env import KubeCluster
 
@@ -264,3 +264,16 @@ def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: 
                                                   if e["name"] == "SLUICE_BROKER_SELECTOR").split(","))
     pod_labels = find(render(k8s, namespace="prod"), "StatefulSet")["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= pod_labels.items()
+
+
+def test_broker_metrics_port_is_opened_on_the_pod_and_the_headless_service(k8s: KubeCluster) -> None:
+    docs = render(k8s)
+    container = find(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    listen = [a for a in container["args"] if a.startswith("--metrics-listen=")]
+    assert listen == ["--metrics-listen=$(POD_IP):9404"]
+    assert parse_metrics_listen(listen[0].split("=", 1)[1].replace("$(POD_IP)", "10.244.0.7")) == ("10.244.0.7", 9404)
+    assert {"name": "metrics", "containerPort": 9404, "protocol": "TCP"} in container["ports"]
+    headless = [d for d in docs if d["kind"] == "Service" and d["spec"].get("clusterIP") == "None"]
+    assert len(headless) == 1 and any(p["name"] == "metrics" for p in headless[0]["spec"]["ports"])
+    off = "\n".join(str(d) for d in render(k8s, "--set", "broker.metrics.enabled=false"))
+    assert "metrics" not in off

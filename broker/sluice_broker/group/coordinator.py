@@ -452,6 +452,7 @@ class GroupCoordinator:
         else:
             state.groups[req.group_id] = group
         if group.epoch != before:
+            self.replicas.events.group_epochs_bumped(group.epoch - before)
             log.info(
                 "group %r: epoch %d -> %d (member %s, epoch %d: %s), %d members",
                 req.group_id,
@@ -487,7 +488,9 @@ class GroupCoordinator:
             for group_id, group in list(state.groups.items()):
                 if sizes is None:
                     sizes = self._topic_sizes()
+                before = group.epoch
                 for member_id, reason in group.expire(sizes, now):
                     log.info("group %r: removed member %s (%s); epoch now %d", group_id, member_id, reason, group.epoch)
+                self.replicas.events.group_epochs_bumped(group.epoch - before)
                 if group.is_empty:
                     del state.groups[group_id]

@@ -56,8 +56,8 @@ def partition_prefix(topic_id: str, partition: int) -> bytes:
     return bytes.fromhex(topic_id.replace("-", "")) + struct.pack(">I", partition)
 
 
-def validate_batch(batch: RecordBatch, max_message_bytes: int) -> None:
-    """The header checks every produced batch passes before anything else looks at it."""
+def validate_batch(batch: RecordBatch, max_message_bytes: int) -> int:
+    """The header checks every produced batch passes before anything else looks at it; returns its size."""
     if batch.control:
         raise errors.InvalidRecordError("control batches are written by the broker only")
     if batch.record_count < 1:
@@ -85,6 +85,7 @@ def validate_batch(batch: RecordBatch, max_message_bytes: int) -> None:
         raise errors.InvalidTimestampError("first_timestamp is after max_timestamp")
     if not verify_crc(batch):
         raise errors.CorruptMessageError("the batch's CRC-32C does not match its contents")
+    return size  # ByteSize() serializes the batch (upb): callers reuse it rather than ask again
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,26 @@ class RocksStorage:
             return it.key(), it.value()
         return None
 
+    def int_property(self, name: str, *, per_column_family: bool = True) -> int:
+        """A RocksDB integer property (``rocksdb.total-sst-files-size`` ...), summed over every column family
+        unless it is database-wide (``per_column_family=False``: ``rocksdb.is-write-stopped`` ...).
+
+        Read-only, for the metrics endpoint; -1 when RocksDB does not know the property.
+        """
+        total = 0
+        views = (self._db, *self._cfs.values()) if per_column_family else (self._db,)
+        for view in views:
+            value = view.property_int_value(name)
+            if value is None:
+                return -1
+            total += int(value)
+        return total
+
+    def str_property(self, name: str) -> str | None:
+        """A database-wide RocksDB text property (``rocksdb.dbstats`` ...), for the metrics endpoint."""
+        value = self._db.property_value(name)
+        return None if value is None else str(value)
+
     def close(self) -> None:
         # Column-family views hold references to the DB: drop them first, or
         # RocksDB keeps its LOCK file and the same process cannot reopen it.

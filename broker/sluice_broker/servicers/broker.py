@@ -86,6 +86,7 @@ class BrokerService:
                     b.ConsumerGroupHeartbeatRequest,
                 ),
             },
+            self.replicas.events,
         )
 
     # -- metadata ---------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class InterBrokerService:
                 "ReplicaFetch": (self.replica_fetch, ipb.ReplicaFetchRequest),
                 "OffsetsForLeaderEpoch": (self.offsets_for_leader_epoch, ipb.OffsetsForLeaderEpochRequest),
             },
+            self.replicas.events,
         )
 
     async def write_txn_markers(self, req: ipb.WriteTxnMarkersRequest, _ctx: Ctx) -> ipb.WriteTxnMarkersResponse:

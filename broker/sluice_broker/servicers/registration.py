@@ -8,13 +8,17 @@ from the gRPC runtime. A handler that raises
 no sense, such as a negative size) answers INVALID_ARGUMENT too. A handler that
 fails unexpectedly answers INTERNAL with the error text and is logged; the
 broker keeps serving either way. Handlers are shielded from the cancellation of
-their call: a request is finished even when its client went away.
+their call: a request is finished even when its client went away. Every call is
+timed here, once for all services, into the broker's :class:`BrokerEvents`
+(request count, latency and gRPC-level failures by method name: the request
+metrics of the metrics endpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -22,6 +26,7 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from sluice.broker.errors import InvalidArgumentError
+from sluice.broker.metrics.events import BrokerEvents
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +50,20 @@ def _parser(cls: type[Message]) -> Callable[[bytes], Message | _Malformed]:
     return parse
 
 
-def _guard(name: str, handler: Handler) -> Handler:
+def _guard(name: str, handler: Handler, events: BrokerEvents | None) -> Handler:
     async def run(request: Any, context: Ctx) -> Message | bytes:
+        if events is None:
+            return await guarded(request, context)
+        started = time.perf_counter()
+        failed = True
+        try:
+            response = await guarded(request, context)
+            failed = False
+            return response
+        finally:
+            events.request(name, (time.perf_counter() - started) * 1000, failed)
+
+    async def guarded(request: Any, context: Ctx) -> Message | bytes:
         if isinstance(request, _Malformed):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         try:
@@ -66,11 +83,14 @@ def _guard(name: str, handler: Handler) -> Handler:
     return run
 
 
-def service(full_name: str, methods: Methods) -> grpc.GenericRpcHandler[Any, Any]:
-    """The generic handler of service ``full_name`` (e.g. "sluice.v1.Broker") for ``methods``."""
+def service(full_name: str, methods: Methods, events: BrokerEvents | None = None) -> grpc.GenericRpcHandler[Any, Any]:
+    """The generic handler of service ``full_name`` (e.g. "sluice.v1.Broker") for ``methods``.
+
+    Every call is counted and timed into ``events`` (when given).
+    """
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guard(name, fn),
+            _guard(name, fn, events),
             request_deserializer=_parser(req_cls),
             # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
             response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -563,8 +564,11 @@ class TransactionCoordinator:
         def still_valid() -> bool:
             return self.runtime.is_current(cpart) and cpart.state.txns.get(tid) is entry and entry.meta is prepared
 
+        started = time.monotonic()
         result = await self.markers.send(job, still_valid)
-        if result is not MarkerResult.DONE:
+        if result is MarkerResult.DONE:
+            self.replicas.events.markers_sent(time.monotonic() - started)
+        else:
             log.warning("markers of %r not completed (%s): leaving it to the next coordinator", tid, result.value)
             return
         if committed and not recovering and self.config.hook(HOOK_STOP_BEFORE_COMPLETE_COMMIT):
@@ -577,6 +581,7 @@ class TransactionCoordinator:
                 continue
             try:
                 await self._write(cpart, tid, entry, prepared.complete(self.clock()))
+                self.replicas.events.txn_completed(committed)
                 return
             except SluiceError as exc:
                 if exc.code == pb.NOT_COORDINATOR:
@@ -610,6 +615,7 @@ class TransactionCoordinator:
                 except SluiceError as exc:
                     log.warning("cannot abort the timed-out transaction of %r: %s", tid, exc.message)
                     continue
+                self.replicas.events.txn_timed_out()
                 self.runtime.spawn(cpart, self._complete(cpart, tid, entry, fenced), f"aborting {tid!r}")
 
     async def remove_expired_transactional_ids(self) -> None:
