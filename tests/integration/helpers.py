@@ -105,9 +105,12 @@ class OffsetMonitor:
         self.failed_samples = 0
         self.rounds = 0
 
-    def __enter__(self) -> OffsetMonitor:
+    def start(self) -> OffsetMonitor:
         self._thread.start()
         return self
+
+    def __enter__(self) -> OffsetMonitor:
+        return self.start()
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
