@@ -95,7 +95,11 @@ class OffsetMonitor:
         self.max_samples = max_samples
         self.max_seconds = max_seconds
         self.sample_timeout = sample_timeout
-        self._admin = Admin(bootstrap_servers=bootstrap, client_id="offset-monitor")
+        # Every request of a sample is bounded by the sample's timeout: a metadata refresh that
+        # picks a paused broker would otherwise wait for the client's default request timeout (30 s).
+        self._admin = Admin(
+            bootstrap_servers=bootstrap, client_id="offset-monitor", request_timeout_ms=int(sample_timeout * 1000)
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="offset-monitor", daemon=True)
         # per isolation level and partition: (monotonic time, offset) of every successful sample

@@ -177,27 +177,39 @@ def test_failover_to_a_follower_without_the_marker_takes_back_nothing(tmp_path: 
         with OffsetMonitor(cluster.bootstrap_servers, [tp], interval=0.05) as monitor:
             wait_for(lambda: len(monitor.samples["read_committed"][tp]) >= 3, timeout=20, what="samples")
             assert monitor.samples["read_committed"][tp][-1][1] == 0
+            coordinator_id = coordinator_of(cluster, txn_id)
             # the deposed leader keeps its connections and answers nothing, as a partitioned one would
             cluster.pause(leader)
             try:
-                changed = wait_for(
-                    lambda: (
-                        time.monotonic() if partition_state(admin, "moved")[1] > epoch else None
-                    ),
-                    timeout=30,
-                    interval=0.02,
-                    what="a new leader",
-                )
-
-                def completed() -> float | None:
-                    try:
-                        (s,) = admin.describe_transactions([txn_id])
-                    except errors.SluiceError:
-                        return None
-                    return time.monotonic() if s.state == "CompleteCommit" else None
-
-                done = wait_for(completed, timeout=60, interval=0.02, what="the transaction to complete")
+                # Polled together and straight from the source, so no request waits on the paused broker:
+                # the leader change as the metadata store records it, the LSO passing the marker at the
+                # new leader, and CompleteCommit at the coordinator.
+                coordinator = Wire(cluster.address(coordinator_id))
+                changed = visible = done = None
+                new_leader: Wire | None = None
+                for _ in range(3000):  # bounded: 3000 polls of at least 20 ms
+                    state = cluster.partition_state("moved", 0)
+                    if changed is None and int(state["leader_epoch"]) > epoch:
+                        changed = time.monotonic()
+                        new_leader = Wire(cluster.address(int(state["leader"])))
+                    lso = -1 if new_leader is None else list_latest(new_leader, "moved", read_committed=True).offset
+                    if visible is None and lso == len(VALUES) + 1:
+                        visible = time.monotonic()
+                    if changed is not None and done is None:
+                        described = coordinator.stub.DescribeTransactions(
+                            bpb.DescribeTransactionsRequest(transactional_ids=[txn_id]), timeout=5
+                        )
+                        if described.transactions[0].state == "CompleteCommit":
+                            done = time.monotonic()
+                    if done is not None and visible is not None:
+                        break
+                    time.sleep(0.02)
+                assert changed and visible and done, f"leader changed {changed}, visible {visible}, complete {done}"
+                print(f"\nleader change -> LSO past the marker at the new leader: {visible - changed:.2f}s")
                 took = done - changed
+                coordinator.close()
+                assert new_leader is not None
+                new_leader.close()
                 print(f"\nleader change -> transaction complete: {took:.2f}s")
                 wait_for(
                     lambda: (monitor.samples["read_committed"][tp] or [(0, 0)])[-1][1] == len(VALUES) + 1,
