@@ -10,6 +10,8 @@ above the high watermark, for as long as a file exists in the leader's data dire
   coordinator's marker follows the partition to its new leader within about a metadata refresh;
 - a new leader whose HW is below the start of its epoch answers ListOffsets(latest) with
   OFFSET_NOT_AVAILABLE, which the Consumer, the Admin client and the Spark source retry.
+- a leader killed and restarted with the marker still above the HW rebuilds the unreplicated
+  transaction from its producer states and HW checkpoint.
 
 Every wait is bounded.
 """
@@ -305,3 +307,33 @@ def test_a_new_leader_behind_its_epoch_start_answers_offset_not_available(tmp_pa
         wire.close()
         admin.close()
 
+
+
+def test_a_restarted_leader_rebuilds_the_unreplicated_transaction_from_its_hw_checkpoint(tmp_path: Path) -> None:
+    # a failure timeout longer than the test: the restarted leader keeps its leadership and epoch
+    with LocalCluster(brokers=3, data_dir=tmp_path, config=HOLD, failure_timeout_ms=60_000) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        leader, epoch = new_topic(admin, "rebuilt")
+        hold = held_commit(cluster, admin, "rebuilt", "rebuilt-tx")
+        time.sleep(1.5)  # the HW (5, below the marker) is checkpointed every second
+        cluster.kill(leader)
+        cluster.restart(leader)
+        assert partition_state(admin, "rebuilt")[:2] == (leader, epoch)
+        assert log_end(cluster, leader, "rebuilt", epoch) == len(VALUES) + 1  # the marker survived the kill
+        wire = Wire(cluster.address(leader))
+        for _ in range(10):
+            resp = wire.fetch("rebuilt", 0, 0, read_committed=True)
+            assert resp.error_code == pb.NONE, resp.error_message
+            assert (resp.high_watermark, resp.last_stable_offset) == (len(VALUES), 0)
+            assert list(resp.batches) == []
+            assert list_latest(wire, "rebuilt", read_committed=True).offset == 0
+            time.sleep(0.1)
+        hold.unlink()
+        wait_for(
+            lambda: list_latest(wire, "rebuilt", read_committed=True).offset == len(VALUES) + 1,
+            timeout=20,
+            what="the LSO past the released marker",
+        )
+        assert values(read_topic(cluster.bootstrap_servers, "rebuilt")) == VALUES
+        wire.close()
+        admin.close()
