@@ -578,9 +578,12 @@ class ReplicaManager:
                     elif lp.timestamp == EARLIEST:
                         presp.offset = part.log_start_offset
                     elif lp.timestamp == MAX_TIMESTAMP:
+                        self._check_offsets_vouched(part)  # the latest record may be above this HW
                         presp.offset, presp.timestamp = part.max_timestamp_offset()
                     elif lp.timestamp >= 0:
                         presp.offset, presp.timestamp = part.offset_for_timestamp(lp.timestamp)
+                        if presp.offset < 0:  # "none below the HW" may be a record the old leader exposed
+                            self._check_offsets_vouched(part)
                     else:
                         raise errors.InvalidRequestError(f"unknown offset spec {lp.timestamp}")
                 except SluiceError as exc:

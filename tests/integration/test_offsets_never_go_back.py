@@ -70,11 +70,14 @@ def log_end(cluster: LocalCluster, broker: int, topic: str, epoch: int) -> int:
     return int(p.end_offset)
 
 
-def list_latest(wire: Wire, topic: str, read_committed: bool) -> bpb.ListOffsetsPartitionResponse:
+def list_latest(wire: Wire, topic: str, read_committed: bool, spec: int = -1) -> bpb.ListOffsetsPartitionResponse:
+    """ListOffsets of partition 0 at one broker: latest (-1) by default, or earliest -2, max timestamp -3, a time."""
     resp = wire.stub.ListOffsets(
         bpb.ListOffsetsRequest(
             isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
-            topics=[bpb.ListOffsetsTopic(name=topic, partitions=[bpb.ListOffsetsPartition(partition=0, timestamp=-1)])],
+            topics=[
+                bpb.ListOffsetsTopic(name=topic, partitions=[bpb.ListOffsetsPartition(partition=0, timestamp=spec)])
+            ],
         ),
         timeout=5,
     )
@@ -269,6 +272,13 @@ def test_a_new_leader_behind_its_epoch_start_answers_offset_not_available(tmp_pa
                     what="the heir's answer",
                 )
                 assert answer.error_code == pb.OFFSET_NOT_AVAILABLE, answer
+            # the latest record's offset, or "no record this recent", might also be less than the old
+            # leader answered; earliest is the log start, which a new leader knows
+            assert list_latest(wire, "kip207", False, spec=-3).error_code == pb.OFFSET_NOT_AVAILABLE
+            future = int(time.time() * 1000) + 3_600_000
+            assert list_latest(wire, "kip207", False, spec=future).error_code == pb.OFFSET_NOT_AVAILABLE
+            assert list_latest(wire, "kip207", False, spec=0).offset == 0
+            assert list_latest(wire, "kip207", False, spec=-2).offset == 0
             assert errors.error_class(pb.OFFSET_NOT_AVAILABLE).retriable
             results: dict[str, Any] = {}
 
