@@ -82,3 +82,36 @@ def test_a_leader_that_did_not_move_is_waited_for() -> None:
     assert asyncio.run(sender.send(_job(), lambda: True)) is MarkerResult.DONE
     assert sender.calls == [2]
     assert sender.cancelled == []
+
+
+class _DeadLeaderSender(_Sender):
+    """Broker 1 is dead: every attempt fails at once, as a refused connection does."""
+
+    async def _send_to(
+        self, broker_id: int, job: MarkerJob, partitions: list[TopicPartition]
+    ) -> list[PartitionOutcome]:
+        self.calls.append(broker_id)
+        if broker_id == 1:
+            return [(tp, pb.REQUEST_TIMED_OUT, "broker 1: UNAVAILABLE") for tp in partitions]
+        return [(tp, pb.NONE, "") for tp in partitions]
+
+
+def test_a_grown_backoff_is_cut_short_by_a_new_leader() -> None:
+    cluster = _Cluster({"t": _Topic([_Partition(leader=1)])})
+    sender = _DeadLeaderSender(cluster)
+    sender.initial_backoff_s = 2.0  # as grown after a few seconds of a dead leader
+
+    async def scenario() -> float:
+        async def elect() -> None:
+            await asyncio.sleep(0.3)
+            cluster.topics["t"].partitions[0].leader = 2
+
+        mover = asyncio.ensure_future(elect())
+        start = time.monotonic()
+        assert await asyncio.wait_for(sender.send(_job(), lambda: True), timeout=10) is MarkerResult.DONE
+        await mover
+        return time.monotonic() - start
+
+    elapsed = asyncio.run(scenario())
+    assert sender.calls[0] == 1 and sender.calls[-1] == 2
+    assert elapsed < 1.0, f"took {elapsed:.2f}s: the backoff was not cut short by the election"

@@ -23,7 +23,8 @@ with no open transaction).
 Markers follow leadership: while a request is in flight, the cluster view
 (refreshed every 100 ms) is checked every :data:`LEADER_CHECK_INTERVAL_S`, and
 once it names another leader for one of the request's partitions the request is
-abandoned and the next round goes to the new leader at once, without a backoff.
+abandoned and the next round goes to the new leader at once, without a backoff;
+a backoff between failed rounds is cut short the same way.
 A deposed leader that is paused or cut off answers nothing until the RPC
 timeout, and one that still runs waits up to its marker replication timeout
 for followers that now fetch elsewhere; waiting for either kept a transaction
@@ -152,7 +153,7 @@ class MarkerSender:
                         failures.append((tp, code, message))
             if not remaining:
                 return MarkerResult.DONE
-            if any(self._exists(tp) and self._leader(tp) not in (sent_to[tp], -1) for tp in remaining):
+            if self._any_moved(remaining, sent_to):
                 # a partition moved to a new leader since this round began: go there now
                 backoff = self.initial_backoff_s
                 continue
@@ -170,8 +171,29 @@ class MarkerSender:
                     pb.ErrorCode.Name(code),
                     message,
                 )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.max_backoff_s)
+            if await self._sleep_unless_moved(backoff, remaining, sent_to):
+                backoff = self.initial_backoff_s  # woken by a new leader: go there now
+            else:
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+    def _any_moved(self, partitions: set[TopicPartition], sent_to: dict[TopicPartition, int]) -> bool:
+        """Whether the cluster view names a new leader (not the one last tried, not none) for any of ``partitions``."""
+        return any(self._exists(tp) and self._leader(tp) not in (sent_to[tp], -1) for tp in partitions)
+
+    async def _sleep_unless_moved(
+        self, seconds: float, partitions: set[TopicPartition], sent_to: dict[TopicPartition, int]
+    ) -> bool:
+        """The backoff, cut short (True) when one of ``partitions`` gets a new leader meanwhile.
+
+        A dead leader fails every attempt at once, so by the time the controller
+        elects another one the backoff may have grown to its 2 s maximum.
+        """
+        deadline = asyncio.get_running_loop().time() + seconds
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(min(left, LEADER_CHECK_INTERVAL_S))
+            if self._any_moved(partitions, sent_to):
+                return True
+        return False
 
     def _moved(self, broker_id: int, partitions: list[TopicPartition]) -> TopicPartition | None:
         """A partition of ``partitions`` the cluster view no longer places on ``broker_id`` (gone, or led elsewhere)."""
