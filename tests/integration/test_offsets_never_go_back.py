@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
@@ -171,7 +172,8 @@ def test_a_transaction_is_readable_exactly_when_its_marker_is_below_the_hw(tmp_p
         admin.close()
 
 
-def test_failover_to_a_follower_without_the_marker_takes_back_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["pause", "kill"])
+def test_failover_to_a_follower_without_the_marker_takes_back_nothing(tmp_path: Path, fault: str) -> None:
     with LocalCluster(brokers=3, data_dir=tmp_path, config=HOLD, failure_timeout_ms=1000) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         leader, epoch = new_topic(admin, "moved")
@@ -183,8 +185,12 @@ def test_failover_to_a_follower_without_the_marker_takes_back_nothing(tmp_path: 
             wait_for(lambda: len(monitor.samples["read_committed"][tp]) >= 3, timeout=20, what="samples")
             assert monitor.samples["read_committed"][tp][-1][1] == 0
             coordinator_id = coordinator_of(cluster, txn_id)
-            # the deposed leader keeps its connections and answers nothing, as a partitioned one would
-            cluster.pause(leader)
+            # paused, the deposed leader keeps its connections and answers nothing, as a partitioned one
+            # would (the coordinator's request waits for its timeout); killed, every attempt fails at once
+            if fault == "pause":
+                cluster.pause(leader)
+            else:
+                cluster.kill(leader)
             try:
                 # Polled together and straight from the source, so no request waits on the paused broker:
                 # the leader change as the metadata store records it, the LSO passing the marker at the
@@ -210,19 +216,22 @@ def test_failover_to_a_follower_without_the_marker_takes_back_nothing(tmp_path: 
                         break
                     time.sleep(0.02)
                 assert changed and visible and done, f"leader changed {changed}, visible {visible}, complete {done}"
-                print(f"\nleader change -> LSO past the marker at the new leader: {visible - changed:.2f}s")
+                print(f"\n{fault}: leader change -> LSO past the marker at the new leader: {visible - changed:.2f}s")
                 took = done - changed
                 coordinator.close()
                 assert new_leader is not None
                 new_leader.close()
-                print(f"\nleader change -> transaction complete: {took:.2f}s")
+                print(f"\n{fault}: leader change -> transaction complete: {took:.2f}s")
                 wait_for(
                     lambda: (monitor.samples["read_committed"][tp] or [(0, 0)])[-1][1] == len(VALUES) + 1,
                     timeout=20,
                     what="the LSO past the marker on the new leader",
                 )
             finally:
-                cluster.resume(leader)
+                if fault == "pause":
+                    cluster.resume(leader)
+                else:
+                    cluster.restart(leader)
             time.sleep(1.0)  # samples while the old leader comes back as a follower
         monitor.check(min_samples=5)
         # the marker's wait on the deposed leader is abandoned once the cluster view names the new one
