@@ -367,6 +367,13 @@ class UnknownLeaderEpochError(SluiceError):
     retriable = True
 
 
+class OffsetNotAvailableError(SluiceError):
+    """The leader cannot answer this offset yet: it was just elected and its high watermark is still catching up."""
+
+    code = E.OFFSET_NOT_AVAILABLE
+    retriable = True
+
+
 class UnsupportedCompressionTypeError(SluiceError):
     """Unsupported compression."""
 
@@ -461,6 +468,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     GroupIdNotFoundError,
     FencedLeaderEpochError,
     UnknownLeaderEpochError,
+    OffsetNotAvailableError,
     UnsupportedCompressionTypeError,
     InvalidRecordError,
     UnstableOffsetCommitError,

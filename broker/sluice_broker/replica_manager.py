@@ -20,6 +20,12 @@ the write up front (NOT_ENOUGH_REPLICAS). A follower that has not caught up for
 replica.lag.time.max.ms leaves the ISR, and one that caught up rejoins it; both
 are compare-and-set into the topic document, and only while this broker is
 still the leader at its epoch there, so a deposed leader cannot change an ISR.
+
+Offsets a client was told never go back (docs/architecture.md, "Offsets and
+visibility"): the LSO waits for markers to be below the HW (PartitionLog), and
+a new leader whose HW is still below the start of its own leader epoch answers
+ListOffsets(latest) with OFFSET_NOT_AVAILABLE (retriable, Kafka's KIP-207): until
+its followers catch up it cannot know how far the previous leader's HW got.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -66,6 +73,10 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MARKER_REPLICATION_TIMEOUT_S = 30.0
 # a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
 ISR_FETCH_RECENCY_MS = 1500
+# Test-only hook (docs/architecture.md, "Test-only hooks"): while the file HOLD_MARKERS_FILE exists in the
+# data directory, this broker as leader serves followers nothing from the first marker of a client topic on.
+HOOK_HOLD_MARKERS = "replication.hold_markers"
+HOLD_MARKERS_FILE = "hold-markers"
 
 
 class ReplicaManager:
@@ -419,8 +430,9 @@ class ReplicaManager:
                     tracker.fetched(req.replica_id, fp.fetch_offset, part.log_end_offset, now)
                     hw_moved |= self._maybe_advance_hw(key, part)
                 presp.high_watermark = part.high_watermark
-                if fp.fetch_offset < part.log_end_offset:
-                    result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=part.log_end_offset)
+                upto = self._replica_fetch_limit(part, fp.fetch_offset)
+                if fp.fetch_offset < upto:
+                    result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=upto)
                     raw = result.raw
                     total += result.size
             except SluiceError as exc:
@@ -430,6 +442,17 @@ class ReplicaManager:
         if hw_moved:
             self._notify()
         return out.getvalue(), total, any_error
+
+    def _replica_fetch_limit(self, part: PartitionLog, fetch_offset: int) -> int:
+        """Where a follower's fetch stops: the log end, unless the hold-markers test hook is on."""
+        if (
+            not self.config.hook(HOOK_HOLD_MARKERS)
+            or part.topic in INTERNAL_TOPICS
+            or not os.path.exists(os.path.join(self.config.data_dir, HOLD_MARKERS_FILE))
+        ):
+            return part.log_end_offset
+        marker = part.first_control_offset(fetch_offset)
+        return part.log_end_offset if marker is None else marker
 
     def offsets_for_leader_epoch(self, req: ipb.OffsetsForLeaderEpochRequest) -> ipb.OffsetsForLeaderEpochResponse:
         resp = ipb.OffsetsForLeaderEpochResponse()
@@ -565,18 +588,33 @@ class ReplicaManager:
                     part = self.leader_partition(topic.name, lp.partition)
                     presp.leader_epoch = part.leader_epoch
                     if lp.timestamp == LATEST:
+                        self._check_offsets_vouched(part)
                         presp.offset = part.last_stable_offset if read_committed else part.high_watermark
                     elif lp.timestamp == EARLIEST:
                         presp.offset = part.log_start_offset
                     elif lp.timestamp == MAX_TIMESTAMP:
+                        self._check_offsets_vouched(part)  # the latest record may be above this HW
                         presp.offset, presp.timestamp = part.max_timestamp_offset()
                     elif lp.timestamp >= 0:
                         presp.offset, presp.timestamp = part.offset_for_timestamp(lp.timestamp)
+                        if presp.offset < 0:  # "none below the HW" may be a record the old leader exposed
+                            self._check_offsets_vouched(part)
                     else:
                         raise errors.InvalidRequestError(f"unknown offset spec {lp.timestamp}")
                 except SluiceError as exc:
                     answer(presp, exc)
         return resp
+
+    @staticmethod
+    def _check_offsets_vouched(part: PartitionLog) -> None:
+        """KIP-207: a leader whose HW is below the start of its own epoch might answer less than its predecessor did."""
+        start = part.leader_epoch_start_offset()
+        if start is not None and part.high_watermark < start:
+            raise errors.OffsetNotAvailableError(
+                f"{part.topic}-{part.partition}: the new leader's high watermark {part.high_watermark} is below "
+                f"the start of its leader epoch {part.leader_epoch} at offset {start}; retry once its followers "
+                "have caught up",
+            )
 
     # -- housekeeping -----------------------------------------------------------------------------
 

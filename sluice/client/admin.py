@@ -11,6 +11,12 @@ Two differences from the retry rule elsewhere, because an admin call
 answers a question about *now*: UNKNOWN_TOPIC_OR_PARTITION (retriable for
 producers, since a new topic takes a moment to appear) is raised at once by
 ``describe_topic`` and ``delete_topic``.
+
+``list_offsets`` (Kafka's Admin.listOffsets) goes to each partition's leader
+rather than to any broker, through the consumer's ListOffsets path, and
+retries OFFSET_NOT_AVAILABLE like every retriable error: a leader just elected
+answers it to ``LATEST`` until its high watermark covers what the previous
+leader may have exposed (KIP-207), so an end offset read here never goes back.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
 from sluice.client._network import rpc as rpcs
+from sluice.client.consumer.fetcher import list_offsets_at
 from sluice.client.types import PreparedTransaction, TopicPartition
 
 RequestT = TypeVar("RequestT")
@@ -80,6 +87,14 @@ class ListedTransaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ListOffsetsResultInfo:
+    """A ListOffsets answer: the offset (-1 when no record matches a timestamp) and its record's timestamp."""
+
+    offset: int
+    timestamp: int  # -1 for earliest and latest
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerDescription:
     broker_id: int
     host: str
@@ -94,8 +109,16 @@ class ClusterDescription:
     brokers: list[BrokerDescription]
 
 
+_ISOLATION_LEVELS = {"read_uncommitted": records_pb2.READ_UNCOMMITTED, "read_committed": records_pb2.READ_COMMITTED}
+
+
 class Admin:
     """Administers topics, transactions and consumer group offsets."""
+
+    # Offset specs for list_offsets (Kafka's OffsetSpec); any value >= 0 is a timestamp in ms.
+    EARLIEST = -2
+    LATEST = -1
+    MAX_TIMESTAMP = -3
 
     def __init__(
         self,
@@ -373,6 +396,27 @@ class Admin:
             response_error,
             self._deadline(timeout),
         )
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offsets(
+        self,
+        specs: Mapping[TopicPartition, int],
+        *,
+        isolation_level: str = "read_uncommitted",
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, ListOffsetsResultInfo]:
+        """Offsets of each partition by spec: ``Admin.EARLIEST``, ``Admin.LATEST`` (the high watermark,
+        or the last stable offset with ``isolation_level="read_committed"``), ``Admin.MAX_TIMESTAMP`` or a
+        timestamp in ms (the first offset whose record is at least that recent)."""
+        isolation = _ISOLATION_LEVELS.get(isolation_level)
+        if isolation is None:
+            raise ValueError(f"isolation_level must be one of {sorted(_ISOLATION_LEVELS)}, not {isolation_level!r}")
+        for tp, spec in specs.items():
+            if spec < self.MAX_TIMESTAMP:
+                raise ValueError(f"offset spec {spec} of {tp}: use EARLIEST, LATEST, MAX_TIMESTAMP or a timestamp >= 0")
+        found = list_offsets_at(self._cluster, dict(specs), isolation, self._timeout, self._deadline(timeout))
+        return {tp: ListOffsetsResultInfo(-1 if off is None else off, ts) for tp, (off, ts) in found.items()}
 
     # ------------------------------------------------------------------ consumer groups
 

@@ -1,11 +1,15 @@
-"""Small helpers shared by the integration tests: reading a topic to its end, bounded waits."""
+"""Small helpers shared by the integration tests: reading a topic to its end, bounded waits, and
+:class:`OffsetMonitor`, which fails a fault test on any regression of a partition's LSO or HW."""
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from sluice import errors
 from sluice.client import Admin, Consumer, TopicPartition
 
 T = TypeVar("T")
@@ -57,3 +61,103 @@ def wait_for(check: Callable[[], T | None], timeout: float = 30.0, interval: flo
             return result
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+
+
+class OffsetMonitor:
+    """Samples ListOffsets(latest) of ``partitions`` at both isolation levels while a fault runs.
+
+    The property a Jepsen-style checker asserts next to "nothing lost, nothing twice": an end
+    offset a client was told never goes back (the HW for read_uncommitted, the LSO for
+    read_committed), across kills, pauses and leader changes. Samples go through the Admin
+    client, which retries OFFSET_NOT_AVAILABLE and moved leaders like any client; a sample
+    that fails (every replica down, a timeout) is skipped and counted. Bounded: at most
+    ``max_samples`` rounds and ``max_seconds``, one round every ``interval`` seconds.
+
+        with OffsetMonitor(cluster.bootstrap_servers, [TopicPartition("t", 0)]) as monitor:
+            ... kill, pause, restart ...
+        monitor.check()   # AssertionError naming every regression
+    """
+
+    LEVELS = ("read_uncommitted", "read_committed")
+
+    def __init__(
+        self,
+        bootstrap: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        interval: float = 0.1,
+        max_samples: int = 3000,
+        max_seconds: float = 300.0,
+        sample_timeout: float = 3.0,
+    ) -> None:
+        self.partitions = sorted(partitions)
+        self.interval = interval
+        self.max_samples = max_samples
+        self.max_seconds = max_seconds
+        self.sample_timeout = sample_timeout
+        # Every request of a sample is bounded by the sample's timeout: a metadata refresh that
+        # picks a paused broker would otherwise wait for the client's default request timeout (30 s).
+        self._admin = Admin(
+            bootstrap_servers=bootstrap, client_id="offset-monitor", request_timeout_ms=int(sample_timeout * 1000)
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="offset-monitor", daemon=True)
+        # per isolation level and partition: (monotonic time, offset) of every successful sample
+        self.samples: dict[str, dict[TopicPartition, list[tuple[float, int]]]] = {
+            level: {tp: [] for tp in self.partitions} for level in self.LEVELS
+        }
+        self.failed_samples = 0
+        self.rounds = 0
+
+    def start(self) -> OffsetMonitor:
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> OffsetMonitor:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.max_seconds + 2 * self.sample_timeout)
+        self._admin.close()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.max_seconds
+        while not self._stop.is_set() and self.rounds < self.max_samples and time.monotonic() < deadline:
+            self.rounds += 1
+            for level in self.LEVELS:
+                try:
+                    found = self._admin.list_offsets(
+                        dict.fromkeys(self.partitions, Admin.LATEST), isolation_level=level, timeout=self.sample_timeout
+                    )
+                except errors.SluiceError:
+                    self.failed_samples += 1
+                    continue
+                now = time.monotonic()
+                for tp, info in found.items():
+                    self.samples[level][tp].append((now, info.offset))
+            self._stop.wait(self.interval)
+
+    def regressions(self) -> list[str]:
+        out = []
+        for level, by_tp in self.samples.items():
+            name = "LSO" if level == "read_committed" else "HW"
+            for tp, series in by_tp.items():
+                for (t0, before), (t1, after) in itertools.pairwise(series):
+                    if after < before:
+                        out.append(f"{name} of {tp} went back {before} -> {after} ({t1 - t0:.2f}s apart)")
+        return out
+
+    def check(self, min_samples: int = 2) -> None:
+        """Fail on any regression, and unless every level of every partition was sampled ``min_samples`` times."""
+        bad = self.regressions()
+        assert not bad, "offsets a client was told went back: " + "; ".join(bad[:10])
+        for level, by_tp in self.samples.items():
+            for tp, series in by_tp.items():
+                assert len(series) >= min_samples, (
+                    f"the monitor sampled {level} {tp} only {len(series)} time(s) "
+                    f"({self.failed_samples} failed samples in {self.rounds} rounds)"
+                )

@@ -28,7 +28,7 @@ import pytest
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
 
-from .helpers import read_topic
+from .helpers import OffsetMonitor, read_topic
 
 MESSAGES = int(os.environ.get("SLUICE_COPIER_MESSAGES", "4000"))
 TXN_SIZE = int(os.environ.get("SLUICE_COPIER_TXN_SIZE", "100"))
@@ -147,6 +147,10 @@ def test_exactly_once_copy_under_bounces(tmp_path: Path, group_mode: bool, bounc
         sent = seed(cluster.bootstrap_servers)
         watcher = Watcher(cluster.bootstrap_servers)
         watcher.start()
+        # no HW or LSO of the output a client was told goes back across the bounces (issue 19)
+        monitor = OffsetMonitor(
+            cluster.bootstrap_servers, [TopicPartition("output", p) for p in range(3)], interval=0.25
+        ).start()
         copiers = Copiers(cluster, tmp_path, group_mode)
         for i in range(2):
             copiers.start(i)
@@ -168,6 +172,8 @@ def test_exactly_once_copy_under_bounces(tmp_path: Path, group_mode: bool, bounc
             cluster.restart(broker)
             cluster.wait_until_healthy(timeout=60)
         codes = copiers.wait(COPY_LIMIT_S)
+        monitor.stop()
+        monitor.check()
         assert all(code == 0 for code in codes.values()), f"copiers ended with {codes}\n{copiers.log_tail()}"
 
         records = read_topic(cluster.bootstrap_servers, "output", limit_s=120)

@@ -13,10 +13,10 @@ from pathlib import Path
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.client import Admin, Producer
+from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
 
-from .helpers import read_topic, values, wait_for
+from .helpers import OffsetMonitor, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}
@@ -54,13 +54,16 @@ def test_no_acknowledged_record_is_lost_when_the_leader_dies(tmp_path: Path) -> 
 
         thread = threading.Thread(target=produce, daemon=True)
         thread.start()
-        wait_for(lambda: len(acked) > 200, timeout=30, what="writes before the kill")
-        cluster.kill(old_leader)
-        wait_for(lambda: leader_of(admin, "acked")[0] not in (old_leader, -1), timeout=20, what="a new leader")
-        count = len(acked)
-        wait_for(lambda: len(acked) > count + 200, timeout=30, what="writes through the new leader")
-        stop.set()
-        thread.join(60)
+        # no HW or LSO a client was told goes back across the kill (issue 19)
+        with OffsetMonitor(cluster.bootstrap_servers, [TopicPartition("acked", 0)]) as monitor:
+            wait_for(lambda: len(acked) > 200, timeout=30, what="writes before the kill")
+            cluster.kill(old_leader)
+            wait_for(lambda: leader_of(admin, "acked")[0] not in (old_leader, -1), timeout=20, what="a new leader")
+            count = len(acked)
+            wait_for(lambda: len(acked) > count + 200, timeout=30, what="writes through the new leader")
+            stop.set()
+            thread.join(60)
+        monitor.check()
         producer.close()
         new_leader, new_epoch = leader_of(admin, "acked")
         assert new_epoch > old_epoch
@@ -119,6 +122,7 @@ def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
         admin.create_topic("zombie", partitions=1, replication_factor=3)
         old_leader, old_epoch = leader_of(admin, "zombie")
         old_wire = Wire(cluster.bootstrap_servers.split(",")[old_leader])
+        monitor = OffsetMonitor(cluster.bootstrap_servers, [TopicPartition("zombie", 0)]).start()
         cluster.pause(old_leader)
         try:
             wait_for(
@@ -137,6 +141,9 @@ def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
         finally:
             cluster.resume(old_leader)
         sender.join(60)
+        time.sleep(0.5)  # samples after the deposed leader woke up
+        monitor.stop()
+        monitor.check()  # no HW or LSO a client was told goes back across the pause (issue 19)
         assert result and result[0].error_code != pb.NONE, "the deposed leader acknowledged a write"
         got = values(read_topic(cluster.bootstrap_servers, "zombie"))
         assert got == [b"real"]

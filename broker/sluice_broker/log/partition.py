@@ -7,10 +7,18 @@ failed write (or a kill -9 half way) leaves memory and disk as they were.
 
 Offsets:
   log_start_offset <= last_stable_offset <= high_watermark <= log_end_offset
-LSO is the first offset of the earliest transaction still open on the
-partition (else the HW); read_committed fetches stop there and skip the
-batches of aborted transactions, which the broker knows from its aborted index
-(producer id -> [(first offset, marker offset)]).
+LSO = min(first unstable offset, HW). The first unstable offset is the first
+offset of the earliest transaction that is still open on the partition or
+whose marker is not yet below the HW (Kafka's "unreplicated" transactions): a
+transaction becomes readable only once its COMMIT/ABORT marker is on every
+in-sync replica, so a follower elected without the marker cannot take back
+what a read_committed reader was already shown. The unreplicated set is kept
+sorted by marker offset and pruned whenever the HW moves (the
+``high_watermark`` setter, on leaders and followers alike); each producer
+entry persists its part of it, so a restart rebuilds it from the producer
+states and the HW checkpoint. read_committed fetches stop at the LSO and skip
+the batches of aborted transactions, which the broker knows from its aborted
+index (producer id -> [(first offset, marker offset)]).
 
 The batch is the unit throughout: append validates its header and CRC and
 stores it as it came (with base offset and leader epoch set); reads return
@@ -116,7 +124,10 @@ class PartitionLog:
         self._end_key = self.prefix + MAX_OFFSET_KEY
         self.log_start_offset = 0
         self.log_end_offset = 0
-        self.high_watermark = 0
+        # (marker offset, first offset, producer id) of transactions ended at a marker not yet below
+        # the HW, sorted; see the module docstring. Set before the HW, whose setter prunes it.
+        self._unreplicated: list[tuple[int, int, int]] = []
+        self._hw = 0
         self.leader_epoch = 0
         self.epoch_cache: list[tuple[int, int]] = []  # (leader epoch, its start offset)
         self.producers: dict[int, ProducerEntry] = {}
@@ -184,6 +195,12 @@ class PartitionLog:
             self.producers[pid] = entry
             if entry.txn_first_offset != NO_OFFSET:
                 self.open_txns[pid] = entry.txn_first_offset
+            # Transactions whose marker the checkpointed HW had not passed stay unstable until
+            # the HW (raised again as followers fetch) passes it. The checkpoint may lag the real
+            # HW by a second; that only keeps a transaction unstable a little longer.
+            for first, marker in entry.completed:
+                if self.high_watermark <= marker < self.log_end_offset:
+                    bisect.insort(self._unreplicated, (marker, first, pid))
         for key, value in self.storage.scan("txn_index", self.prefix, end):
             first = _OFFSET.unpack_from(key, len(self.prefix))[0]
             pid, last_offset = _ABORTED.unpack(value)
@@ -194,10 +211,46 @@ class PartitionLog:
     # -- offsets ----------------------------------------------------------------------------------
 
     @property
-    def last_stable_offset(self) -> int:
+    def high_watermark(self) -> int:
+        return self._hw
+
+    @high_watermark.setter
+    def high_watermark(self, hw: int) -> None:
+        self._hw = hw
+        if self._unreplicated and self._unreplicated[0][0] < hw:
+            # markers below the HW are on every in-sync replica: their transactions are stable now
+            del self._unreplicated[: bisect.bisect_left(self._unreplicated, (hw, -1, -1))]
+
+    @property
+    def unreplicated_txns(self) -> list[tuple[int, int, int]]:
+        """(marker offset, first offset, producer id) of ended transactions whose marker is not below the HW."""
+        return list(self._unreplicated)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest transaction open here or ended above the HW; None if none."""
+        firsts = [first for _marker, first, _pid in self._unreplicated]
         if self.open_txns:
-            return min(min(self.open_txns.values()), self.high_watermark)
-        return self.high_watermark
+            firsts.append(min(self.open_txns.values()))
+        return min(firsts) if firsts else None
+
+    @property
+    def last_stable_offset(self) -> int:
+        first = self.first_unstable_offset
+        return self.high_watermark if first is None else min(first, self.high_watermark)
+
+    def leader_epoch_start_offset(self) -> int | None:
+        """Where this replica's history of its current leader epoch starts (None if it has no entry for it).
+
+        A new leader whose HW is below this offset cannot yet vouch for the HW
+        the previous leader may have exposed (Kafka's KIP-207).
+        """
+        for epoch, start in reversed(self.epoch_cache):
+            if epoch == self.leader_epoch:
+                return start
+            if epoch < self.leader_epoch:
+                break
+        return None
 
     def set_leader_epoch(self, epoch: int) -> None:
         """Become leader at ``epoch``: new batches are stamped with it and it starts at the log end."""
@@ -340,6 +393,8 @@ class PartitionLog:
                 first = self.open_txns.get(pid)
                 if first is not None:
                     closed = True
+                    new.completed = [c for c in new.completed if c[1] >= self.high_watermark]
+                    new.completed.append((first, base))
                     if not committed:
                         aborted_range = (first, base)
                         ws.put("txn_index", self.prefix + _OFFSET.pack(first), _ABORTED.pack(pid, base))
@@ -353,6 +408,8 @@ class PartitionLog:
                     batch.transactional,
                 )
                 opened = batch.transactional and pid not in self.open_txns
+                if new.completed:  # keep the persisted list as short as the unreplicated tail
+                    new.completed = [c for c in new.completed if c[1] >= self.high_watermark]
             ws.put("producers", self.prefix + _PID.pack(pid), new.encode())
 
         def commit() -> None:
@@ -364,7 +421,9 @@ class PartitionLog:
             if opened:
                 self.open_txns[pid] = base
             if closed:
-                del self.open_txns[pid]
+                first_offset = self.open_txns.pop(pid)
+                if base >= self.high_watermark:
+                    bisect.insort(self._unreplicated, (base, first_offset, pid))
             if aborted_range is not None:
                 bisect.insort(self.aborted.setdefault(pid, []), aborted_range)
 
@@ -409,7 +468,9 @@ class PartitionLog:
             for _k, v in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(offset))
         ]
         saved = (self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset)
+        saved_unreplicated = self._unreplicated
         self.producers, self.open_txns, self.aborted = {}, {}, {}
+        self._unreplicated = []
         self.epoch_cache = [(e, s) for e, s in saved[3] if s < offset]
         self.log_end_offset = self.log_start_offset
         scratch = WriteSet()
@@ -431,6 +492,7 @@ class PartitionLog:
             self.storage.write(ws)
         except Exception:
             self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset = saved
+            self._unreplicated = saved_unreplicated
             raise
         self._checkpointed_hw = self.high_watermark
 
@@ -487,6 +549,14 @@ class PartitionLog:
             for pid, ranges in self.aborted.items():
                 aborted.extend((pid, first) for first, last in ranges if first <= hi and last >= lo)
         return ReadResult(out, next_offset, aborted, size, raw)
+
+    def first_control_offset(self, start: int) -> int | None:
+        """The offset of the first control batch (marker) at or after ``start``; None if there is none."""
+        for _key, value in self.storage.scan("log", self._log_key(start), self._end_key):
+            batch = RecordBatch.FromString(value)
+            if batch.control and batch.base_offset >= start:
+                return int(batch.base_offset)
+        return None
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int]:
         """(offset, timestamp) of the first record with timestamp >= ``timestamp``; (-1, -1) if none."""
@@ -658,6 +728,7 @@ class PartitionLog:
             ws.delete_range(cf, self.prefix, end)
         self.log_start_offset = self.log_end_offset = self.high_watermark = offset
         self.producers, self.open_txns, self.aborted = {}, {}, {}
+        self._unreplicated = []
         self.epoch_cache = []
         ws.put("partition_meta", self.prefix, self._meta())
         self.storage.write(ws)

@@ -10,6 +10,16 @@ them is a retry of something already stored: it is acknowledged with the
 original offset and not appended again. Anything else must continue the
 sequence exactly (no gap, no overlap); a new epoch starts again at 0. That is
 what lets a producer keep 5 requests in flight and retry them safely.
+
+An entry also remembers the transactions of its producer that ended on this
+partition at markers the high watermark may not have passed yet
+(``completed``: (first offset, marker offset) pairs). The partition keeps such
+a transaction unstable until its marker is below the HW (Kafka's unreplicated
+transactions, see :mod:`sluice.broker.log.partition`); persisting the pairs with
+the entry is what lets a restarted replica rebuild that set from its HW
+checkpoint without scanning the log back to each transaction's start. The list
+is pruned to the markers at or above the HW whenever the entry is written, so
+it stays as short as the unreplicated tail of the log.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ NO_OFFSET = -1
 
 _HEAD = struct.Struct(">iiqqB")
 _BATCH = struct.Struct(">iiqq")
+_COMPLETED_COUNT = struct.Struct(">I")
+_COMPLETED = struct.Struct(">qq")  # first offset, marker offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +57,8 @@ class ProducerEntry:
     txn_first_offset: int = NO_OFFSET  # first offset of the open transaction on this partition
     last_timestamp: int = -1
     batches: deque[BatchMeta] = field(default_factory=lambda: deque(maxlen=DUPLICATE_WINDOW))
+    # (first offset, marker offset) of transactions ended here whose marker may still be above the HW
+    completed: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def last_seq(self) -> int:
@@ -79,9 +93,11 @@ class ProducerEntry:
         head = _HEAD.pack(
             self.epoch, self.coordinator_epoch, self.txn_first_offset, self.last_timestamp, len(self.batches)
         )
-        return head + b"".join(
-            _BATCH.pack(m.first_seq, m.last_seq, m.first_offset, m.last_offset) for m in self.batches
-        )
+        body = b"".join(_BATCH.pack(m.first_seq, m.last_seq, m.first_offset, m.last_offset) for m in self.batches)
+        if not self.completed:
+            return head + body  # the format written before completed transactions were kept
+        tail = b"".join(_COMPLETED.pack(first, marker) for first, marker in self.completed)
+        return head + body + _COMPLETED_COUNT.pack(len(self.completed)) + tail
 
     @classmethod
     def decode(cls, producer_id: int, data: bytes) -> ProducerEntry:
@@ -89,6 +105,13 @@ class ProducerEntry:
         entry = cls(producer_id, epoch, coord_epoch, txn_first, last_ts)
         for i in range(n):
             entry.batches.append(BatchMeta(*_BATCH.unpack_from(data, _HEAD.size + i * _BATCH.size)))
+        pos = _HEAD.size + n * _BATCH.size
+        if len(data) > pos:  # absent in entries written before completed transactions were kept
+            (count,) = _COMPLETED_COUNT.unpack_from(data, pos)
+            pos += _COMPLETED_COUNT.size
+            for i in range(count):
+                first, marker = _COMPLETED.unpack_from(data, pos + i * _COMPLETED.size)
+                entry.completed.append((first, marker))
         return entry
 
 

@@ -20,6 +20,17 @@ transaction cannot complete until every partition has its marker, and
 duplicate markers are harmless (the partition ignores a marker for a producer
 with no open transaction).
 
+Markers follow leadership: while a request is in flight, the cluster view
+(refreshed every 100 ms) is checked every :data:`LEADER_CHECK_INTERVAL_S`, and
+once it names another leader for one of the request's partitions the request is
+abandoned and the next round goes to the new leader at once, without a backoff;
+a backoff between failed rounds is cut short the same way.
+A deposed leader that is paused or cut off answers nothing until the RPC
+timeout, and one that still runs waits up to its marker replication timeout
+for followers that now fetch elsewhere; waiting for either kept a transaction
+whose partitions moved open for seconds after the new leader could take its
+markers (docs/architecture.md, "Offsets and visibility").
+
 A partition whose topic is gone from the cluster view counts as done (a
 deleted topic has nothing left to end). A partition that already saw a newer
 epoch of the producer (INVALID_PRODUCER_EPOCH) also counts as done: a later
@@ -29,6 +40,7 @@ InitProducerId already ended whatever this producer had open there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -51,6 +63,10 @@ log = logging.getLogger(__name__)
 _DONE_CODES = frozenset({pb.NONE, pb.INVALID_PRODUCER_EPOCH})
 
 PartitionOutcome = tuple[TopicPartition, "pb.ErrorCode", str]
+
+# How often an in-flight marker request looks at the cluster view for a new leader (the view itself is
+# refreshed every 100 ms).
+LEADER_CHECK_INTERVAL_S = 0.05
 
 
 class MarkerResult(Enum):
@@ -121,7 +137,8 @@ class MarkerSender:
             by_leader: dict[int, list[TopicPartition]] = {}
             for tp in remaining:
                 by_leader.setdefault(self._leader(tp), []).append(tp)
-            rounds = await asyncio.gather(*(self._send_to(b, job, tps) for b, tps in by_leader.items()))
+            sent_to = {tp: b for b, tps in by_leader.items() for tp in tps}
+            rounds = await asyncio.gather(*(self._send_following(b, job, tps) for b, tps in by_leader.items()))
             if not still_valid():
                 return MarkerResult.ABANDONED
             failures: list[PartitionOutcome] = []
@@ -136,6 +153,10 @@ class MarkerSender:
                         failures.append((tp, code, message))
             if not remaining:
                 return MarkerResult.DONE
+            if self._any_moved(remaining, sent_to):
+                # a partition moved to a new leader since this round began: go there now
+                backoff = self.initial_backoff_s
+                continue
             attempt += 1
             if attempt == 1 or attempt % 20 == 0:
                 (topic, partition), code, message = failures[0]
@@ -150,8 +171,65 @@ class MarkerSender:
                     pb.ErrorCode.Name(code),
                     message,
                 )
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.max_backoff_s)
+            if await self._sleep_unless_moved(backoff, remaining, sent_to):
+                backoff = self.initial_backoff_s  # woken by a new leader: go there now
+            else:
+                backoff = min(backoff * 2, self.max_backoff_s)
+
+    def _any_moved(self, partitions: set[TopicPartition], sent_to: dict[TopicPartition, int]) -> bool:
+        """Whether the cluster view names a new leader (not the one last tried, not none) for any of ``partitions``."""
+        return any(self._exists(tp) and self._leader(tp) not in (sent_to[tp], -1) for tp in partitions)
+
+    async def _sleep_unless_moved(
+        self, seconds: float, partitions: set[TopicPartition], sent_to: dict[TopicPartition, int]
+    ) -> bool:
+        """The backoff, cut short (True) when one of ``partitions`` gets a new leader meanwhile.
+
+        A dead leader fails every attempt at once, so by the time the controller
+        elects another one the backoff may have grown to its 2 s maximum.
+        """
+        deadline = asyncio.get_running_loop().time() + seconds
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            await asyncio.sleep(min(left, LEADER_CHECK_INTERVAL_S))
+            if self._any_moved(partitions, sent_to):
+                return True
+        return False
+
+    def _moved(self, broker_id: int, partitions: list[TopicPartition]) -> TopicPartition | None:
+        """A partition of ``partitions`` the cluster view no longer places on ``broker_id`` (gone, or led elsewhere)."""
+        for tp in partitions:
+            if not self._exists(tp) or self._leader(tp) != broker_id:
+                return tp
+        return None
+
+    async def _send_following(
+        self, broker_id: int, job: MarkerJob, partitions: list[TopicPartition]
+    ) -> list[PartitionOutcome]:
+        """:meth:`_send_to`, abandoned as soon as the cluster view moves one of ``partitions`` off ``broker_id``.
+
+        The marker may still be written by the deposed leader: harmless, a
+        partition writes one marker per transaction and the new leader either
+        copied it or writes its own.
+        """
+        if broker_id < 0 or self._moved(broker_id, partitions) is not None:
+            return await self._send_to(broker_id, job, partitions)
+        task = asyncio.ensure_future(self._send_to(broker_id, job, partitions))
+        try:
+            while True:
+                done, _pending = await asyncio.wait({task}, timeout=LEADER_CHECK_INTERVAL_S)
+                if done:
+                    return task.result()
+                moved = self._moved(broker_id, partitions)
+                if moved is not None:
+                    message = (
+                        f"{moved[0]}-{moved[1]} moved off broker {broker_id} while its marker was in flight"
+                    )
+                    return [(tp, pb.NOT_LEADER_OR_FOLLOWER, message) for tp in partitions]
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _send_to(
         self, broker_id: int, job: MarkerJob, partitions: list[TopicPartition]

@@ -23,7 +23,11 @@ Design (the consumer module's docstring has the consumer-wide picture):
   when it moved); a fatal one is kept and raised by the next ``poll()``
   (:meth:`Fetcher.take_error`).
 * :meth:`Fetcher.list_offsets_at` asks the leaders for offsets by timestamp
-  (earliest -2, latest -1, or a time), retrying until the deadline.
+  (earliest -2, latest -1, or a time), retrying until the deadline
+  (:func:`list_offsets_at`, which the Admin client uses too). Every retriable
+  error is retried, OFFSET_NOT_AVAILABLE included: a leader just elected
+  answers it to ``latest`` until its high watermark has caught up with what
+  its predecessor may have shown (KIP-207), so an end offset never goes back.
 
 The fetcher holds the consumer's lock (shared with the subscription state)
 whenever it reads or changes positions or the buffer, and never while it
@@ -348,71 +352,88 @@ class Fetcher:
         self, wanted: dict[TopicPartition, int], deadline: Deadline
     ) -> dict[TopicPartition, tuple[int | None, int]]:
         """(offset or None, timestamp) per partition, from ListOffsets at each leader."""
-        remaining = dict(wanted)
-        out: dict[TopicPartition, tuple[int | None, int]] = {}
-        backoff = Backoff()
-        last: errors.SluiceError | None = None
-        while remaining:
-            by_leader: dict[str, list[TopicPartition]] = {}
-            unknown: set[str] = set()
-            for tp in remaining:
-                leader = self._cluster.leader(tp.topic, tp.partition)
-                if leader is None:
-                    unknown.add(tp.topic)
-                else:
-                    by_leader.setdefault(leader[0], []).append(tp)
-            if unknown:
-                try:
-                    for topic in unknown:
-                        self._cluster.wait_for_topic(topic, Deadline(min(deadline.remaining(), 1.0)))
-                    # known topics whose partition (added since) or leader (moved) the cache lacks
-                    self._cluster.refresh_if_stale(unknown, min_age=0.1)
-                except errors.SluiceError as exc:
-                    last = exc
-                    if not exc.retriable and not isinstance(exc, errors.UnknownTopicOrPartitionError):
-                        raise
-            for addr, group in by_leader.items():
-                topics: dict[str, list[broker_pb2.ListOffsetsPartition]] = {}
-                for tp in group:
-                    topics.setdefault(tp.topic, []).append(
-                        broker_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=remaining[tp])
-                    )
-                request = broker_pb2.ListOffsetsRequest(
-                    isolation_level=self._config.isolation,
-                    topics=[broker_pb2.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
+        return list_offsets_at(self._cluster, wanted, self._config.isolation, self._config.request_timeout, deadline)
+
+
+def list_offsets_at(
+    cluster: Cluster,
+    wanted: dict[TopicPartition, int],
+    isolation: records_pb2.IsolationLevel,
+    request_timeout: float,
+    deadline: Deadline,
+) -> dict[TopicPartition, tuple[int | None, int]]:
+    """(offset or None, timestamp) per partition, from ListOffsets at each leader, retried until ``deadline``.
+
+    ``wanted`` maps each partition to earliest (-2), latest (-1), max timestamp
+    (-3) or a timestamp. Retriable errors (a moved leader, OFFSET_NOT_AVAILABLE
+    from a new leader ...) are retried with a backoff; the last one is raised
+    when the deadline passes, a fatal one at once.
+    """
+    remaining = dict(wanted)
+    out: dict[TopicPartition, tuple[int | None, int]] = {}
+    backoff = Backoff()
+    last: errors.SluiceError | None = None
+    while remaining:
+        by_leader: dict[str, list[TopicPartition]] = {}
+        unknown: set[str] = set()
+        for tp in remaining:
+            leader = cluster.leader(tp.topic, tp.partition)
+            if leader is None:
+                unknown.add(tp.topic)
+            else:
+                by_leader.setdefault(leader[0], []).append(tp)
+        if unknown:
+            try:
+                for topic in unknown:
+                    cluster.wait_for_topic(topic, Deadline(min(deadline.remaining(), 1.0)))
+                # known topics whose partition (added since) or leader (moved) the cache lacks
+                cluster.refresh_if_stale(unknown, min_age=0.1)
+            except errors.SluiceError as exc:
+                last = exc
+                if not exc.retriable and not isinstance(exc, errors.UnknownTopicOrPartitionError):
+                    raise
+        for addr, group in by_leader.items():
+            topics: dict[str, list[broker_pb2.ListOffsetsPartition]] = {}
+            for tp in group:
+                topics.setdefault(tp.topic, []).append(
+                    broker_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=remaining[tp])
                 )
-                try:
-                    response: broker_pb2.ListOffsetsResponse = self._cluster.call(
-                        addr, rpcs.LIST_OFFSETS, request, deadline.timeout(self._config.request_timeout)
-                    )
-                except errors.SluiceError as exc:
-                    if not exc.retriable:
-                        raise
-                    last = exc
-                    for tp in group:
-                        self._cluster.forget_leader(tp.topic, tp.partition)
-                    continue
-                for t in response.topics:
-                    for p in t.partitions:
-                        tp = TopicPartition(t.name, p.partition)
-                        if tp not in remaining:
-                            continue
-                        if p.error_code == records_pb2.NONE:
-                            out[tp] = (p.offset if p.offset >= 0 else None, p.timestamp)
-                            del remaining[tp]
-                            continue
-                        err = errors.error_for(p.error_code, p.error_message)
-                        if not err.retriable:
-                            raise err
-                        last = err
-                        if p.error_code in METADATA_REFRESH_CODES:
-                            self._cluster.forget_leader(tp.topic, tp.partition)
-            if remaining:
-                if deadline.expired():
-                    if last is not None:
-                        raise last
-                    raise errors.KafkaTimeoutError(
-                        f"offsets of {', '.join(map(str, sorted(remaining)))} not available in time"
-                    )
-                backoff.sleep(deadline)
-        return out
+            request = broker_pb2.ListOffsetsRequest(
+                isolation_level=isolation,
+                topics=[broker_pb2.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
+            )
+            try:
+                response: broker_pb2.ListOffsetsResponse = cluster.call(
+                    addr, rpcs.LIST_OFFSETS, request, deadline.timeout(request_timeout)
+                )
+            except errors.SluiceError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+                for tp in group:
+                    cluster.forget_leader(tp.topic, tp.partition)
+                continue
+            for t in response.topics:
+                for p in t.partitions:
+                    tp = TopicPartition(t.name, p.partition)
+                    if tp not in remaining:
+                        continue
+                    if p.error_code == records_pb2.NONE:
+                        out[tp] = (p.offset if p.offset >= 0 else None, p.timestamp)
+                        del remaining[tp]
+                        continue
+                    err = errors.error_for(p.error_code, p.error_message)
+                    if not err.retriable:
+                        raise err
+                    last = err
+                    if p.error_code in METADATA_REFRESH_CODES:
+                        cluster.forget_leader(tp.topic, tp.partition)
+        if remaining:
+            if deadline.expired():
+                if last is not None:
+                    raise last
+                raise errors.KafkaTimeoutError(
+                    f"offsets of {', '.join(map(str, sorted(remaining)))} not available in time"
+                )
+            backoff.sleep(deadline)
+    return out
