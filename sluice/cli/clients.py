@@ -92,14 +92,16 @@ def prepared_transaction(transactional_id: str, producer_id: int, producer_epoch
     return PreparedTransaction(transactional_id, producer_id, producer_epoch)
 
 
-def describe_existing_topic(admin: Admin, topic: str) -> TopicDescription:
-    """The topic's description, or a one-line error (with the command that creates it) if there is none."""
+def describe_existing_topic(admin: Admin, topic: str, *, hint_create: bool = True) -> TopicDescription:
+    """The topic's description, or a one-line error if there is none (with the command that creates
+    it, unless the caller is about to delete it)."""
     from sluice import errors
 
     try:
         return admin.describe_topic(topic)
     except errors.UnknownTopicOrPartitionError:
-        raise CliError(f"unknown topic {topic!r} (create it with `sluice topics create {topic}`)") from None
+        hint = f" (create it with `sluice topics create {topic}`)" if hint_create else ""
+        raise CliError(f"unknown topic {topic!r}{hint}") from None
 
 
 def partitions_of(desc: TopicDescription) -> list[PartitionDescription]:

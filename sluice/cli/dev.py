@@ -69,7 +69,8 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
             last[0] = elapsed
             err(f"waiting for {args.brokers} broker(s) to be ready... {elapsed:.0f}s")
 
-    err(f"starting a dev cluster of {args.brokers} broker(s) in {data_dir} ...")
+    if dev_cluster.running_state(data_dir) is None:
+        err(f"starting a dev cluster of {args.brokers} broker(s) in {data_dir} ...")
     try:
         state, started = dev_cluster.up(
             data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting
@@ -108,6 +109,9 @@ def _status(args: argparse.Namespace, data_dir: Path) -> int:
     else:
         print(f"dev cluster: supervisor pid {current.supervisor_pid}, data {current.data_dir}")
         print(f"bootstrap servers: {current.bootstrap_servers}")
-        rows = [[b["id"], b["address"], b.get("pid"), b["health"], b.get("log", "")] for b in brokers]
-        print(table(rows, ["BROKER", "ADDRESS", "PID", "HEALTH", "LOG"]))
+        rows = [
+            [b["id"], b["address"], b.get("pid"), b["health"], b.get("metrics_url") or "-", b.get("log", "")]
+            for b in brokers
+        ]
+        print(table(rows, ["BROKER", "ADDRESS", "PID", "HEALTH", "METRICS", "LOG"]))
     return 0 if healthy else 1

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                 print("\n".join(render_topic(name, d) for name, d in zip(args.topics, descs, strict=True)))
         elif args.topics_command == "delete":
             for topic in args.topics:
-                describe_existing_topic(admin, topic)
+                describe_existing_topic(admin, topic, hint_create=False)
                 admin.delete_topic(topic)
                 err(f"deleted topic {topic}")
     finally:

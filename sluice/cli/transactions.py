@@ -96,7 +96,7 @@ def _describe(admin: Admin, args: argparse.Namespace) -> int:
             failed.append({"transactional_id": txn_id, "error": describe_error(exc)})
     if args.json:
         print_json([*found, *failed])
-    else:
+    elif found:
         print("\n\n".join(render_transaction(s) for s in found))
     for f in failed:
         err(f"error: {f['transactional_id']}: {f['error']}")

@@ -162,8 +162,14 @@ def test_dev_cluster_up_status_down(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         info = json.loads(status.stdout)
         assert info["healthy"] and info["bootstrap_servers"] == bootstrap
+        table = _sluice("dev", "status", env=env)
+        metrics_url = info["brokers"][0]["metrics_url"]
+        assert metrics_url.startswith("http://") and metrics_url in table.stdout  # where to scrape
         again = _sluice("dev", "up", "--port", "0", env=env)
         assert again.returncode == 0 and again.stdout.strip() == bootstrap  # idempotent
+        assert "starting" not in again.stderr and "already running" in again.stderr
+        unknown = _sluice("transactions", "describe", "no-such-id", env=env)
+        assert unknown.returncode == 1 and unknown.stdout == "" and "TRANSACTIONAL_ID_NOT_FOUND" in unknown.stderr
         listed = _sluice("topics", "list", env=env)  # finds the dev cluster on its own
         assert listed.returncode == 0, listed.stderr
     finally:

@@ -256,3 +256,22 @@ def test_help_loads_neither_the_client_nor_grpc() -> None:
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class _NoTopics:
+    """An Admin stand-in for the CLI's own wording (the client's behaviour is tested elsewhere)."""
+
+    def describe_topic(self, topic: str) -> None:
+        from sluice import errors
+
+        raise errors.UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+
+
+def test_an_unknown_topic_hints_at_creating_it_except_when_deleting() -> None:
+    from sluice.cli.clients import describe_existing_topic
+
+    with pytest.raises(cli.CliError, match=r"create it with `sluice topics create t`"):
+        describe_existing_topic(_NoTopics(), "t")  # type: ignore[arg-type]
+    with pytest.raises(cli.CliError) as raised:
+        describe_existing_topic(_NoTopics(), "t", hint_create=False)  # type: ignore[arg-type]
+    assert str(raised.value) == "unknown topic 't'"
