@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from sluice.cli.exits import CliError
+from sluice.cli.output import close_quietly
 
 if TYPE_CHECKING:
     from sluice.client import (
@@ -102,6 +103,19 @@ def describe_existing_topic(admin: Admin, topic: str, *, hint_create: bool = Tru
     except errors.UnknownTopicOrPartitionError:
         hint = f" (create it with `sluice topics create {topic}`)" if hint_create else ""
         raise CliError(f"unknown topic {topic!r}{hint}") from None
+
+
+def check_partition(bootstrap: str, topic: str, partition: int | None) -> None:
+    """That ``topic`` exists and, when a partition is named, has it: what produce and consume check
+    before they start, as one-line errors."""
+    admin = open_admin(bootstrap)
+    try:
+        desc = describe_existing_topic(admin, topic)
+    finally:
+        close_quietly(admin)
+    count = len(desc.partitions)
+    if partition is not None and partition >= count:
+        raise CliError(f"topic {topic!r} has no partition {partition} (it has {count})")
 
 
 def partitions_of(desc: TopicDescription) -> list[PartitionDescription]:

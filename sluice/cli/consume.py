@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import ISOLATION_LEVELS, non_negative_int, positive_float, positive_int, separator
 from sluice.cli.bootstrap import bootstrap_servers
-from sluice.cli.clients import describe_existing_topic, open_admin, open_consumer, partitions_of, topic_partition
+from sluice.cli.clients import check_partition, open_consumer, topic_partition
 from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly, err
 
@@ -76,14 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.partition is not None and args.group:
         raise CliError("--partition reads outside any group: do not combine it with --group", USAGE)
     bootstrap = bootstrap_servers(args)
-    admin = open_admin(bootstrap)
-    try:
-        desc = describe_existing_topic(admin, args.topic)
-    finally:
-        close_quietly(admin)
-    nparts = len(partitions_of(desc))
-    if args.partition is not None and args.partition >= nparts:
-        raise CliError(f"topic {args.topic!r} has no partition {args.partition} (it has {nparts})")
+    check_partition(bootstrap, args.topic, args.partition)
     consumer = open_consumer(
         bootstrap,
         group_id=args.group or f"sluice-console-{uuid.uuid4().hex[:12]}",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import acks, compression, key_value, non_negative_int, separator
 from sluice.cli.bootstrap import bootstrap_servers
-from sluice.cli.clients import describe_existing_topic, open_admin, open_producer, partitions_of
+from sluice.cli.clients import check_partition, open_producer
 from sluice.cli.exits import CliError
 from sluice.cli.output import close_quietly, err
 
@@ -57,13 +57,7 @@ def split_line(line: bytes, sep: bytes | None, lineno: int) -> tuple[bytes | Non
 
 def run(args: argparse.Namespace) -> int:
     bootstrap = bootstrap_servers(args)
-    admin = open_admin(bootstrap)
-    try:
-        desc = describe_existing_topic(admin, args.topic)
-    finally:
-        close_quietly(admin)
-    if args.partition is not None and args.partition >= len(partitions_of(desc) or [None]):
-        raise CliError(f"topic {args.topic!r} has no partition {args.partition}")
+    check_partition(bootstrap, args.topic, args.partition)
     producer = open_producer(
         bootstrap,
         transactional_id=args.transactional_id,
