@@ -3,6 +3,7 @@
 ``offsets``     committed and pending offsets, and their ``__consumer_offsets`` records (pure)
 ``assignor``    balanced, sticky, deterministic server-side assignment (pure)
 ``membership``  members, epochs, sessions and hand-over, KIP-848 shaped (pure, clock injected)
+``group_records`` membership as records of ``__consumer_offsets``, and their reload (pure)
 ``coordinator`` orchestration: leadership, loading, appends, the RPCs the servicer calls
 """
 

@@ -26,7 +26,18 @@ assignment). Everything here is I/O and routing:
   await (leadership, membership) before appending a transactional batch with
   the producer's id and epoch: the partition fences stale epochs
   (PRODUCER_FENCED). The offsets stay pending until the marker arrives.
-* Sessions. A periodic task removes members whose session expired.
+* Membership (KIP-848). A heartbeat changes a *copy* of the group
+  (:meth:`ConsumerGroup.clone`); what changed is appended as group records
+  (:mod:`.group_records`: epoch, member metadata, target and current
+  assignments, tombstones for members and groups that are gone) and only once
+  the append succeeded does the copy replace the group. The answer waits until
+  the partition's high watermark covers everything appended so far (this
+  write, and any other whose state the answer reflects), so a member is never
+  told an epoch or partitions that a failover could lose. Loading the
+  partition rebuilds the groups from those records: after a failover members
+  keep their ids, epochs and partitions, and their sessions restart at the load.
+* Sessions. A periodic task removes members whose session expired, and writes
+  their tombstones the same way.
 
 Concurrency: one asyncio loop. The only await inside a request is the
 verifier's; all state changes happen in synchronous stretches after it.
@@ -50,6 +61,7 @@ from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
 from sluice.broker.errors import answer
+from sluice.broker.group.group_records import GroupRecordError, GroupRecordLog, changed_records, group_records
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
 from sluice.broker.group.offsets import (
     METADATA_MAX_BYTES,
@@ -84,6 +96,7 @@ class OffsetsPartitionState:
     partition: int
     offsets: OffsetStore = field(default_factory=OffsetStore)
     groups: dict[str, ConsumerGroup] = field(default_factory=dict)
+    group_log: GroupRecordLog = field(default_factory=GroupRecordLog)  # group records, while loading
     log: PartitionLog | None = None  # where the marker listener is registered, once loaded
     marker_listener: MarkerListener | None = None
 
@@ -160,6 +173,16 @@ class GroupCoordinator:
 
     def replay(self, state: OffsetsPartitionState, partition: int, batch: RecordBatch) -> None:
         try:
+            state.group_log.replay(batch)
+        except (GroupRecordError, RecordDecodeError) as exc:
+            log.error(
+                "group coordinator: skipping group records of the batch at offset %d of %s-%d: %s",
+                batch.base_offset,
+                CONSUMER_OFFSETS_TOPIC,
+                partition,
+                exc,
+            )
+        try:
             state.offsets.replay(batch)
         except (OffsetRecordError, RecordDecodeError) as exc:
             # One bad batch must not keep every group of the partition unavailable.
@@ -180,6 +203,19 @@ class GroupCoordinator:
 
         part.marker_listeners.append(listener)
         loaded.state.log, loaded.state.marker_listener = part, listener
+        # The groups, with their sessions starting now: a full session timeout to find this coordinator.
+        state = loaded.state
+        state.groups = state.group_log.groups(self.settings, self.clock())
+        state.group_log = GroupRecordLog()  # only needed for the load
+        if state.groups:
+            log.info(
+                "group coordinator: %s-%d restored %d group(s) with %d member(s): %s",
+                CONSUMER_OFFSETS_TOPIC,
+                loaded.partition,
+                len(state.groups),
+                sum(len(g.members) for g in state.groups.values()),
+                ", ".join(f"{gid}@{g.epoch}" for gid, g in sorted(state.groups.items())),
+            )
 
     def on_unloaded(self, unloaded: OffsetsPartition) -> None:
         """Drop the partition's groups (members included): NOT_COORDINATOR from now on."""
@@ -191,7 +227,7 @@ class GroupCoordinator:
 
     def summary(self, state: OffsetsPartitionState) -> str:
         return (
-            f"{len(state.offsets.groups)} groups with offsets, "
+            f"{len(state.offsets.groups)} groups with offsets, {len(state.groups)} with members, "
             f"{len(state.offsets.pending_producers())} producers with pending offsets"
         )
 
@@ -444,13 +480,15 @@ class GroupCoordinator:
             session_timeout_ms=req.session_timeout_ms,
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )
-        group = state.groups.get(req.group_id) or ConsumerGroup(req.group_id, self.settings)
+        current = state.groups.get(req.group_id)
+        group = current.clone() if current is not None else ConsumerGroup(req.group_id, self.settings)
         before = group.epoch
         result = group.heartbeat(hb, self._topic_sizes(), self.clock())
-        if group.is_empty:
-            state.groups.pop(req.group_id, None)
-        else:
-            state.groups[req.group_id] = group
+        try:
+            self._persist(state, current, group)
+        except SluiceError as exc:
+            answer(resp, exc)
+            return resp
         if group.epoch != before:
             self.replicas.events.group_epochs_bumped(group.epoch - before)
             log.info(
@@ -463,11 +501,49 @@ class GroupCoordinator:
                 pb.ErrorCode.Name(result.error),
                 len(group.members),
             )
+        try:
+            await self._await_committed(state)
+        except SluiceError as exc:
+            answer(resp, exc)
+            return resp
         resp.error_code, resp.error_message = result.error, result.message
         resp.member_id, resp.member_epoch = result.member_id, result.member_epoch
         for topic, partition in result.assignment:
             resp.assignment.add(topic=topic, partition=partition)
         return resp
+
+    def _persist(self, state: OffsetsPartitionState, current: ConsumerGroup | None, changed: ConsumerGroup) -> None:
+        """Write what ``changed`` changed of ``current`` (None: a new group), then make it the group.
+
+        Synchronous: nothing else runs between the append and the swap. If the
+        append fails the group stays as it was (the error, mapped to a
+        coordinator error, is for the caller to answer).
+        """
+        gid = changed.group_id
+        records = changed_records(group_records(current) if current is not None else {}, group_records(changed))
+        if records:
+            try:
+                self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records))
+            except SluiceError as exc:
+                raise _coordinator_error(exc) from exc
+            except Exception as exc:
+                log.exception("group coordinator: writing the state of group %r failed", gid)
+                raise errors.KafkaStorageError(f"writing the state of group {gid!r} failed: {exc}") from exc
+        if changed.is_empty:
+            state.groups.pop(gid, None)
+        else:
+            state.groups[gid] = changed
+
+    async def _await_committed(self, state: OffsetsPartitionState) -> None:
+        """Wait until the high watermark covers the log end: the state an answer reflects is replicated."""
+        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
+        part = self.replicas.partitions.get(key)
+        if part is None or part.high_watermark >= part.log_end_offset:
+            return
+        try:
+            await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
+        except SluiceError as exc:
+            raise _coordinator_error(exc) from exc
 
     async def _expiry_loop(self) -> None:
         s = self.settings
@@ -480,17 +556,40 @@ class GroupCoordinator:
                 log.exception("group coordinator: session expiry failed")
 
     def expire_sessions(self) -> None:
-        """Remove members whose session expired (or that did not revoke in time), in every group."""
+        """Remove members whose session expired (or that did not revoke in time), in every group.
+
+        The removal is written (tombstones, the new epoch and target) before it
+        takes effect; a failed write leaves the group as it was, for the next round.
+        """
         now = self.clock()
         sizes: dict[str, int] | None = None
         for cpart in self.runtime.active_partitions():
             state = cpart.state
-            for group_id, group in list(state.groups.items()):
+            for group_id, current in list(state.groups.items()):
                 if sizes is None:
                     sizes = self._topic_sizes()
-                before = group.epoch
-                for member_id, reason in group.expire(sizes, now):
+                group = current.clone()
+                removed = group.expire(sizes, now)
+                if not removed:
+                    continue
+                try:
+                    self._persist(state, current, group)
+                except SluiceError as exc:
+                    log.warning("group %r: expiring %d member(s) not written (%s)", group_id, len(removed), exc)
+                    continue
+                for member_id, reason in removed:
                     log.info("group %r: removed member %s (%s); epoch now %d", group_id, member_id, reason, group.epoch)
-                self.replicas.events.group_epochs_bumped(group.epoch - before)
-                if group.is_empty:
-                    del state.groups[group_id]
+                self.replicas.events.group_epochs_bumped(group.epoch - current.epoch)
+
+
+def _coordinator_error(exc: SluiceError) -> SluiceError:
+    """A failed write of the offsets log as a group coordinator answers it (Kafka's mapping).
+
+    The leader moved: NOT_COORDINATOR (find the new one). Too few replicas or a
+    replication timeout: COORDINATOR_NOT_AVAILABLE (retry). Anything else as it is.
+    """
+    if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
+        return errors.NotCoordinatorError(exc.message)
+    if exc.code in (pb.NOT_ENOUGH_REPLICAS, pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND, pb.REQUEST_TIMED_OUT):
+        return errors.CoordinatorNotAvailableError(exc.message)
+    return exc

@@ -34,15 +34,22 @@ revoked: taken out of the member's target but still reported owned, because
 the member commits what it processed of a partition before it releases it
 (its application sees the revocation only at its next poll).
 
-Membership lives in memory only; offsets are what is persistent. After a
-coordinator restart or failover members get UNKNOWN_MEMBER_ID and rejoin.
+Persistence. This module stays pure: the coordinator snapshots a group
+(:meth:`ConsumerGroup.clone`) before a change, and writes what changed as
+records of ``__consumer_offsets`` (:mod:`.group_records`) before it answers.
+A coordinator that loads the partition (after a restart or a failover) rebuilds
+each group with :meth:`ConsumerGroup.restore`: same epochs, target and member
+assignments, so members keep their ids, epochs and partitions. What is not
+persisted is time: a restored member's session starts at the load (a full
+session timeout to reach the new coordinator), and so does the deadline of a
+member that is revoking partitions.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig
@@ -129,6 +136,51 @@ class ConsumerGroup:
     @property
     def is_empty(self) -> bool:
         return not self.members
+
+    @property
+    def subscribed_sizes(self) -> dict[str, int]:
+        """Partition counts of the subscribed topics when the target was last computed."""
+        return dict(self._sizes)
+
+    def clone(self) -> ConsumerGroup:
+        """An independent copy: the coordinator changes the copy and keeps it only once it is written."""
+        other = ConsumerGroup(self.group_id, self.settings, self._new_member_id)
+        other.epoch = self.epoch
+        other.members = {
+            mid: replace(m, assigned=dict(m.assigned), revoking=dict(m.revoking)) for mid, m in self.members.items()
+        }
+        other.target = dict(self.target)
+        other._sizes = dict(self._sizes)
+        return other
+
+    @classmethod
+    def restore(
+        cls,
+        group_id: str,
+        settings: GroupSettings,
+        epoch: int,
+        sizes: Mapping[str, int],
+        members: list[Member],
+        target: Mapping[str, frozenset[TopicPartition]],
+        now: float,
+    ) -> ConsumerGroup:
+        """A group as a loaded ``__consumer_offsets`` partition describes it; sessions start at ``now``.
+
+        A restored member gets a whole session timeout from the load (its last
+        heartbeat went to the previous coordinator, whose clock is not ours), and
+        a member still revoking partitions a whole rebalance timeout to finish.
+        """
+        group = cls(group_id, settings)
+        group.epoch = epoch
+        group._sizes = dict(sizes)
+        for member in members:
+            member.last_seen_ms = now
+            member.revoke_deadline_ms = (
+                now + member.rebalance_timeout_ms if member.owned - set(member.assigned) else None
+            )
+            group.members[member.member_id] = member
+        group.target = {mid: frozenset(target.get(mid, frozenset())) for mid in group.members}
+        return group
 
     # -- heartbeat ------------------------------------------------------------------------------
 
