@@ -35,6 +35,23 @@ Design:
   background meanwhile. A revoked partition stays owned (reported in
   heartbeats) until that poll; lost ones (the member was fenced or expired)
   are given up at once, since another member may own them already.
+* Rebalance callbacks (confluent-kafka's shape): ``subscribe(topics,
+  on_assign=fn, on_revoke=fn, on_lost=fn)``, each called as
+  ``fn(consumer, partitions)`` from inside ``poll()``, on the application's
+  thread, with the consumer's lock *not* held (a callback may commit, seek or
+  flush a producer; the heartbeat thread keeps going meanwhile). Per applied
+  assignment, in this order: ``on_revoke`` with the partitions moving away,
+  *before* they are dropped, while they can still be committed (auto-commit
+  commits their positions just before it); or ``on_lost`` with every
+  partition when the member was fenced or its session expired (they may be
+  owned by another member already: nothing can be committed; without an
+  ``on_lost``, ``on_revoke`` is called instead, as confluent-kafka does); then
+  ``on_assign`` with the partitions added (incremental, as in KIP-848: never
+  the ones kept). ``close()`` and ``unsubscribe()`` call ``on_revoke`` with
+  what is still assigned before leaving. A callback that raises has its
+  exception raised by ``poll()``, after the assignment was applied. A
+  coordinator failover calls nothing: the member keeps its id, epoch and
+  partitions (the coordinator persists them).
 * Errors: retriable ones (leader moved, coordinator moved or loading, a
   broker down) are retried inside, with metadata refreshes; fatal ones are
   raised by the next ``poll()`` (or by the call that hit them) as the
@@ -51,7 +68,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 
 from sluice import errors
@@ -63,6 +80,9 @@ from sluice.client.consumer.subscription_state import PartitionState, Subscripti
 from sluice.client.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("sluice.client.consumer")
+
+#: on_assign / on_revoke / on_lost: ``fn(consumer, partitions)``, partitions sorted.
+RebalanceCallback = Callable[["Consumer", list[TopicPartition]], None]
 
 ISOLATION_LEVELS = {
     "read_committed": records_pb2.READ_COMMITTED,
@@ -160,6 +180,9 @@ class Consumer:
         )
         self._member: GroupMember | None = None
         self._closed = False
+        self._on_assign: RebalanceCallback | None = None
+        self._on_revoke: RebalanceCallback | None = None
+        self._on_lost: RebalanceCallback | None = None
 
     # ------------------------------------------------------------------ assignment
 
@@ -172,14 +195,29 @@ class Consumer:
         if self._closed:
             raise errors.IllegalStateError("the consumer is closed")
 
-    def subscribe(self, topics: Iterable[str] | str) -> None:
-        """Join the group and consume the partitions the coordinator assigns from ``topics``."""
+    def subscribe(
+        self,
+        topics: Iterable[str] | str,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Join the group and consume the partitions the coordinator assigns from ``topics``.
+
+        ``on_assign``, ``on_revoke``, ``on_lost``: rebalance callbacks, each called as
+        ``fn(consumer, partitions)`` from inside ``poll()`` (the module docstring
+        says when and in which order). A new ``subscribe()`` replaces them.
+        """
         self._check_open()
         group_id = self._require_group("subscribe()")
+        for name, fn in (("on_assign", on_assign), ("on_revoke", on_revoke), ("on_lost", on_lost)):
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be a callable fn(consumer, partitions) or None, not {type(fn).__name__}")
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names:
             self.unsubscribe()
             return
+        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
         with self._lock:
             subs = self._subscriptions
             if subs.subscription is None and subs.assignment:
@@ -218,7 +256,8 @@ class Consumer:
                 self._fetcher.forget(tp)
 
     def unsubscribe(self) -> None:
-        """Leave the group (or drop the manual assignment)."""
+        """Leave the group (or drop the manual assignment); on_revoke is told what is given up."""
+        error = self._revoke_all_before_leaving() if self._member is not None else None
         with self._lock:
             member, self._member = self._member, None
             self._subscriptions.subscription = None
@@ -229,6 +268,27 @@ class Consumer:
         with self._lock:
             self._subscriptions.clear()
             self._fetcher.clear()
+        self._on_assign = self._on_revoke = self._on_lost = None
+        if error is not None:
+            raise error
+
+    def _revoke_all_before_leaving(self) -> BaseException | None:
+        """on_revoke with everything still assigned (not lost), before a leave; returns what it raised."""
+        with self._lock:
+            pending = self._subscriptions.pending_assignment
+            lost = pending is not None and pending.lost
+            assigned = sorted(self._subscriptions.assignment)
+        if not assigned or lost:
+            return None
+        try:
+            self._call(self._on_revoke, assigned)
+        except Exception as exc:  # the leave goes on; the caller raises it after
+            return exc
+        return None
+
+    def _call(self, callback: RebalanceCallback | None, partitions: list[TopicPartition]) -> None:
+        if callback is not None and partitions:
+            callback(self, partitions)
 
     def assignment(self) -> set[TopicPartition]:
         with self._lock:
@@ -252,38 +312,65 @@ class Consumer:
             self._subscriptions.leave_pending(target, lost, metadata)
 
     def _apply_pending_assignment(self) -> None:
-        """In poll(): take on the assignment the heartbeat thread left pending (see the module docstring)."""
+        """In poll(): take on the assignment the heartbeat thread left pending (see the module docstring).
+
+        Three steps, the lock released around the callbacks: what is given up
+        (on_revoke before it is dropped, or on_lost), the new assignment, then
+        on_assign with what was added. A callback's exception is raised once
+        the assignment is applied, so the consumer's state never stays half-way.
+        """
         with self._lock:
             subs = self._subscriptions
             pending, subs.pending_assignment = subs.pending_assignment, None
             if pending is None or self._closed or subs.subscription is None:
                 return
             target, lost = pending.target, pending.lost
-            subs.metadata = pending.metadata
             assignment = subs.assignment
-            revoked = [tp for tp in assignment if tp not in target]
-            added = [tp for tp in target if tp not in assignment]
-            if revoked and not lost and self.enable_auto_commit:
-                offsets = {tp: st.position for tp in revoked if (st := assignment[tp]).position is not None}
+            # a lost member's partitions are all gone, even one the rejoin gave back: its position is stale
+            given_up = sorted(assignment) if lost else sorted(tp for tp in assignment if tp not in target)
+            if given_up and not lost and self.enable_auto_commit:
+                offsets = {tp: st.position for tp in given_up if (st := assignment[tp]).position is not None}
                 if offsets:
                     self._commit_quietly(offsets, timeout=min(5.0, self._request_timeout))
-            for tp in revoked:
-                del assignment[tp]
+        error: BaseException | None = None
+        try:
+            if lost:
+                self._call(self._on_lost or self._on_revoke, given_up)
+            else:
+                self._call(self._on_revoke, given_up)  # still assigned: the application may commit them
+        except Exception as exc:
+            error = exc
+        with self._lock:
+            if self._closed or subs.subscription is None:
+                if error is not None:
+                    raise error
+                return
+            subs.metadata = pending.metadata
+            assignment = subs.assignment
+            for tp in given_up:
+                assignment.pop(tp, None)
                 self._fetcher.forget(tp)
+            added = sorted(tp for tp in target if tp not in assignment)
             for tp in added:
                 assignment[tp] = PartitionState()
             subs.owned_partitions = frozenset(assignment)
         member = self._member
-        if revoked and member is not None:
+        if given_up and member is not None:
             member.heartbeat_now()  # tell the coordinator they are free
-        if revoked or added:
+        if given_up or added:
             log.info(
-                "group %r: assignment now %s (revoked %s%s)",
+                "group %r: assignment now %s (%s %s)",
                 self.group_id,
                 sorted(map(str, target)),
-                sorted(map(str, revoked)),
-                ", lost" if lost else "",
+                "lost" if lost else "revoked",
+                sorted(map(str, given_up)),
             )
+        try:
+            self._call(self._on_assign, added)
+        except Exception as exc:
+            error = error or exc
+        if error is not None:
+            raise error
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         with self._lock:
@@ -550,6 +637,7 @@ class Consumer:
         """Commit (with auto-commit), leave the group, stop. Idempotent."""
         if self._closed:
             return
+        error = self._revoke_all_before_leaving() if self._member is not None else None
         if self.enable_auto_commit:
             self._commit_quietly(None, timeout)
         with self._lock:
@@ -559,6 +647,8 @@ class Consumer:
             member.leave(5.0 if timeout is None else timeout)
         self._fetcher.close()
         self._cluster.close()
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Consumer:
         return self
