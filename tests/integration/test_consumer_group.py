@@ -1,9 +1,12 @@
 """Consumer groups through subscribe(): partitions shared out, handed over, and what the
-application sees of a rebalance (only inside poll(), as in Kafka)."""
+application sees of a rebalance (only inside poll(), as in Kafka), rebalance callbacks included."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+
+import pytest
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
@@ -96,3 +99,65 @@ def test_group_metadata_is_the_one_the_records_were_returned_under(cluster: Loca
     assert a.group_metadata().member_epoch > metadata.member_epoch
     a.close()
     b.close()
+
+
+def test_rebalance_callbacks_from_poll_in_order(cluster: LocalCluster, unique_topic: str) -> None:
+    """on_revoke (partitions still assigned, committable) before the new owner's on_assign;
+    on_assign with only what was added; close() revokes what is left; nothing between polls."""
+    sent = seed(cluster, unique_topic, partitions=4, per_partition=10)
+    group = f"{unique_topic}-g"
+    events: list[tuple[str, str, list[TopicPartition]]] = []
+    seen: list[bytes] = []
+
+    def recorder(name: str, kind: str) -> Callable[[Consumer, list[TopicPartition]], None]:
+        def record(consumer: Consumer, partitions: list[TopicPartition]) -> None:
+            if kind == "revoke":
+                assert set(partitions) <= consumer.assignment()  # not dropped yet
+                consumer.commit({tp: consumer.position(tp) for tp in partitions})
+            events.append((name, kind, partitions))
+
+        return record
+
+    def join(name: str) -> Consumer:
+        c = member(cluster, group)
+        c.subscribe(
+            [unique_topic],
+            on_assign=recorder(name, "assign"),
+            on_revoke=recorder(name, "revoke"),
+            on_lost=recorder(name, "lost"),
+        )
+        return c
+
+    def poll(c: Consumer) -> None:
+        seen.extend(r.value for r in c.poll(0.1) if r.value)
+
+    all_tps = [TopicPartition(unique_topic, p) for p in range(4)]
+    a = join("a")
+    wait_for(lambda: (poll(a), len(a.assignment()) == 4)[1], what="a owns all")
+    assert events == [("a", "assign", all_tps)]
+    b = join("b")
+    b.poll(0.1)
+    time.sleep(HEARTBEAT_MS * 5 / 1000)
+    assert events == [("a", "assign", all_tps)], "a callback ran outside poll()"
+    wait_for(lambda: (poll(a), poll(b), len(b.assignment()) == 2)[2], what="b gets two partitions")
+    revoked = sorted(set(all_tps) - a.assignment())
+    assert events[1:] == [("a", "revoke", revoked), ("b", "assign", revoked)]
+    wait_for(lambda: (poll(a), poll(b), set(seen) == sent)[2], what="everything read")
+    b.close()
+    assert events[-1] == ("b", "revoke", revoked)
+    wait_for(lambda: (poll(a), len(a.assignment()) == 4)[1], what="a owns all again")
+    assert events[-1] == ("a", "assign", revoked)
+    a.close()
+    assert events[-1] == ("a", "revoke", all_tps)
+    assert not any(kind == "lost" for _, kind, _ in events)
+    assert len(seen) == len(sent)  # every hand-over started where on_revoke committed
+
+
+def test_subscribe_refuses_a_callback_that_is_not_callable(cluster: LocalCluster, unique_topic: str) -> None:
+    c = member(cluster, f"{unique_topic}-g")
+    try:
+        with pytest.raises(TypeError, match="on_revoke must be a callable"):
+            c.subscribe([unique_topic], on_revoke="commit")  # type: ignore[arg-type]
+        assert c.subscription() == set()
+    finally:
+        c.close()

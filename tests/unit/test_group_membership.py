@@ -232,3 +232,27 @@ def test_commit_fencing() -> None:
     # after a rejoin under the same id, the old epoch is a zombie's
     h.hb("a", 0, subscription=("t",))
     assert h.group.check_commit("a", 1, kept)[0] == pb.FENCED_MEMBER_EPOCH
+
+
+def test_a_stale_owned_report_does_not_release_what_was_just_taken_away() -> None:
+    """The consumer applies an answer in poll() while its heartbeat thread may already have
+    sampled ``owned`` for the next request: an empty ``owned`` sent before the member saw the
+    answer that took partitions away must not free them (another member would start on them
+    while this one consumes them), and this member may still commit them under its old epoch."""
+    h = Harness()
+    a = h.join("a")
+    assert len(a.assignment) == 4 and a.member_epoch == 1
+    h.join("b")
+    # a's application took all 4 on; its heartbeat thread sampled owned=() before that
+    a2 = h.hb("a", 1, ())
+    assert a2.error == pb.NONE and len(a2.assignment) == 2 and a2.member_epoch == 2
+    member_a = h.group.members["a"]
+    assert set(member_a.revoking) == set(a.assignment) - set(a2.assignment)
+    b = h.hb("b", 2, ())
+    assert b.assignment == (), "b got partitions a may still be consuming"
+    assert h.group.check_commit("a", 1, list(a.assignment)) == (pb.NONE, "")
+    # a heartbeat built after a saw epoch 2 reports what it really owns: now they are released
+    a3 = h.hb("a", 2, set(a2.assignment))
+    assert a3.error == pb.NONE and not h.group.members["a"].revoking
+    b = h.hb("b", b.member_epoch, ())
+    assert set(b.assignment) == set(a.assignment) - set(a2.assignment)

@@ -60,13 +60,8 @@ def test_a_group_rebuilt_from_its_records_has_the_same_records() -> None:
     assert restored.epoch == h.group.epoch
     for mid, member in h.group.members.items():
         again = restored.members[mid]
-        assert (again.epoch, again.previous_epoch, again.assigned, again.revoking, again.owned) == (
-            member.epoch,
-            member.previous_epoch,
-            member.assigned,
-            member.revoking,
-            member.owned,
-        )
+        fields = ("epoch", "previous_epoch", "assigned", "revoking", "owned", "revoked_epoch")
+        assert [getattr(again, f) for f in fields] == [getattr(member, f) for f in fields]
         assert again.last_seen_ms == 1234.0  # the session starts at the load
 
 

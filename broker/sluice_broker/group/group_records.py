@@ -14,7 +14,8 @@ group as it was:
     key type 3  (group, member)    GroupTargetAssignmentValue: the member's target
     key type 4  (group, member)    GroupCurrentMemberAssignmentValue: member epoch, previous
                                    epoch, the partitions it was answered (with the epoch since
-                                   which it holds each), those it is revoking, those it reported
+                                   which it holds each), those it is revoking, those it reported,
+                                   the epoch of the last answer that took partitions away
 
 (key type 0 is a committed offset, :mod:`.offsets`; a reader skips types it
 does not know.) Keys are packed like the offset keys (``int16`` type, then
@@ -155,6 +156,7 @@ def group_records(group: ConsumerGroup) -> Records:
             assigned=_held(m.assigned),
             revoking=_held(m.revoking),
             owned=_tps(m.owned),
+            revoked_epoch=m.revoked_epoch,
         ).SerializeToString(deterministic=True)
     return out
 
@@ -216,6 +218,7 @@ def _build(group_id: str, rec: _Loading, settings: GroupSettings, now: float) ->
                 owned=frozenset((tp.topic, tp.partition) for tp in current.owned),
                 assigned={(h.topic, h.partition): h.since_epoch for h in current.assigned},
                 revoking={(h.topic, h.partition): h.since_epoch for h in current.revoking},
+                revoked_epoch=current.revoked_epoch,
             )
         )
     target = {

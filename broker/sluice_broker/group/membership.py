@@ -14,12 +14,18 @@ the member is fenced: FENCED_MEMBER_EPOCH, removed, and it must rejoin with
 epoch 0 after dropping its partitions.
 
 Hand-over. A member is answered ``target ∩ free``, where a partition is free
-when no *other* member holds it. A member holds what it was last answered plus
-what it last reported in ``owned_partitions``: so a partition moves only after
-its previous owner heartbeated without it (it revoked it and committed its
-offsets), left, or was removed. Two members therefore never own a partition at
-once. A member that keeps reporting a revoked partition beyond its rebalance
-timeout is removed so the group is not stuck behind it.
+when no *other* member holds it. A member holds what it was last answered,
+what it is revoking, and what it last reported in ``owned_partitions``: so a
+partition moves only after its previous owner heartbeated without it (it
+revoked it and committed its offsets), left, or was removed. A partition taken
+out of a member's answer is *revoking* until a heartbeat sent after the member
+saw that answer (its request carries that answer's epoch or a later one)
+leaves it out of ``owned``: the ``owned`` of a request built before the member
+saw the answer may predate its application taking the partition on (the
+consumer applies answers in ``poll()``, on another thread), so it cannot
+release it. Two members therefore never own a partition at once. A member that
+keeps a revoked partition beyond its rebalance timeout is removed so the group
+is not stuck behind it.
 
 Sessions. A member that does not heartbeat within its session timeout is
 removed by :meth:`ConsumerGroup.expire`, called periodically.
@@ -30,9 +36,9 @@ partitions the member has held without interruption since that epoch (the
 same rule as Kafka's later "assignment epochs"), so a live member is not
 fenced just because a rebalance elsewhere bumped its epoch, while a zombie
 (expired, fenced or replaced) never commits. Held includes a partition being
-revoked: taken out of the member's target but still reported owned, because
-the member commits what it processed of a partition before it releases it
-(its application sees the revocation only at its next poll).
+revoked (see hand-over), because the member commits what it processed of a
+partition before it releases it (its application sees the revocation only at
+its next poll).
 
 Persistence. This module stays pure: the coordinator snapshots a group
 (:meth:`ConsumerGroup.clone`) before a change, and writes what changed as
@@ -109,13 +115,16 @@ class Member:
     previous_epoch: int = -1
     owned: frozenset[TopicPartition] = frozenset()  # as last reported
     assigned: dict[TopicPartition, int] = field(default_factory=dict)  # as last answered -> epoch since
-    # taken out of its assignment but still reported owned (it is revoking them) -> epoch since
+    # taken out of its assignment but maybe still consumed (it is revoking them) -> epoch since
     revoking: dict[TopicPartition, int] = field(default_factory=dict)
     revoke_deadline_ms: float | None = None
+    # the member epoch of the last answer that took partitions away: only a heartbeat sent after the
+    # member saw it (carrying this epoch or a later one) tells what it released
+    revoked_epoch: int = 0
 
     def holds(self, tp: TopicPartition) -> bool:
-        """Whether the member may be consuming ``tp``: it was given it, or still reports it."""
-        return tp in self.assigned or tp in self.owned
+        """Whether the member may be consuming ``tp``: it was given it, is revoking it, or reports it."""
+        return tp in self.assigned or tp in self.revoking or tp in self.owned
 
 
 class ConsumerGroup:
@@ -176,7 +185,7 @@ class ConsumerGroup:
         for member in members:
             member.last_seen_ms = now
             member.revoke_deadline_ms = (
-                now + member.rebalance_timeout_ms if member.owned - set(member.assigned) else None
+                now + member.rebalance_timeout_ms if member.revoking or member.owned - set(member.assigned) else None
             )
             group.members[member.member_id] = member
         group.target = {mid: frozenset(target.get(mid, frozenset())) for mid in group.members}
@@ -248,7 +257,7 @@ class ConsumerGroup:
         member.owned = hb.owned
         if changed or self._sizes != self._subscribed_sizes(topics):
             self._bump(topics)
-        return self._reconcile(member, now)
+        return self._reconcile(member, now, hb.member_epoch)
 
     @staticmethod
     def _epoch_ok(member: Member, hb: HeartbeatInput) -> bool:
@@ -257,16 +266,28 @@ class ConsumerGroup:
         # The answer that moved the member to its current epoch may have been lost.
         return hb.member_epoch == member.previous_epoch and hb.owned <= set(member.assigned)
 
-    def _reconcile(self, member: Member, now: float) -> HeartbeatResult:
+    def _reconcile(self, member: Member, now: float, request_epoch: int) -> HeartbeatResult:
         target = self.target.get(member.member_id, frozenset())
         others = [m for m in self.members.values() if m is not member]
         granted = sorted(tp for tp in target if not any(o.holds(tp) for o in others))
         if member.epoch != self.epoch:
             member.previous_epoch, member.epoch = member.epoch, self.epoch
         held = {**member.revoking, **member.assigned}
-        member.assigned = {tp: held.get(tp, member.epoch) for tp in granted}
-        member.revoking = {tp: held[tp] for tp in member.owned if tp in held and tp not in member.assigned}
-        if member.owned - set(granted):
+        assigned = {tp: held.get(tp, member.epoch) for tp in granted}
+        # Partitions taken away by this answer: the member may have started on them since it sampled
+        # the ``owned`` of this request (its application applies answers in poll()), so they are
+        # revoking until a heartbeat sent after it saw this answer reports them released.
+        removed = [tp for tp in member.assigned if tp not in assigned]
+        if removed:
+            member.revoked_epoch = member.epoch
+        reported = request_epoch >= member.revoked_epoch  # this request's `owned` knows every removal
+        member.revoking = {
+            tp: since
+            for tp, since in held.items()
+            if tp not in assigned and (tp in removed or tp in member.owned or not reported)
+        }
+        member.assigned = assigned
+        if member.revoking or member.owned - set(granted):
             if member.revoke_deadline_ms is None:
                 member.revoke_deadline_ms = now + member.rebalance_timeout_ms
         else:

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from sluice.api.v1 import records_pb2 as sluice_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dsluice/v1/group_records.proto\x12\tsluice.v1\x1a\x17sluice/v1/records.proto\"\xc8\x01\n\x12GroupMetadataValue\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x61\n\x1bsubscribed_topic_partitions\x18\x02 \x03(\x0b\x32<.sluice.v1.GroupMetadataValue.SubscribedTopicPartitionsEntry\x1a@\n\x1eSubscribedTopicPartitionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"t\n\x18GroupMemberMetadataValue\x12\x1e\n\x16subscribed_topic_names\x18\x01 \x03(\t\x12\x1a\n\x12session_timeout_ms\x18\x02 \x01(\x05\x12\x1c\n\x14rebalance_timeout_ms\x18\x03 \x01(\x05\"K\n\x1aGroupTargetAssignmentValue\x12-\n\npartitions\x18\x01 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\"F\n\rHeldPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x13\n\x0bsince_epoch\x18\x03 \x01(\x05\"\xda\x01\n!GroupCurrentMemberAssignmentValue\x12\x14\n\x0cmember_epoch\x18\x01 \x01(\x05\x12\x1d\n\x15previous_member_epoch\x18\x02 \x01(\x05\x12*\n\x08\x61ssigned\x18\x03 \x03(\x0b\x32\x18.sluice.v1.HeldPartition\x12*\n\x08revoking\x18\x04 \x03(\x0b\x32\x18.sluice.v1.HeldPartition\x12(\n\x05owned\x18\x05 \x03(\x0b\x32\x19.sluice.v1.TopicPartitionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dsluice/v1/group_records.proto\x12\tsluice.v1\x1a\x17sluice/v1/records.proto\"\xc8\x01\n\x12GroupMetadataValue\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x61\n\x1bsubscribed_topic_partitions\x18\x02 \x03(\x0b\x32<.sluice.v1.GroupMetadataValue.SubscribedTopicPartitionsEntry\x1a@\n\x1eSubscribedTopicPartitionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"t\n\x18GroupMemberMetadataValue\x12\x1e\n\x16subscribed_topic_names\x18\x01 \x03(\t\x12\x1a\n\x12session_timeout_ms\x18\x02 \x01(\x05\x12\x1c\n\x14rebalance_timeout_ms\x18\x03 \x01(\x05\"K\n\x1aGroupTargetAssignmentValue\x12-\n\npartitions\x18\x01 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\"F\n\rHeldPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x13\n\x0bsince_epoch\x18\x03 \x01(\x05\"\xf1\x01\n!GroupCurrentMemberAssignmentValue\x12\x14\n\x0cmember_epoch\x18\x01 \x01(\x05\x12\x1d\n\x15previous_member_epoch\x18\x02 \x01(\x05\x12*\n\x08\x61ssigned\x18\x03 \x03(\x0b\x32\x18.sluice.v1.HeldPartition\x12*\n\x08revoking\x18\x04 \x03(\x0b\x32\x18.sluice.v1.HeldPartition\x12(\n\x05owned\x18\x05 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x15\n\rrevoked_epoch\x18\x06 \x01(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,5 +46,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELDPARTITION']._serialized_start=467
   _globals['_HELDPARTITION']._serialized_end=537
   _globals['_GROUPCURRENTMEMBERASSIGNMENTVALUE']._serialized_start=540
-  _globals['_GROUPCURRENTMEMBERASSIGNMENTVALUE']._serialized_end=758
+  _globals['_GROUPCURRENTMEMBERASSIGNMENTVALUE']._serialized_end=781
 # @@protoc_insertion_point(module_scope)

@@ -50,15 +50,17 @@ class HeldPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., since_epoch: _Optional[int] = ...) -> None: ...
 
 class GroupCurrentMemberAssignmentValue(_message.Message):
-    __slots__ = ("member_epoch", "previous_member_epoch", "assigned", "revoking", "owned")
+    __slots__ = ("member_epoch", "previous_member_epoch", "assigned", "revoking", "owned", "revoked_epoch")
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     REVOKING_FIELD_NUMBER: _ClassVar[int]
     OWNED_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     member_epoch: int
     previous_member_epoch: int
     assigned: _containers.RepeatedCompositeFieldContainer[HeldPartition]
     revoking: _containers.RepeatedCompositeFieldContainer[HeldPartition]
     owned: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
-    def __init__(self, member_epoch: _Optional[int] = ..., previous_member_epoch: _Optional[int] = ..., assigned: _Optional[_Iterable[_Union[HeldPartition, _Mapping]]] = ..., revoking: _Optional[_Iterable[_Union[HeldPartition, _Mapping]]] = ..., owned: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+    revoked_epoch: int
+    def __init__(self, member_epoch: _Optional[int] = ..., previous_member_epoch: _Optional[int] = ..., assigned: _Optional[_Iterable[_Union[HeldPartition, _Mapping]]] = ..., revoking: _Optional[_Iterable[_Union[HeldPartition, _Mapping]]] = ..., owned: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., revoked_epoch: _Optional[int] = ...) -> None: ...

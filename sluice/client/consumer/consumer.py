@@ -325,6 +325,10 @@ class Consumer:
             if pending is None or self._closed or subs.subscription is None:
                 return
             target, lost = pending.target, pending.lost
+            # Commits from here on (auto-commit and on_revoke's) carry the newest epoch of this member:
+            # the coordinator accepts an older one only for partitions it saw held since then, and a
+            # partition taken on just before a rebalance may not have been reported yet.
+            subs.metadata = self._newest_metadata(pending.metadata)
             assignment = subs.assignment
             # a lost member's partitions are all gone, even one the rejoin gave back: its position is stale
             given_up = sorted(assignment) if lost else sorted(tp for tp in assignment if tp not in target)
@@ -345,7 +349,6 @@ class Consumer:
                 if error is not None:
                     raise error
                 return
-            subs.metadata = pending.metadata
             assignment = subs.assignment
             for tp in given_up:
                 assignment.pop(tp, None)
@@ -371,6 +374,16 @@ class Consumer:
             error = error or exc
         if error is not None:
             raise error
+
+    def _newest_metadata(self, pending: GroupMetadata) -> GroupMetadata:
+        """``pending``, or the heartbeat thread's metadata if it is the same member at a later epoch."""
+        member = self._member
+        if member is None:
+            return pending
+        live = member.metadata()
+        if live.member_id == pending.member_id and live.member_epoch > pending.member_epoch:
+            return live
+        return pending
 
     def pause(self, partitions: Iterable[TopicPartition]) -> None:
         with self._lock:
