@@ -27,6 +27,11 @@ consumer in its group:
   *lost*: dropped without committing, since another member may own them
   already. It rejoins with epoch 0. The same happens when no heartbeat
   succeeded for a whole session timeout.
+* The coordinator moved or is loading (NOT_COORDINATOR,
+  COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS, or it does not
+  answer): the member keeps its id, epoch and partitions and retries. The
+  coordinator persists membership, so after a failover the new one knows the
+  member as it was and nothing is revoked.
 * Leaving (close or unsubscribe) is a heartbeat with epoch -1.
 
 Reconciliation runs on this thread rather than in ``poll()``: a consumer
