@@ -11,6 +11,9 @@ and is told through ``on_lost``. Every wait is bounded.
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +31,19 @@ HEARTBEAT_MS = 200
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}
 
 Event = tuple[str, str, tuple[TopicPartition, ...]]  # (member name, callback, partitions)
+
+# A group member in a process of its own, so that it can die with SIGKILL (no leave).
+MEMBER_SCRIPT = """
+import sys
+from sluice.client import Consumer
+bootstrap, group, topic, session_ms = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+c = Consumer(bootstrap_servers=bootstrap, group_id=group, heartbeat_interval_ms=200, session_timeout_ms=session_ms)
+c.subscribe([topic])
+for _ in range(100_000):
+    if c.poll(0.2):
+        c.commit()
+    print("assigned", sorted(tp.partition for tp in c.assignment()), flush=True)
+"""
 
 
 def coordinator_of(cluster: LocalCluster, group: str) -> int:
@@ -247,4 +263,64 @@ def test_a_member_expired_while_its_coordinator_was_away_gets_on_lost(tmp_path: 
         assert [kind for _, kind, _ in events] == ["assign", "lost", "assign"]
         assert events[-1] == ("a", "assign", all_tps)
         assert a.consumer.group_metadata().member_id != first.member_id  # a new member
+        a.consumer.close()
+
+
+def test_a_member_that_died_with_the_coordinator_is_removed_a_full_session_after_the_load(tmp_path: Path) -> None:
+    """The coordinator's broker and one member (its own process) are killed together: the new
+    coordinator restores both members, gives the dead one a full session timeout from the load,
+    then removes it; the survivor keeps its id and epoch until then and gets the dead member's
+    partitions through on_assign only (no revoke, no loss)."""
+    session_ms = 6000
+    with LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=1000) as cluster:
+        topic, group = "dies-in", "dies-g"
+        with Admin(bootstrap_servers=cluster.bootstrap_servers) as admin:
+            admin.create_topic(topic, partitions=4, replication_factor=3)
+        produce(cluster, topic, 4, 5, "x")
+        events: list[Event] = []
+        a = Member(cluster, group, "a", events, session_timeout_ms=session_ms)
+        a.subscribe(topic)
+        wait_for(lambda: (a.poll_and_commit(), len(a.consumer.assignment()) == 4)[1], timeout=60, what="a owns all")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", MEMBER_SCRIPT, cluster.bootstrap_servers, group, topic, str(session_ms)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        lines: list[str] = []
+        out = proc.stdout
+        assert out is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(out.readline, "")), daemon=True)
+        reader.start()
+        try:
+
+            def other_has_half() -> bool:
+                a.poll_and_commit()
+                return bool(lines) and len(ast.literal_eval(lines[-1].removeprefix("assigned "))) == 2
+
+            wait_for(other_has_half, timeout=90, interval=0.0, what="the second member takes half")
+            wait_for(lambda: (a.poll_and_commit(), len(a.consumer.assignment()) == 2)[1], timeout=30, what="a has 2")
+            kept = a.consumer.assignment()
+            metadata = a.consumer.group_metadata()
+            events.clear()
+            coordinator = coordinator_of(cluster, group)
+            killed_at = time.monotonic()
+            proc.kill()
+            cluster.kill(coordinator)
+        finally:
+            proc.kill()
+            proc.wait(30)
+        wait_for(lambda: coordinator_of(cluster, group) != coordinator, timeout=60, what="a new coordinator")
+        wait_for(
+            lambda: (a.poll_and_commit(), len(a.consumer.assignment()) == 4)[1],
+            timeout=90,
+            interval=0.0,
+            what="a gets the dead member's partitions",
+        )
+        took = time.monotonic() - killed_at
+        print(f"the dead member's partitions moved {took:.1f} s after the kill (session {session_ms} ms)")
+        assert took >= session_ms / 1000 - 0.5, "the new coordinator expired a member before a full session passed"
+        gained = tuple(sorted(set(TopicPartition(topic, p) for p in range(4)) - kept))
+        assert events == [("a", "assign", gained)]
+        assert a.consumer.group_metadata().member_id == metadata.member_id
         a.consumer.close()

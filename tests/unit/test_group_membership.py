@@ -256,3 +256,17 @@ def test_a_stale_owned_report_does_not_release_what_was_just_taken_away() -> Non
     assert a3.error == pb.NONE and not h.group.members["a"].revoking
     b = h.hb("b", b.member_epoch, ())
     assert set(b.assignment) == set(a.assignment) - set(a2.assignment)
+
+
+def test_a_member_id_chosen_by_the_client_and_a_retried_join() -> None:
+    """KIP-1082: the client names itself; a join retried (its first answer lost) replaces the
+    first attempt, so the group does not keep a second member holding partitions."""
+    h = Harness()
+    first = h.join("client-uuid-1")
+    assert first.member_id == "client-uuid-1" and len(first.assignment) == 4
+    again = h.join("client-uuid-1")
+    assert again.member_id == "client-uuid-1" and list(h.group.members) == ["client-uuid-1"]
+    assert len(again.assignment) == 4
+    too_long = h.hb("x" * 0x10000, 0, subscription=("t",))
+    assert too_long.error == pb.INVALID_REQUEST and "at most 65535 bytes" in too_long.message
+    assert list(h.group.members) == ["client-uuid-1"]

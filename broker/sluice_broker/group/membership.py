@@ -64,6 +64,8 @@ from sluice.broker.topic_partition import TopicPartition
 
 JOIN_EPOCH = 0
 LEAVE_EPOCH = -1
+# A member id is a string of the member's keys in __consumer_offsets (uint16 length): the format's bound.
+MEMBER_ID_MAX_BYTES = 0xFFFF
 DEFAULT_REBALANCE_TIMEOUT_MS = 300_000  # Kafka's max.poll.interval.ms default
 
 
@@ -207,6 +209,8 @@ class ConsumerGroup:
                 f"session timeout {session} ms is outside [{s.min_session_timeout_ms}, "
                 f"{s.max_session_timeout_ms}] (group.consumer.min/max.session.timeout.ms)",
             )
+        if len(hb.member_id.encode()) > MEMBER_ID_MAX_BYTES:
+            return fail(pb.INVALID_REQUEST, f"a member id must be at most {MEMBER_ID_MAX_BYTES} bytes of UTF-8")
         if hb.member_epoch < LEAVE_EPOCH:
             return fail(pb.INVALID_REQUEST, f"member epoch {hb.member_epoch} is not valid (0 join, -1 leave)")
 

@@ -9,9 +9,13 @@ Membership, one heartbeat RPC and server-side assignment (the shape of
 KIP-848): a :class:`GroupMember` is a background thread that keeps a
 consumer in its group:
 
-* It joins with ``member_epoch`` 0 and an empty ``member_id``; the group
-  coordinator answers with a member id, an epoch, the heartbeat interval and
-  the member's complete *target* assignment.
+* It joins with ``member_epoch`` 0 and a member id of its own (a fresh
+  uuid4 per join, as KIP-1082 has clients choose it), so a join retried after
+  a lost or late answer (the coordinator answers only once the group state is
+  replicated) replaces its first attempt instead of adding a second member
+  that would hold partitions until its session expired. The coordinator
+  answers with the member id, an epoch, the heartbeat interval and the
+  member's complete *target* assignment.
 * Every ``heartbeat_interval_ms`` it heartbeats with its epoch, its
   subscription and the partitions it *owns*, i.e. the ones the consumer has
   actually taken on (or still holds). The coordinator hands a partition to
@@ -44,6 +48,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
 from sluice import errors
@@ -100,6 +105,7 @@ class GroupMember(threading.Thread):
         self._interval = self._max_interval or 3.0
         self._lock = threading.Lock()
         self._member_id = ""
+        self._join_id = str(uuid.uuid4())  # the id the next join asks for (until it is answered)
         self._member_epoch = JOIN_EPOCH
         self._target: frozenset[TopicPartition] | None = None
         self._fatal: errors.SluiceError | None = None
@@ -178,6 +184,8 @@ class GroupMember(threading.Thread):
         owned = self._owned()
         with self._lock:
             member_id, epoch, topics = self._member_id, self._member_epoch, list(self._topics)
+            if epoch == JOIN_EPOCH:
+                member_id = self._join_id
         request = broker_pb2.ConsumerGroupHeartbeatRequest(
             group_id=self.group_id,
             member_id=member_id,
@@ -246,6 +254,7 @@ class GroupMember(threading.Thread):
         with self._lock:
             self._member_epoch = JOIN_EPOCH
             self._member_id = ""
+            self._join_id = str(uuid.uuid4())  # a new member: the old id may still be in the group
             self._target = None
         log.info("group %r: partitions lost (%s)", self.group_id, why)
         self._on_assignment(frozenset(), True)
