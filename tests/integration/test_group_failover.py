@@ -53,9 +53,7 @@ def coordinator_of(cluster: LocalCluster, group: str) -> int:
             continue
         wire = Wire(b.address)
         try:
-            found = wire.stub.FindCoordinator(
-                bpb.FindCoordinatorRequest(key=group, key_type=bpb.GROUP), timeout=5
-            )
+            found = wire.stub.FindCoordinator(bpb.FindCoordinatorRequest(key=group, key_type=bpb.GROUP), timeout=5)
         except Exception:
             continue
         finally:
@@ -254,12 +252,8 @@ def test_a_member_expired_while_its_coordinator_was_away_gets_on_lost(tmp_path: 
             time.sleep(session_ms / 1000 * 2)
         finally:
             cluster.resume(0)
-        wait_for(
-            lambda: (a.consumer.poll(0.2), ("a", "lost", all_tps) in events)[1], timeout=60, what="on_lost"
-        )
-        wait_for(
-            lambda: (a.poll_and_commit(), len(a.consumer.assignment()) == 2)[1], timeout=60, what="a rejoined"
-        )
+        wait_for(lambda: (a.consumer.poll(0.2), ("a", "lost", all_tps) in events)[1], timeout=60, what="on_lost")
+        wait_for(lambda: (a.poll_and_commit(), len(a.consumer.assignment()) == 2)[1], timeout=60, what="a rejoined")
         assert [kind for _, kind, _ in events] == ["assign", "lost", "assign"]
         assert events[-1] == ("a", "assign", all_tps)
         assert a.consumer.group_metadata().member_id != first.member_id  # a new member

@@ -221,9 +221,7 @@ def _build(group_id: str, rec: _Loading, settings: GroupSettings, now: float) ->
                 revoked_epoch=current.revoked_epoch,
             )
         )
-    target = {
-        mid: frozenset((tp.topic, tp.partition) for tp in value.partitions) for mid, value in rec.targets.items()
-    }
+    target = {mid: frozenset((tp.topic, tp.partition) for tp in value.partitions) for mid, value in rec.targets.items()}
     return ConsumerGroup.restore(
         group_id, settings, rec.metadata.epoch, dict(rec.metadata.subscribed_topic_partitions), members, target, now
     )
