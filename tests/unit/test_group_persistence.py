@@ -254,3 +254,17 @@ def test_compaction_keeps_the_state_from_growing(tmp_path: Path) -> None:
 
     run(tmp_path, first)
     run(tmp_path, second)
+
+
+def test_ids_the_key_format_cannot_hold_are_refused(tmp_path: Path) -> None:
+    async def body(b: Broker) -> None:
+        long_group = "g" * 0x10000
+        resp = await b.groups.heartbeat(
+            bpb.ConsumerGroupHeartbeatRequest(group_id=long_group, member_epoch=0, subscribed_topic_names=["t"])
+        )
+        assert resp.error_code == pb.INVALID_GROUP_ID and "at most 65535 bytes" in resp.error_message
+        resp = await heartbeat(b, "m" * 0x10000, 0)
+        assert resp.error_code == pb.INVALID_REQUEST
+        assert group_log_records(b) == []  # nothing was written
+
+    run(tmp_path, body)

@@ -83,6 +83,7 @@ Clock = Callable[[], float]  # monotonic milliseconds
 MarkerListener = Callable[[PartitionLog, int, bool, int], None]
 
 _REPLICATION_TIMEOUT_S = 30.0
+GROUP_ID_MAX_BYTES = 0xFFFF
 
 
 def _monotonic_ms() -> float:
@@ -247,6 +248,9 @@ class GroupCoordinator:
         """The loaded state of the group's partition, or the error a client should see."""
         if not group_id:
             raise errors.InvalidGroupIdError("the group id must not be empty")
+        if len(group_id.encode()) > GROUP_ID_MAX_BYTES:
+            # a string of every key of the group in __consumer_offsets (uint16 length): the format's bound
+            raise errors.InvalidGroupIdError(f"a group id must be at most {GROUP_ID_MAX_BYTES} bytes of UTF-8")
         if not self._running:
             raise errors.CoordinatorNotAvailableError("the group coordinator is not running")
         partition = self.partition_for(group_id)
