@@ -10,7 +10,7 @@ from sluice import errors
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
-from .helpers import read_topic, wait_for
+from .helpers import read_topic, values, wait_for
 
 FAST_ABORT = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",
@@ -53,3 +53,90 @@ def test_timeout_above_the_maximum_is_refused_at_init(tmp_path: Path) -> None:
         with pytest.raises(errors.InvalidTransactionTimeoutError):
             p.init_transactions()
         p.close()
+
+
+def test_producer_whose_transaction_timed_out_aborts_and_goes_on(tmp_path: Path) -> None:
+    """Transaction protocol v2 (KIP-890 part 2): a timeout is abortable, not a fence.
+
+    The coordinator aborts the transaction with the epoch bumped and remembers
+    the old handle: the producer's next call gets the abortable
+    InvalidProducerEpochError, abort_transaction() succeeds, and the same
+    producer object commits its next transaction at the bumped epoch.
+    """
+    with LocalCluster(brokers=1, data_dir=tmp_path, config=FAST_ABORT) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("resumed", partitions=2, replication_factor=1)
+        p = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id="resumed-tx",
+            transaction_timeout_ms=1000,
+            linger_ms=0,
+        )
+        p.init_transactions()
+        (pid, epoch) = p._txn.producer_id_and_epoch()
+        p.begin_transaction()
+        p.send("resumed", value=b"timed-out", partition=0).result(timeout=30)
+
+        def aborted() -> bool:
+            (state,) = admin.describe_transactions(["resumed-tx"])
+            return state.state == "CompleteAbort"
+
+        wait_for(aborted, timeout=30, what="the coordinator to abort the timed-out transaction")
+        (state,) = admin.describe_transactions(["resumed-tx"])
+        assert (state.producer_id, state.producer_epoch) == (pid, epoch + 1)  # bumped, not fenced
+
+        # The next write is refused with the abortable error, not PRODUCER_FENCED ...
+        with pytest.raises(errors.InvalidProducerEpochError) as refused:
+            p.send("resumed", value=b"late", partition=1).result(timeout=30)
+        assert refused.value.category is errors.Category.ABORTABLE
+        assert p.transaction_state.value == "ABORTABLE_ERROR"
+        with pytest.raises(errors.InvalidProducerEpochError):
+            p.commit_transaction()
+        # ... the abort goes through, and the same producer goes on at the bumped epoch.
+        p.abort_transaction()
+        assert p._txn.producer_id_and_epoch() == (pid, epoch + 1)
+        p.begin_transaction()
+        p.send("resumed", value=b"after-the-timeout", partition=0)
+        p.send("resumed", value=b"after-the-timeout-1", partition=1)
+        p.commit_transaction()
+        assert p._txn.producer_id_and_epoch() == (pid, epoch + 2)  # every end bumps (TV2)
+        p.begin_transaction()
+        p.send("resumed", value=b"third", partition=0)
+        p.commit_transaction()
+        p.close()
+
+        got = sorted(v for v in values(read_topic(cluster.bootstrap_servers, "resumed")) if v is not None)
+        assert got == [b"after-the-timeout", b"after-the-timeout-1", b"third"]
+        admin.close()
+
+
+def test_commit_right_after_a_timeout_is_abortable_and_the_producer_goes_on(tmp_path: Path) -> None:
+    """The first call after the timeout is commit_transaction() itself: abortable, then abort works."""
+    with LocalCluster(brokers=1, data_dir=tmp_path, config=FAST_ABORT) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("resumed2", partitions=1, replication_factor=1)
+        p = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id="resumed2-tx",
+            transaction_timeout_ms=1000,
+            linger_ms=0,
+        )
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("resumed2", value=b"timed-out").result(timeout=30)
+
+        def aborted() -> bool:
+            (state,) = admin.describe_transactions(["resumed2-tx"])
+            return state.state == "CompleteAbort"
+
+        wait_for(aborted, timeout=30, what="the coordinator to abort the timed-out transaction")
+        with pytest.raises(errors.InvalidProducerEpochError) as refused:
+            p.commit_transaction()
+        assert "timed out" in str(refused.value)
+        p.abort_transaction()
+        p.begin_transaction()
+        p.send("resumed2", value=b"next")
+        p.commit_transaction()
+        p.close()
+        assert values(read_topic(cluster.bootstrap_servers, "resumed2")) == [b"next"]
+        admin.close()
