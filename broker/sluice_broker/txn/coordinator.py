@@ -49,18 +49,22 @@ epoch + 1), answers CONCURRENT_TRANSACTIONS, and the client's retry then gets
 the next epoch. The old instance is fenced for good: PRODUCER_FENCED on every
 request, its late writes and markers refused.
 
-Epochs follow transaction protocol v2 (Kafka 4, KIP-890 part 2; see
-:mod:`.state`): every EndTxn bumps the epoch, its markers carry the bumped
-epoch, and EndTxn answers the handle the producer goes on with. The timeout
-scan aborts a transaction open longer than its timeout the same way, epoch
-+ 1, but without fencing: the coordinator remembers the replaced handle
+Epochs follow the client's transaction protocol version (Kafka's
+clientTransactionVersion, sent in AddPartitionsToTxn, AddOffsetsToTxn and
+EndTxn). Version 2 (Kafka 4, KIP-890 part 2; see :mod:`.state`): every EndTxn
+bumps the epoch, its markers carry the bumped epoch, and EndTxn answers the
+handle the producer goes on with. The timeout scan aborts a version 2
+transaction open longer than its timeout the same way, epoch + 1, but without
+fencing: the coordinator remembers the replaced handle
 (``resume_producer_id/epoch``), so the producer's next request with it gets
 the abortable INVALID_PRODUCER_EPOCH (its commit too), its
 ``abort_transaction()`` (EndTxn abort) succeeds with the new handle, and the
 same producer object goes on. A retried EndTxn whose answer was lost is
 recognised the same way and answered again. Only another instance's
 InitProducerId clears the resume handle, and with it the old one's right to
-go on.
+go on. A version 1 request (no transaction_version) keeps the classic rules:
+EndTxn keeps the epoch, and a timeout fences the producer (epoch + 1, no
+resume handle).
 
 Test-only hook ``txn.stop_before_complete_commit`` (broker config
 ``sluice.test.hooks``): after EndTxn(commit) the coordinator logs

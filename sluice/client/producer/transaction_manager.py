@@ -25,6 +25,15 @@ id and epoch (idempotence): UNINITIALIZED -> INITIALIZING -> READY, and
 READY -> INITIALIZING again when it must bump its epoch after a broken
 sequence.
 
+Errors are classified by their KIP-1050 category (``SluiceError.category``,
+docs/errors.md): retriable ones are retried by the caller within its timeout,
+abortable ones move the transaction to ABORTABLE_ERROR, application-recoverable
+ones (fenced) and a coordinator's fatal answers to FATAL_ERROR. The producer
+speaks transaction protocol version 2 (:data:`TRANSACTION_VERSION`): EndTxn
+answers a bumped epoch that the producer takes (:meth:`complete_epoch_bump`),
+and INVALID_PRODUCER_EPOCH, which the coordinator answers to a producer whose
+transaction it timed out, is abortable, not a fence.
+
 In ABORTABLE_ERROR the only way on is ``abort_transaction()``; commit and
 send raise the error that broke the transaction. In FATAL_ERROR every call
 raises that error (for a fenced producer, ``ProducerFencedError``): the
