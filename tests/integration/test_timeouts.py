@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ from sluice.testing import LocalCluster
 
 from .helpers import read_topic, values, wait_for
 
+# A first write must land before the timeout, on a loaded machine too; the abort follows soon after.
+SHORT_TIMEOUT_MS = 3000
 FAST_ABORT = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",
     "transaction.max.timeout.ms": "60000",
@@ -69,7 +72,7 @@ def test_producer_whose_transaction_timed_out_aborts_and_goes_on(tmp_path: Path)
         p = Producer(
             bootstrap_servers=cluster.bootstrap_servers,
             transactional_id="resumed-tx",
-            transaction_timeout_ms=1000,
+            transaction_timeout_ms=SHORT_TIMEOUT_MS,
             linger_ms=0,
         )
         p.init_transactions()
@@ -118,7 +121,7 @@ def test_commit_right_after_a_timeout_is_abortable_and_the_producer_goes_on(tmp_
         p = Producer(
             bootstrap_servers=cluster.bootstrap_servers,
             transactional_id="resumed2-tx",
-            transaction_timeout_ms=1000,
+            transaction_timeout_ms=SHORT_TIMEOUT_MS,
             linger_ms=0,
         )
         p.init_transactions()
@@ -139,4 +142,79 @@ def test_commit_right_after_a_timeout_is_abortable_and_the_producer_goes_on(tmp_
         p.commit_transaction()
         p.close()
         assert values(read_topic(cluster.bootstrap_servers, "resumed2")) == [b"next"]
+        admin.close()
+
+
+def test_a_new_instance_after_a_timeout_fences_the_old_producer_for_good(tmp_path: Path) -> None:
+    """The timeout leaves the old producer free to abort, until another instance initializes the id."""
+    with LocalCluster(brokers=1, data_dir=tmp_path, config=FAST_ABORT) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("taken-over", partitions=1, replication_factor=1)
+        old = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id="taken-over-tx",
+            transaction_timeout_ms=SHORT_TIMEOUT_MS,
+            linger_ms=0,
+        )
+        old.init_transactions()
+        old.begin_transaction()
+        old.send("taken-over", value=b"old").result(timeout=30)
+
+        def aborted() -> bool:
+            (state,) = admin.describe_transactions(["taken-over-tx"])
+            return state.state == "CompleteAbort"
+
+        wait_for(aborted, timeout=30, what="the coordinator to abort the timed-out transaction")
+        new = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id="taken-over-tx", linger_ms=0)
+        new.init_transactions()
+        with pytest.raises(errors.ProducerFencedError):
+            old.send("taken-over", value=b"late").result(timeout=30)
+        with pytest.raises(errors.ProducerFencedError):
+            old.abort_transaction()
+        assert old.transaction_state.value == "FATAL_ERROR"
+        old.close()
+        new.begin_transaction()
+        new.send("taken-over", value=b"new")
+        new.commit_transaction()
+        new.close()
+        assert values(read_topic(cluster.bootstrap_servers, "taken-over")) == [b"new"]
+        admin.close()
+
+
+def test_a_timed_out_producer_writing_to_another_brokers_partition_is_told_abortable(tmp_path: Path) -> None:
+    """The partition leader is not the coordinator: its KIP-890 verification asks the coordinator."""
+    config = {**FAST_ABORT, "transaction.state.log.num.partitions": "3"}
+    tid = "remote-verify-tx"
+    with LocalCluster(brokers=3, data_dir=tmp_path, config=config) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("spread", partitions=3, replication_factor=3)
+        coordinator = cluster.leader("__transaction_state", zlib.crc32(tid.encode()) % 3)
+        elsewhere = [p for p in range(3) if cluster.leader("spread", p) not in (coordinator, -1)]
+        assert elsewhere, "every partition of the topic is led by the coordinator"
+        partition = elsewhere[0]
+        p = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id=tid,
+            transaction_timeout_ms=SHORT_TIMEOUT_MS,
+            linger_ms=0,
+        )
+        p.init_transactions()
+        (pid, epoch) = p._txn.producer_id_and_epoch()
+        p.begin_transaction()
+        p.send("spread", value=b"timed-out", partition=partition).result(timeout=30)
+
+        def aborted() -> bool:
+            (state,) = admin.describe_transactions([tid])
+            return state.state == "CompleteAbort"
+
+        wait_for(aborted, timeout=30, what="the coordinator to abort the timed-out transaction")
+        with pytest.raises(errors.InvalidProducerEpochError):
+            p.send("spread", value=b"late", partition=partition).result(timeout=30)
+        p.abort_transaction()
+        p.begin_transaction()
+        p.send("spread", value=b"next", partition=partition)
+        p.commit_transaction()
+        assert p._txn.producer_id_and_epoch() == (pid, epoch + 2)
+        p.close()
+        assert values(read_topic(cluster.bootstrap_servers, "spread")) == [b"next"]
         admin.close()

@@ -559,7 +559,10 @@ class Producer:
 
         Raises the error that broke the transaction if a send or an offset
         commit in it failed (abort_transaction() is then the only way on),
-        ProducerFencedError if another instance took over, KafkaTimeoutError
+        InvalidProducerEpochError (abortable) if the coordinator aborted the
+        transaction after its transaction_timeout_ms (abort_transaction() then
+        succeeds and the producer goes on), ProducerFencedError if another
+        instance took over, KafkaTimeoutError
         (or the last retriable error) when ``timeout`` passes: the call may
         then be repeated.
         """
@@ -610,8 +613,10 @@ class Producer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: unsent records fail with TransactionAbortedError, the rest is rolled back.
 
-        Legal in a transaction and after an (abortable) error in one; after a
-        fatal error (fenced) it raises that error.
+        Legal in a transaction and after an (abortable) error in one, a
+        transaction the coordinator timed out included; after a fatal error
+        (fenced) it raises that error. The coordinator answers a bumped epoch
+        (transaction protocol v2), which the next transaction uses.
         """
         txn_id = self._txn_id("abort_transaction")
         self._txn.begin_abort()
