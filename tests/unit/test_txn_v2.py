@@ -145,6 +145,7 @@ def test_a_new_instance_fences_a_timed_out_producer_for_good(tmp_path: Path) -> 
         assert await add2(b, "z", pid2, epoch2, 0) == [pb.NONE]
         assert await b.produce("z", pid2, epoch2, 0, b"successor") == pb.NONE
         assert (await end2(b, "z", pid2, epoch2, commit=True)).producer_epoch == epoch2 + 1
+        await until(state_is(b, "z", "CompleteCommit"), "CompleteCommit")
 
     run(tmp_path, test, FAST_TIMEOUTS)
 
