@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sluice import errors
-from sluice.client import Admin, Producer
+from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
 
 from .helpers import read_topic, values, wait_for
@@ -217,4 +217,45 @@ def test_a_timed_out_producer_writing_to_another_brokers_partition_is_told_abort
         assert p._txn.producer_id_and_epoch() == (pid, epoch + 2)
         p.close()
         assert values(read_topic(cluster.bootstrap_servers, "spread")) == [b"next"]
+        admin.close()
+
+
+def test_consume_transform_produce_goes_on_after_a_timeout_with_its_offsets(tmp_path: Path) -> None:
+    """The timed-out transaction held consumed offsets: they vanish with it, and the next one commits them."""
+    with LocalCluster(brokers=1, data_dir=tmp_path, config=FAST_ABORT) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("ctp-in", partitions=1, replication_factor=1)
+        admin.create_topic("ctp-out", partitions=1, replication_factor=1)
+        tp = TopicPartition("ctp-in", 0)
+        consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id="ctp-g", enable_auto_commit=False)
+        consumer.assign([tp])
+        p = Producer(
+            bootstrap_servers=cluster.bootstrap_servers,
+            transactional_id="ctp-timeout-tx",
+            transaction_timeout_ms=SHORT_TIMEOUT_MS,
+            linger_ms=0,
+        )
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("ctp-out", value=b"lost").result(timeout=30)
+        p.send_offsets_to_transaction({tp: 5}, consumer.group_metadata())
+
+        def aborted() -> bool:
+            (state,) = admin.describe_transactions(["ctp-timeout-tx"])
+            return state.state == "CompleteAbort"
+
+        wait_for(aborted, timeout=30, what="the coordinator to abort the timed-out transaction")
+        with pytest.raises(errors.InvalidProducerEpochError):
+            p.send_offsets_to_transaction({tp: 6}, consumer.group_metadata())
+        p.abort_transaction()
+        assert consumer.committed([tp])[tp] is None  # the timed-out offsets went with their transaction
+
+        p.begin_transaction()
+        p.send("ctp-out", value=b"kept")
+        p.send_offsets_to_transaction({tp: 5}, consumer.group_metadata())
+        p.commit_transaction()
+        assert wait_for(lambda: consumer.committed([tp])[tp] == 5, timeout=20, what="committed offset 5")
+        p.close()
+        consumer.close()
+        assert values(read_topic(cluster.bootstrap_servers, "ctp-out")) == [b"kept"]
         admin.close()
