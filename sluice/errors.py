@@ -16,15 +16,45 @@ reaches the application is fatal, or a retriable one that ran out of time.
 
 The table below is the single place that maps codes to classes and says what
 is retriable; broker and client both read it.
+
+``SluiceError.category`` says what the *application* does about an error,
+in the four categories of Kafka's KIP-1050 (docs/errors.md has the table):
+
+- RETRIABLE: the client retries by itself within its timeout; an application
+  sees one only when that ran out, and may repeat the call (or, inside a
+  transaction, abort it).
+- ABORTABLE: this transaction (or this record) failed, the producer did not:
+  ``abort_transaction()`` and begin the next one with the same producer.
+- APPLICATION_RECOVERABLE: this producer can go no further (fenced, or its
+  producer id is gone): close it; a new producer with the same transactional
+  id recovers (its ``init_transactions()`` ends what was left open).
+- FATAL: retrying, aborting or a new producer will not help until the
+  configuration, the authorization or the request itself is fixed.
+
+A class that names no category gets RETRIABLE if it is retriable and FATAL
+otherwise (``__init_subclass__``), so a new error is never silently abortable.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from sluice.api.v1 import records_pb2
 
 ErrorCode = records_pb2.ErrorCode
+
+
+class ErrorCategory(StrEnum):
+    """What the application does about an error (Kafka's KIP-1050 categories)."""
+
+    RETRIABLE = "retriable"
+    ABORTABLE = "abortable"
+    APPLICATION_RECOVERABLE = "application-recoverable"
+    FATAL = "fatal"
+
+
+Category = ErrorCategory
 
 
 class SluiceError(Exception):
@@ -32,6 +62,13 @@ class SluiceError(Exception):
 
     code: ClassVar[ErrorCode] = records_pb2.UNKNOWN_SERVER_ERROR
     retriable: ClassVar[bool] = False
+    category: ClassVar[ErrorCategory] = ErrorCategory.FATAL
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        named = any("category" in c.__dict__ for c in cls.__mro__[:-1] if c is not SluiceError)
+        if not named:  # no class on the way names one: follow ``retriable``, never abortable by accident
+            cls.category = ErrorCategory.RETRIABLE if cls.retriable else ErrorCategory.FATAL
 
     def __init__(self, message: str = "") -> None:
         self.message = message or self.__class__.__doc__ or self.__class__.__name__
@@ -69,6 +106,7 @@ class InvalidArgumentError(SluiceError):
     """The broker refused the request as malformed (gRPC INVALID_ARGUMENT)."""
 
     code = records_pb2.INVALID_REQUEST
+    category = Category.ABORTABLE
 
 
 # -- one class per wire error code: the table ------------------------------------------------------
@@ -85,6 +123,7 @@ class UnknownServerError(SluiceError):
 
     code = E.UNKNOWN_SERVER_ERROR
     retriable = False
+    category = Category.ABORTABLE
 
 
 class OffsetOutOfRangeError(SluiceError):
@@ -92,6 +131,7 @@ class OffsetOutOfRangeError(SluiceError):
 
     code = E.OFFSET_OUT_OF_RANGE
     retriable = False
+    category = Category.ABORTABLE
 
 
 class CorruptMessageError(SluiceError):
@@ -113,6 +153,7 @@ class InvalidFetchSizeError(SluiceError):
 
     code = E.INVALID_FETCH_SIZE
     retriable = False
+    category = Category.ABORTABLE
 
 
 class LeaderNotAvailableError(SluiceError):
@@ -141,6 +182,7 @@ class MessageTooLargeError(SluiceError):
 
     code = E.MESSAGE_TOO_LARGE
     retriable = False
+    category = Category.ABORTABLE
 
 
 class CoordinatorLoadInProgressError(SluiceError):
@@ -169,6 +211,7 @@ class InvalidTopicError(SluiceError):
 
     code = E.INVALID_TOPIC_EXCEPTION
     retriable = False
+    category = Category.ABORTABLE
 
 
 class RecordListTooLargeError(SluiceError):
@@ -176,6 +219,7 @@ class RecordListTooLargeError(SluiceError):
 
     code = E.RECORD_LIST_TOO_LARGE
     retriable = False
+    category = Category.ABORTABLE
 
 
 class NotEnoughReplicasError(SluiceError):
@@ -204,6 +248,7 @@ class IllegalGenerationError(SluiceError):
 
     code = E.ILLEGAL_GENERATION
     retriable = False
+    category = Category.ABORTABLE
 
 
 class InvalidGroupIdError(SluiceError):
@@ -211,6 +256,7 @@ class InvalidGroupIdError(SluiceError):
 
     code = E.INVALID_GROUP_ID
     retriable = False
+    category = Category.ABORTABLE
 
 
 class UnknownMemberIdError(SluiceError):
@@ -218,6 +264,7 @@ class UnknownMemberIdError(SluiceError):
 
     code = E.UNKNOWN_MEMBER_ID
     retriable = False
+    category = Category.ABORTABLE
 
 
 class InvalidSessionTimeoutError(SluiceError):
@@ -232,6 +279,7 @@ class InvalidTimestampError(SluiceError):
 
     code = E.INVALID_TIMESTAMP
     retriable = False
+    category = Category.ABORTABLE
 
 
 class TopicAlreadyExistsError(SluiceError):
@@ -267,6 +315,7 @@ class InvalidRequestError(SluiceError):
 
     code = E.INVALID_REQUEST
     retriable = False
+    category = Category.ABORTABLE
 
 
 class OutOfOrderSequenceError(SluiceError):
@@ -274,6 +323,7 @@ class OutOfOrderSequenceError(SluiceError):
 
     code = E.OUT_OF_ORDER_SEQUENCE_NUMBER
     retriable = False
+    category = Category.ABORTABLE
 
 
 class DuplicateSequenceNumberError(SluiceError):
@@ -281,6 +331,7 @@ class DuplicateSequenceNumberError(SluiceError):
 
     code = E.DUPLICATE_SEQUENCE_NUMBER
     retriable = False
+    category = Category.ABORTABLE
 
 
 class InvalidProducerEpochError(SluiceError):
@@ -288,6 +339,7 @@ class InvalidProducerEpochError(SluiceError):
 
     code = E.INVALID_PRODUCER_EPOCH
     retriable = False
+    category = Category.ABORTABLE
 
 
 class InvalidTxnStateError(SluiceError):
@@ -302,6 +354,7 @@ class InvalidProducerIdMappingError(SluiceError):
 
     code = E.INVALID_PRODUCER_ID_MAPPING
     retriable = False
+    category = Category.APPLICATION_RECOVERABLE
 
 
 class InvalidTransactionTimeoutError(SluiceError):
@@ -323,6 +376,7 @@ class TransactionCoordinatorFencedError(SluiceError):
 
     code = E.TRANSACTION_COORDINATOR_FENCED
     retriable = False
+    category = Category.APPLICATION_RECOVERABLE
 
 
 class TransactionalIdAuthorizationFailedError(SluiceError):
@@ -344,6 +398,7 @@ class UnknownProducerIdError(SluiceError):
 
     code = E.UNKNOWN_PRODUCER_ID
     retriable = False
+    category = Category.ABORTABLE
 
 
 class GroupIdNotFoundError(SluiceError):
@@ -351,6 +406,7 @@ class GroupIdNotFoundError(SluiceError):
 
     code = E.GROUP_ID_NOT_FOUND
     retriable = False
+    category = Category.ABORTABLE
 
 
 class FencedLeaderEpochError(SluiceError):
@@ -386,6 +442,7 @@ class InvalidRecordError(SluiceError):
 
     code = E.INVALID_RECORD
     retriable = False
+    category = Category.ABORTABLE
 
 
 class UnstableOffsetCommitError(SluiceError):
@@ -400,6 +457,7 @@ class ProducerFencedError(SluiceError):
 
     code = E.PRODUCER_FENCED
     retriable = False
+    category = Category.APPLICATION_RECOVERABLE
 
 
 class TransactionalIdNotFoundError(SluiceError):
@@ -407,6 +465,7 @@ class TransactionalIdNotFoundError(SluiceError):
 
     code = E.TRANSACTIONAL_ID_NOT_FOUND
     retriable = False
+    category = Category.APPLICATION_RECOVERABLE
 
 
 class FencedMemberEpochError(SluiceError):
@@ -414,6 +473,7 @@ class FencedMemberEpochError(SluiceError):
 
     code = E.FENCED_MEMBER_EPOCH
     retriable = False
+    category = Category.ABORTABLE
 
 
 class UnreleasedInstanceIdError(SluiceError):

@@ -33,6 +33,14 @@ and any of them -> UNLOADED, which is final: regaining leadership makes a new
 :class:`CoordinatorPartition`, so work started under an old epoch can tell it
 is stale (:meth:`CoordinatorRuntime.is_current`).
 
+Test-only hooks (broker config ``sluice.test.hooks``, never set in production,
+inert unless named there), so that fault tests can make a real broker's load
+fail or be slow: :data:`HOOK_LOAD_FAIL` fails every load attempt made in the
+first :data:`HOOK_LOAD_WINDOW_S` seconds after this broker became leader of a
+partition (the retry then succeeds), :data:`HOOK_LOAD_SLOW` makes the first
+attempt of every load wait that long before it replays, inside the measured
+load time. Both apply to both coordinators' topics.
+
 Concurrency: one asyncio loop. Leadership is told synchronously; a load is a
 task. When leadership is told outside a running loop (a synchronous metadata
 refresh), the partition waits in LOADING without a task and the runtime's
@@ -65,6 +73,10 @@ LOAD_RETRY_INITIAL_S = 0.2  # the first retry of a failed load; doubled per fail
 LOAD_RETRY_MAX_S = 10.0  # ... up to this
 SUPERVISE_INTERVAL_S = 0.5  # how often loads told outside the loop are picked up
 
+HOOK_LOAD_FAIL = "coordinator.load.fail_first_3s"
+HOOK_LOAD_SLOW = "coordinator.load.slow_3s"
+HOOK_LOAD_WINDOW_S = 3.0
+
 
 class LoadStatus(enum.Enum):
     LOADING = "loading"  # the replay is running (or about to)
@@ -85,6 +97,7 @@ class CoordinatorPartition(Generic[StateT]):
     load_ms: float | None = None  # how long the successful load took
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # cancelled on unload
     load_task: asyncio.Task[None] | None = None
+    led_since: float = field(default_factory=time.monotonic)  # when this broker became its leader
     _state: StateT | None = None
 
     @property
@@ -298,6 +311,23 @@ class CoordinatorRuntime(Generic[StateT]):
     def _current(self, cpart: CoordinatorPartition[StateT]) -> bool:
         return cpart.status is not LoadStatus.UNLOADED and self._partitions.get(cpart.partition) is cpart
 
+    async def _test_faults(self, cpart: CoordinatorPartition[StateT]) -> None:
+        """The test-only load faults (see the module docstring); nothing unless a hook is named."""
+        hook = getattr(self.config, "hook", None)
+        if hook is None:
+            return
+        if hook(HOOK_LOAD_SLOW) and cpart.attempts == 1:
+            log.warning(
+                "test hook %s: the load of %s-%d waits %.0f s",
+                HOOK_LOAD_SLOW,
+                self.topic,
+                cpart.partition,
+                HOOK_LOAD_WINDOW_S,
+            )
+            await asyncio.sleep(HOOK_LOAD_WINDOW_S)
+        if hook(HOOK_LOAD_FAIL) and time.monotonic() - cpart.led_since < HOOK_LOAD_WINDOW_S:
+            raise OSError(f"test hook {HOOK_LOAD_FAIL}: injected failure reading {self.topic}-{cpart.partition}")
+
     async def _load(self, cpart: CoordinatorPartition[StateT]) -> None:
         """Replay the partition until it loads, retrying failed attempts while it is still ours."""
         backoff = self.retry_initial_s
@@ -306,6 +336,9 @@ class CoordinatorRuntime(Generic[StateT]):
             cpart.status = LoadStatus.LOADING
             started = time.monotonic()
             try:
+                await self._test_faults(cpart)
+                if not self._current(cpart):
+                    return
                 state = self.shard.new_state(cpart.partition, cpart.coordinator_epoch)
                 count = 0
                 for batch in self.replicas.iter_batches(self.topic, cpart.partition):

@@ -46,8 +46,25 @@ keep_prepared_txn answers the prepared handle and changes nothing.
 Fencing follows Kafka: InitProducerId on an id with an open transaction
 aborts it with the epoch bumped (Ongoing -> PrepareEpochFence -> PrepareAbort,
 epoch + 1), answers CONCURRENT_TRANSACTIONS, and the client's retry then gets
-the next epoch. The timeout scan does the same to transactions open longer
-than their timeout, so the old producer's next request is fenced.
+the next epoch. The old instance is fenced for good: PRODUCER_FENCED on every
+request, its late writes and markers refused.
+
+Epochs follow the client's transaction protocol version (Kafka's
+clientTransactionVersion, sent in AddPartitionsToTxn, AddOffsetsToTxn and
+EndTxn). Version 2 (Kafka 4, KIP-890 part 2; see :mod:`.state`): every EndTxn
+bumps the epoch, its markers carry the bumped epoch, and EndTxn answers the
+handle the producer goes on with. The timeout scan aborts a version 2
+transaction open longer than its timeout the same way, epoch + 1, but without
+fencing: the coordinator remembers the replaced handle
+(``resume_producer_id/epoch``), so the producer's next request with it gets
+the abortable INVALID_PRODUCER_EPOCH (its commit too), its
+``abort_transaction()`` (EndTxn abort) succeeds with the new handle, and the
+same producer object goes on. A retried EndTxn whose answer was lost is
+recognised the same way and answered again. Only another instance's
+InitProducerId clears the resume handle, and with it the old one's right to
+go on. A version 1 request (no transaction_version) keeps the classic rules:
+EndTxn keeps the epoch, and a timeout fences the producer (epoch + 1, no
+resume handle).
 
 Test-only hook ``txn.stop_before_complete_commit`` (broker config
 ``sluice.test.hooks``): after EndTxn(commit) the coordinator logs
@@ -129,8 +146,19 @@ def verdict(
     pid: int,
     epoch: int,
     topic_partition: TopicPartition,
+    resume: tuple[int, int] = (-1, -1),
 ) -> tuple[pb.ErrorCode, str]:
-    """The answer to a partition leader's verification of a first transactional write (KIP-890)."""
+    """The answer to a partition leader's verification of a first transactional write (KIP-890).
+
+    ``resume`` is the handle a non-fencing bump replaced: a write with it is
+    the rightful producer that has not heard of the bump (abortable), any
+    other older epoch a fenced one.
+    """
+    if resume[1] >= 0 and (pid, epoch) == resume and (pid, epoch) != (producer_id, producer_epoch):
+        return pb.INVALID_PRODUCER_EPOCH, (
+            f"producer {pid} epoch {epoch}: its transaction was ended by the coordinator (now epoch "
+            f"{producer_epoch}); abort the transaction and begin a new one"
+        )
     if pid == producer_id and epoch < producer_epoch:
         return pb.PRODUCER_FENCED, f"producer {pid} epoch {epoch} was fenced by epoch {producer_epoch}"
     if (
@@ -145,6 +173,16 @@ def verdict(
         f"{topic}-{partition} is not part of an open transaction of producer {pid} epoch {epoch} "
         f"(the coordinator has producer {producer_id} epoch {producer_epoch} in state {state}); "
         "AddPartitionsToTxn must come before the first write"
+    )
+
+
+def _resume_message(meta: TxnMetadata, producer_id: int, producer_epoch: int) -> str:
+    pid, epoch = meta.handle()
+    why = "timed out and was aborted by the coordinator" if meta.timed_out else "was already ended"
+    return (
+        f"the transaction of {meta.transactional_id!r} (producer {producer_id} epoch {producer_epoch}) {why}; "
+        f"the id is at producer {pid} epoch {epoch} now: abort the transaction (abort_transaction()) and "
+        "begin a new one"
     )
 
 
@@ -263,20 +301,25 @@ class TransactionCoordinator:
 
     @staticmethod
     def _check_producer(meta: TxnMetadata, producer_id: int, producer_epoch: int) -> None:
-        if producer_id != meta.producer_id:
+        """Pass for the id's current handle; raise what an old, resumable or foreign handle gets."""
+        pid, epoch = meta.handle()
+        if (producer_id, producer_epoch) == (pid, epoch):
+            return
+        if meta.is_resume_handle(producer_id, producer_epoch):
+            raise errors.InvalidProducerEpochError(_resume_message(meta, producer_id, producer_epoch))
+        if producer_id not in (pid, meta.producer_id):
             raise errors.InvalidProducerIdMappingError(
                 f"producer id {producer_id} does not belong to {meta.transactional_id!r} "
-                f"(its producer id is {meta.producer_id})",
+                f"(its producer id is {pid})",
             )
-        if producer_epoch < meta.producer_epoch:
+        if producer_id != pid or producer_epoch < epoch:  # an older epoch, or the id an exhausted epoch left
             raise errors.ProducerFencedError(
                 f"producer {producer_id} epoch {producer_epoch} was fenced: {meta.transactional_id!r} "
-                f"is at epoch {meta.producer_epoch}",
+                f"is at producer {pid} epoch {epoch}",
             )
-        if producer_epoch > meta.producer_epoch:
-            raise errors.InvalidProducerEpochError(
-                f"producer {producer_id} epoch {producer_epoch} is newer than the coordinator's {meta.producer_epoch}",
-            )
+        raise errors.InvalidProducerEpochError(
+            f"producer {producer_id} epoch {producer_epoch} is newer than the coordinator's {epoch}",
+        )
 
     # -- the write-ahead step ---------------------------------------------------------------------
 
@@ -361,7 +404,8 @@ class TransactionCoordinator:
         # KIP-360: the producer says which id/epoch it has. Producer ids start at 1, so 0 (the
         # proto default of a client that did not set the field) counts as "none", like -1.
         expected = req.producer_id > 0
-        if expected and req.producer_id not in (meta.producer_id, meta.last_producer_id):
+        known_ids = (meta.producer_id, meta.last_producer_id, meta.handle()[0], meta.resume_producer_id)
+        if expected and req.producer_id not in known_ids:
             raise errors.ProducerFencedError(
                 f"producer id {req.producer_id} is not the current one of {tid!r} ({meta.producer_id})",
             )
@@ -386,8 +430,9 @@ class TransactionCoordinator:
                     f"{meta.producer_id}/{meta.producer_epoch} of {tid!r}",
                 )
             # A new instance (or a KIP-360 re-init): abort the open transaction with the epoch
-            # bumped, so the old instance is fenced, and let the client retry for its epoch.
-            fenced = meta.fence_and_abort(now)
+            # bumped, so the old instance is fenced, and let the client retry for its epoch. The
+            # current handle re-initialising itself keeps its right to go on (its retry bumps).
+            fenced = meta.fence_and_abort(now, owner_may_resume=expected)
             await self._write(cpart, tid, entry, fenced)
             self.runtime.spawn(cpart, self._complete(cpart, tid, entry, fenced), f"aborting {tid!r}")
             raise errors.ConcurrentTransactionsError(
@@ -397,7 +442,9 @@ class TransactionCoordinator:
         if meta.state not in IDLE:
             raise errors.InvalidTxnStateError(f"{tid!r} is in state {meta.state}")
         if expected:
-            current = (req.producer_id, req.producer_epoch) == (meta.producer_id, meta.producer_epoch)
+            current = (req.producer_id, req.producer_epoch) == meta.handle() or meta.is_resume_handle(
+                req.producer_id, req.producer_epoch
+            )
             previous = (req.producer_id, req.producer_epoch) == (meta.last_producer_id, meta.last_producer_epoch)
             if not current:
                 if previous and meta.state is S.EMPTY:
@@ -418,7 +465,9 @@ class TransactionCoordinator:
 
     async def add_partitions_to_txn(self, req: bpb.AddPartitionsToTxnRequest) -> bpb.AddPartitionsToTxnResponse:
         wanted = [(t.name, p) for t in req.topics for p in t.partitions]
-        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, wanted)
+        results = await self._add(
+            req.transactional_id, req.producer_id, req.producer_epoch, wanted, req.transaction_version >= 2
+        )
         resp = bpb.AddPartitionsToTxnResponse()
         for (topic, partition), (code, message) in results.items():
             resp.results.add(topic=topic, partition=partition, error_code=code, error_message=message)
@@ -435,12 +484,14 @@ class TransactionCoordinator:
             resp.error_message = f"{CONSUMER_OFFSETS_TOPIC} does not exist yet"
             return resp
         offsets_partition = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(req.group_id, len(info.partitions)))
-        results = await self._add(req.transactional_id, req.producer_id, req.producer_epoch, [offsets_partition])
+        results = await self._add(
+            req.transactional_id, req.producer_id, req.producer_epoch, [offsets_partition], req.transaction_version >= 2
+        )
         resp.error_code, resp.error_message = results[offsets_partition]
         return resp
 
     async def _add(
-        self, tid: str, producer_id: int, producer_epoch: int, wanted: list[TopicPartition]
+        self, tid: str, producer_id: int, producer_epoch: int, wanted: list[TopicPartition], tv2: bool = False
     ) -> dict[TopicPartition, tuple[pb.ErrorCode, str]]:
         """Add partitions to the id's transaction; a result per partition.
 
@@ -452,11 +503,15 @@ class TransactionCoordinator:
         try:
             cpart = self._partition_for(tid)
             entry, meta = self._entry(cpart, tid)
-            self._check_producer(meta, producer_id, producer_epoch)
+            resuming = meta.is_resume_handle(producer_id, producer_epoch)
+            if not resuming:
+                self._check_producer(meta, producer_id, producer_epoch)
             if meta.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT, S.PREPARE_EPOCH_FENCE):
                 raise errors.ConcurrentTransactionsError(
                     f"the previous transaction of {tid!r} is being completed ({meta.state}); retry",
                 )
+            if resuming:  # once the end is complete: the producer must abort and take the new handle
+                raise errors.InvalidProducerEpochError(_resume_message(meta, producer_id, producer_epoch))
             if meta.state is S.PREPARED:
                 raise errors.InvalidTxnStateError(
                     f"the transaction of {tid!r} is prepared: nothing may join it; commit or abort it first",
@@ -473,8 +528,9 @@ class TransactionCoordinator:
                     )
                 else:
                     valid.append((topic, partition))
-            if valid and (meta.state is not S.ONGOING or not set(valid) <= meta.partitions):
-                await self._write(cpart, tid, entry, meta.add_partitions(valid, self.clock()))
+            changes = meta.state is not S.ONGOING or not set(valid) <= meta.partitions or (tv2 and not meta.tv2)
+            if valid and changes:
+                await self._write(cpart, tid, entry, meta.add_partitions(valid, self.clock(), tv2))
             for key in valid:
                 results[key] = (pb.NONE, "")
         except SluiceError as exc:
@@ -484,35 +540,54 @@ class TransactionCoordinator:
     # -- EndTxn -----------------------------------------------------------------------------------
 
     async def end_txn(self, req: bpb.EndTxnRequest) -> bpb.EndTxnResponse:
-        resp = bpb.EndTxnResponse()
+        resp = bpb.EndTxnResponse(producer_id=-1, producer_epoch=-1)
         try:
-            await self._end_txn(
-                req.transactional_id, req.producer_id, req.producer_epoch, req.committed, prepared_only=req.prepared
+            resp.producer_id, resp.producer_epoch = await self._end_txn(
+                req.transactional_id,
+                req.producer_id,
+                req.producer_epoch,
+                req.committed,
+                prepared_only=req.prepared,
+                bump=req.transaction_version >= 2,
             )
         except SluiceError as exc:
             answer(resp, exc)
         return resp
 
     async def _end_txn(
-        self, tid: str, producer_id: int, producer_epoch: int, commit: bool, *, prepared_only: bool = False
-    ) -> None:
+        self,
+        tid: str,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        *,
+        prepared_only: bool = False,
+        bump: bool = False,
+    ) -> tuple[int, int]:
+        """End the transaction; the handle the producer goes on with (``bump``: epoch + 1, TV2)."""
         cpart = self._partition_for(tid)
         if prepared_only and tid not in cpart.state.txns:
             raise errors.TransactionalIdNotFoundError(f"no transactional id {tid!r}: no prepared transaction to end")
         entry, meta = self._entry(cpart, tid)
-        self._check_producer(meta, producer_id, producer_epoch)
+        # The handle a bump replaced: a retry whose answer was lost, or the first call after a timeout.
+        resuming = meta.is_resume_handle(producer_id, producer_epoch)
+        if not resuming:
+            self._check_producer(meta, producer_id, producer_epoch)
         outcome = "commit" if commit else "abort"
         same = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
         done = S.COMPLETE_COMMIT if commit else S.COMPLETE_ABORT
-        if meta.state is S.PREPARED or (meta.state is S.ONGOING and not prepared_only):
-            new = meta.prepare_end(commit, self.clock())
+        if not resuming and (meta.state is S.PREPARED or (meta.state is S.ONGOING and not prepared_only)):
+            next_pid = self._new_producer_id() if bump and epoch_exhausted(meta.producer_epoch) else None
+            new = meta.prepare_end(commit, self.clock(), next_pid, bump=bump)
             await self._write(cpart, tid, entry, new)
             self.runtime.spawn(cpart, self._complete(cpart, tid, entry, new), f"completing {tid!r}")
-            return
+            return new.handle()
         if meta.state is done:
-            return  # a retry of the EndTxn that completed it
+            return meta.handle()  # a retry of the EndTxn that completed it (or the abort after a timeout)
         if meta.state is same:
             raise errors.ConcurrentTransactionsError(f"the {outcome} of {tid!r} is being completed; retry")
+        if resuming and meta.timed_out and commit:
+            raise errors.InvalidProducerEpochError(_resume_message(meta, producer_id, producer_epoch))
         if prepared_only:
             raise errors.InvalidTxnStateError(
                 f"cannot {outcome}: {tid!r} (producer {producer_id} epoch {producer_epoch}) has no prepared "
@@ -593,7 +668,10 @@ class TransactionCoordinator:
     # -- housekeeping -----------------------------------------------------------------------------
 
     async def abort_timed_out_transactions(self) -> None:
-        """Abort (with an epoch bump, fencing the producer) every Ongoing transaction past its timeout."""
+        """Abort every Ongoing transaction past its timeout, epoch + 1.
+
+        A transaction protocol v2 producer may then abort and go on; a version 1 producer is fenced.
+        """
         now = self.clock()
         for cpart in self.runtime.active_partitions():
             for tid, entry in list(cpart.state.txns.items()):
@@ -609,8 +687,12 @@ class TransactionCoordinator:
                     meta.producer_epoch,
                     now - meta.txn_start_ms,
                 )
-                fenced = meta.fence_and_abort(now)
                 try:
+                    if meta.tv2:  # bumped, not fenced: the producer aborts and goes on
+                        next_pid = self._new_producer_id() if epoch_exhausted(meta.producer_epoch) else None
+                        fenced = meta.abort_timed_out(now, next_pid)
+                    else:  # a version 1 producer cannot learn a new epoch from EndTxn: fenced, as before
+                        fenced = meta.fence_and_abort(now)
                     await self._write(cpart, tid, entry, fenced)
                 except SluiceError as exc:
                     log.warning("cannot abort the timed-out transaction of %r: %s", tid, exc.message)
@@ -660,7 +742,14 @@ class TransactionCoordinator:
             if meta is None:
                 return pb.INVALID_TXN_STATE, f"unknown transactional id {transactional_id!r}"
             return verdict(
-                meta.state, meta.producer_id, meta.producer_epoch, meta.partitions, producer_id, epoch, written
+                meta.state,
+                meta.producer_id,
+                meta.producer_epoch,
+                meta.partitions,
+                producer_id,
+                epoch,
+                written,
+                (meta.resume_producer_id, meta.resume_producer_epoch),
             )
         leader = self.cluster.topics[TRANSACTION_STATE_TOPIC].partitions[p].leader
         if leader == self.config.broker_id:
@@ -692,6 +781,7 @@ class TransactionCoordinator:
             producer_id,
             epoch,
             written,
+            (st.resume_producer_id, st.resume_producer_epoch),
         )
 
     # -- describe / list --------------------------------------------------------------------------
@@ -700,7 +790,12 @@ class TransactionCoordinator:
         resp = bpb.DescribeTransactionsResponse()
         for tid in req.transactional_ids:
             st = resp.transactions.add(
-                transactional_id=tid, producer_id=-1, producer_epoch=-1, transaction_start_time_ms=-1
+                transactional_id=tid,
+                producer_id=-1,
+                producer_epoch=-1,
+                transaction_start_time_ms=-1,
+                resume_producer_id=-1,
+                resume_producer_epoch=-1,
             )
             try:
                 cpart = self._partition_for(tid)
@@ -720,6 +815,7 @@ class TransactionCoordinator:
             st.transaction_start_time_ms = meta.txn_start_ms
             st.last_update_time_ms = meta.last_update_ms
             st.coordinator_id = self.config.broker_id
+            st.resume_producer_id, st.resume_producer_epoch = meta.resume_producer_id, meta.resume_producer_epoch
             for topic, partition in sorted(meta.partitions):
                 st.partitions.add(topic=topic, partition=partition)
         return resp

@@ -8,7 +8,17 @@ record batch appended by the coordinator to the id's partition:
 
     {"v": 0, "pid": 4001, "epoch": 3, "last_pid": 4001, "last_epoch": 2,
      "timeout_ms": 60000, "state": "Ongoing", "partitions": [["orders", 0], ...],
-     "start_ms": 1700000000000, "update_ms": 1700000000123}
+     "start_ms": 1700000000000, "update_ms": 1700000000123,
+     "resume_pid": 4001, "resume_epoch": 2, "next_pid": -1, "timed_out": false,
+     "tv2": true}
+
+``resume_pid``/``resume_epoch`` (the handle a non-fencing epoch bump replaced)
+``next_pid`` (the producer id an exhausted epoch moves to), ``timed_out``
+(the resume handle was replaced by a timeout, not an EndTxn) and ``tv2`` (the
+transaction's producer speaks protocol version 2) came with
+transaction protocol v2; a record without them (written before) reads as -1
+(false), which is what they were then, so the layout version stays 0; each is written
+only when it differs from that (most records do not carry them).
 
 ``state`` uses the names of :class:`TxnState` (the names DescribeTransactions
 answers), ``partitions`` is sorted so the same state always encodes the same
@@ -30,6 +40,8 @@ from sluice.broker.txn.state import TxnMetadata, TxnState
 from sluice.records import RecordBatch, build_batch, decode_records
 
 VERSION = 0
+# What a record written before transaction protocol v2 (without these keys) reads as.
+_V2_ABSENT: dict[str, Any] = {"resume_pid": -1, "resume_epoch": -1, "next_pid": -1, "timed_out": False, "tv2": False}
 
 
 class TxnLogError(ValueError):
@@ -41,7 +53,7 @@ def encode_key(transactional_id: str) -> bytes:
 
 
 def encode_value(meta: TxnMetadata) -> bytes:
-    doc = {
+    doc: dict[str, Any] = {
         "v": VERSION,
         "pid": meta.producer_id,
         "epoch": meta.producer_epoch,
@@ -53,6 +65,15 @@ def encode_value(meta: TxnMetadata) -> bytes:
         "start_ms": meta.txn_start_ms,
         "update_ms": meta.last_update_ms,
     }
+    # The protocol v2 fields, each written only when it differs from what a record without it reads as.
+    v2: dict[str, Any] = {
+        "resume_pid": meta.resume_producer_id,
+        "resume_epoch": meta.resume_producer_epoch,
+        "next_pid": meta.next_producer_id,
+        "timed_out": meta.timed_out,
+        "tv2": meta.tv2,
+    }
+    doc.update({k: v for k, v in v2.items() if v != _V2_ABSENT[k]})
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -73,6 +94,11 @@ def decode_value(key: bytes, value: bytes) -> TxnMetadata:
             partitions=frozenset((str(t), int(p)) for t, p in doc["partitions"]),
             txn_start_ms=int(doc["start_ms"]),
             last_update_ms=int(doc["update_ms"]),
+            resume_producer_id=int(doc.get("resume_pid", -1)),
+            resume_producer_epoch=int(doc.get("resume_epoch", -1)),
+            next_producer_id=int(doc.get("next_pid", -1)),
+            timed_out=bool(doc.get("timed_out", False)),
+            tv2=bool(doc.get("tv2", False)),
         )
     except TxnLogError:
         raise

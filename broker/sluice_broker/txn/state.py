@@ -29,7 +29,22 @@ The states and their meaning (Kafka's names)::
                        job has a prepared transaction to commit.
 
 The (epoch-bumping) InitProducerId moves Empty/Complete* to Empty; adding more
-partitions moves Ongoing to Ongoing. Prepared leaves only by a decision:
+partitions moves Ongoing to Ongoing.
+
+Epochs follow transaction protocol version 2 (Kafka's KIP-890 part 2, on top
+of KIP-360/KIP-588): every end of a transaction bumps the epoch. PrepareCommit
+and PrepareAbort carry epoch + 1, the markers are written with it (so a write
+of the ended transaction's epoch can never land after them), and the producer
+goes on with it, from EndTxn's answer. A bump the coordinator makes *without*
+meaning to fence the producer (an EndTxn, or a transaction timeout) remembers
+the handle it replaced in ``resume_producer_id/epoch``: a request with that
+handle is the rightful producer that has not heard of the bump yet, and gets
+an abortable error (INVALID_PRODUCER_EPOCH), its EndTxn(abort) after a timeout
+succeeds with the new handle. A bump that fences (another instance's
+InitProducerId) clears it, so the old instance gets PRODUCER_FENCED for good.
+When epoch + 1 reaches :data:`MAX_EPOCH` the end also takes a new producer id
+(``next_producer_id``): the markers still carry the old id at MAX_EPOCH, and
+the id moves to the new one at epoch 0 when the transaction completes. Prepared leaves only by a decision:
 EndTxn (PrepareCommit/PrepareAbort) or an InitProducerId that asks to abort it
 (PrepareEpochFence, then PrepareAbort with the epoch bumped). A timeout, an
 expiry or a plain InitProducerId never moves it.
@@ -118,6 +133,17 @@ class TxnMetadata:
     partitions: frozenset[TopicPartition]
     txn_start_ms: int  # NO_TIME unless a transaction is open (or being completed)
     last_update_ms: int
+    # The handle the last non-fencing bump replaced (an EndTxn or a timeout, TV2): its owner
+    # may still abort and go on. NO_PRODUCER_ID/NO_EPOCH when a fence (or InitProducerId) cleared it.
+    resume_producer_id: int = NO_PRODUCER_ID
+    resume_producer_epoch: int = NO_EPOCH
+    # Set in Prepare*/Complete* when the end exhausted the epoch: the id the producer goes on with.
+    next_producer_id: int = NO_PRODUCER_ID
+    # The resume handle was replaced by a timeout (not an EndTxn): its commit gets an abortable error.
+    timed_out: bool = False
+    # The transaction's producer speaks transaction protocol v2 (it said so when adding
+    # partitions): a timeout then aborts it without fencing. Version 1 producers are fenced.
+    tv2: bool = False
 
     @classmethod
     def new(cls, transactional_id: str, producer_id: int, timeout_ms: int, now: int) -> TxnMetadata:
@@ -144,34 +170,128 @@ class TxnMetadata:
 
     # -- the transitions the coordinator makes ----------------------------------------------------
 
-    def add_partitions(self, partitions: Iterable[TopicPartition], now: int) -> TxnMetadata:
-        """Ongoing with these partitions added; the first add starts the timeout clock."""
-        start = self.txn_start_ms if self.state is S.ONGOING else now
-        return self.transit(S.ONGOING, now, partitions=self.partitions | frozenset(partitions), txn_start_ms=start)
+    def add_partitions(self, partitions: Iterable[TopicPartition], now: int, tv2: bool = False) -> TxnMetadata:
+        """Ongoing with these partitions added; the first add starts the timeout clock.
+
+        ``tv2``: the request came from a transaction protocol v2 producer.
+        """
+        if self.state is S.ONGOING:
+            return self.transit(S.ONGOING, now, partitions=self.partitions | frozenset(partitions), tv2=self.tv2 or tv2)
+        # A new transaction: its producer has the new handle, so the old one may no longer resume.
+        return self.transit(
+            S.ONGOING,
+            now,
+            partitions=frozenset(partitions),
+            txn_start_ms=now,
+            tv2=tv2,
+            resume_producer_id=NO_PRODUCER_ID,
+            resume_producer_epoch=NO_EPOCH,
+            timed_out=False,
+        )
 
     def prepare(self, now: int) -> TxnMetadata:
         """Ongoing (or idle: an empty transaction) -> Prepared; the timeout clock stops mattering."""
         if self.state is S.ONGOING:
             return self.transit(S.PREPARED, now)
-        return self.transit(S.PREPARED, now, partitions=frozenset(), txn_start_ms=now)
+        return self.transit(
+            S.PREPARED,
+            now,
+            partitions=frozenset(),
+            txn_start_ms=now,
+            resume_producer_id=NO_PRODUCER_ID,
+            resume_producer_epoch=NO_EPOCH,
+            timed_out=False,
+        )
 
-    def prepare_end(self, commit: bool, now: int) -> TxnMetadata:
-        return self.transit(S.PREPARE_COMMIT if commit else S.PREPARE_ABORT, now)
+    def _ending_bump(self, next_producer_id: int | None, timed_out: bool) -> dict[str, Any]:
+        """The fields of an end that bumps the epoch (TV2); the old handle may resume."""
+        changes: dict[str, Any] = {
+            "producer_epoch": min(self.producer_epoch + 1, MAX_EPOCH),
+            "resume_producer_id": self.producer_id,
+            "resume_producer_epoch": self.producer_epoch,
+            "next_producer_id": NO_PRODUCER_ID,
+            "timed_out": timed_out,
+        }
+        if epoch_exhausted(self.producer_epoch):
+            if next_producer_id is None:
+                raise IllegalTransition(
+                    f"transactional id {self.transactional_id!r}: epoch {self.producer_epoch} is exhausted, "
+                    "the end needs a new producer id"
+                )
+            changes["next_producer_id"] = next_producer_id
+        return changes
 
-    def fence_and_abort(self, now: int) -> TxnMetadata:
+    def prepare_end(
+        self, commit: bool, now: int, next_producer_id: int | None = None, *, bump: bool = True
+    ) -> TxnMetadata:
+        """EndTxn: PrepareCommit/PrepareAbort; the producer goes on with :meth:`handle`.
+
+        ``bump`` (transaction protocol v2): epoch + 1, the old handle may
+        resume; ``next_producer_id`` is used (and required) only when the epoch
+        is exhausted. Without it (version 1) the epoch stays.
+        """
+        state = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
+        if not bump:
+            return self.transit(state, now)
+        return self.transit(state, now, **self._ending_bump(next_producer_id, False))
+
+    def abort_timed_out(self, now: int, next_producer_id: int | None = None) -> TxnMetadata:
+        """A timeout: Ongoing -> PrepareEpochFence -> PrepareAbort, epoch + 1, the producer NOT fenced.
+
+        Its next request gets an abortable error, and its abort then succeeds with the new handle.
+        """
+        fenced = self.transit(S.PREPARE_EPOCH_FENCE, now, **self._ending_bump(next_producer_id, True))
+        return fenced.transit(S.PREPARE_ABORT, now)
+
+    def fence_and_abort(self, now: int, *, owner_may_resume: bool = False) -> TxnMetadata:
         """Ongoing/Prepared -> PrepareEpochFence -> PrepareAbort with epoch + 1: the producer is fenced.
 
+        ``owner_may_resume``: the request came from the current handle itself
+        (a KIP-360 re-initialisation), which then keeps the right to go on;
+        another instance's InitProducerId fences the old one for good.
         Producers never hold MAX_EPOCH (see :func:`epoch_exhausted`), so the bump always fits;
         the min() only keeps a corrupt state from producing an invalid epoch.
         """
         bumped = min(self.producer_epoch + 1, MAX_EPOCH)
-        fenced = self.transit(S.PREPARE_EPOCH_FENCE, now, producer_epoch=bumped)
+        resume = (self.producer_id, self.producer_epoch) if owner_may_resume else (NO_PRODUCER_ID, NO_EPOCH)
+        fenced = self.transit(
+            S.PREPARE_EPOCH_FENCE,
+            now,
+            producer_epoch=bumped,
+            resume_producer_id=resume[0],
+            resume_producer_epoch=resume[1],
+            next_producer_id=NO_PRODUCER_ID,
+            timed_out=False,
+        )
         return fenced.transit(S.PREPARE_ABORT, now)
+
+    def handle(self) -> tuple[int, int]:
+        """The (producer id, epoch) its producer holds (or will once the end completes)."""
+        if self.next_producer_id != NO_PRODUCER_ID:
+            return self.next_producer_id, 0
+        return self.producer_id, self.producer_epoch
+
+    def is_resume_handle(self, producer_id: int, producer_epoch: int) -> bool:
+        """Is this the handle a non-fencing bump replaced (its owner has not heard of the bump)?"""
+        return (
+            self.resume_producer_epoch != NO_EPOCH
+            and (producer_id, producer_epoch) == (self.resume_producer_id, self.resume_producer_epoch)
+            and (producer_id, producer_epoch) != self.handle()
+        )
 
     def complete(self, now: int) -> TxnMetadata:
         """PrepareCommit/PrepareAbort -> CompleteCommit/CompleteAbort; the transaction is over."""
         state = S.COMPLETE_COMMIT if self.state is S.PREPARE_COMMIT else S.COMPLETE_ABORT
-        return self.transit(state, now, partitions=frozenset(), txn_start_ms=NO_TIME)
+        pid, epoch = self.handle()  # an exhausted epoch moves to the new producer id now
+        return self.transit(
+            state,
+            now,
+            producer_id=pid,
+            producer_epoch=epoch,
+            next_producer_id=NO_PRODUCER_ID,
+            partitions=frozenset(),
+            txn_start_ms=NO_TIME,
+        )
 
     def bump_epoch(self, timeout_ms: int, now: int, new_producer_id: int | None = None) -> TxnMetadata:
         """InitProducerId on an idle id: epoch + 1, or a new producer id with epoch 0."""
@@ -189,6 +309,10 @@ class TxnMetadata:
             timeout_ms=timeout_ms,
             partitions=frozenset(),
             txn_start_ms=NO_TIME,
+            resume_producer_id=NO_PRODUCER_ID,  # a new instance (or a re-init): nobody resumes an old handle
+            resume_producer_epoch=NO_EPOCH,
+            next_producer_id=NO_PRODUCER_ID,
+            timed_out=False,
         )
 
     def expire(self, now: int) -> TxnMetadata:

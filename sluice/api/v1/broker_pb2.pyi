@@ -423,16 +423,18 @@ class TxnTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AddPartitionsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "topics", "transaction_version")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[TxnTopic]
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TxnTopic, _Mapping]]] = ...) -> None: ...
+    transaction_version: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TxnTopic, _Mapping]]] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class TxnPartitionResult(_message.Message):
     __slots__ = ("topic", "partition", "error_code", "error_message")
@@ -453,16 +455,18 @@ class AddPartitionsToTxnResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[TxnPartitionResult, _Mapping]]] = ...) -> None: ...
 
 class AddOffsetsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id", "transaction_version")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     group_id: str
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., group_id: _Optional[str] = ...) -> None: ...
+    transaction_version: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., group_id: _Optional[str] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class AddOffsetsToTxnResponse(_message.Message):
     __slots__ = ("error_code", "error_message")
@@ -473,26 +477,32 @@ class AddOffsetsToTxnResponse(_message.Message):
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
 class EndTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed", "prepared")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "committed", "prepared", "transaction_version")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     PREPARED_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     committed: bool
     prepared: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., prepared: _Optional[bool] = ...) -> None: ...
+    transaction_version: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., prepared: _Optional[bool] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class EndTxnResponse(_message.Message):
-    __slots__ = ("error_code", "error_message")
+    __slots__ = ("error_code", "error_message", "producer_id", "producer_epoch")
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     error_code: _records_pb2.ErrorCode
     error_message: str
-    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class PrepareTxnRequest(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch")
@@ -523,7 +533,7 @@ class DescribeTransactionsRequest(_message.Message):
     def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TransactionState(_message.Message):
-    __slots__ = ("transactional_id", "error_code", "error_message", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "coordinator_id", "last_update_time_ms")
+    __slots__ = ("transactional_id", "error_code", "error_message", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "coordinator_id", "last_update_time_ms", "resume_producer_id", "resume_producer_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
@@ -535,6 +545,8 @@ class TransactionState(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_UPDATE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     error_code: _records_pb2.ErrorCode
     error_message: str
@@ -546,7 +558,9 @@ class TransactionState(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
     coordinator_id: int
     last_update_time_ms: int
-    def __init__(self, transactional_id: _Optional[str] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., coordinator_id: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ...) -> None: ...
+    resume_producer_id: int
+    resume_producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., coordinator_id: _Optional[int] = ..., last_update_time_ms: _Optional[int] = ..., resume_producer_id: _Optional[int] = ..., resume_producer_epoch: _Optional[int] = ...) -> None: ...
 
 class DescribeTransactionsResponse(_message.Message):
     __slots__ = ("transactions",)

@@ -55,7 +55,12 @@ from sluice.client.producer.accumulator import (
 )
 from sluice.client.producer.partitioner import StickyPartitioner, partition_for_key
 from sluice.client.producer.sender import Sender, SenderConfig, TransactionAbortedError
-from sluice.client.producer.transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client.producer.transaction_manager import (
+    TRANSACTION_VERSION,
+    TransactionManager,
+    TransactionState,
+    ends_the_producer,
+)
 from sluice.client.types import (
     FutureRecordMetadata,
     GroupMetadata,
@@ -201,7 +206,7 @@ class Producer:
         self._request_timeout = request_timeout_ms / 1000.0
         self._transaction_timeout_ms = transaction_timeout_ms
         self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
-        self._txn = TransactionManager(transactional_id, transaction_timeout_ms)
+        self._txn = TransactionManager(transactional_id, transaction_timeout_ms, TRANSACTION_VERSION)
         self._sticky = StickyPartitioner()
         self._accumulator = RecordAccumulator(
             AccumulatorConfig(
@@ -506,6 +511,7 @@ class Producer:
                     producer_id=producer_id,
                     producer_epoch=producer_epoch,
                     group_id=gm.group_id,
+                    transaction_version=self._txn.transaction_version,
                 ),
                 response_error,
                 deadline,
@@ -542,12 +548,10 @@ class Producer:
         """Record what a failed coordinator call means for the producer; the error to raise."""
         if exc.retriable:
             return exc  # ran out of time: the call may be repeated
-        if is_fencing_error(exc) or isinstance(
-            exc, errors.TransactionalIdAuthorizationFailedError | errors.InvalidTxnStateError
-        ):
+        if ends_the_producer(exc):  # KIP-1050: application-recoverable (fenced) or fatal
             self._txn.set_fatal_error(exc)
             return self._txn.last_error or exc
-        self._txn.set_abortable_error(exc)
+        self._txn.set_abortable_error(exc)  # abortable: abort_transaction() and go on
         return exc
 
     def commit_transaction(self, timeout: float | None = None) -> None:
@@ -555,7 +559,10 @@ class Producer:
 
         Raises the error that broke the transaction if a send or an offset
         commit in it failed (abort_transaction() is then the only way on),
-        ProducerFencedError if another instance took over, KafkaTimeoutError
+        InvalidProducerEpochError (abortable) if the coordinator aborted the
+        transaction after its transaction_timeout_ms (abort_transaction() then
+        succeeds and the producer goes on), ProducerFencedError if another
+        instance took over, KafkaTimeoutError
         (or the last retriable error) when ``timeout`` passes: the call may
         then be repeated.
         """
@@ -565,7 +572,7 @@ class Producer:
         self._flush(deadline)
         self._txn.raise_if_error("commit_transaction")
         if self._txn.needs_end_txn():
-            self._end_txn(txn_id, True, deadline)
+            self._take_handle(self._end_txn(txn_id, True, deadline))
         self._txn.complete_transaction()
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
@@ -606,8 +613,10 @@ class Producer:
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: unsent records fail with TransactionAbortedError, the rest is rolled back.
 
-        Legal in a transaction and after an (abortable) error in one; after a
-        fatal error (fenced) it raises that error.
+        Legal in a transaction and after an (abortable) error in one, a
+        transaction the coordinator timed out included; after a fatal error
+        (fenced) it raises that error. The coordinator answers a bumped epoch
+        (transaction protocol v2), which the next transaction uses.
         """
         txn_id = self._txn_id("abort_transaction")
         self._txn.begin_abort()
@@ -615,7 +624,7 @@ class Producer:
         self._sender.abort_undrained()  # the sender does it too, for batches that come back for a retry
         self._wait_in_flight(deadline)
         if self._txn.needs_end_txn():
-            self._end_txn(txn_id, False, deadline)
+            self._take_handle(self._end_txn(txn_id, False, deadline))
         if self._txn.epoch_bump_needed:
             producer_id, producer_epoch = self._txn.producer_id_and_epoch()
             try:
@@ -640,10 +649,28 @@ class Producer:
                 raise errors.KafkaTimeoutError("timed out waiting for AddPartitionsToTxn")
             threading.Event().wait(0.005)
 
-    def _end_txn(self, txn_id: str, committed: bool, deadline: Deadline) -> None:
+    def _take_handle(self, handle: tuple[int, int]) -> None:
+        """Go on with the handle EndTxn answered: the epoch is bumped at every end (TV2).
+
+        A new epoch starts every partition at sequence 0 again. Nothing is
+        queued or in flight at an end (a commit flushed, an abort failed what
+        was queued), so nothing is dropped; should anything be, it fails
+        rather than being written twice. An answer without a handle (-1, from
+        a broker before TV2) changes nothing.
+        """
+        producer_id, producer_epoch = handle
+        if producer_id < 0 or (producer_id, producer_epoch) == self._txn.producer_id_and_epoch():
+            return
+        self._txn.complete_epoch_bump(producer_id, producer_epoch)
+        aborted = TransactionAbortedError("the transaction ended before the record was sent")
+        for batch in self._accumulator.reset_sequences():
+            batch.fail(aborted)
+
+    def _end_txn(self, txn_id: str, committed: bool, deadline: Deadline) -> tuple[int, int]:
+        """EndTxn; the handle (producer id, epoch) to go on with."""
         producer_id, producer_epoch = self._txn.producer_id_and_epoch()
         try:
-            self._cluster.coordinator_call(
+            response: broker_pb2.EndTxnResponse = self._cluster.coordinator_call(
                 txn_id,
                 TRANSACTION,
                 rpcs.END_TXN,
@@ -652,17 +679,19 @@ class Producer:
                     producer_id=producer_id,
                     producer_epoch=producer_epoch,
                     committed=committed,
+                    transaction_version=self._txn.transaction_version,
                 ),
                 response_error,
                 deadline,
             )
         except errors.SluiceError as exc:
             action = "commit_transaction" if committed else "abort_transaction"
-            if not exc.retriable and not committed and not is_fencing_error(exc):
+            if not exc.retriable and not committed and not self._txn.is_fencing(exc):
                 # the abort cannot go through for a reason the producer cannot repair
                 self._txn.set_fatal_error(exc)
                 raise self._txn.last_error or exc from None
             raise self._transactional_failure(exc, action) from None
+        return response.producer_id, response.producer_epoch
 
     @property
     def transaction_state(self) -> TransactionState:

@@ -54,7 +54,11 @@ from sluice.client._network import (
 )
 from sluice.client._network import rpc as rpcs
 from sluice.client.producer.accumulator import ProducerBatch, RecordAccumulator
-from sluice.client.producer.transaction_manager import TransactionManager, TransactionState, is_fencing_error
+from sluice.client.producer.transaction_manager import (
+    TransactionManager,
+    TransactionState,
+    ends_the_producer,
+)
 from sluice.client.types import TopicPartition
 from sluice.records import varint
 
@@ -68,6 +72,7 @@ class TransactionAbortedError(errors.SluiceError):
     """The record was not sent: its transaction was aborted first (Kafka's TransactionAbortedException)."""
 
     code = records_pb2.NONE
+    category = errors.Category.ABORTABLE  # KIP-654: the producer goes on
 
 
 class ProducerClosedError(errors.IllegalStateError):
@@ -396,6 +401,7 @@ class Sender(threading.Thread):
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             topics=[broker_pb2.TxnTopic(name=t, partitions=ps) for t, ps in by_topic.items()],
+            transaction_version=self.txn.transaction_version,
         )
         try:
             future = self.cluster.call_future(addr, rpcs.ADD_PARTITIONS_TO_TXN, request, timeout)
@@ -458,10 +464,8 @@ class Sender(threading.Thread):
             self._txn_error(exc)
 
     def _txn_error(self, exc: errors.SluiceError) -> None:
-        """A transactional request failed for good: fenced -> fatal; otherwise the transaction must abort."""
-        if is_fencing_error(exc) or isinstance(
-            exc, errors.TransactionalIdAuthorizationFailedError | errors.InvalidTxnStateError
-        ):
+        """A transactional request failed for good: by its category the producer ends, or the transaction."""
+        if ends_the_producer(exc):
             self.txn.set_fatal_error(exc)
         else:
             self.txn.set_abortable_error(exc)
@@ -590,7 +594,7 @@ class Sender(threading.Thread):
         if exc.retriable:
             self._retry_or_fail(batch, exc, maybe_stored=False)
             return
-        if is_fencing_error(exc) and self.txn.is_transactional:
+        if self.txn.is_fencing(exc) and self.txn.is_transactional:
             self.txn.set_fatal_error(exc)
             self._fail_batch(batch, self.txn.last_error or exc)
             return

@@ -25,6 +25,15 @@ id and epoch (idempotence): UNINITIALIZED -> INITIALIZING -> READY, and
 READY -> INITIALIZING again when it must bump its epoch after a broken
 sequence.
 
+Errors are classified by their KIP-1050 category (``SluiceError.category``,
+docs/errors.md): retriable ones are retried by the caller within its timeout,
+abortable ones move the transaction to ABORTABLE_ERROR, application-recoverable
+ones (fenced) and a coordinator's fatal answers to FATAL_ERROR. The producer
+speaks transaction protocol version 2 (:data:`TRANSACTION_VERSION`): EndTxn
+answers a bumped epoch that the producer takes (:meth:`complete_epoch_bump`),
+and INVALID_PRODUCER_EPOCH, which the coordinator answers to a producer whose
+transaction it timed out, is abortable, not a fence.
+
 In ABORTABLE_ERROR the only way on is ``abort_transaction()``; commit and
 send raise the error that broke the transaction. In FATAL_ERROR every call
 raises that error (for a fenced producer, ``ProducerFencedError``): the
@@ -49,6 +58,10 @@ from sluice.client.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
+# The transaction protocol this client speaks (Kafka's clientTransactionVersion, KIP-890 part 2):
+# the coordinator bumps the epoch at every end and answers it in EndTxn, and a transaction it
+# timed out is an abortable error, not a fence. Sent in AddPartitionsToTxn, AddOffsetsToTxn, EndTxn.
+TRANSACTION_VERSION = 2
 
 
 class TransactionState(enum.Enum):
@@ -82,24 +95,42 @@ TRANSITIONS: dict[TransactionState, frozenset[TransactionState]] = {
     S.FATAL_ERROR: frozenset({S.FATAL_ERROR}),
 }
 
-# Errors that fence the producer for good.
+# Errors that fence the producer for good (reported to the application as ProducerFencedError).
 _FENCING = (
     errors.ProducerFencedError,
-    errors.InvalidProducerEpochError,
     errors.TransactionCoordinatorFencedError,
 )
 
 
-def is_fencing_error(exc: BaseException) -> bool:
+def is_fencing_error(exc: BaseException, transaction_version: int = TRANSACTION_VERSION) -> bool:
+    """Does ``exc`` fence the producer for good?
+
+    INVALID_PRODUCER_EPOCH does only for a protocol version 1 producer. With
+    version 2 the coordinator bumps the epoch at every end and at a timeout,
+    and a producer that has not heard of the bump yet gets it as an abortable
+    error (KIP-890 part 2); a real zombie is told PRODUCER_FENCED.
+    """
+    if transaction_version < 2 and isinstance(exc, errors.InvalidProducerEpochError):
+        return True
     return isinstance(exc, _FENCING)
+
+
+def ends_the_producer(exc: errors.SluiceError) -> bool:
+    """Is the producer unusable after ``exc`` (KIP-1050: application-recoverable or fatal)?"""
+    return exc.category in (errors.Category.APPLICATION_RECOVERABLE, errors.Category.FATAL)
 
 
 class TransactionManager:
     """State of one producer's id, epoch and transaction. Thread-safe; no I/O."""
 
-    def __init__(self, transactional_id: str | None, transaction_timeout_ms: int = 60_000) -> None:
+    def __init__(
+        self, transactional_id: str | None, transaction_timeout_ms: int = 60_000, transaction_version: int = 1
+    ) -> None:
         self.transactional_id = transactional_id
         self.transaction_timeout_ms = transaction_timeout_ms
+        # 1: Kafka's classic protocol (INVALID_PRODUCER_EPOCH fences); the Producer speaks
+        # TRANSACTION_VERSION (2) and sends it with its transactional requests.
+        self.transaction_version = transaction_version
         self._lock = threading.RLock()
         # send() reads these without the lock (one attribute read per record):
         # send_ok is True only in states where check_can_send() passes;
@@ -418,13 +449,17 @@ class TransactionManager:
     # ------------------------------------------------------------------ errors
 
     def _set_fatal(self, exc: errors.SluiceError) -> None:
-        if is_fencing_error(exc) and not isinstance(exc, errors.ProducerFencedError):
+        if self.is_fencing(exc) and not isinstance(exc, errors.ProducerFencedError):
             fenced = errors.ProducerFencedError(exc.message)
             fenced.__cause__ = exc
             exc = fenced
         if self._state is not S.FATAL_ERROR or self._last_error is None:
             self._last_error = exc
         self._state = S.FATAL_ERROR
+
+    def is_fencing(self, exc: BaseException) -> bool:
+        """Does ``exc`` fence this producer for good (by its transaction protocol version)?"""
+        return is_fencing_error(exc, self.transaction_version)
 
     def set_fatal_error(self, exc: errors.SluiceError) -> None:
         with self._lock:
@@ -433,11 +468,16 @@ class TransactionManager:
     def set_abortable_error(self, exc: errors.SluiceError) -> None:
         """A send or offset commit of the transaction failed: only abort is possible now.
 
-        Fencing errors are fatal instead. Outside a transaction (or while
-        aborting anyway) an error changes nothing but is remembered.
+        An application-recoverable error (fenced, the producer id is gone)
+        makes it fatal instead. A FATAL-category answer to a produce (the
+        records were refused, e.g. INVALID_TXN_STATE) only breaks the
+        transaction, as Kafka's producer does; a coordinator's answer of that
+        category ends the producer (the callers use :func:`ends_the_producer`).
+        Outside a transaction (or while aborting anyway) an error changes
+        nothing but is remembered.
         """
         with self._lock:
-            if is_fencing_error(exc):
+            if self.is_fencing(exc) or exc.category is errors.Category.APPLICATION_RECOVERABLE:
                 self._set_fatal(exc)
                 return
             if self.transactional_id is None or self._state is S.FATAL_ERROR:
