@@ -115,16 +115,18 @@ def run(args: argparse.Namespace) -> int:
                     copied=copied,
                     positions={f"{tp.topic}-{tp.partition}": off for tp, off in sorted(positions.items())},
                 )
-            except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as exc:
+            except errors.ProducerFencedError as exc:
                 # Only a newer instance of our transactional id ends us. A stale member epoch
-                # (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) means the group moved on: abort, rejoin, redo.
+                # (FENCED_MEMBER_EPOCH, UNKNOWN_MEMBER_ID) means the group moved on, and a stale
+                # producer epoch (INVALID_PRODUCER_EPOCH: the coordinator timed our transaction
+                # out, transaction protocol v2) is abortable: abort, rejoin, redo.
                 log("fenced", error=type(exc).__name__, message=str(exc))
                 return FENCED_EXIT
             except errors.SluiceError as exc:
                 log("aborting", error=type(exc).__name__, message=str(exc))
                 try:
                     _abort_and_rewind(producer, consumer)
-                except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as fenced:
+                except errors.ProducerFencedError as fenced:
                     log("fenced", error=type(fenced).__name__, message=str(fenced))
                     return FENCED_EXIT
     finally:
@@ -157,7 +159,7 @@ def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5)
         try:
             producer.abort_transaction()
             break
-        except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+        except errors.ProducerFencedError:
             raise
         except errors.KafkaTimeoutError as exc:
             log("abort-retry", attempt=attempt, message=str(exc))

@@ -290,7 +290,7 @@ def _copy(
                     _commit(producer)
                     report.committed_transactions += 1
                     copied += len(batch)
-            except (errors.ProducerFencedError, errors.InvalidProducerEpochError):
+            except errors.ProducerFencedError:  # a newer copier took over; a timed-out epoch is abortable
                 raise
             except errors.SluiceError as exc:
                 # a broker went away under us: abort, rewind to the committed offsets, go on
