@@ -119,21 +119,22 @@ class KafkaTools:
         work.mkdir(parents=True, exist_ok=True)
         self.producer_config = _props(work / "producer.properties", PRODUCER_SETTINGS)
         self.consumer_config = _props(work / "consumer.properties", CONSUMER_SETTINGS)
-        self.last_pid: int | None = None  # the tool JVM now running (for CPU accounting)
+        # perf_counter() when the last perf tool exited: the end of its timed part, give or take
+        # the JVM's exit (callers count broker CPU up to here, not through the topic's deletion)
+        self.tool_end = 0.0
 
     def run(self, main: str, args: list[str], *, heap: str = "512m", timeout: float | None = None) -> str:
         """Run one tool to completion; its stdout and stderr together. Raises on a non-zero exit."""
         cmd = java_command(self.lib, main, args, heap=heap, tool=True)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.last_pid = proc.pid
         try:
             out, _ = proc.communicate(timeout=timeout or self.timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
             raise KafkaError(f"{main.rsplit('.', 1)[-1]} did not finish in {timeout or self.timeout:.0f}s") from None
-        finally:
-            self.last_pid = None
+        if "Performance" in main:
+            self.tool_end = time.perf_counter()
         text = out.decode(errors="replace")
         if proc.returncode != 0:
             raise KafkaError(f"{main.rsplit('.', 1)[-1]} exited {proc.returncode}:\n{text[-2000:]}")
