@@ -25,12 +25,15 @@ What each measures (docs/performance.md says what limits each figure):
   healthy again (Kafka: until its log says it started).
 * **producers**: N transactional producers in threads of one client process, each committing a
   transaction of ``--records-per-txn`` 1 KiB records in a loop for ``--seconds``: commits/s over all
-  and the p50/p99 of ``commit_transaction`` latency. (Kafka: not measured yet: its tools run one
-  producer per JVM, and 64 JVMs do not fit two cores; see docs/performance.md.)
+  and the p50/p99 of ``commit_transaction`` latency. Kafka: the same loop with Kafka's Java client,
+  N threads in one JVM (``bench/kafka/java/TxnDriver.java``; its perf tools run one producer per JVM).
 * **txnids**: ``--ids`` transactional ids, each initialised and committing one transaction of one
   record; broker RSS before and after (bytes per id); then the broker holding the transaction
   coordinators is killed (kill -9) and the time until ``init_transactions`` of an existing id
   succeeds again is measured (with ``--brokers 3``, on another broker; with 1, after its restart).
+  Kafka: the ids made by ``TxnDriver``, node 1 killed, a probe JVM started beforehand times
+  ``initTransactions`` of the first id. Broker RSS of a JVM is mostly its heap's touched pages,
+  so Kafka's bytes per id are a rough figure.
 * **catchup**: ``--gb`` of 1 KiB records written, then a new consumer reads all of it from the
   start, read_uncommitted: MB/s. The page cache is not dropped (that would disturb other users of
   the machine), so "old data" may still be in memory: the figure is an upper bound for cold reads.
@@ -226,7 +229,7 @@ class _TxnRun:
             self.latencies.extend(mine)
 
 
-def bench_producers(sizes: list[int], seconds: float, per_txn: int, judge: Judge) -> list[Point]:
+def bench_producers(sizes: list[int], seconds: float, per_txn: int, judge: Judge, kafka: bool) -> list[Point]:
     from sluice.client import Producer
     from sluice.testing import LocalCluster
 
@@ -268,13 +271,32 @@ def bench_producers(sizes: list[int], seconds: float, per_txn: int, judge: Judge
                              broker_rss_mb=rss(_sluice_pids(cluster)) / 1e6)  # fmt: skip
         points.append(p)
         print(_say(p), flush=True)
+        if kafka:
+            points.append(_kafka_producers(n, seconds, per_txn, judge))
+            print(_say(points[-1]), flush=True)
     return points
+
+
+def _kafka_producers(n: int, seconds: float, per_txn: int, judge: Judge) -> Point:
+    from bench.kafka import driver
+    from bench.kafka.cluster import KafkaCluster
+    from bench.kafka.perf import tools_for
+
+    p = Point("producers", "kafka", n)
+    with judge.point(p), KafkaCluster(nodes=1) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
+        assert k.lib is not None
+        topic = tools_for(k, Path(tmp)).create_topic("scale-txn")
+        r = driver.run(k.lib, ["producers", k.bootstrap_servers, topic, str(n), str(seconds), str(per_txn)])
+        p.figures.update(commits_per_s=r["commits"] / r["seconds"], commit_p50_ms=r["p50_ms"],
+                         commit_p99_ms=r["p99_ms"], commits=r["commits"],
+                         broker_rss_mb=rss(k.pids()) / 1e6)  # fmt: skip
+    return p
 
 
 # -- transactional ids --------------------------------------------------------------------------
 
 
-def bench_txnids(ids: int, brokers: int, judge: Judge) -> list[Point]:
+def bench_txnids(ids: int, brokers: int, judge: Judge, kafka: bool) -> list[Point]:
     from sluice.client import Admin, Producer
     from sluice.testing import LocalCluster
 
@@ -318,7 +340,38 @@ def bench_txnids(ids: int, brokers: int, judge: Judge) -> list[Point]:
             probe.close()
         p.figures["coordinator_ready_after_kill_s"] = time.perf_counter() - t0
     print(_say(p), flush=True)
-    return [p]
+    if not kafka:
+        return [p]
+    q = _kafka_txnids(ids, brokers, judge)
+    print(_say(q), flush=True)
+    return [p, q]
+
+
+def _kafka_txnids(ids: int, brokers: int, judge: Judge) -> Point:
+    from bench.kafka import driver
+    from bench.kafka.cluster import KafkaCluster
+    from bench.kafka.perf import tools_for
+
+    q = Point("txnids", "kafka", ids)
+    with judge.point(q), KafkaCluster(nodes=brokers) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
+        assert k.lib is not None
+        topic = tools_for(k, Path(tmp)).create_topic("scale-ids")
+        rss0 = rss(k.pids())
+        prefix = f"scale-id-{uuid.uuid4().hex[:6]}"
+        r = driver.run(k.lib, ["txnids", k.bootstrap_servers, topic, str(ids), prefix])
+        rss1 = rss(k.pids())
+        q.figures.update(create_ids_s=r["seconds"], broker_rss_before_mb=rss0 / 1e6, broker_rss_after_mb=rss1 / 1e6,
+                         rss_bytes_per_id=(rss1 - rss0) / ids)  # fmt: skip
+        # The probe JVM starts first (its start-up is not timed), bootstrapped at the nodes that survive.
+        survivors = k.bootstrap_servers if brokers == 1 else ",".join(k.bootstrap_servers.split(",")[1:])
+        probe = driver.Probe(k.lib, survivors, f"{prefix}-0")
+        t0 = time.perf_counter()
+        k.stop(1, hard=True)
+        if brokers == 1:
+            k.restart(1)
+        waited = time.perf_counter() - t0
+        q.figures["coordinator_ready_after_kill_s"] = waited + probe.go()
+    return q
 
 
 # -- catch-up and restart -----------------------------------------------------------------------
@@ -540,8 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                                                args.count or (5_000 if args.smoke else 200_000), judge, args.kafka),
         "producers": lambda: bench_producers(sizes or (SMOKE if args.smoke else FULL)["producers"],  # type: ignore[arg-type]
                                              args.seconds or (3.0 if args.smoke else 20.0), args.records_per_txn,
-                                             judge),
-        "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge),
+                                             judge, args.kafka),
+        "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge, args.kafka),
         "catchup": lambda: bench_catchup(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka),
         "restart": lambda: bench_restart(args.gb or (0.05 if args.smoke else 5.0), judge, args.kafka),
     }  # fmt: skip
