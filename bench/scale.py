@@ -86,16 +86,18 @@ class Point:
 
 def growth(sizes: Sequence[float], values: Sequence[float]) -> str:
     """Name how ``values`` grow with ``sizes``, from the log-log slope between the first and last
-    point: cost ~ size^k. ``k`` below 0.2 is flat, below 0.8 sub-linear, up to 1.2 linear, above
-    that worse than linear. (Two ends of a curve, not a fit: the points between are in the table.)"""
+    point: value ~ size^k. ``|k|`` below 0.1 is flat (less than x1.6 over a 100-fold size), below
+    0 it falls, up to 0.8 sub-linear, up to 1.2 linear, above that worse than linear. The factor
+    is always printed beside the name. (Two ends of a curve, not a fit: the points between are in
+    the table.)"""
     pairs = [(s, v) for s, v in zip(sizes, values, strict=True) if s > 0 and v > 0]
     if len(pairs) < 2 or pairs[0][0] == pairs[-1][0]:
         return "n/a"
     (s0, v0), (s1, v1) = pairs[0], pairs[-1]
     k = math.log(v1 / v0) / math.log(s1 / s0)
-    if k < -0.2:
+    if k <= -0.1:
         name = "falls"
-    elif k < 0.2:
+    elif k < 0.1:
         name = "flat"
     elif k < 0.8:
         name = "sub-linear"
@@ -511,13 +513,16 @@ def table(points: list[Point]) -> str:
         vals = " | ".join(f"{p.figures[k]:,.3g}" if k in p.figures else "" for k in keys)
         ok = "yes" if p.valid else "NO (busy)" if not p.error else "NO (failed)"
         rows.append(f"| {p.bench} | {p.system} | {p.size:g} | {vals} | {p.load_1m:.1f} | {ok} |")
+    notes: list[str] = []
     for system in ("sluice", "kafka"):
         mine = [p for p in points if p.system == system and not p.error]
         if len(mine) < 2:
             continue
         for k in keys:
             if all(k in p.figures for p in mine):
-                rows.append(f"\n{system} {k}: {growth([p.size for p in mine], [p.figures[k] for p in mine])}")
+                notes.append(f"- {system} {k}: {growth([p.size for p in mine], [p.figures[k] for p in mine])}")
+    if notes:
+        rows += ["", "Growth from the smallest to the largest size:", "", *notes]
     return "\n".join(rows)
 
 

@@ -12,6 +12,7 @@ def test_growth_names_the_curve_from_its_ends() -> None:
     assert scale.growth([1, 100], [1.0, 10.0]).startswith("sub-linear")
     assert scale.growth([1, 10], [1.0, 1000.0]).startswith("worse than linear")
     assert scale.growth([3, 3000], [100.0, 10.0]).startswith("falls")
+    assert scale.growth([3, 300], [62.0, 26.8]).startswith("falls")  # x0.43 over x100 is not "flat"
     assert scale.growth([5], [1.0]) == "n/a"
     assert scale.growth([1, 2], [0.0, 1.0]) == "n/a"  # a zero cannot be put on a log scale
 
@@ -24,7 +25,7 @@ def test_scale_table_marks_busy_and_failed_points() -> None:
     assert "| partitions | sluice | 3 | 100 | 0.0 | yes |" in md
     assert "| partitions | sluice | 300 | 90 | 0.0 | NO (busy) |" in md
     assert "NO (failed)" in md
-    assert "sluice produce_mb_s: flat" in md
+    assert "- sluice produce_mb_s: flat (x0.90 for x100 size" in md
 
 
 def test_compare_set_matches_run_all_counts() -> None:
