@@ -56,7 +56,7 @@ if __name__ == "__main__":
 
 from bench import sidebyside, sysstat, verdict  # noqa: E402
 from bench.kafka.cluster import KafkaCluster  # noqa: E402
-from bench.kafka.fetch import DEFAULT_VERSION, ensure_jars  # noqa: E402
+from bench.kafka.fetch import DEFAULT_VERSION, FetchError, ensure_jars  # noqa: E402
 from bench.kafka.perf import KafkaTools, tools_for  # noqa: E402
 from sluice.cli.engines import bench as engine  # noqa: E402
 
@@ -259,7 +259,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"compare_kafka: {args.brokers} broker(s), {repeat} run(s) of the set, scale {scale}"
           f"{' (SMOKE)' if args.smoke else ''}; load average before: {start_load[0]:.2f} on {cpus} CPUs "
           f"-> {start.text()}", flush=True)  # fmt: skip
-    ensure_jars(args.kafka_version)  # before any clock runs
+    env = engine.environment()  # the commit measured: taken before the runs, not after
+    if args.only != "sluice":
+        try:
+            ensure_jars(args.kafka_version)  # before any clock runs
+        except FetchError as exc:
+            print(f"compare_kafka: cannot fetch Apache Kafka {args.kafka_version}: {exc}", file=sys.stderr)
+            return 2
 
     def say(s: str) -> None:
         print(s, flush=True)
@@ -278,12 +284,12 @@ def main(argv: list[str] | None = None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     header = (f"{'SMOKE RUN (tiny counts, not a measurement): ' if args.smoke else ''}"
               f"Sluice vs Apache Kafka {args.kafka_version}, {args.brokers} broker(s), median of {repeat}, "
-              f"scale {scale}, commit {engine.environment().get('git_commit', '')}, {cpus} CPUs, "
+              f"scale {scale}, commit {env.get('git_commit', '')}, {cpus} CPUs, "
               f"load average before {start_load[0]:.2f}")  # fmt: skip
     (args.results / f"{stem}.md").write_text(f"{header}\n\n{md}\n\n{vtext}\n")
     record = {
         "header": header, "brokers": args.brokers, "repeat": repeat, "scale": scale, "smoke": args.smoke,
-        "start_load_average": start_load, "environment": engine.environment(), "valid": comp.valid,
+        "start_load_average": start_load, "environment": env, "valid": comp.valid,
         "reasons": comp.reasons(), "runs": [asdict(m) for m in runs],
     }  # fmt: skip
     (args.results / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -31,6 +31,8 @@ What each measures (docs/performance.md says what limits each figure):
   record; broker RSS before and after (bytes per id); then the broker holding the transaction
   coordinators is killed (kill -9) and the time until ``init_transactions`` of an existing id
   succeeds again is measured (with ``--brokers 3``, on another broker; with 1, after its restart).
+  Both sides detect the failure in ``--failure-timeout-ms`` (5 s: Sluice's ``failure_timeout_ms``,
+  Kafka's ``broker.session.timeout.ms``, whose own default is 9 s).
   Kafka: the ids made by ``TxnDriver``, node 1 killed, a probe JVM started beforehand times
   ``initTransactions`` of the first id. Broker RSS of a JVM is mostly its heap's touched pages,
   so Kafka's bytes per id are a rough figure.
@@ -298,12 +300,12 @@ def _kafka_producers(n: int, seconds: float, per_txn: int, judge: Judge) -> Poin
 # -- transactional ids --------------------------------------------------------------------------
 
 
-def bench_txnids(ids: int, brokers: int, judge: Judge, kafka: bool) -> list[Point]:
+def bench_txnids(ids: int, brokers: int, judge: Judge, kafka: bool, failure_ms: int = 5000) -> list[Point]:
     from sluice.client import Admin, Producer
     from sluice.testing import LocalCluster
 
     p = Point("txnids", "sluice", ids)
-    with judge.point(p), LocalCluster(brokers=brokers, failure_timeout_ms=1000) as cluster:
+    with judge.point(p), LocalCluster(brokers=brokers, failure_timeout_ms=failure_ms) as cluster:
         bs = cluster.bootstrap_servers
         admin = Admin(bootstrap_servers=bs)
         topic = f"scale-ids-{uuid.uuid4().hex[:6]}"
@@ -344,18 +346,27 @@ def bench_txnids(ids: int, brokers: int, judge: Judge, kafka: bool) -> list[Poin
     print(_say(p), flush=True)
     if not kafka:
         return [p]
-    q = _kafka_txnids(ids, brokers, judge)
+    q = _kafka_txnids(ids, brokers, judge, failure_ms)
     print(_say(q), flush=True)
     return [p, q]
 
 
-def _kafka_txnids(ids: int, brokers: int, judge: Judge) -> Point:
+def kafka_failure_detector(failure_ms: int) -> dict[str, str]:
+    """Kafka settings for the same failure detection time as Sluice's ``failure_timeout_ms``: the
+    KRaft controller fences a broker whose heartbeats stop for ``broker.session.timeout.ms``
+    (Kafka's default 9 s, Sluice's LocalCluster's 5 s); heartbeats must come more often."""
+    return {"broker.session.timeout.ms": str(failure_ms),
+            "broker.heartbeat.interval.ms": str(max(100, min(2000, failure_ms // 4)))}  # fmt: skip
+
+
+def _kafka_txnids(ids: int, brokers: int, judge: Judge, failure_ms: int) -> Point:
     from bench.kafka import driver
     from bench.kafka.cluster import KafkaCluster
     from bench.kafka.perf import tools_for
 
     q = Point("txnids", "kafka", ids)
-    with judge.point(q), KafkaCluster(nodes=brokers) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
+    with judge.point(q), KafkaCluster(nodes=brokers, config=kafka_failure_detector(failure_ms)) as k, \
+            tempfile.TemporaryDirectory(prefix="kbench-") as tmp:  # fmt: skip
         assert k.lib is not None
         topic = tools_for(k, Path(tmp)).create_topic("scale-ids")
         rss0 = rss(k.pids())
@@ -583,12 +594,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records-per-txn", type=int, default=10)
     ap.add_argument("--ids", type=int, help="transactional ids (default 10,000; smoke 200)")
     ap.add_argument("--brokers", type=int, default=1, choices=(1, 3), help="txnids: brokers (3: failover)")
+    ap.add_argument("--failure-timeout-ms", type=int, default=5000,
+                    help="txnids: failure detection on both sides (Sluice failure_timeout_ms, Kafka "
+                         "broker.session.timeout.ms; default 5000)")  # fmt: skip
     ap.add_argument("--gb", type=float, help="GB written first (catchup default 2, restart 5; smoke 0.05)")
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share)
     ap.add_argument("--max-start-load", type=float, default=verdict.Limits.max_start_load_per_cpu)
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     judge = Judge(verdict.Limits(args.max_foreign_share, args.max_start_load))
+    if args.kafka:
+        from bench.kafka.fetch import FetchError, ensure_jars
+
+        try:
+            ensure_jars()
+        except FetchError as exc:
+            print(f"scale: cannot fetch Apache Kafka: {exc}", file=sys.stderr)
+            return 2
     print(f"scale: load average before {os.getloadavg()[0]:.2f} -> {judge.start.text()}", flush=True)
     sizes = [int(x) for x in args.sizes.split(",")] if args.sizes else None
     chosen = ["partitions", "producers", "txnids", "catchup", "restart"] if args.bench == "all" else [args.bench]
@@ -599,14 +621,17 @@ def main(argv: list[str] | None = None) -> int:
         "producers": lambda: bench_producers(sizes or (SMOKE if args.smoke else FULL)["producers"],  # type: ignore[arg-type]
                                              args.seconds or (3.0 if args.smoke else 20.0), args.records_per_txn,
                                              judge, args.kafka),
-        "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge, args.kafka),
+        "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge, args.kafka,
+                                       args.failure_timeout_ms),
         "catchup": lambda: bench_catchup(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka),
         "restart": lambda: bench_restart(args.gb or (0.05 if args.smoke else 5.0), judge, args.kafka),
     }  # fmt: skip
     for name in chosen:
         print(f"{name}:", flush=True)
         points = runners[name]()
-        save(name, points, args.smoke, args.results, judge)
+        # txnids on three brokers is another benchmark (a failover, not a restart): its own files
+        label = f"{name}-3brokers" if name == "txnids" and args.brokers == 3 else name
+        save(label, points, args.smoke, args.results, judge)
         failed = failed or any(p.error for p in points)
     return 1 if failed else 0
 

@@ -37,3 +37,22 @@ def test_compare_set_matches_run_all_counts() -> None:
     quick = {s.name: s for s in the_set(0.1)}
     assert quick["consume-read_committed-1KiB"].count == 20_000 and quick["latency-10MBps-1KiB"].seconds == 5.0
     assert {s.count for s in the_set(0.0001) if s.kind != "latency"} == {1000}  # never below 1,000 records
+
+
+def test_a_failed_point_is_recorded_not_raised_and_a_busy_start_spoils_every_point() -> None:
+    from bench import verdict
+
+    judge = scale.Judge(verdict.Limits(max_foreign_share=1.0, max_start_load_per_cpu=1000.0))
+    ok = scale.Point("x", "sluice", 1)
+    with judge.point(ok):
+        ok.figures["f"] = 1.0
+    assert ok.valid and not ok.error and ok.figures == {"f": 1.0}
+    bad = scale.Point("x", "sluice", 2)
+    with judge.point(bad):
+        raise RuntimeError("broker died")
+    assert not bad.valid and bad.error == "RuntimeError: broker died"
+    judge.start = verdict.judge_start(99.0, cpus=2)
+    busy = scale.Point("x", "sluice", 3)
+    with judge.point(busy):
+        pass
+    assert not busy.valid and "99.00" in busy.reasons[0]
