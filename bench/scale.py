@@ -52,6 +52,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -557,10 +558,11 @@ def chart(points: list[Point], path: Path, title: str) -> bool:
             if pts:
                 ax.plot([p.size for p in pts], [p.figures[k] for p in pts], style, label=system)
         ax.set_title(k, fontsize=9)
+        ax.set_xlabel(f"size ({points[0].bench})", fontsize=8)
         if len({p.size for p in points}) > 1:
             ax.set_xscale("log")
         ax.legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(textwrap.fill(title, 40 * len(keys)), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -579,7 +581,7 @@ def save(name: str, points: list[Point], smoke: bool, results: Path, judge: Judg
     record = {"header": header, "environment": engine.environment(), "valid": valid,
               "start_reasons": judge.start.reasons, "points": [asdict(p) for p in points]}  # fmt: skip
     (results / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
-    chart(points, results / f"{stem}.png", header[:110])
+    chart(points, results / f"{stem}.png", header)
     print(f"\n{header}\n\n{md}\n\nsaved: {results / stem}.md/.json/.png", flush=True)
 
 
