@@ -1,0 +1,58 @@
+"""bench/scale.py's growth naming and bench/compare_kafka.py's scaled set (pure parts)."""
+
+from __future__ import annotations
+
+from bench import scale
+from bench.compare_kafka import the_set
+
+
+def test_growth_names_the_curve_from_its_ends() -> None:
+    assert scale.growth([3, 300, 3000], [100.0, 99.0, 98.0]).startswith("flat")
+    assert scale.growth([1, 16, 64], [10.0, 150.0, 660.0]).startswith("linear")
+    assert scale.growth([1, 100], [1.0, 10.0]).startswith("sub-linear")
+    assert scale.growth([1, 10], [1.0, 1000.0]).startswith("worse than linear")
+    assert scale.growth([3, 3000], [100.0, 10.0]).startswith("falls")
+    assert scale.growth([3, 300], [62.0, 26.8]).startswith("falls")  # x0.43 over x100 is not "flat"
+    assert scale.growth([5], [1.0]) == "n/a"
+    assert scale.growth([1, 2], [0.0, 1.0]) == "n/a"  # a zero cannot be put on a log scale
+
+
+def test_scale_table_marks_busy_and_failed_points() -> None:
+    pts = [scale.Point("partitions", "sluice", 3, {"produce_mb_s": 100.0}),
+           scale.Point("partitions", "sluice", 300, {"produce_mb_s": 90.0}, valid=False, reasons=["busy"]),
+           scale.Point("partitions", "kafka", 3, {}, valid=False, error="boom")]  # fmt: skip
+    md = scale.table(pts)
+    assert "| partitions | sluice | 3 | 100 | 0.0 | yes |" in md
+    assert "| partitions | sluice | 300 | 90 | 0.0 | NO (busy) |" in md
+    assert "NO (failed)" in md
+    assert "- sluice produce_mb_s: flat (x0.90 for x100 size" in md
+
+
+def test_compare_set_matches_run_all_counts() -> None:
+    full = {s.name: s for s in the_set(1.0)}
+    assert full["produce-1KiB-acks-all"].count == 200_000
+    assert full["produce-100B-acks-all"].count == 500_000 and full["produce-100B-acks-all"].record_size == 100
+    assert full["transactions-1KiB-100ms"].commit_interval_ms == 100
+    assert full["latency-10MBps-1KiB"].seconds == 30.0
+    quick = {s.name: s for s in the_set(0.1)}
+    assert quick["consume-read_committed-1KiB"].count == 20_000 and quick["latency-10MBps-1KiB"].seconds == 5.0
+    assert {s.count for s in the_set(0.0001) if s.kind != "latency"} == {1000}  # never below 1,000 records
+
+
+def test_a_failed_point_is_recorded_not_raised_and_a_busy_start_spoils_every_point() -> None:
+    from bench import verdict
+
+    judge = scale.Judge(verdict.Limits(max_foreign_share=1.0, max_start_load_per_cpu=1000.0))
+    ok = scale.Point("x", "sluice", 1)
+    with judge.point(ok):
+        ok.figures["f"] = 1.0
+    assert ok.valid and not ok.error and ok.figures == {"f": 1.0}
+    bad = scale.Point("x", "sluice", 2)
+    with judge.point(bad):
+        raise RuntimeError("broker died")
+    assert not bad.valid and bad.error == "RuntimeError: broker died"
+    judge.start = verdict.judge_start(99.0, cpus=2)
+    busy = scale.Point("x", "sluice", 3)
+    with judge.point(busy):
+        pass
+    assert not busy.valid and "99.00" in busy.reasons[0]
