@@ -346,6 +346,13 @@ class UnknownProducerIdError(SluiceError):
     retriable = False
 
 
+class NonEmptyGroupError(SluiceError):
+    """The group still has members: it cannot be deleted (and its offsets cannot be reset) now."""
+
+    code = E.NON_EMPTY_GROUP
+    retriable = False
+
+
 class GroupIdNotFoundError(SluiceError):
     """The group does not exist."""
 
@@ -465,6 +472,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     TransactionalIdAuthorizationFailedError,
     KafkaStorageError,
     UnknownProducerIdError,
+    NonEmptyGroupError,
     GroupIdNotFoundError,
     FencedLeaderEpochError,
     UnknownLeaderEpochError,
