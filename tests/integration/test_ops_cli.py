@@ -195,3 +195,67 @@ def test_transactions_list_duration_filter(
     stuck.close()
     done.close()
     assert open_id not in listed("--duration-filter", "1")
+
+
+def test_top_shows_brokers_replication_transactions_and_lag(
+    fresh_cluster: Callable[..., LocalCluster], unique_topic: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster = fresh_cluster(
+        brokers=3, config={"offsets.topic.num.partitions": GROUP_PARTITIONS}, failure_timeout_ms=1000
+    )
+    boot = ["--bootstrap-server", cluster.bootstrap_servers]
+    topic = unique_topic
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    admin.create_topic(topic, partitions=PARTITIONS, replication_factor=3)
+    producer = Producer(bootstrap_servers=cluster.bootstrap_servers, linger_ms=0)
+    for i in range(PARTITIONS * RECORDS_PER_PARTITION):
+        producer.send(topic, value=b"v", partition=i % PARTITIONS)
+    producer.flush()
+    producer.close()
+    # three groups without members, committed at 1, 2 and 3 per partition: lag 27, 24 and 21, plus the
+    # open transaction's record below (the lag is measured from the high watermark)
+    for n in (1, 2, 3):
+        admin.alter_consumer_group_offsets(f"{topic}-g{n}", {TopicPartition(topic, p): n for p in range(PARTITIONS)})
+    stuck = Producer(
+        bootstrap_servers=cluster.bootstrap_servers,
+        transactional_id=f"{topic}-open",
+        linger_ms=0,
+        transaction_timeout_ms=300_000,
+    )
+    stuck.init_transactions()
+    stuck.begin_transaction()
+    stuck.send(topic, value=b"open", partition=0)
+    stuck.flush()
+
+    code, out, _ = cli(capsys, "top", "--iterations", "2", "--interval", "0.2", "--rows", "2", *boot)
+    assert code == 0
+    first, second = out.split("\nsluice top ")  # two refreshes, printed one after the other
+    assert first.startswith("sluice top ") and "brokers 3" in first and "under-replicated 0" in second
+    assert f"{topic}-open" in second and "Ongoing" in second
+    lines = second.splitlines()
+    groups = lines[lines.index("CONSUMER GROUPS (most lag first)") + 1 :]
+    assert groups[1].split() == [f"{topic}-g1", "Empty", "0", str(3 * (RECORDS_PER_PARTITION - 1) + 1)]
+    assert groups[2].split() == [f"{topic}-g2", "Empty", "0", str(3 * (RECORDS_PER_PARTITION - 2) + 1)]
+    assert groups[3].strip() == "... and 1 more"  # --rows 2: bounded
+    assert lines[lines.index("BROKERS") + 4].strip() == "... and 1 more"  # 2 of the 3 brokers shown
+
+    code, out, _ = cli(capsys, "top", "--iterations", "1", "--rows", "50", *boot)
+    lines = out.splitlines()
+    brokers = lines[lines.index("BROKERS") + 2 : lines.index("BROKERS") + 5]
+    title = lines[0].split()
+    partitions = int(title[title.index("partitions") + 1])
+    assert partitions >= PARTITIONS + GROUP_PARTITIONS and "offline 0" in lines[0]
+    assert [int(b.split()[0]) for b in brokers] == [0, 1, 2]
+    assert sum(int(b.split()[2]) for b in brokers) == partitions  # every partition led, by one of the 3
+
+    cluster.kill(2)
+
+    def shown_under_replicated() -> bool:
+        code, out, _ = cli(capsys, "top", "--iterations", "1", "--rows", "50", *boot)
+        assert code == 0
+        return f"{topic}-0" in out and "under-replicated" in out.split("UNDER-REPLICATED / OFFLINE PARTITIONS")[1]
+
+    wait_for(shown_under_replicated, timeout=60, what="top showing the partitions under-replicated after a kill")
+    stuck.abort_transaction()
+    stuck.close()
+    admin.close()

@@ -68,3 +68,35 @@ def test_group_state_follows_the_members() -> None:
     assert group_state(group) == "Stable"  # the only member was answered its whole target at once
     group.members[joined.member_id].assigned.clear()  # as if the member had not yet been given its target
     assert group_state(group) == "Reconciling"
+
+
+def test_top_screen_is_bounded_and_says_what_it_left_out() -> None:
+    from sluice.cli.top import Screen, render
+
+    screen = Screen(
+        cluster_id="c1",
+        brokers=[(0, "h:1"), (1, "h:2"), (2, "h:3")],
+        leaders={0: 4, 1: 3},
+        partitions=8,
+        under_replicated=[("t", p, [0, 1, 2], [0, 1]) for p in range(5)],
+        offline=[("t", 7)],
+        open_transactions=[("tx", "Ongoing", 12.34, 1)],
+        open_total=1,
+        groups=[],
+        groups_total=0,
+        errors=["group g: COORDINATOR_NOT_AVAILABLE"],
+    )
+    text = render(screen, rows=3)
+    assert "brokers 3  partitions 8  under-replicated 5  offline 1  open transactions 1  groups 0" in text
+    assert "  ... and 3 more" in text  # 6 problem partitions, 3 shown, the offline one first
+    problems = text.split("UNDER-REPLICATED / OFFLINE PARTITIONS\n")[1].splitlines()
+    assert problems[1].split() == ["t-7", "offline", "-", "-"]
+    assert "12.3s" in text and "(none)" in text and "COORDINATOR_NOT_AVAILABLE" in text
+    assert [line.split()[2] for line in text.split("BROKERS\n")[1].splitlines()[1:4]] == ["4", "3", "0"]
+
+
+@pytest.mark.parametrize("argv", [["top", "--interval", "0"], ["top", "--rows", "0"], ["top", "--iterations", "0"]])
+def test_top_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
