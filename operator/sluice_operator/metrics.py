@@ -81,6 +81,20 @@ DRIFT_REPAIRS = Counter(
 )
 BROKERS = Gauge("sluice_operator_brokers", "Registered brokers by liveness (live, dead)", ["state"], registry=REGISTRY)
 
+# Every known series exists from the start at 0 (Prometheus' advice for labelled counters): a rate()
+# or an alert over a series that appears only with its first event misses that event.
+RESULTS = ("success", "retry", "error")
+REPAIRS = {"Topic": ("created", "partitions", "config"), "Coordinator": ("created",)}
+for _kind in (*KINDS.values(), LEADERSHIP):
+    RECONCILE_SECONDS.labels(_kind)
+    for _result in RESULTS:
+        RECONCILIATIONS.labels(_kind, _result)
+for _kind, _repairs in REPAIRS.items():
+    for _repair in _repairs:
+        DRIFT_REPAIRS.labels(_kind, _repair)
+for _state in ("live", "dead"):
+    BROKERS.labels(_state)
+
 _drift = threading.local()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
