@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from sluice.broker import tracing
 from sluice.broker.errors import InvalidArgumentError
 from sluice.broker.metrics.events import BrokerEvents
 
@@ -89,7 +90,7 @@ def service(full_name: str, methods: Methods, events: BrokerEvents | None = None
     """
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
-            _guard(name, fn, events),
+            _guard(name, tracing.wrap(name, fn), events),  # spans only when tracing is configured
             request_deserializer=_parser(req_cls),
             # Fetch answers with the response already serialized (see ReplicaManager._fetch_once)
             response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
