@@ -9,8 +9,10 @@ lagging first, lag as ``consumer-groups describe`` computes it: high watermark m
 Bounded in every direction, because it runs unattended on a loaded cluster: every section shows
 at most ``--rows`` lines (with a count of the rest), at most ``--rows`` transactions and groups
 are described per refresh (one request each), each refresh has the admin client's timeout, and
-the loop stops after ``--iterations`` refreshes (default: until Ctrl-C). On a terminal the screen
-is redrawn in place; otherwise (a pipe, a file) each refresh is printed after the last.
+the loop stops after ``--iterations`` refreshes (default: until Ctrl-C). A refresh the cluster
+does not answer (every broker down, a request timing out) is one line saying so, and the next
+refresh tries again. On a terminal the screen is redrawn in place; otherwise (a pipe, a file)
+each refresh is printed after the last.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from sluice.cli.argtypes import positive_float, positive_int
 from sluice.cli.bootstrap import bootstrap_servers
 from sluice.cli.clients import open_admin
 from sluice.cli.consumer_groups import group_lag
+from sluice.cli.exits import describe_error
 from sluice.cli.output import close_quietly, table
 
 if TYPE_CHECKING:
@@ -172,6 +175,8 @@ def render(s: Screen, rows: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sluice import errors
+
     admin = open_admin(bootstrap_servers(args))
     redraw = sys.stdout.isatty()
     try:
@@ -179,7 +184,10 @@ def run(args: argparse.Namespace) -> int:
         while args.iterations is None or n < args.iterations:
             if n:
                 time.sleep(args.interval)
-            screen = render(gather(admin, args.rows), args.rows)
+            try:
+                screen = render(gather(admin, args.rows), args.rows)
+            except errors.SluiceError as exc:  # the cluster is moving (or down): say so, keep refreshing
+                screen = f"sluice top  {time.strftime('%H:%M:%S')}  the cluster did not answer: {describe_error(exc)}"
             print((CLEAR if redraw else ("\n" if n else "")) + screen, flush=True)
             n += 1
     finally:

@@ -100,3 +100,31 @@ def test_top_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2
+
+
+def test_top_keeps_refreshing_when_a_refresh_fails(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refresh the cluster does not answer is one line, and the next refresh tries again."""
+    from sluice import errors
+    from sluice.cli import top
+
+    class NoAdmin:
+        def close(self) -> None:
+            pass
+
+    answers: list[Exception | None] = [errors.BrokerNotAvailableError("every broker is down"), None]
+
+    def gather(admin: object, rows: int) -> top.Screen:
+        exc = answers.pop(0)
+        if exc is not None:
+            raise exc
+        return top.Screen("c1", [(0, "h:1")], {0: 1}, 1, [], [], [], 0, [], 0)
+
+    monkeypatch.setattr(top, "open_admin", lambda bootstrap: NoAdmin())
+    monkeypatch.setattr(top, "bootstrap_servers", lambda args: "h:1")
+    monkeypatch.setattr(top, "gather", gather)
+    assert cli.main(["top", "--iterations", "2", "--interval", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "the cluster did not answer: BrokerNotAvailableError: every broker is down" in out
+    assert "cluster c1" in out and not answers
