@@ -401,6 +401,13 @@ class UnknownProducerIdError(SluiceError):
     category = Category.ABORTABLE
 
 
+class NonEmptyGroupError(SluiceError):
+    """The group still has members: it cannot be deleted (and its offsets cannot be reset) now."""
+
+    code = E.NON_EMPTY_GROUP
+    retriable = False
+
+
 class GroupIdNotFoundError(SluiceError):
     """The group does not exist."""
 
@@ -525,6 +532,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     TransactionalIdAuthorizationFailedError,
     KafkaStorageError,
     UnknownProducerIdError,
+    NonEmptyGroupError,
     GroupIdNotFoundError,
     FencedLeaderEpochError,
     UnknownLeaderEpochError,

@@ -30,6 +30,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
+from sluice.broker import tracing
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
@@ -122,6 +123,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; see docs/metrics.md)",
+    )
+    parser.add_argument(
+        "--tracing",
+        default=os.environ.get("SLUICE_TRACING") or None,
+        metavar="EXPORTER",
+        help="OpenTelemetry spans of Produce, Fetch and EndTxn to otlp, console or file:PATH "
+        "(default: $SLUICE_TRACING, else off; needs sluice[otel])",
     )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
@@ -289,8 +297,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = build_config(args)
         metrics_listen = parse_metrics_listen(args.metrics_listen)
+        if args.tracing:
+            tracing.configure(args.tracing, config.broker_id)
     except ConfigError as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config, metrics_listen))
+    try:
+        asyncio.run(serve(config, metrics_listen))
+    finally:
+        tracing.shutdown()  # flushes the last spans
     return 0

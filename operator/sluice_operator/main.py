@@ -53,6 +53,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--reconcile-interval-s", type=float, default=None, help="drift repair period (default 30)")
     ap.add_argument("--status-interval-s", type=float, default=None, help="TransactionalId status period (default 5)")
     ap.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint ('' for none)")
+    ap.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve the operator's Prometheus metrics (docs/metrics.md) here (default: off)",
+    )
     ap.add_argument("--peering", default="sluice", help="the KopfPeering object's name (%(default)s)")
     ap.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     ap.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
@@ -96,7 +102,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     import kopf
 
+    from sluice.operator import metrics
     from sluice.operator.handlers import register
+
+    if args.metrics_listen:
+        try:
+            metrics.serve(args.metrics_listen)
+        except (OSError, ValueError) as exc:
+            print(f"sluice operator: {exc}", file=sys.stderr)
+            return 2
 
     # Kopf's default registry: it also holds Kopf's own login handlers (kubeconfig, service account).
     registry = kopf.get_default_registry()

@@ -12,7 +12,18 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from sluice.cli import bench, consume, demo, dev, passthrough, produce, topics, transactions
+from sluice.cli import (
+    bench,
+    consume,
+    consumer_groups,
+    demo,
+    dev,
+    passthrough,
+    produce,
+    top,
+    topics,
+    transactions,
+)
 from sluice.cli.exits import run
 from sluice.cli.parser import build_parser
 
@@ -22,6 +33,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "produce": produce.run,
     "consume": consume.run,
     "transactions": transactions.run,
+    "consumer-groups": consumer_groups.run,
+    "top": top.run,
     "bench": bench.run,
     "demo": demo.run,
 }

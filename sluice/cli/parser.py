@@ -18,7 +18,18 @@ import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
 import sluice
-from sluice.cli import bench, consume, demo, dev, passthrough, produce, topics, transactions
+from sluice.cli import (
+    bench,
+    consume,
+    consumer_groups,
+    demo,
+    dev,
+    passthrough,
+    produce,
+    top,
+    topics,
+    transactions,
+)
 from sluice.cli.bootstrap import DEFAULT_BOOTSTRAP, ENV_BOOTSTRAP
 
 if TYPE_CHECKING:
@@ -53,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     produce.register(sub, client)
     consume.register(sub, client)
     transactions.register(sub, client)
+    consumer_groups.register(sub, client)
+    top.register(sub, client)
     bench.register(sub)
     demo.register(sub)
     return parser

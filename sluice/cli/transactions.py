@@ -2,7 +2,9 @@
 
 ``list`` asks every broker for the transactional ids its coordinators hold (filtered by state;
 ``--prepared`` is the state Prepared, the transactions waiting for an external coordinator's
-decision). ``describe`` shows one id's state as its coordinator has it, one id at a time so an
+decision; ``--duration-filter MS`` keeps those open for longer than MS, KIP-994, filtered by the
+coordinators, which know when each transaction started).
+``describe`` shows one id's state as its coordinator has it, one id at a time so an
 unknown id is reported without hiding the others. ``commit``/``abort`` end a prepared
 transaction with its handle (transactional id, producer id, epoch), from any client.
 """
@@ -13,6 +15,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from sluice.cli.argtypes import non_negative_int
 from sluice.cli.bootstrap import bootstrap_servers
 from sluice.cli.clients import open_admin, prepared_transaction
 from sluice.cli.exits import describe_error
@@ -30,6 +33,13 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     x_list.add_argument("--state", action="append", default=[], help="only this state (repeatable)")
     x_list.add_argument(
         "--prepared", action="store_true", help="only prepared transactions, with the epoch that ends them"
+    )
+    x_list.add_argument(
+        "--duration-filter",
+        type=non_negative_int,
+        default=0,
+        metavar="MS",
+        help="only transactions open for longer than MS milliseconds (KIP-994)",
     )
     x_list.add_argument("--json", action="store_true")
     x_desc = x_sub.add_parser("describe", parents=[client], help="one transactional id in detail")
@@ -59,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _list(admin: Admin, args: argparse.Namespace) -> None:
-    txns = admin.list_transactions()
+    txns = admin.list_transactions(duration_filter_ms=args.duration_filter)
     states = [*args.state, *(["Prepared"] if args.prepared else [])]
     if states:
         wanted = {s.lower() for s in states}

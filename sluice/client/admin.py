@@ -109,6 +109,37 @@ class ClusterDescription:
     brokers: list[BrokerDescription]
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupListing:
+    """A group as ListGroups names it (Kafka's ConsumerGroupListing)."""
+
+    group_id: str
+    state: str  # Empty, Stable, Reconciling
+    coordinator_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    """One member of a group: its epoch, subscription, and current and target assignment."""
+
+    member_id: str
+    member_epoch: int
+    subscribed_topic_names: list[str]
+    assignment: list[TopicPartition]
+    target_assignment: list[TopicPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescription:
+    """A group as its coordinator sees it (Kafka's ConsumerGroupDescription)."""
+
+    group_id: str
+    state: str  # Empty, Stable, Reconciling
+    group_epoch: int
+    coordinator_id: int
+    members: list[MemberDescription]
+
+
 _ISOLATION_LEVELS = {"read_uncommitted": records_pb2.READ_UNCOMMITTED, "read_committed": records_pb2.READ_COMMITTED}
 
 
@@ -341,10 +372,18 @@ class Admin:
         states: Iterable[str] | None = None,
         producer_ids: Iterable[int] | None = None,
         timeout: float | None = None,
+        *,
+        duration_filter_ms: int = 0,
     ) -> list[ListedTransaction]:
-        """Transactional ids known to the coordinators (every broker is asked), optionally filtered."""
+        """Transactional ids known to the coordinators (every broker is asked), optionally filtered.
+
+        ``duration_filter_ms`` > 0 lists only transactions open for longer than that (KIP-994)."""
+        if duration_filter_ms < 0:
+            raise ValueError(f"duration_filter_ms must be >= 0, not {duration_filter_ms}")
         request = broker_pb2.ListTransactionsRequest(
-            state_filters=list(states or ()), producer_id_filters=list(producer_ids or ())
+            state_filters=list(states or ()),
+            producer_id_filters=list(producer_ids or ()),
+            duration_filter_ms=duration_filter_ms,
         )
         seen: dict[str, ListedTransaction] = {}
         for _broker_id, response in self._cluster.call_all(
@@ -469,6 +508,83 @@ class Admin:
             self._deadline(timeout),
         )
 
+    # ------------------------------------------------------------------ consumer group administration
+    # (kafka-consumer-groups.sh: list, describe, delete; offsets are above)
+
+    def list_consumer_groups(
+        self, states: Iterable[str] | None = None, timeout: float | None = None
+    ) -> list[ConsumerGroupListing]:
+        """Every group the coordinators hold (every broker is asked), optionally only in ``states``.
+
+        A coordinator still loading a partition answers COORDINATOR_LOAD_IN_PROGRESS: retried
+        until the deadline, so a group is not missed because its coordinator just moved.
+        """
+        deadline = self._deadline(timeout)
+        request = broker_pb2.ListGroupsRequest(states_filter=list(states or ()))
+        backoff = Backoff()
+        while True:
+            answers = self._cluster.call_all(rpcs.LIST_GROUPS, request, deadline.timeout(self._timeout))
+            code, message = first_error((r.error_code, r.error_message) for _b, r in answers)
+            if code == records_pb2.NONE:
+                break
+            err = errors.error_for(code, message)
+            if not err.retriable or deadline.expired():
+                raise err
+            backoff.sleep(deadline)
+        seen: dict[str, ConsumerGroupListing] = {}
+        for _broker_id, response in answers:
+            for g in response.groups:
+                seen.setdefault(g.group_id, ConsumerGroupListing(g.group_id, g.state, g.coordinator_id))
+        return sorted(seen.values(), key=lambda g: g.group_id)
+
+    def describe_consumer_groups(
+        self, group_ids: Iterable[str], timeout: float | None = None
+    ) -> dict[str, ConsumerGroupDescription]:
+        """Each group's state, epoch and members, from its coordinator. Raises GroupIdNotFoundError."""
+        deadline = self._deadline(timeout)
+        out: dict[str, ConsumerGroupDescription] = {}
+        for group_id in group_ids:
+            response: broker_pb2.DescribeGroupsResponse = self._cluster.coordinator_call(
+                group_id,
+                GROUP,
+                rpcs.DESCRIBE_GROUPS,
+                broker_pb2.DescribeGroupsRequest(group_ids=[group_id]),
+                _group_error(group_id, lambda r: r.groups),
+                deadline,
+            )
+            g = next(g for g in response.groups if g.group_id == group_id)
+            out[group_id] = ConsumerGroupDescription(
+                group_id=g.group_id,
+                state=g.state,
+                group_epoch=g.group_epoch,
+                coordinator_id=g.coordinator_id,
+                members=[
+                    MemberDescription(
+                        member_id=m.member_id,
+                        member_epoch=m.member_epoch,
+                        subscribed_topic_names=list(m.subscribed_topic_names),
+                        assignment=[TopicPartition(p.topic, p.partition) for p in m.assignment],
+                        target_assignment=[TopicPartition(p.topic, p.partition) for p in m.target_assignment],
+                    )
+                    for m in g.members
+                ],
+            )
+        return out
+
+    def delete_consumer_groups(self, group_ids: Iterable[str], timeout: float | None = None) -> None:
+        """Delete each group's committed offsets, in order. Raises NonEmptyGroupError while a group has
+        members, GroupIdNotFoundError for a group that does not exist (the groups before it are deleted)."""
+        deadline = self._deadline(timeout)
+        for group_id in group_ids:
+            self._cluster.coordinator_call(
+                group_id,
+                GROUP,
+                rpcs.DELETE_GROUPS,
+                broker_pb2.DeleteGroupsRequest(group_ids=[group_id]),
+                _group_error(group_id, lambda r: r.results),
+                deadline,
+            )
+
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -511,6 +627,34 @@ def _topic_error(name: str) -> Callable[[_TopicResults], tuple[int, str]]:
     return error_of
 
 
+class _GroupResult(Protocol):
+    @property
+    def group_id(self) -> str: ...
+
+    @property
+    def error_code(self) -> int: ...
+
+    @property
+    def error_message(self) -> str: ...
+
+
+GroupResponseT = TypeVar("GroupResponseT")
+
+
+def _group_error(
+    group_id: str, results: Callable[[GroupResponseT], Iterable[_GroupResult]]
+) -> Callable[[GroupResponseT], tuple[int, str]]:
+    """The error of ``group_id``'s result in a DescribeGroups/DeleteGroups answer."""
+
+    def error_of(response: GroupResponseT) -> tuple[int, str]:
+        for g in results(response):
+            if g.group_id == group_id:
+                return g.error_code, g.error_message or f"group {group_id!r}"
+        return records_pb2.UNKNOWN_SERVER_ERROR, f"the coordinator did not answer for group {group_id!r}"
+
+    return error_of
+
+
 def _describe(t: broker_pb2.TopicMetadata) -> TopicDescription:
     return TopicDescription(
         name=t.name,
@@ -535,7 +679,10 @@ __all__ = [
     "Admin",
     "BrokerDescription",
     "ClusterDescription",
+    "ConsumerGroupDescription",
+    "ConsumerGroupListing",
     "ListedTransaction",
+    "MemberDescription",
     "PartitionDescription",
     "TopicDescription",
     "TransactionDescription",

@@ -161,10 +161,14 @@ class ControllerProcess(ManagedProcess):
         python: str,
         env: Mapping[str, str],
         extra_args: Sequence[str] = (),
+        metrics_listen: str | None = None,
     ) -> None:
         self.failure_timeout_ms = failure_timeout_ms
+        self.metrics_listen = metrics_listen
+        metrics_args = [] if metrics_listen is None else ["--metrics-listen", metrics_listen]
         argv = [
             python, "-m", "sluice.operator.controller.local",
+            *metrics_args,
             "--metadata", str(metadata_path),
             "--failure-timeout-ms", str(failure_timeout_ms),
             *extra_args,
@@ -284,6 +288,8 @@ class LocalCluster:
             python=python,
             env=child_env,
             extra_args=controller_args,
+            # the controller's metrics (sluice.operator.metrics), on its own port of the cluster's address
+            metrics_listen=f"[{host}]:{free_port(host)}" if ":" in host else f"{host}:{free_port(host)}",
         )
         # Every process of the cluster: the controller, then the brokers.
         self._processes: list[ManagedProcess] = [self._controller, *self._brokers]
@@ -366,6 +372,12 @@ class LocalCluster:
         url = self.broker(i).metrics_url
         assert url is not None  # every broker of a LocalCluster serves metrics
         return url
+
+    def controller_metrics_url(self) -> str:
+        """The controller process's Prometheus endpoint (the operator's metrics), ``http://HOST:PORT/metrics``."""
+        listen = self._controller.metrics_listen
+        assert listen is not None
+        return f"http://{listen}/metrics"
 
     def kill(self, i: int) -> None:
         """SIGKILL broker ``i`` (a crash: no shutdown code runs) and reap it."""

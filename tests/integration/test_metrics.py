@@ -184,6 +184,20 @@ def test_metrics_of_a_three_broker_cluster(fresh_cluster: Callable[..., LocalClu
     # The controller took the dead broker out of the ISRs itself; brokers count only their own shrinks.
     assert all("kafka_server_replicamanager_isrshrinks_total" in s.names() for s in m.values())
     assert total(m, "kafka_controller_kafkacontroller_offlinepartitionscount") == 0
+    # ... and the operator (the controller process) saw it die, moved its leaderships, none offline
+    wait_for(
+        holds(lambda: scrape(cluster.controller_metrics_url()).value("sluice_operator_brokers", state="dead") == 1),
+        timeout=30,
+        what="the operator counting the dead broker",
+    )
+    operator = scrape(cluster.controller_metrics_url())
+    assert operator.value("sluice_operator_offline_partitions") == 0
+    assert operator.total("sluice_operator_failovers_total") == operator.total(
+        "sluice_operator_failover_duration_seconds_count"
+    )
+    assert not operator.series("sluice_operator_leaders", broker=str(victim))
+    leaders = sum(v for _labels, v in operator.series("sluice_operator_leaders"))
+    assert leaders == total(m, "kafka_server_replicamanager_leadercount") == ALL_PARTITIONS
 
     # -- the broker comes back: the leaders take it into their ISRs again, and count it --------------
     cluster.restart(victim)

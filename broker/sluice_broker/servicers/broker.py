@@ -28,6 +28,7 @@ from sluice.broker.cluster import (
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.servicers.group_admin import GroupAdmin
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator
 
@@ -56,6 +57,7 @@ class BrokerService:
         self.replicas = replicas
         self.txn = txn
         self.groups = groups
+        self.group_admin = GroupAdmin(groups, cluster.config.broker_id)
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         b = bpb
@@ -85,6 +87,9 @@ class BrokerService:
                     lambda r, c: self.groups.heartbeat(r),
                     b.ConsumerGroupHeartbeatRequest,
                 ),
+                "ListGroups": (lambda r, c: self.group_admin.list_groups(r), b.ListGroupsRequest),
+                "DescribeGroups": (lambda r, c: self.group_admin.describe_groups(r), b.DescribeGroupsRequest),
+                "DeleteGroups": (lambda r, c: self.group_admin.delete_groups(r), b.DeleteGroupsRequest),
             },
             self.replicas.events,
         )
@@ -207,4 +212,5 @@ class BrokerService:
         return self.txn.describe_transactions(req)
 
     async def list_transactions(self, req: bpb.ListTransactionsRequest, _ctx: Ctx) -> bpb.ListTransactionsResponse:
+        nonneg(req.duration_filter_ms, "duration_filter_ms")
         return self.txn.list_transactions(req)

@@ -835,6 +835,10 @@ class TransactionCoordinator:
                     continue
                 if pids and meta.producer_id not in pids:
                     continue
+                if req.duration_filter_ms > 0 and not (  # KIP-994: open for longer than the filter
+                    meta.txn_start_ms >= 0 and self.clock() - meta.txn_start_ms > req.duration_filter_ms
+                ):
+                    continue
                 resp.transactions.add(
                     transactional_id=tid,
                     producer_id=meta.producer_id,

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 
 from sluice.metadata import open_store
+from sluice.operator import metrics
 from sluice.operator.controller.loop import DEFAULT_INTERVAL_MS, DEFAULT_PREFERRED_LEADER_DELAY_MS, ControllerLoop, log
 from sluice.operator.liveness.brokers import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
 
@@ -62,6 +63,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="default of unclean.leader.election.enable for topics that do not set it",
     )
+    ap.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve the controller's Prometheus metrics (sluice.operator.metrics) here (default: off)",
+    )
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
@@ -81,6 +88,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if args.metrics_listen:
+        try:
+            metrics.serve(args.metrics_listen)
+        except (OSError, ValueError) as exc:
+            log.error("%s", exc)
+            return 1
     deadline_ms = args.check_timeout_ms or args.failure_timeout_ms
     checker = GrpcHealthChecker(deadline_ms)
     store = open_store(args.metadata)

@@ -50,6 +50,7 @@ from typing import Protocol
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, Versioned
 from sluice.metadata.store import MetadataStore, VersionConflict
+from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
 
@@ -163,15 +164,20 @@ class ControllerLoop:
 
     def run_round(self) -> int:
         """One round: check liveness, reconcile every topic. Returns the number of documents written."""
-        self._check_epoch()
-        self.brokers = self.registered_brokers()
-        for change in self.detector.poll(self.brokers):
-            log.info("%s", change.describe())
-        self._publish()
-        written = 0
-        for doc in self.topic_documents():
-            written += self.reconcile_topic(doc)
-        return written
+        with metrics.controller_round():
+            self._check_epoch()
+            self.brokers = self.registered_brokers()
+            for change in self.detector.poll(self.brokers):
+                log.info("%s", change.describe())
+                metrics.broker_changed(change.broker_id, change.new, change.silent_s)
+            self._publish()
+            metrics.brokers_seen(self.detector.live, self.detector.dead)
+            written = 0
+            docs = self.topic_documents()
+            for doc in docs:
+                written += self.reconcile_topic(doc)
+            metrics.round_listed(d.key for d in docs)
+            return written
 
     def topic_documents(self) -> list[Versioned[TopicDocument]]:
         """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round."""
@@ -193,6 +199,7 @@ class ControllerLoop:
             if doc is None:
                 return 0
             current = doc.value
+            metrics.topic_read(doc.key, current)
             new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
             if self.preferred_leaders:
                 settled = self.detector.alive_for(self.preferred_leader_delay_s)
@@ -206,6 +213,7 @@ class ControllerLoop:
                 continue
             for line in describe_changes(current, new, live, dead):
                 log.info("%s", line)
+            metrics.topic_written(doc.key, current, new, dead)
             if self.on_change is not None:
                 try:
                     self.on_change(doc.key, current, new, live, dead)

@@ -22,6 +22,7 @@ from sluice.metadata import documents, keys
 from sluice.metadata.documents import INTERNAL_TOPIC_CONFIG, TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.store import VersionConflict
+from sluice.operator import metrics
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.kubernetes import coordinator_status_patch
 from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
@@ -97,6 +98,7 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch, runtime: O
         try:
             documents.create(runtime.meta, keys.topic(topic), created)
             log.info("created %s (%d partitions, replication factor %d)", topic, partitions, rf)
+            metrics.drift_repaired("Coordinator", "created")
         except VersionConflict:
             pass  # a broker created it meanwhile
         found = documents.read(runtime.meta, keys.topic(topic), TopicDocument)

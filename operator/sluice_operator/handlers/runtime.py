@@ -22,6 +22,7 @@ from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import BrokerDocument
 from sluice.metadata.kubernetes import GROUP, VERSION, api_client
 from sluice.metadata.store import MetadataStore
+from sluice.operator import metrics
 from sluice.operator.controller.kubernetes import KubernetesController
 from sluice.operator.settings import OperatorSettings
 
@@ -44,10 +45,13 @@ def register_kind(
     """Register one kind's handlers the way every kind wants them: ``changed`` on resume, create
     and update (retried after HANDLER_BACKOFF_S), ``timer`` every ``interval_s`` (drift repair or
     status), and ``deleted`` behind the finalizer when given."""
+    kind = metrics.kind_of(plural)  # every call counted and timed (sluice.operator.metrics)
+    changed, timer = metrics.instrument(kind, changed), metrics.instrument(kind, timer, drift_check=True)
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(changed)
     kopf.timer(GROUP, VERSION, plural, interval=interval_s, initial_delay=interval_s, registry=registry)(timer)
     if deleted is not None:
+        deleted = metrics.instrument(kind, deleted)
         kopf.on.delete(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(deleted)
 
 

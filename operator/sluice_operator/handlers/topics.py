@@ -25,6 +25,7 @@ import kopf
 from sluice import errors
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TopicDocument
+from sluice.operator import metrics
 from sluice.operator.controller.kubernetes import topic_status_patch
 from sluice.operator.handlers.runtime import (
     ADMIN_TIMEOUT_S,
@@ -104,6 +105,7 @@ def reconcile_topic(body: Mapping[str, Any], patch: kopf.Patch, runtime: Operato
         try:
             runtime.admin().create_topic(name, partitions, rf, config, timeout=ADMIN_TIMEOUT_S)
             log.info("created topic %s (%d partitions, replication factor %d)", name, partitions, rf)
+            metrics.drift_repaired("Topic", "created")
         except errors.TopicAlreadyExistsError:
             pass
         except errors.SluiceError as exc:
@@ -123,6 +125,7 @@ def reconcile_topic(body: Mapping[str, Any], patch: kopf.Patch, runtime: Operato
         try:
             runtime.admin().create_partitions(name, partitions, timeout=ADMIN_TIMEOUT_S)
             log.info("topic %s grown from %d to %d partitions", name, current, partitions)
+            metrics.drift_repaired("Topic", "partitions")
         except errors.SluiceError as exc:
             finish(FALSE, reason_of(exc), f"adding partitions failed: {exc}", exc.retriable)
             return
@@ -177,6 +180,7 @@ def _apply_topic_config(runtime: OperatorRuntime, name: str, config: dict[str, s
 
     documents.update_document(runtime.meta, keys.topic(name), TopicDocument, change)
     log.info("topic %s config set to %s", name, config)
+    metrics.drift_repaired("Topic", "config")
     return ""
 
 

@@ -569,12 +569,14 @@ class DescribeTransactionsResponse(_message.Message):
     def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionState, _Mapping]]] = ...) -> None: ...
 
 class ListTransactionsRequest(_message.Message):
-    __slots__ = ("state_filters", "producer_id_filters")
+    __slots__ = ("state_filters", "producer_id_filters", "duration_filter_ms")
     STATE_FILTERS_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FILTERS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_FILTER_MS_FIELD_NUMBER: _ClassVar[int]
     state_filters: _containers.RepeatedScalarFieldContainer[str]
     producer_id_filters: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, state_filters: _Optional[_Iterable[str]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ...) -> None: ...
+    duration_filter_ms: int
+    def __init__(self, state_filters: _Optional[_Iterable[str]] = ..., producer_id_filters: _Optional[_Iterable[int]] = ..., duration_filter_ms: _Optional[int] = ...) -> None: ...
 
 class ListedTransaction(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "state", "coordinator_id", "producer_epoch")
@@ -733,3 +735,95 @@ class ConsumerGroupHeartbeatResponse(_message.Message):
     heartbeat_interval_ms: int
     assignment: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., assignment: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ("states_filter",)
+    STATES_FILTER_FIELD_NUMBER: _ClassVar[int]
+    states_filter: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, states_filter: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListedGroup(_message.Message):
+    __slots__ = ("group_id", "state", "coordinator_id")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    state: str
+    coordinator_id: int
+    def __init__(self, group_id: _Optional[str] = ..., state: _Optional[str] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "groups")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    groups: _containers.RepeatedCompositeFieldContainer[ListedGroup]
+    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., groups: _Optional[_Iterable[_Union[ListedGroup, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupsRequest(_message.Message):
+    __slots__ = ("group_ids",)
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DescribedGroupMember(_message.Message):
+    __slots__ = ("member_id", "member_epoch", "subscribed_topic_names", "assignment", "target_assignment")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBED_TOPIC_NAMES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    member_epoch: int
+    subscribed_topic_names: _containers.RepeatedScalarFieldContainer[str]
+    assignment: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
+    target_assignment: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
+    def __init__(self, member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., subscribed_topic_names: _Optional[_Iterable[str]] = ..., assignment: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., target_assignment: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class DescribedGroup(_message.Message):
+    __slots__ = ("group_id", "error_code", "error_message", "state", "group_epoch", "coordinator_id", "members")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    state: str
+    group_epoch: int
+    coordinator_id: int
+    members: _containers.RepeatedCompositeFieldContainer[DescribedGroupMember]
+    def __init__(self, group_id: _Optional[str] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., state: _Optional[str] = ..., group_epoch: _Optional[int] = ..., coordinator_id: _Optional[int] = ..., members: _Optional[_Iterable[_Union[DescribedGroupMember, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[DescribedGroup]
+    def __init__(self, groups: _Optional[_Iterable[_Union[DescribedGroup, _Mapping]]] = ...) -> None: ...
+
+class DeleteGroupsRequest(_message.Message):
+    __slots__ = ("group_ids",)
+    GROUP_IDS_FIELD_NUMBER: _ClassVar[int]
+    group_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeletedGroup(_message.Message):
+    __slots__ = ("group_id", "error_code", "error_message")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    def __init__(self, group_id: _Optional[str] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class DeleteGroupsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[DeletedGroup]
+    def __init__(self, results: _Optional[_Iterable[_Union[DeletedGroup, _Mapping]]] = ...) -> None: ...

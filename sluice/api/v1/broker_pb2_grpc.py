@@ -135,6 +135,21 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatResponse.FromString,
                 _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/sluice.v1.Broker/ListGroups',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroups = channel.unary_unary(
+                '/sluice.v1.Broker/DescribeGroups',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeGroupsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/sluice.v1.Broker/DeleteGroups',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -268,6 +283,26 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListGroups(self, request, context):
+        """Group administration (kafka-consumer-groups.sh): ListGroups is asked of every broker,
+        DescribeGroups and DeleteGroups of the group's coordinator, one group per request.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +405,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ConsumerGroupHeartbeat,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.ListGroupsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroups,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeGroupsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -912,6 +962,87 @@ class Broker:
             '/sluice.v1.Broker/ConsumerGroupHeartbeat',
             sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.ConsumerGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListGroups',
+            sluice_dot_v1_dot_broker__pb2.ListGroupsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DescribeGroups',
+            sluice_dot_v1_dot_broker__pb2.DescribeGroupsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DeleteGroups',
+            sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,

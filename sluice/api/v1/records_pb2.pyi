@@ -47,6 +47,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
+    NON_EMPTY_GROUP: _ClassVar[ErrorCode]
     GROUP_ID_NOT_FOUND: _ClassVar[ErrorCode]
     FENCED_LEADER_EPOCH: _ClassVar[ErrorCode]
     UNKNOWN_LEADER_EPOCH: _ClassVar[ErrorCode]
@@ -114,6 +115,7 @@ TRANSACTION_COORDINATOR_FENCED: ErrorCode
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
+NON_EMPTY_GROUP: ErrorCode
 GROUP_ID_NOT_FOUND: ErrorCode
 FENCED_LEADER_EPOCH: ErrorCode
 UNKNOWN_LEADER_EPOCH: ErrorCode

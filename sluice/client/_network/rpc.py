@@ -94,3 +94,6 @@ OFFSET_FETCH = _rpc("OffsetFetch", broker_pb2.OffsetFetchRequest, broker_pb2.Off
 CONSUMER_GROUP_HEARTBEAT = _rpc(
     "ConsumerGroupHeartbeat", broker_pb2.ConsumerGroupHeartbeatRequest, broker_pb2.ConsumerGroupHeartbeatResponse
 )
+LIST_GROUPS = _rpc("ListGroups", broker_pb2.ListGroupsRequest, broker_pb2.ListGroupsResponse)
+DESCRIBE_GROUPS = _rpc("DescribeGroups", broker_pb2.DescribeGroupsRequest, broker_pb2.DescribeGroupsResponse)
+DELETE_GROUPS = _rpc("DeleteGroups", broker_pb2.DeleteGroupsRequest, broker_pb2.DeleteGroupsResponse)

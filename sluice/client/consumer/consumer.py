@@ -73,6 +73,7 @@ from types import TracebackType
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
+from sluice.client import tracing as _tracing
 from sluice.client._network import Cluster, Deadline
 from sluice.client.consumer.coordinator import GroupMember, commit_offsets, fetch_committed
 from sluice.client.consumer.fetcher import EARLIEST, LATEST, FetchConfig, Fetcher
@@ -482,6 +483,11 @@ class Consumer:
         Returns at most ``max_records`` (default max_poll_records), possibly
         none. Raises a fatal error of the group or of a fetch.
         """
+        if _tracing.tracer is None:
+            return self._poll(timeout, max_records)
+        return list(_tracing.polled(self._poll, timeout, max_records))  # a span (sluice.client.tracing)
+
+    def _poll(self, timeout: float, max_records: int | None) -> list[ConsumerRecord]:
         self._check_open()
         deadline = Deadline(max(0.0, timeout))
         limit = max_records or self._max_poll_records

@@ -42,6 +42,7 @@ from typing import Literal
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2
+from sluice.client import tracing as _tracing
 from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
 from sluice.client._network import rpc as rpcs
 from sluice.client.producer.accumulator import (
@@ -320,6 +321,8 @@ class Producer:
             route.txn_generation[chosen] = txn.generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
                 self._wakeup()
+        if _tracing.tracer is not None and future is not None:  # optional spans (sluice.client.tracing)
+            _tracing.sent(topic, chosen, future)
         return future  # type: ignore[return-value]  # None only with abort_on_new_batch
 
     def _route(self, topic: str, now_ms: int) -> _Route:
@@ -566,6 +569,10 @@ class Producer:
         (or the last retriable error) when ``timeout`` passes: the call may
         then be repeated.
         """
+        with _tracing.settle("commit", self.transactional_id or ""):  # a span when tracing is on
+            self._commit_transaction(timeout)
+
+    def _commit_transaction(self, timeout: float | None) -> None:
         txn_id = self._txn_id("commit_transaction")
         self._txn.begin_commit()
         deadline = self._deadline(timeout)
@@ -618,6 +625,10 @@ class Producer:
         (fenced) it raises that error. The coordinator answers a bumped epoch
         (transaction protocol v2), which the next transaction uses.
         """
+        with _tracing.settle("abort", self.transactional_id or ""):  # a span when tracing is on
+            self._abort_transaction(timeout)
+
+    def _abort_transaction(self, timeout: float | None) -> None:
         txn_id = self._txn_id("abort_transaction")
         self._txn.begin_abort()
         deadline = self._deadline(timeout)

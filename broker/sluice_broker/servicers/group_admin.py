@@ -1,0 +1,154 @@
+"""ListGroups, DescribeGroups and DeleteGroups: what kafka-consumer-groups.sh asks a broker.
+
+Answered from the group coordinator's own state, at the servicer level, through the
+coordinator's public parts (its runtime's loaded partitions, each partition's groups and
+offsets, the replica manager's internal append), so the coordinator itself gains no code:
+
+* **ListGroups** (asked of every broker) lists the groups of every ``__consumer_offsets``
+  partition this broker has loaded: a group with members, or with committed offsets only
+  (state Empty, as Kafka lists a group that has offsets and no members).
+* **DescribeGroups** (asked of the group's coordinator) gives the group's state and epoch and,
+  per member, its epoch, subscription, current and target assignment. The state follows
+  KIP-848's names: Empty (no members), Stable (every member at the group epoch, owning its
+  target) or Reconciling.
+* **DeleteGroups** (asked of the group's coordinator) writes a tombstone per committed
+  partition of the group to its ``__consumer_offsets`` partition, drops the offsets from memory
+  once the append succeeded, and answers once the ISR has the tombstones (as a commit does).
+  Refused with NON_EMPTY_GROUP while the group has members, as Kafka refuses, and while it has
+  offsets pending in an open transaction (the marker would bring them back).
+"""
+
+from __future__ import annotations
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC
+from sluice.broker.errors import answer
+from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.coordinator import OffsetsPartitionState
+from sluice.broker.group.membership import ConsumerGroup
+from sluice.broker.group.offsets import encode_key
+from sluice.errors import SluiceError
+from sluice.records import build_batch
+
+_REPLICATION_TIMEOUT_S = 30.0
+
+EMPTY, STABLE, RECONCILING = "Empty", "Stable", "Reconciling"
+
+
+def group_state(group: ConsumerGroup | None) -> str:
+    """KIP-848's state of a group: Empty, Stable or Reconciling."""
+    if group is None or group.is_empty:
+        return EMPTY
+    for member_id, member in group.members.items():
+        if member.epoch != group.epoch or frozenset(member.assigned) != group.target.get(member_id, frozenset()):
+            return RECONCILING
+    return STABLE
+
+
+class GroupAdmin:
+    """The three group-administration RPCs, over a :class:`GroupCoordinator`."""
+
+    def __init__(self, groups: GroupCoordinator, broker_id: int) -> None:
+        self.groups = groups
+        self.broker_id = broker_id
+
+    def _locate(self, group_id: str) -> OffsetsPartitionState:
+        """The loaded state of the group's partition, or the error its client should see."""
+        if not group_id:
+            raise errors.InvalidGroupIdError("the group id must not be empty")
+        partition = self.groups.partition_for(group_id)
+        if partition is None:
+            raise errors.CoordinatorNotAvailableError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
+        return self.groups.runtime.active(partition, f"group {group_id!r}").state
+
+    async def list_groups(self, req: bpb.ListGroupsRequest) -> bpb.ListGroupsResponse:
+        resp = bpb.ListGroupsResponse()
+        wanted = {s.lower() for s in req.states_filter}
+        for cpart in self.groups.runtime.all_partitions():
+            if not cpart.active:
+                resp.error_code = pb.COORDINATOR_LOAD_IN_PROGRESS
+                resp.error_message = f"{CONSUMER_OFFSETS_TOPIC}-{cpart.partition} is still loading"
+                continue
+            state = cpart.state
+            for group_id in sorted(set(state.groups) | set(state.offsets.groups)):
+                name = group_state(state.groups.get(group_id))
+                if wanted and name.lower() not in wanted:
+                    continue
+                resp.groups.add(group_id=group_id, state=name, coordinator_id=self.broker_id)
+        return resp
+
+    async def describe_groups(self, req: bpb.DescribeGroupsRequest) -> bpb.DescribeGroupsResponse:
+        resp = bpb.DescribeGroupsResponse()
+        for group_id in req.group_ids:
+            out = resp.groups.add(group_id=group_id, coordinator_id=self.broker_id)
+            try:
+                self._describe(group_id, out)
+            except SluiceError as exc:
+                answer(out, exc)
+        return resp
+
+    def _describe(self, group_id: str, out: bpb.DescribedGroup) -> None:
+        state = self._locate(group_id)
+        group = state.groups.get(group_id)
+        if group is None and group_id not in state.offsets.groups:
+            raise errors.GroupIdNotFoundError(f"group {group_id!r} does not exist")
+        out.state = group_state(group)
+        if group is None:
+            return
+        out.group_epoch = group.epoch
+        for member_id, member in sorted(group.members.items()):
+            m = out.members.add(
+                member_id=member_id, member_epoch=member.epoch, subscribed_topic_names=list(member.subscription)
+            )
+            for topic, partition in sorted(member.assigned):
+                m.assignment.add(topic=topic, partition=partition)
+            for topic, partition in sorted(group.target.get(member_id, frozenset())):
+                m.target_assignment.add(topic=topic, partition=partition)
+
+    async def delete_groups(self, req: bpb.DeleteGroupsRequest) -> bpb.DeleteGroupsResponse:
+        resp = bpb.DeleteGroupsResponse()
+        for group_id in req.group_ids:
+            out = resp.results.add(group_id=group_id)
+            try:
+                await self._delete(group_id)
+            except SluiceError as exc:
+                answer(out, exc)
+        return resp
+
+    async def _delete(self, group_id: str) -> None:
+        state = self._locate(group_id)
+        group = state.groups.get(group_id)
+        if group is not None and not group.is_empty:
+            raise errors.NonEmptyGroupError(
+                f"group {group_id!r} has {len(group.members)} active members: stop them first"
+            )
+        offsets = state.offsets.groups.get(group_id)
+        if offsets is None:
+            raise errors.GroupIdNotFoundError(f"group {group_id!r} does not exist")
+        if offsets.pending:
+            raise errors.NonEmptyGroupError(
+                f"group {group_id!r} has offsets pending in an open transaction: end it first"
+            )
+        tps = sorted(offsets.committed)
+        batch = build_batch([(encode_key(group_id, topic, partition), None) for topic, partition in tps])
+        replicas = self.groups.replicas
+        try:
+            replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch)
+        except SluiceError as exc:
+            if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
+                raise errors.NotCoordinatorError(exc.message) from exc
+            raise
+        for tp in tps:  # the log has the tombstones: memory follows, as a replay would
+            state.offsets.delete(group_id, tp)
+        part = replicas.partitions.get((CONSUMER_OFFSETS_TOPIC, state.partition))
+        if part is not None:
+            try:
+                await replicas.wait_replicated(
+                    CONSUMER_OFFSETS_TOPIC, state.partition, part.log_end_offset, _REPLICATION_TIMEOUT_S
+                )
+            except SluiceError as exc:
+                if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
+                    raise errors.NotCoordinatorError(exc.message) from exc
+                raise
