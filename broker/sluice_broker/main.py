@@ -211,6 +211,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     await wait_for_brokers(cluster, config)
     cluster.ensure_internal_topics()
     cluster.refresh()
+    replicas.delete_stray_partitions()  # the whole metadata is read now: what it does not assign goes
     replicas.fetchers.start()
 
     stopping = asyncio.Event()
@@ -248,6 +249,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
             await asyncio.sleep(interval)
             try:
                 replicas.maintain_isr()
+                replicas.delete_stray_partitions_if_due()
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
                     replicas.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()
@@ -275,6 +277,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     await replicas.channels.close()
     await groups.stop()
     await txn.stop()
+    replicas.close()
     storage.close()
     store.close()
 

@@ -21,6 +21,13 @@ replica.lag.time.max.ms leaves the ISR, and one that caught up rejoins it; both
 are compare-and-set into the topic document, and only while this broker is
 still the leader at its epoch there, so a deposed leader cannot change an ISR.
 
+Stray partitions (:mod:`sluice.broker.log.stray`): a topic deleted, or deleted and created
+again under its name, while this broker was down leaves keys nobody would ever delete. At start
+(:meth:`ReplicaManager.delete_stray_partitions`, once the first full metadata read is done) and
+after every metadata change, partitions on disk that the metadata does not assign to this broker,
+by topic id, are deleted, and their key ranges compacted on a thread of their own so the space is
+given back without holding up the event loop.
+
 Offsets a client was told never go back (docs/architecture.md, "Offsets and
 visibility"): the LSO waits for markers to be below the HW (PartitionLog), and
 a new leader whose HW is still below the start of its own leader epoch answers
@@ -36,6 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
@@ -48,6 +56,14 @@ from sluice.broker.errors import answer
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage
+from sluice.broker.log.stray import (
+    PARTITION_COLUMN_FAMILIES,
+    assigned_partitions,
+    delete_partition_keys,
+    key_range,
+    stored_partitions,
+    stray_partitions,
+)
 from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
@@ -98,6 +114,12 @@ class ReplicaManager:
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
+        # Stray partitions are looked for once the first full metadata read is done (main calls
+        # delete_stray_partitions), then again after every topic change.
+        self._stray_check_ready = False
+        self._stray_check_due = False
+        # One thread compacts deleted key ranges; close() waits for it before storage closes.
+        self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reclaim")
         self.channels = channels or BrokerChannels(cluster)
         self.fetchers = ReplicaFetcherManager(
             config.broker_id,
@@ -119,17 +141,10 @@ class ReplicaManager:
 
     def _on_topic_change(self, old: TopicInfo | None, new: TopicInfo | None) -> None:
         me = self.config.broker_id
+        self._stray_check_due = True
         if old is not None and (new is None or new.topic_id != old.topic_id):
             for p in range(len(old.partitions)):
-                key = (old.name, p)
-                part = self.partitions.pop(key, None)
-                self.fetchers.unfollow(key)
-                self.trackers.pop(key, None)
-                if key in self.leader_of:
-                    self.leader_of.discard(key)
-                    self._tell_leadership(old.name, p, False, -1)
-                if part is not None:
-                    part.delete_all()
+                self._drop_partition((old.name, p))
             self.events.forget_topic(old.name)
             old = None
         if new is None:
@@ -137,6 +152,8 @@ class ReplicaManager:
         for p, info in enumerate(new.partitions):
             key = (new.name, p)
             if me not in info.replicas:
+                if key in self.partitions:  # reassigned away from this broker
+                    self._drop_partition(key)
                 continue
             part = self.partitions.get(key)
             if part is None:
@@ -162,6 +179,87 @@ class ReplicaManager:
                     self.fetchers.follow(key, info.leader, info.leader_epoch)
                 else:
                     self.fetchers.unfollow(key)
+
+    def _drop_partition(self, key: TopicPartition) -> None:
+        """Stop serving and following one partition and delete its data (its topic is gone or moved away).
+
+        A failed delete (the disk is offline) is logged, not raised: the metadata already says the
+        partition is not here, and the stray-partition check deletes the data once it can.
+        """
+        part = self.partitions.pop(key, None)
+        self.fetchers.unfollow(key)
+        self.trackers.pop(key, None)
+        if key in self.leader_of:
+            self.leader_of.discard(key)
+            self._tell_leadership(key[0], key[1], False, -1)
+        if part is None:
+            return
+        try:
+            part.delete_all()
+        except SluiceError as exc:
+            log.warning("%s-%d: deleting its data failed (%s); it is deleted as a stray partition later", *key, exc)
+            return
+        self._reclaim([part.prefix])
+
+    def delete_stray_partitions(self) -> list[str]:
+        """Delete every partition on disk the metadata does not assign to this broker (by topic id).
+
+        Call once the cluster view holds the whole metadata (after the first full refresh):
+        before that every partition would look stray. Returns the partitions deleted, described.
+        """
+        self._stray_check_ready = True
+        self._stray_check_due = False
+        assigned = assigned_partitions(self.cluster.topics.values(), self.config.broker_id)
+        held = {part.prefix for part in self.partitions.values()}
+        deleted: list[str] = []
+        reclaim: list[bytes] = []
+        for stray in stray_partitions(stored_partitions(self.storage), assigned):
+            if stray.prefix in held:
+                continue  # a partition still served: the topic listener drops it, not this scan
+            try:
+                delete_partition_keys(self.storage, stray.prefix)
+            except SluiceError as exc:
+                log.warning("stray partition %s: delete failed (%s); trying again later", stray.describe(), exc)
+                self._stray_check_due = True
+                continue
+            log.info(
+                "deleted stray partition %s: the metadata does not assign it to broker %d",
+                stray.describe(),
+                self.config.broker_id,
+            )
+            deleted.append(stray.describe())
+            reclaim.append(stray.prefix)
+        self._reclaim(reclaim)
+        return deleted
+
+    def delete_stray_partitions_if_due(self) -> list[str]:
+        """:meth:`delete_stray_partitions` after a topic change (or a failed delete), once started."""
+        if not (self._stray_check_ready and self._stray_check_due):
+            return []
+        return self.delete_stray_partitions()
+
+    def _reclaim(self, prefixes: list[bytes]) -> None:
+        """Compact deleted partitions' key ranges on the reclaim thread, so their bytes leave the disk."""
+        if not prefixes:
+            return
+
+        def compact() -> None:
+            for prefix in prefixes:
+                start, end = key_range(prefix)
+                for cf in PARTITION_COLUMN_FAMILIES:
+                    try:
+                        self.storage.compact(cf, start, end)
+                    except Exception:
+                        log.exception("compacting a deleted partition's keys failed")
+                        return
+
+        # shutting down (RuntimeError): RocksDB compacts the range tombstones in its own time
+        with contextlib.suppress(RuntimeError):
+            self._reclaimer.submit(compact)
+
+    def close(self) -> None:
+        """Wait for pending compactions of deleted partitions (before the storage closes)."""
+        self._reclaimer.shutdown(wait=True)
 
     def _tell_leadership(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
         for listener in self.leadership_listeners:

@@ -63,6 +63,10 @@ class Storage(Protocol):
         """The greatest entry in [start, end)."""
         ...
 
+    def compact(self, cf: str, start: bytes, end: bytes) -> None:
+        """Rewrite the files holding keys in [start, end), so deleted keys leave the disk now."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -124,6 +128,9 @@ class RocksStorage:
         if it.valid() and it.key() >= start:
             return it.key(), it.value()
         return None
+
+    def compact(self, cf: str, start: bytes, end: bytes) -> None:
+        self._cfs[cf].compact_range(start, end)
 
     def int_property(self, name: str, *, per_column_family: bool = True) -> int:
         """A RocksDB integer property (``rocksdb.total-sst-files-size`` ...), summed over every column family
