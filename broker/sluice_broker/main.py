@@ -38,6 +38,7 @@ from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import BrokerServicer
 from sluice.broker.txn import TransactionCoordinator
+from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
 
 log = logging.getLogger("sluice.broker")
@@ -230,7 +231,8 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
                 cluster.refresh()
             except Exception:
                 log.exception("metadata refresh failed")
-            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set()
+            # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
+            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set() and not replicas.storage_failure
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await health.set("", status)
             await health.set("sluice.v1.Broker", status)
@@ -250,6 +252,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
             try:
                 replicas.maintain_isr()
                 replicas.delete_stray_partitions_if_due()
+                replicas.report_storage_failure()
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
                     replicas.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()
@@ -295,5 +298,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config, metrics_listen))
+    try:
+        asyncio.run(serve(config, metrics_listen))
+    except KafkaStorageError as exc:  # the log directory cannot be opened (a full disk at start)
+        print(f"sluice broker: {exc}; free space on the data volume and start again", file=sys.stderr)
+        return 1
     return 0

@@ -28,6 +28,15 @@ after every metadata change, partitions on disk that the metadata does not assig
 by topic id, are deleted, and their key ranges compacted on a thread of their own so the space is
 given back without holding up the event loop.
 
+A failed log directory (a full disk: :mod:`sluice.broker.log.storage`) takes every partition
+offline here at once, as Kafka does for the partitions of an offline log dir: this broker stops
+leading and following (coordinators unload), every request for a partition is answered
+KAFKA_STORAGE_ERROR (retriable: clients look the leader up again), and metadata changes touch
+nothing on disk any more. Main turns readiness NOT_SERVING and records the failure in this
+broker's ``brokers/<id>`` document, where the controller reads it and moves leadership to the
+replicas that can write. A restart (after space is freed) starts from what the write-ahead log
+holds and catches up like any returning follower.
+
 Offsets a client was told never go back (docs/architecture.md, "Offsets and
 visibility"): the LSO waits for markers to be below the HW (PartitionLog), and
 a new leader whose HW is still below the start of its own leader epoch answers
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -74,6 +84,8 @@ from sluice.broker.replication.fetcher import (
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import BrokerDocument
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
@@ -117,6 +129,7 @@ class ReplicaManager:
         # Stray partitions are looked for once the first full metadata read is done (main calls
         # delete_stray_partitions), then again after every topic change.
         self._stray_check_ready = False
+        self._failure_reported = False
         self._stray_check_due = False
         # One thread compacts deleted key ranges; close() waits for it before storage closes.
         self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reclaim")
@@ -129,6 +142,7 @@ class ReplicaManager:
             self._notify,
         )
         cluster.listeners.append(self._on_topic_change)
+        storage.failure_listeners.append(self._on_storage_failure)
 
     # -- partitions follow the cluster view ------------------------------------------------------
 
@@ -139,9 +153,61 @@ class ReplicaManager:
 
         return lookup
 
+    @property
+    def storage_failure(self) -> str | None:
+        """Why the log directory is offline, or None while it works."""
+        return self.storage.failure
+
+    def _check_storage(self) -> None:
+        failure = self.storage.failure
+        if failure is not None:
+            raise errors.KafkaStorageError(
+                f"broker {self.config.broker_id}'s log directory is offline ({failure}); "
+                "its partitions are served by other replicas"
+            )
+
+    def _on_storage_failure(self, reason: str) -> None:
+        """The log directory went offline: stop leading and following everything (see the module docstring)."""
+        log.error("log directory offline (%s): broker %d stops leading and following", reason, self.config.broker_id)
+        for key in list(self.leader_of):
+            self.leader_of.discard(key)
+            self.trackers.pop(key, None)
+            self._tell_leadership(key[0], key[1], False, -1)
+        for key in list(self.fetchers.followed):
+            self.fetchers.unfollow(key)
+        self._notify()  # acks=all waits and long polls see the change at once
+        self.report_storage_failure()
+
+    def report_storage_failure(self) -> bool:
+        """Record the offline log directory in this broker's ``brokers/<id>`` document (the controller
+        fences the broker on it). True once recorded; the housekeeping loop calls it again until then."""
+        failure = self.storage.failure
+        if failure is None or self._failure_reported:
+            return self._failure_reported
+
+        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
+            if current is None or current.log_dir_failure == failure:
+                return None
+            return dataclasses.replace(current, log_dir_failure=failure)
+
+        try:
+            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
+        except Exception:
+            log.exception("recording the offline log directory in the metadata failed; trying again")
+            return False
+        self._failure_reported = True
+        return True
+
     def _on_topic_change(self, old: TopicInfo | None, new: TopicInfo | None) -> None:
         me = self.config.broker_id
         self._stray_check_due = True
+        if self.storage.failure is not None:
+            # Offline: nothing on disk changes now. Forget deleted topics; the stray check at the
+            # next start deletes their data.
+            if old is not None and (new is None or new.topic_id != old.topic_id):
+                for p in range(len(old.partitions)):
+                    self.partitions.pop((old.name, p), None)
+            return
         if old is not None and (new is None or new.topic_id != old.topic_id):
             for p in range(len(old.partitions)):
                 self._drop_partition((old.name, p))
@@ -234,7 +300,7 @@ class ReplicaManager:
 
     def delete_stray_partitions_if_due(self) -> list[str]:
         """:meth:`delete_stray_partitions` after a topic change (or a failed delete), once started."""
-        if not (self._stray_check_ready and self._stray_check_due):
+        if not (self._stray_check_ready and self._stray_check_due) or self.storage.failure is not None:
             return []
         return self.delete_stray_partitions()
 
@@ -273,6 +339,7 @@ class ReplicaManager:
         info = self.cluster.topics.get(topic)
         if info is None or not 0 <= partition < len(info.partitions):
             raise errors.UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        self._check_storage()
         part = self.partitions.get((topic, partition))
         if part is None or (topic, partition) not in self.leader_of:
             raise errors.NotLeaderOrFollowerError(
@@ -323,6 +390,7 @@ class ReplicaManager:
         key = (topic, partition)
         deadline = time.monotonic() + timeout_s
         while True:
+            self._check_storage()
             part = self.partitions.get(key)
             if part is None or key not in self.leader_of:
                 raise errors.NotLeaderOrFollowerError(
@@ -597,6 +665,8 @@ class ReplicaManager:
                     self._notify()
 
     def checkpoint_high_watermarks(self) -> None:
+        if self.storage.failure is not None:
+            return  # offline: the restart starts from the last checkpoint, as after a crash
         for part in list(self.partitions.values()):
             try:
                 part.checkpoint_high_watermark()
@@ -718,6 +788,8 @@ class ReplicaManager:
 
     def apply_retention(self) -> None:
         """Retention and compaction, on every replica (each cleans its own copy the same way)."""
+        if self.storage.failure is not None:
+            return
         now = now_ms()
         for key, part in list(self.partitions.items()):
             policy = str(part.config("cleanup.policy")).split(",")

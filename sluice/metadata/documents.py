@@ -104,16 +104,22 @@ class ClusterDocument:
 
 @dataclass(frozen=True)
 class BrokerDocument:
-    """``brokers/<id>``: a broker's endpoint, written by the broker itself at start (never removed)."""
+    """``brokers/<id>``: a broker's endpoint, written by the broker itself at start (never removed).
+
+    ``log_dir_failure`` is set by the broker when its log directory goes offline (a full disk):
+    the controller fences such a broker as if it were dead. A restart writes the document anew,
+    without it.
+    """
 
     broker_id: int
     host: str
     port: int
     rack: str = ""
     started_ms: int = 0
+    log_dir_failure: str = ""
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms")
+    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms", "log_dir_failure")
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -123,6 +129,7 @@ class BrokerDocument:
             port=int(value["port"]),
             rack=str(value.get("rack") or ""),
             started_ms=int(value.get("started_ms", 0)),
+            log_dir_failure=str(value.get("log_dir_failure") or ""),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -134,6 +141,7 @@ class BrokerDocument:
             "port": self.port,
             "rack": self.rack,
             "started_ms": self.started_ms,
+            **({"log_dir_failure": self.log_dir_failure} if self.log_dir_failure else {}),
         }
 
     @property

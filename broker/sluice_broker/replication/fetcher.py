@@ -151,6 +151,9 @@ class ReplicaFetcherManager:
             except grpc.aio.AioRpcError as exc:
                 log.debug("replica fetch from broker %d failed: %s", leader, exc.code())
                 await asyncio.sleep(RETRY_BACKOFF_S)
+            except errors.KafkaStorageError as exc:  # this broker's log directory is offline: no traceback
+                log.warning("replica fetch from broker %d: %s", leader, exc)
+                await asyncio.sleep(RETRY_BACKOFF_S)
             except Exception:
                 log.exception("replica fetch from broker %d failed", leader)
                 await asyncio.sleep(RETRY_BACKOFF_S)

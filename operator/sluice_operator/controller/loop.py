@@ -19,6 +19,11 @@ Lease. Every round it:
    dead)"). A conflict (a leader changed its ISR meanwhile) means re-read
    and re-decide: the decision is a pure function of the document and the
    liveness, so deciding again on the new version is always right.
+   A broker whose ``brokers/<id>`` document names a ``log_dir_failure`` (its disk is full or
+   failing: it can neither lead nor follow) counts as dead whatever its health checks say, as
+   KRaft fences a broker that reports its only log directory offline: it leaves every ISR and
+   its leaderships move at once. The change is logged and reported to ``on_log_dir`` (the
+   Kubernetes controller posts an Event on the broker's Pod); a restart clears the field.
 4. writes the ``controller`` document (:class:`~sluice.metadata.documents.ControllerDocument`)
    when liveness changes: leaders read its ``dead_brokers``.
 
@@ -77,6 +82,8 @@ class Liveness(Protocol):
 
 # Called after each topic document the controller wrote: (key, old document, new document, live, dead).
 ChangeListener = Callable[[str, TopicDocument, TopicDocument, frozenset[int], frozenset[int]], None]
+# Called when a broker's log directory goes offline (broker id, the failure) or is back (broker id, "").
+LogDirListener = Callable[[int, str], None]
 
 
 class ControllerFenced(Exception):
@@ -100,10 +107,13 @@ class ControllerLoop:
         default_unclean: bool = False,
         clock_ms: Callable[[], int] = _now_ms,
         on_change: ChangeListener | None = None,
+        on_log_dir: LogDirListener | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
         self.on_change = on_change
+        self.on_log_dir = on_log_dir
+        self.log_dir_failures: dict[int, str] = {}  # broker id -> why its log directory is offline
         self.preferred_leaders = preferred_leaders
         self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
         self.default_unclean = default_unclean
@@ -133,8 +143,41 @@ class ControllerLoop:
         if epoch > self.epoch:
             raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
 
+    # -- liveness: the detector's, with brokers whose log directory failed counted dead -----------
+
+    @property
+    def live(self) -> frozenset[int]:
+        return self.detector.live - self.log_dir_failures.keys()
+
+    @property
+    def dead(self) -> frozenset[int]:
+        return self.detector.dead | self.log_dir_failures.keys()
+
+    def alive_for(self, seconds: float) -> frozenset[int]:
+        return self.detector.alive_for(seconds) - self.log_dir_failures.keys()
+
+    def _observe_log_dirs(self, failures: dict[int, str]) -> None:
+        for broker_id in sorted(failures.keys() | self.log_dir_failures.keys()):
+            before, now = self.log_dir_failures.get(broker_id, ""), failures.get(broker_id, "")
+            if before == now:
+                continue
+            if now:
+                log.warning(
+                    "broker %d's log directory is offline (%s): fenced like a dead broker, its partitions move",
+                    broker_id,
+                    now,
+                )
+            else:
+                log.info("broker %d's log directory is back online", broker_id)
+            if self.on_log_dir is not None:
+                try:
+                    self.on_log_dir(broker_id, now)
+                except Exception:
+                    log.exception("reporting broker %d's log directory failed", broker_id)
+        self.log_dir_failures = failures
+
     def _publish(self) -> None:
-        live, dead = self.detector.live, self.detector.dead
+        live, dead = self.live, self.dead
         if self._published == (live, dead):
             return
 
@@ -150,13 +193,15 @@ class ControllerLoop:
     # -- one round ------------------------------------------------------------------------------
 
     def registered_brokers(self) -> dict[int, str]:
-        out: dict[int, str] = {}
+        return {b.broker_id: b.address for b in self._broker_documents()}
+
+    def _broker_documents(self) -> list[BrokerDocument]:
+        out: list[BrokerDocument] = []
         for doc in self.store.list(keys.BROKERS):
             if doc.value is None:
                 continue
             try:
-                broker = BrokerDocument.from_json(doc.value)
-                out[broker.broker_id] = broker.address
+                out.append(BrokerDocument.from_json(doc.value))
             except (KeyError, ValueError, TypeError):
                 log.warning("ignoring malformed broker document %s: %r", doc.key, doc.value)
         return out
@@ -164,9 +209,11 @@ class ControllerLoop:
     def run_round(self) -> int:
         """One round: check liveness, reconcile every topic. Returns the number of documents written."""
         self._check_epoch()
-        self.brokers = self.registered_brokers()
+        registered = self._broker_documents()
+        self.brokers = {b.broker_id: b.address for b in registered}
         for change in self.detector.poll(self.brokers):
             log.info("%s", change.describe())
+        self._observe_log_dirs({b.broker_id: b.log_dir_failure for b in registered if b.log_dir_failure})
         self._publish()
         written = 0
         for doc in self.topic_documents():
@@ -187,7 +234,7 @@ class ControllerLoop:
 
     def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
         """Apply the rules to one topic document with compare-and-set; 1 if it was written."""
-        live, dead = self.detector.live, self.detector.dead
+        live, dead = self.live, self.dead
         key = "?" if doc is None else doc.key
         for _ in range(CAS_ATTEMPTS):
             if doc is None:
@@ -195,7 +242,7 @@ class ControllerLoop:
             current = doc.value
             new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
             if self.preferred_leaders:
-                settled = self.detector.alive_for(self.preferred_leader_delay_s)
+                settled = self.alive_for(self.preferred_leader_delay_s)
                 new = restore_preferred_leaders(new or current, settled) or new
             if new is None:
                 return 0
