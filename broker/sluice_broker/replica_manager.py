@@ -71,6 +71,7 @@ from sluice.broker.log.stray import (
     assigned_partitions,
     delete_partition_keys,
     key_range,
+    normalize_topic_id,
     stored_partitions,
     stray_partitions,
 )
@@ -572,6 +573,11 @@ class ReplicaManager:
             key = (fp.topic, fp.partition)
             try:
                 part = self.leader_partition(fp.topic, fp.partition)
+                if fp.topic_id and normalize_topic_id(fp.topic_id) != normalize_topic_id(part.topic_id):
+                    raise errors.UnknownTopicOrPartitionError(
+                        f"{fp.topic}-{fp.partition} of topic id {fp.topic_id} is gone: the topic now has id "
+                        f"{part.topic_id} (deleted and created again)",
+                    )
                 check_epoch(part, fp.current_leader_epoch)
                 info = self.cluster.topics[fp.topic].partitions[fp.partition]
                 if req.replica_id not in info.replicas:
