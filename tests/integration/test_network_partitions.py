@@ -11,14 +11,24 @@ counters dropped packets) and removes every rule in a finally block.
   acknowledges no acks=all write: a write sent to it during the cut fails, the majority elects
   a new leader and goes on, and after healing the old leader rejoins and the write it was sent
   is nowhere (it truncated it away as a follower).
+- The queue workload (:mod:`tests.integration.queue_workload`) under kill -9, SIGSTOP and
+  partition of a partition's leader, three rounds each: the checker's verdict (every committed
+  value read exactly once and in order per partition, nothing aborted visible, unknown outcomes
+  all or nothing, no offset regress) is printed in the test output (``pytest -s``) and must be
+  VALID. ``SLUICE_QUEUE_FAULT_ROUNDS`` sets the rounds.
 
 Every wait is bounded in time; every loop in count.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
@@ -26,6 +36,7 @@ from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
 
+from . import queue_workload
 from .helpers import OffsetMonitor, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
@@ -110,3 +121,104 @@ def test_a_leader_cut_off_from_followers_and_controller_acknowledges_nothing(tmp
                 f"then {pb.ErrorCode.Name(late.error_code)}; new leader {new['leader']} at epoch {new['leader_epoch']}"
             )
             admin.close()
+
+
+# -- the queue workload under kill, pause and partition ----------------------------------------------
+
+QUEUE_ROUNDS = int(os.environ.get("SLUICE_QUEUE_FAULT_ROUNDS", "3"))
+
+
+def inject(cluster: LocalCluster, net: NetworkPartitions, fault: str, victim: int, hold_s: float) -> None:
+    """One fault on broker ``victim`` for ``hold_s`` seconds, then recovery (bounded)."""
+    if fault == "kill":
+        cluster.kill(victim)
+        time.sleep(hold_s)
+        cluster.restart(victim, timeout=90)
+    elif fault == "pause":
+        cluster.pause(victim)
+        try:
+            time.sleep(hold_s)
+        finally:
+            cluster.resume(victim)
+    else:
+        net.isolate(endpoints(cluster)[victim], endpoints(cluster))
+        try:
+            time.sleep(hold_s)
+            assert net.dropped_packets() > 0, "the partition dropped nothing"
+        finally:
+            net.heal()
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause", "partition"])
+def test_the_queue_workload_under_faults(tmp_path: Path, fault: str) -> None:
+    rng = random.Random(f"queue-{fault}")
+    with NetworkPartitions(tmp_path / "net") as net:
+        cluster = LocalCluster(
+            brokers=3,
+            data_dir=tmp_path,
+            config={"min.insync.replicas": "2", "replica.lag.time.max.ms": "3000"},
+            failure_timeout_ms=1500,
+            python=net.python,
+        )
+        with cluster:
+            admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+            admin.create_topic("queue", partitions=queue_workload.PARTITIONS, replication_factor=3)
+            admin.close()
+            tps = [TopicPartition("queue", p) for p in range(queue_workload.PARTITIONS)]
+            producer = queue_workload.QueueProducer(cluster.bootstrap_servers, "queue", max_seconds=240)
+            reader = queue_workload.LiveReader(cluster.bootstrap_servers, "queue")
+            monitor = OffsetMonitor(cluster.bootstrap_servers, tps, interval=0.25).start()
+            producer.start()
+            reader.start()
+            try:
+                wait_for(lambda: len(producer.committed) >= 5, timeout=60, what="transactions before the faults")
+                for _ in range(QUEUE_ROUNDS):
+                    # the leader of a partition: the broker whose loss matters most
+                    victim = cluster.leader("queue", rng.randrange(queue_workload.PARTITIONS))
+                    if victim < 0:
+                        victim = rng.randrange(3)
+                    before = len(producer.committed)
+                    inject(cluster, net, fault, victim, hold_s=rng.uniform(2.5, 4.0))
+                    cluster.wait_until_healthy(timeout=90)
+                    wait_for(
+                        lambda before=before: len(producer.committed) > before,  # type: ignore[misc]
+                        timeout=90,
+                        what=f"commits after the {fault}",
+                    )
+                settled = len(producer.committed)
+                wait_for(
+                    lambda: len(producer.committed) >= settled + 5, timeout=90, what="commits after the last fault"
+                )
+            finally:
+                net.heal()
+                producer.stop()
+            final = read_topic(cluster.bootstrap_servers, "queue", limit_s=120)
+            reader.stop()
+            monitor.stop()
+            verdict = queue_workload.check(producer, final, reader, monitor.regressions())
+            print(
+                f"\n{verdict.summary(fault)}\n  producer restarts {producer.restarts}, errors {dict(producer.errors)}"
+            )
+    assert verdict.committed >= 5 + QUEUE_ROUNDS + 5, verdict.summary(fault)  # it ran through every fault
+    assert verdict.valid, verdict.summary(fault)
+
+
+def test_the_queue_checker_finds_each_kind_of_anomaly() -> None:
+    """The checker itself: a verdict that can only say VALID would prove nothing."""
+    producer = queue_workload.QueueProducer("unused:1", "queue")
+    ok, gone, twice, ghost = b"p0:000000:t0", b"p1:000000:t0", b"p2:000000:t0", b"p0:000001:t1"
+    half_a, half_b = b"p1:000001:t2", b"p2:000001:t2"
+    producer.committed = [[ok, gone, twice]]
+    producer.aborted = [[ghost]]
+    producer.unknown = [[half_a, half_b]]
+    final = [(0, 0, None, ok), (2, 0, None, twice), (2, 1, None, twice), (0, 1, None, ghost), (1, 2, None, half_a)]
+    live = queue_workload.LiveReader("unused:1", "queue")
+    live.records = [(0, 5, ok), (0, 4, ghost)]  # offsets going back, and an aborted value seen live
+    verdict = queue_workload.check(producer, final, live, ["HW of queue-0 went back 5 -> 4"])
+    assert not verdict.valid
+    assert verdict.lost == [gone.decode()]
+    assert any("p2:000000:t0 x2" in d for d in verdict.duplicated)
+    assert verdict.aborted_visible == [ghost.decode()]
+    assert verdict.partial and verdict.unknown_visible == 1
+    assert verdict.out_of_order and verdict.offset_regressions
+    assert "INVALID" in verdict.summary("self-test")
