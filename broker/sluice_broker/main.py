@@ -253,6 +253,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
                 replicas.maintain_isr()
                 replicas.delete_stray_partitions_if_due()
                 replicas.report_storage_failure()
+                replicas.check_log_dir_space()
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
                     replicas.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()

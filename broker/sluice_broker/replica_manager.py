@@ -63,6 +63,7 @@ from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
 from sluice.broker.errors import answer
+from sluice.broker.log.dir_space import LowSpaceTracker, read_space
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage
@@ -131,6 +132,8 @@ class ReplicaManager:
         # delete_stray_partitions), then again after every topic change.
         self._stray_check_ready = False
         self._failure_reported = False
+        self._space = LowSpaceTracker(config.int("log.dir.free.space.warn.percent"))
+        self._space_unreported: bool | None = None  # a low-space change not yet in the metadata
         self._stray_check_due = False
         # One thread compacts deleted key ranges; close() waits for it before storage closes.
         self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reclaim")
@@ -178,6 +181,49 @@ class ReplicaManager:
             self.fetchers.unfollow(key)
         self._notify()  # acks=all waits and long polls see the change at once
         self.report_storage_failure()
+
+    def check_log_dir_space(self) -> None:
+        """Read the data volume's free space; record a change of "low" in this broker's document.
+
+        Called every housekeeping round, offline or not (statvfs needs no RocksDB). See
+        :mod:`sluice.broker.log.dir_space`; a failed metadata write is tried again next round.
+        """
+        try:
+            reading = read_space(self.config.data_dir)
+        except OSError as exc:
+            log.warning("cannot read the free space of %s: %s", self.config.data_dir, exc)
+            return
+        change = self._space.observe(reading)
+        if change is not None:
+            self._space_unreported = change
+            if change:
+                log.warning(
+                    "data volume low on space: %s (warning below %d%%: log.dir.free.space.warn.percent)",
+                    reading.describe(),
+                    self.config.int("log.dir.free.space.warn.percent"),
+                )
+            else:
+                log.info("data volume has space again: %s", reading.describe())
+        low = self._space_unreported
+        if low is None:
+            return
+
+        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
+            if current is None:
+                return None
+            return dataclasses.replace(
+                current,
+                log_dir_low_space=low,
+                log_dir_free_bytes=reading.free_bytes if low else -1,
+                log_dir_size_bytes=reading.size_bytes if low else -1,
+            )
+
+        try:
+            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
+        except Exception:
+            log.exception("recording the data volume's free space in the metadata failed; trying again")
+            return
+        self._space_unreported = None
 
     def report_storage_failure(self) -> bool:
         """Record the offline log directory in this broker's ``brokers/<id>`` document (the controller

@@ -5,6 +5,7 @@ small tmpfs of its own (mounted by the test: it runs as root, as CI does). While
 acks=all producer writes, the test fills that filesystem with a file of its own, the way any
 other writer on a shared volume would. Then, each bounded in time:
 
+- broker 2 warns that its volume is low on space (the controller logs it);
 - broker 2 answers every request KAFKA_STORAGE_ERROR (retriable), its readiness turns
   NOT_SERVING (liveness stays SERVING: restarting it would not free space), its metrics say
   ``sluice_log_dir_offline 1``, and the controller fences it: leadership of every partition
@@ -125,6 +126,12 @@ def test_a_full_disk_moves_leadership_away_and_the_broker_comes_back_when_space_
 
                 wait_for(moved, timeout=30, what="leadership and ISR membership off broker 2")
                 assert "broker 2's log directory is offline" in cluster.controller.log_path.read_text()
+                # the low-space warning (log.dir.free.space.warn.percent, 5 by default) reached the controller
+                wait_for(
+                    lambda: "broker 2's data volume is low on space" in cluster.controller.log_path.read_text(),
+                    timeout=30,
+                    what="the low-space warning",
+                )
                 count = len(writer.acked)
                 wait_for(lambda: len(writer.acked) > count + 200, timeout=60, what="writes without broker 2")
 
@@ -141,6 +148,9 @@ def test_a_full_disk_moves_leadership_away_and_the_broker_comes_back_when_space_
                 )
                 count = len(writer.acked)
                 wait_for(lambda: len(writer.acked) > count + 100, timeout=60, what="writes after the return")
+                controller_log = cluster.controller.log_path.read_text()
+                assert "broker 2's log directory is back online" in controller_log
+                assert "broker 2's data volume has space again" in controller_log
             finally:
                 writer.stop()
             log = cluster.broker(FULL).log_path.read_text()

@@ -6,8 +6,9 @@ test (root, as CI runs). While a producer writes, the test fills that filesystem
 ``log_dir_failure`` in its ``brokers/2`` document through the API server, and the operator's
 controller moves every leadership off it and out of every ISR (the Pod stays Ready: what moves
 leadership is the document, not the readiness probe, which the test plays the kubelet for) and
-posts a Warning Event ``LogDirOffline`` on Pod ``sluice-broker-2``. After a clean stop (exit 0),
-freed space and a restart, ``LogDirOnline`` follows and broker 2 is back in every ISR. Nothing
+posts Warning Events ``LogDirOffline`` and ``LogDirLowSpace`` on Pod ``sluice-broker-2``. After a
+clean stop (exit 0), freed space and a restart, ``LogDirOnline`` and ``LogDirSpaceOk`` follow and
+broker 2 is back in every ISR. Nothing
 acknowledged is lost. Every wait is bounded.
 """
 
@@ -125,12 +126,15 @@ def test_a_full_disk_is_fenced_by_the_operator_with_an_event_on_the_pod(sluice: 
     assert "No space left on device" in broker_doc.value.get("log_dir_failure", "")
     offline = wait_for(lambda: pod_events(sluice, "LogDirOffline"), 30, "the LogDirOffline Event", sluice)
     assert offline[0]["type"] == "Warning" and "log directory is offline" in offline[0]["message"]
+    low = wait_for(lambda: pod_events(sluice, "LogDirLowSpace"), 30, "the LogDirLowSpace Event", sluice)
+    assert low[0]["type"] == "Warning" and "MiB free of" in low[0]["message"]
     write(100)  # the two others go on
 
     assert sluice.brokers[FULL].stop(timeout=60) == 0, sluice.brokers[FULL].log_tail()
     (sluice.workdir / f"broker-{FULL}" / "filler").unlink()
     sluice.restart(FULL)
     wait_for(lambda: pod_events(sluice, "LogDirOnline"), 60, "the LogDirOnline Event", sluice)
+    wait_for(lambda: pod_events(sluice, "LogDirSpaceOk"), 60, "the LogDirSpaceOk Event", sluice)
     wait_for(
         lambda: all(FULL in p["isr"] for p in (sluice.topic_doc("disk") or {}).get("partitions", [])),
         90,

@@ -1,4 +1,5 @@
-"""The controller fences a broker whose log directory is offline (issue 13, section 2).
+"""The controller fences a broker whose log directory is offline (issue 13, section 2), and reports
+one whose data volume runs low on space without fencing it.
 
 The broker records the failure in its ``brokers/<id>`` document; the controller loop, over a real
 SQLite MetadataStore with health checks that keep saying SERVING, treats it as dead: its
@@ -81,4 +82,34 @@ def test_a_broker_with_an_offline_log_dir_is_fenced_until_it_restarts(
     store.compare_and_set(doc2.key, value, doc2.version)
     controller.run_round()
     assert partitions(store)[0]["leader"] == 0
+    store.close()
+
+
+def test_low_space_is_reported_once_per_change_and_fences_nobody(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_store(str(tmp_path / "metadata.sqlite"))
+    for b in range(3):
+        set_failure(store, b, "")
+    doc = new_topic("orders", "id", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
+    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
+    heard: list[tuple[int, bool, int, int]] = []
+    controller = ControllerLoop(
+        store, FailureDetector(always_serving, timeout_ms=1000), on_log_dir_space=lambda *a: heard.append(a)
+    )
+    controller.claim()
+    controller.run_round()
+    low = BrokerDocument(1, "127.0.0.1", 9001, log_dir_low_space=True, log_dir_free_bytes=3 << 20,
+                         log_dir_size_bytes=100 << 20)  # fmt: skip
+    assert BrokerDocument.from_json(low.to_json()) == low
+    documents.update_document(store, keys.broker(1), BrokerDocument, lambda _v: low)
+    with caplog.at_level(logging.INFO, logger="sluice.operator.controller"):
+        controller.run_round()
+        controller.run_round()
+    assert heard == [(1, True, 3 << 20, 100 << 20)]
+    assert "broker 1's data volume is low on space: 3.0 MiB free of 100.0 MiB" in caplog.text
+    assert [p["leader"] for p in partitions(store)] == [0, 1, 2]  # a warning, not a fence
+    set_failure(store, 1, "")
+    controller.run_round()
+    assert heard[-1] == (1, False, -1, -1)
     store.close()

@@ -27,7 +27,9 @@ Kopf's event loop, so a burst of resource events never delays a failover:
   ``IsrShrunk``) naming every leadership move, on the Topic (or Coordinator,
   for internal topics) it concerns, else on the new leader's Pod. A broker whose log
   directory goes offline (a full disk) gets a Warning Event ``LogDirOffline`` on its Pod, and
-  ``LogDirOnline`` when it is back. Events are posted from a queue by their own thread.
+  ``LogDirOnline`` when it is back; one whose data volume runs low on space (below
+  ``log.dir.free.space.warn.percent`` free), ``LogDirLowSpace`` and later ``LogDirSpaceOk``.
+  Events are posted from a queue by their own thread.
 * **Status projection.** Topic and Coordinator statuses follow the
   ``topics/<name>`` documents (partitions, leaders, ISR, epochs, Ready)
   through the store's watch: a leadership move or an ISR change by a leader
@@ -269,6 +271,7 @@ class KubernetesController:
             self.liveness,
             on_change=self._on_change,
             on_log_dir=self._on_log_dir,
+            on_log_dir_space=self._on_log_dir_space,
             preferred_leader_delay_ms=int(preferred_leader_delay_s * 1000),
         )
         self.leading = threading.Event()
@@ -473,6 +476,17 @@ class KubernetesController:
             reason, warning = "LogDirOnline", False
             message = f"broker {broker_id}'s log directory is back online"
         self.events.record_later(lambda: self._broker_pod(broker_id), reason, message, warning)
+
+    def _on_log_dir_space(self, broker_id: int, low: bool, free: int, size: int) -> None:
+        """Queue the Event for a broker whose data volume runs low on space (or has space again)."""
+        if low:
+            mib = 1024 * 1024
+            reason, message = "LogDirLowSpace", (
+                f"broker {broker_id}'s data volume is low on space: {free / mib:.1f} MiB free of {size / mib:.1f} MiB"
+            )
+        else:
+            reason, message = "LogDirSpaceOk", f"broker {broker_id}'s data volume has space again"
+        self.events.record_later(lambda: self._broker_pod(broker_id), reason, message, low)
 
     def _broker_pod(self, broker_id: int) -> dict[str, Any] | None:
         pod = self.liveness.pods().get(broker_id)

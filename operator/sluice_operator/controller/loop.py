@@ -24,6 +24,8 @@ Lease. Every round it:
    KRaft fences a broker that reports its only log directory offline: it leaves every ISR and
    its leaderships move at once. The change is logged and reported to ``on_log_dir`` (the
    Kubernetes controller posts an Event on the broker's Pod); a restart clears the field.
+   ``log_dir_low_space`` (the data volume nearly full) is only a warning: logged and reported to
+   ``on_log_dir_space`` when it changes, nothing else.
 4. writes the ``controller`` document (:class:`~sluice.metadata.documents.ControllerDocument`)
    when liveness changes: leaders read its ``dead_brokers``.
 
@@ -84,6 +86,8 @@ class Liveness(Protocol):
 ChangeListener = Callable[[str, TopicDocument, TopicDocument, frozenset[int], frozenset[int]], None]
 # Called when a broker's log directory goes offline (broker id, the failure) or is back (broker id, "").
 LogDirListener = Callable[[int, str], None]
+# Called when a broker's data volume runs low on space or has space again: (broker id, low, free, size).
+LogDirSpaceListener = Callable[[int, bool, int, int], None]
 
 
 class ControllerFenced(Exception):
@@ -108,12 +112,15 @@ class ControllerLoop:
         clock_ms: Callable[[], int] = _now_ms,
         on_change: ChangeListener | None = None,
         on_log_dir: LogDirListener | None = None,
+        on_log_dir_space: LogDirSpaceListener | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
         self.on_change = on_change
         self.on_log_dir = on_log_dir
         self.log_dir_failures: dict[int, str] = {}  # broker id -> why its log directory is offline
+        self.on_log_dir_space = on_log_dir_space
+        self.low_space: set[int] = set()  # brokers whose data volume is nearly full
         self.preferred_leaders = preferred_leaders
         self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
         self.default_unclean = default_unclean
@@ -176,6 +183,28 @@ class ControllerLoop:
                     log.exception("reporting broker %d's log directory failed", broker_id)
         self.log_dir_failures = failures
 
+    def _observe_space(self, brokers: list[BrokerDocument]) -> None:
+        low = {b.broker_id for b in brokers if b.log_dir_low_space}
+        for b in brokers:
+            if (b.broker_id in low) == (b.broker_id in self.low_space):
+                continue
+            if b.log_dir_low_space:
+                mib = 1024 * 1024
+                log.warning(
+                    "broker %d's data volume is low on space: %.1f MiB free of %.1f MiB",
+                    b.broker_id,
+                    b.log_dir_free_bytes / mib,
+                    b.log_dir_size_bytes / mib,
+                )
+            else:
+                log.info("broker %d's data volume has space again", b.broker_id)
+            if self.on_log_dir_space is not None:
+                try:
+                    self.on_log_dir_space(b.broker_id, b.log_dir_low_space, b.log_dir_free_bytes, b.log_dir_size_bytes)
+                except Exception:
+                    log.exception("reporting broker %d's free space failed", b.broker_id)
+        self.low_space = low
+
     def _publish(self) -> None:
         live, dead = self.live, self.dead
         if self._published == (live, dead):
@@ -214,6 +243,7 @@ class ControllerLoop:
         for change in self.detector.poll(self.brokers):
             log.info("%s", change.describe())
         self._observe_log_dirs({b.broker_id: b.log_dir_failure for b in registered if b.log_dir_failure})
+        self._observe_space(registered)
         self._publish()
         written = 0
         for doc in self.topic_documents():
