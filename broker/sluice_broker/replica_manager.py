@@ -132,6 +132,10 @@ class ReplicaManager:
         # delete_stray_partitions), then again after every topic change.
         self._stray_check_ready = False
         self._failure_reported = False
+        try:  # the loop the broker runs on (None when built outside one, as unit tests do)
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
         self._space = LowSpaceTracker(config.int("log.dir.free.space.warn.percent"))
         self._space_unreported: bool | None = None  # a low-space change not yet in the metadata
         self._stray_check_due = False
@@ -171,6 +175,27 @@ class ReplicaManager:
             )
 
     def _on_storage_failure(self, reason: str) -> None:
+        """Storage's failure listener: handle it on the event loop, after the failing call has unwound.
+
+        The listener runs inside the call that failed (an append half way through a coordinator's
+        write, say) or on the reclaim thread (a compaction): neither may change leadership state
+        there and then. The failing call raises KafkaStorageError by itself; every other request
+        is refused by ``_check_storage`` meanwhile.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._handle_storage_failure(reason)
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.call_soon(self._handle_storage_failure, reason)
+        else:
+            loop.call_soon_threadsafe(self._handle_storage_failure, reason)
+
+    def _handle_storage_failure(self, reason: str) -> None:
         """The log directory went offline: stop leading and following everything (see the module docstring)."""
         log.error("log directory offline (%s): broker %d stops leading and following", reason, self.config.broker_id)
         for key in list(self.leader_of):
