@@ -66,8 +66,9 @@ from sluice.broker.errors import answer
 from sluice.broker.log.dir_space import LowSpaceTracker, read_space
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
-from sluice.broker.log.storage import Storage
+from sluice.broker.log.storage import Storage, WriteSet
 from sluice.broker.log.stray import (
+    CLUSTER_ID_KEY,
     PARTITION_COLUMN_FAMILIES,
     assigned_partitions,
     delete_partition_keys,
@@ -132,6 +133,7 @@ class ReplicaManager:
         # delete_stray_partitions), then again after every topic change.
         self._stray_check_ready = False
         self._failure_reported = False
+        self._cluster_mismatch_logged = False
         try:  # the loop the broker runs on (None when built outside one, as unit tests do)
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -347,6 +349,8 @@ class ReplicaManager:
         """
         self._stray_check_ready = True
         self._stray_check_due = False
+        if not self._same_cluster():
+            return []
         assigned = assigned_partitions(self.cluster.topics.values(), self.config.broker_id)
         held = {part.prefix for part in self.partitions.values()}
         deleted: list[str] = []
@@ -369,6 +373,29 @@ class ReplicaManager:
             reclaim.append(stray.prefix)
         self._reclaim(reclaim)
         return deleted
+
+    def _same_cluster(self) -> bool:
+        """Whether this data directory belongs to the metadata's cluster (recorded on first use)."""
+        current = self.cluster.cluster_id
+        if not current:
+            return False
+        stored = self.storage.get("partition_meta", CLUSTER_ID_KEY)
+        if stored is None:
+            ws = WriteSet()
+            ws.put("partition_meta", CLUSTER_ID_KEY, current.encode())
+            self.storage.write(ws)
+            return True
+        if stored.decode() == current:
+            return True
+        if not self._cluster_mismatch_logged:
+            log.error(
+                "the data directory belongs to cluster %s but the metadata is cluster %s: stray partitions are "
+                "NOT deleted (is --metadata the right store?)",
+                stored.decode(),
+                current,
+            )
+            self._cluster_mismatch_logged = True
+        return False
 
     def delete_stray_partitions_if_due(self) -> list[str]:
         """:meth:`delete_stray_partitions` after a topic change (or a failed delete), once started."""

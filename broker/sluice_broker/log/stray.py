@@ -16,7 +16,8 @@ writes one record at creation (and deletes it last, after its data): a partition
 metadata record is gone holds no data either.
 
 Pure functions over what was read; the replica manager decides when to run them (at start,
-once the first full metadata read is done, and after every metadata change) and deletes.
+once the first full metadata read is done, and after every metadata change) and deletes, and only
+while the data directory's recorded cluster id (:data:`CLUSTER_ID_KEY`) is the metadata's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ from sluice.broker.log.storage import Storage, WriteSet
 from sluice.metadata.documents import TopicDocument
 
 _PARTITION = struct.Struct(">I")
+# The id of the cluster whose metadata this data directory follows, kept in partition_meta under a
+# key that is not PREFIX_BYTES long (so never taken for a partition). A broker pointed at another
+# cluster's metadata (a new metadata file, the wrong namespace) would find every partition stray:
+# like Kafka's cluster id check in meta.properties, stray deletion then stops instead.
+CLUSTER_ID_KEY = b"sluice.cluster-id"
 TOPIC_ID_BYTES = 16
 PREFIX_BYTES = TOPIC_ID_BYTES + _PARTITION.size
 # every column family that holds a partition's keys under its prefix; partition_meta last
