@@ -12,8 +12,8 @@ other writer on a shared volume would. Then, each bounded in time:
   moves to a broker that can write and it leaves every ISR, so acks=all goes on with two;
 - a topic deleted meanwhile is deleted without an error (its data on broker 2 goes when the
   broker restarts, as a stray partition);
-- a clean stop exits 0; started again once the space is freed, broker 2 catches up and
-  rejoins every ISR;
+- a clean stop exits 0; started on the still-full disk it exits 1 saying to free space; started
+  again once the space is freed, broker 2 catches up and rejoins every ISR;
 - no acknowledged record is lost and none is stored twice.
 """
 
@@ -139,6 +139,13 @@ def test_a_full_disk_moves_leadership_away_and_the_broker_comes_back_when_space_
                 assert cluster.topic_document("doomed") is None
 
                 assert cluster.stop(FULL, timeout=60) == 0, cluster.broker(FULL).log_tail()
+                # started again while the disk is still full, it says what to do and exits 1
+                cluster.broker(FULL).start()
+                wait_for(
+                    lambda: not cluster.broker(FULL).is_alive(), timeout=60, what="the start on a full disk to fail"
+                )
+                assert cluster.broker(FULL).returncode == 1
+                assert "free space on the data volume and start again" in cluster.broker(FULL).log_tail()
                 filler.unlink()
                 cluster.restart(FULL, timeout=90)
                 wait_for(
