@@ -64,6 +64,8 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # controlled shutdown: on SIGTERM, hand leaderships over before stopping (broker/sluice_broker/main.py)
     "controlled.shutdown.enable": (bool, True),
     "controlled.shutdown.timeout.ms": (int, 30_000),
+    # the data volume: warn (brokers/<id> document, controller log, Kubernetes Event) below this % free
+    "log.dir.free.space.warn.percent": (int, 5),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }
@@ -192,6 +194,8 @@ class BrokerConfig:
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
+        if not 0 <= values["log.dir.free.space.warn.percent"] <= 100:
+            raise ConfigError("log.dir.free.space.warn.percent must be in [0, 100] (0: no warning)")
         return cls(broker_id, host, port, data_dir, metadata_url, values)
 
     def get(self, key: str) -> Any:

@@ -39,6 +39,7 @@ from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.server import BrokerServicer
 from sluice.broker.txn import TransactionCoordinator
+from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
 
 log = logging.getLogger("sluice.broker")
@@ -219,6 +220,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     await wait_for_brokers(cluster, config)
     cluster.ensure_internal_topics()
     cluster.refresh()
+    replicas.delete_stray_partitions()  # the whole metadata is read now: what it does not assign goes
     replicas.fetchers.start()
 
     stopping = asyncio.Event()
@@ -237,7 +239,8 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
                 cluster.refresh()
             except Exception:
                 log.exception("metadata refresh failed")
-            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set()
+            # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
+            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set() and not replicas.storage_failure
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await health.set("", status)
             await health.set("sluice.v1.Broker", status)
@@ -256,6 +259,9 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
             await asyncio.sleep(interval)
             try:
                 replicas.maintain_isr()
+                replicas.delete_stray_partitions_if_due()
+                replicas.report_storage_failure()
+                replicas.check_log_dir_space()
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
                     replicas.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()
@@ -283,6 +289,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     await replicas.channels.close()
     await groups.stop()
     await txn.stop()
+    replicas.close()
     storage.close()
     store.close()
 
@@ -304,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         asyncio.run(serve(config, metrics_listen))
+    except KafkaStorageError as exc:  # the log directory cannot be opened (a full disk at start)
+        print(f"sluice broker: {exc}; free space on the data volume and start again", file=sys.stderr)
+        return 1
     finally:
         tracing.shutdown()  # flushes the last spans
     return 0

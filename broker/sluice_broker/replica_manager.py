@@ -21,6 +21,22 @@ replica.lag.time.max.ms leaves the ISR, and one that caught up rejoins it; both
 are compare-and-set into the topic document, and only while this broker is
 still the leader at its epoch there, so a deposed leader cannot change an ISR.
 
+Stray partitions (:mod:`sluice.broker.log.stray`): a topic deleted, or deleted and created
+again under its name, while this broker was down leaves keys nobody would ever delete. At start
+(:meth:`ReplicaManager.delete_stray_partitions`, once the first full metadata read is done) and
+after every metadata change, partitions on disk that the metadata does not assign to this broker,
+by topic id, are deleted, and their key ranges compacted on a thread of their own so the space is
+given back without holding up the event loop.
+
+A failed log directory (a full disk: :mod:`sluice.broker.log.storage`) takes every partition
+offline here at once, as Kafka does for the partitions of an offline log dir: this broker stops
+leading and following (coordinators unload), every request for a partition is answered
+KAFKA_STORAGE_ERROR (retriable: clients look the leader up again), and metadata changes touch
+nothing on disk any more. Main turns readiness NOT_SERVING and records the failure in this
+broker's ``brokers/<id>`` document, where the controller reads it and moves leadership to the
+replicas that can write. A restart (after space is freed) starts from what the write-ahead log
+holds and catches up like any returning follower.
+
 Offsets a client was told never go back (docs/architecture.md, "Offsets and
 visibility"): the LSO waits for markers to be below the HW (PartitionLog), and
 a new leader whose HW is still below the start of its own leader epoch answers
@@ -32,10 +48,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
@@ -45,9 +63,20 @@ from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
 from sluice.broker.errors import answer
+from sluice.broker.log.dir_space import LowSpaceTracker, read_space
 from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
-from sluice.broker.log.storage import Storage
+from sluice.broker.log.storage import Storage, WriteSet
+from sluice.broker.log.stray import (
+    CLUSTER_ID_KEY,
+    PARTITION_COLUMN_FAMILIES,
+    assigned_partitions,
+    delete_partition_keys,
+    key_range,
+    normalize_topic_id,
+    stored_partitions,
+    stray_partitions,
+)
 from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
@@ -58,6 +87,8 @@ from sluice.broker.replication.fetcher import (
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import BrokerDocument
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
@@ -98,6 +129,20 @@ class ReplicaManager:
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._data_arrived = asyncio.Event()
+        # Stray partitions are looked for once the first full metadata read is done (main calls
+        # delete_stray_partitions), then again after every topic change.
+        self._stray_check_ready = False
+        self._failure_reported = False
+        self._cluster_mismatch_logged = False
+        try:  # the loop the broker runs on (None when built outside one, as unit tests do)
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        self._space = LowSpaceTracker(config.int("log.dir.free.space.warn.percent"))
+        self._space_unreported: bool | None = None  # a low-space change not yet in the metadata
+        self._stray_check_due = False
+        # One thread compacts deleted key ranges; close() waits for it before storage closes.
+        self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reclaim")
         self.channels = channels or BrokerChannels(cluster)
         self.fetchers = ReplicaFetcherManager(
             config.broker_id,
@@ -107,6 +152,7 @@ class ReplicaManager:
             self._notify,
         )
         cluster.listeners.append(self._on_topic_change)
+        storage.failure_listeners.append(self._on_storage_failure)
 
     # -- partitions follow the cluster view ------------------------------------------------------
 
@@ -117,19 +163,128 @@ class ReplicaManager:
 
         return lookup
 
+    @property
+    def storage_failure(self) -> str | None:
+        """Why the log directory is offline, or None while it works."""
+        return self.storage.failure
+
+    def _check_storage(self) -> None:
+        failure = self.storage.failure
+        if failure is not None:
+            raise errors.KafkaStorageError(
+                f"broker {self.config.broker_id}'s log directory is offline ({failure}); "
+                "its partitions are served by other replicas"
+            )
+
+    def _on_storage_failure(self, reason: str) -> None:
+        """Storage's failure listener: handle it on the event loop, after the failing call has unwound.
+
+        The listener runs inside the call that failed (an append half way through a coordinator's
+        write, say) or on the reclaim thread (a compaction): neither may change leadership state
+        there and then. The failing call raises KafkaStorageError by itself; every other request
+        is refused by ``_check_storage`` meanwhile.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._handle_storage_failure(reason)
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.call_soon(self._handle_storage_failure, reason)
+        else:
+            loop.call_soon_threadsafe(self._handle_storage_failure, reason)
+
+    def _handle_storage_failure(self, reason: str) -> None:
+        """The log directory went offline: stop leading and following everything (see the module docstring)."""
+        log.error("log directory offline (%s): broker %d stops leading and following", reason, self.config.broker_id)
+        for key in list(self.leader_of):
+            self.leader_of.discard(key)
+            self.trackers.pop(key, None)
+            self._tell_leadership(key[0], key[1], False, -1)
+        for key in list(self.fetchers.followed):
+            self.fetchers.unfollow(key)
+        self._notify()  # acks=all waits and long polls see the change at once
+        self.report_storage_failure()
+
+    def check_log_dir_space(self) -> None:
+        """Read the data volume's free space; record a change of "low" in this broker's document.
+
+        Called every housekeeping round, offline or not (statvfs needs no RocksDB). See
+        :mod:`sluice.broker.log.dir_space`; a failed metadata write is tried again next round.
+        """
+        try:
+            reading = read_space(self.config.data_dir)
+        except OSError as exc:
+            log.warning("cannot read the free space of %s: %s", self.config.data_dir, exc)
+            return
+        change = self._space.observe(reading)
+        if change is not None:
+            self._space_unreported = change
+            if change:
+                log.warning(
+                    "data volume low on space: %s (warning below %d%%: log.dir.free.space.warn.percent)",
+                    reading.describe(),
+                    self.config.int("log.dir.free.space.warn.percent"),
+                )
+            else:
+                log.info("data volume has space again: %s", reading.describe())
+        low = self._space_unreported
+        if low is None:
+            return
+
+        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
+            if current is None:
+                return None
+            return dataclasses.replace(
+                current,
+                log_dir_low_space=low,
+                log_dir_free_bytes=reading.free_bytes if low else -1,
+                log_dir_size_bytes=reading.size_bytes if low else -1,
+            )
+
+        try:
+            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
+        except Exception:
+            log.exception("recording the data volume's free space in the metadata failed; trying again")
+            return
+        self._space_unreported = None
+
+    def report_storage_failure(self) -> bool:
+        """Record the offline log directory in this broker's ``brokers/<id>`` document (the controller
+        fences the broker on it). True once recorded; the housekeeping loop calls it again until then."""
+        failure = self.storage.failure
+        if failure is None or self._failure_reported:
+            return self._failure_reported
+
+        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
+            if current is None or current.log_dir_failure == failure:
+                return None
+            return dataclasses.replace(current, log_dir_failure=failure)
+
+        try:
+            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
+        except Exception:
+            log.exception("recording the offline log directory in the metadata failed; trying again")
+            return False
+        self._failure_reported = True
+        return True
+
     def _on_topic_change(self, old: TopicInfo | None, new: TopicInfo | None) -> None:
         me = self.config.broker_id
+        self._stray_check_due = True
+        if self.storage.failure is not None:
+            # Offline: nothing on disk changes now. Forget deleted topics; the stray check at the
+            # next start deletes their data.
+            if old is not None and (new is None or new.topic_id != old.topic_id):
+                for p in range(len(old.partitions)):
+                    self.partitions.pop((old.name, p), None)
+            return
         if old is not None and (new is None or new.topic_id != old.topic_id):
             for p in range(len(old.partitions)):
-                key = (old.name, p)
-                part = self.partitions.pop(key, None)
-                self.fetchers.unfollow(key)
-                self.trackers.pop(key, None)
-                if key in self.leader_of:
-                    self.leader_of.discard(key)
-                    self._tell_leadership(old.name, p, False, -1)
-                if part is not None:
-                    part.delete_all()
+                self._drop_partition((old.name, p))
             self.events.forget_topic(old.name)
             old = None
         if new is None:
@@ -137,6 +292,8 @@ class ReplicaManager:
         for p, info in enumerate(new.partitions):
             key = (new.name, p)
             if me not in info.replicas:
+                if key in self.partitions:  # reassigned away from this broker
+                    self._drop_partition(key)
                 continue
             part = self.partitions.get(key)
             if part is None:
@@ -163,6 +320,112 @@ class ReplicaManager:
                 else:
                     self.fetchers.unfollow(key)
 
+    def _drop_partition(self, key: TopicPartition) -> None:
+        """Stop serving and following one partition and delete its data (its topic is gone or moved away).
+
+        A failed delete (the disk is offline) is logged, not raised: the metadata already says the
+        partition is not here, and the stray-partition check deletes the data once it can.
+        """
+        part = self.partitions.pop(key, None)
+        self.fetchers.unfollow(key)
+        self.trackers.pop(key, None)
+        if key in self.leader_of:
+            self.leader_of.discard(key)
+            self._tell_leadership(key[0], key[1], False, -1)
+        if part is None:
+            return
+        try:
+            part.delete_all()
+        except SluiceError as exc:
+            log.warning("%s-%d: deleting its data failed (%s); it is deleted as a stray partition later", *key, exc)
+            return
+        self._reclaim([part.prefix])
+
+    def delete_stray_partitions(self) -> list[str]:
+        """Delete every partition on disk the metadata does not assign to this broker (by topic id).
+
+        Call once the cluster view holds the whole metadata (after the first full refresh):
+        before that every partition would look stray. Returns the partitions deleted, described.
+        """
+        self._stray_check_ready = True
+        self._stray_check_due = False
+        if not self._same_cluster():
+            return []
+        assigned = assigned_partitions(self.cluster.topics.values(), self.config.broker_id)
+        held = {part.prefix for part in self.partitions.values()}
+        deleted: list[str] = []
+        reclaim: list[bytes] = []
+        for stray in stray_partitions(stored_partitions(self.storage), assigned):
+            if stray.prefix in held:
+                continue  # a partition still served: the topic listener drops it, not this scan
+            try:
+                delete_partition_keys(self.storage, stray.prefix)
+            except SluiceError as exc:
+                log.warning("stray partition %s: delete failed (%s); trying again later", stray.describe(), exc)
+                self._stray_check_due = True
+                continue
+            log.info(
+                "deleted stray partition %s: the metadata does not assign it to broker %d",
+                stray.describe(),
+                self.config.broker_id,
+            )
+            deleted.append(stray.describe())
+            reclaim.append(stray.prefix)
+        self._reclaim(reclaim)
+        return deleted
+
+    def _same_cluster(self) -> bool:
+        """Whether this data directory belongs to the metadata's cluster (recorded on first use)."""
+        current = self.cluster.cluster_id
+        if not current:
+            return False
+        stored = self.storage.get("partition_meta", CLUSTER_ID_KEY)
+        if stored is None:
+            ws = WriteSet()
+            ws.put("partition_meta", CLUSTER_ID_KEY, current.encode())
+            self.storage.write(ws)
+            return True
+        if stored.decode() == current:
+            return True
+        if not self._cluster_mismatch_logged:
+            log.error(
+                "the data directory belongs to cluster %s but the metadata is cluster %s: stray partitions are "
+                "NOT deleted (is --metadata the right store?)",
+                stored.decode(),
+                current,
+            )
+            self._cluster_mismatch_logged = True
+        return False
+
+    def delete_stray_partitions_if_due(self) -> list[str]:
+        """:meth:`delete_stray_partitions` after a topic change (or a failed delete), once started."""
+        if not (self._stray_check_ready and self._stray_check_due) or self.storage.failure is not None:
+            return []
+        return self.delete_stray_partitions()
+
+    def _reclaim(self, prefixes: list[bytes]) -> None:
+        """Compact deleted partitions' key ranges on the reclaim thread, so their bytes leave the disk."""
+        if not prefixes:
+            return
+
+        def compact() -> None:
+            for prefix in prefixes:
+                start, end = key_range(prefix)
+                for cf in PARTITION_COLUMN_FAMILIES:
+                    try:
+                        self.storage.compact(cf, start, end)
+                    except Exception:
+                        log.exception("compacting a deleted partition's keys failed")
+                        return
+
+        # shutting down (RuntimeError): RocksDB compacts the range tombstones in its own time
+        with contextlib.suppress(RuntimeError):
+            self._reclaimer.submit(compact)
+
+    def close(self) -> None:
+        """Wait for pending compactions of deleted partitions (before the storage closes)."""
+        self._reclaimer.shutdown(wait=True)
+
     def _tell_leadership(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
         for listener in self.leadership_listeners:
             try:
@@ -175,6 +438,7 @@ class ReplicaManager:
         info = self.cluster.topics.get(topic)
         if info is None or not 0 <= partition < len(info.partitions):
             raise errors.UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+        self._check_storage()
         part = self.partitions.get((topic, partition))
         if part is None or (topic, partition) not in self.leader_of:
             raise errors.NotLeaderOrFollowerError(
@@ -225,6 +489,7 @@ class ReplicaManager:
         key = (topic, partition)
         deadline = time.monotonic() + timeout_s
         while True:
+            self._check_storage()
             part = self.partitions.get(key)
             if part is None or key not in self.leader_of:
                 raise errors.NotLeaderOrFollowerError(
@@ -406,6 +671,11 @@ class ReplicaManager:
             key = (fp.topic, fp.partition)
             try:
                 part = self.leader_partition(fp.topic, fp.partition)
+                if fp.topic_id and normalize_topic_id(fp.topic_id) != normalize_topic_id(part.topic_id):
+                    raise errors.UnknownTopicOrPartitionError(
+                        f"{fp.topic}-{fp.partition} of topic id {fp.topic_id} is gone: the topic now has id "
+                        f"{part.topic_id} (deleted and created again)",
+                    )
                 check_epoch(part, fp.current_leader_epoch)
                 info = self.cluster.topics[fp.topic].partitions[fp.partition]
                 if req.replica_id not in info.replicas:
@@ -499,6 +769,8 @@ class ReplicaManager:
                     self._notify()
 
     def checkpoint_high_watermarks(self) -> None:
+        if self.storage.failure is not None:
+            return  # offline: the restart starts from the last checkpoint, as after a crash
         for part in list(self.partitions.values()):
             try:
                 part.checkpoint_high_watermark()
@@ -620,6 +892,8 @@ class ReplicaManager:
 
     def apply_retention(self) -> None:
         """Retention and compaction, on every replica (each cleans its own copy the same way)."""
+        if self.storage.failure is not None:
+            return
         now = now_ms()
         for key, part in list(self.partitions.items()):
             policy = str(part.config("cleanup.policy")).split(",")

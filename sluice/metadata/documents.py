@@ -104,16 +104,36 @@ class ClusterDocument:
 
 @dataclass(frozen=True)
 class BrokerDocument:
-    """``brokers/<id>``: a broker's endpoint, written by the broker itself at start (never removed)."""
+    """``brokers/<id>``: a broker's endpoint, written by the broker itself at start (never removed).
+
+    ``log_dir_failure`` is set by the broker when its log directory goes offline (a full disk):
+    the controller fences such a broker as if it were dead. ``log_dir_low_space`` (with the free
+    and total bytes when it last changed) is set while its data volume is nearly full: a warning
+    only. A restart writes the document anew, without either.
+    """
 
     broker_id: int
     host: str
     port: int
     rack: str = ""
     started_ms: int = 0
+    log_dir_failure: str = ""
+    log_dir_low_space: bool = False
+    log_dir_free_bytes: int = -1
+    log_dir_size_bytes: int = -1
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms")
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "broker_id",
+        "host",
+        "port",
+        "rack",
+        "started_ms",
+        "log_dir_failure",
+        "log_dir_low_space",
+        "log_dir_free_bytes",
+        "log_dir_size_bytes",
+    )
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -123,6 +143,10 @@ class BrokerDocument:
             port=int(value["port"]),
             rack=str(value.get("rack") or ""),
             started_ms=int(value.get("started_ms", 0)),
+            log_dir_failure=str(value.get("log_dir_failure") or ""),
+            log_dir_low_space=bool(value.get("log_dir_low_space", False)),
+            log_dir_free_bytes=int(value.get("log_dir_free_bytes", -1)),
+            log_dir_size_bytes=int(value.get("log_dir_size_bytes", -1)),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -134,6 +158,15 @@ class BrokerDocument:
             "port": self.port,
             "rack": self.rack,
             "started_ms": self.started_ms,
+            **({"log_dir_failure": self.log_dir_failure} if self.log_dir_failure else {}),
+            **(self._low_space_json() if self.log_dir_low_space else {}),
+        }
+
+    def _low_space_json(self) -> dict[str, Any]:
+        return {
+            "log_dir_low_space": True,
+            "log_dir_free_bytes": self.log_dir_free_bytes,
+            "log_dir_size_bytes": self.log_dir_size_bytes,
         }
 
     @property

@@ -4,7 +4,8 @@ Each shape is one dataclass of :mod:`sluice.metadata.documents`, with its one en
 the table below is the summary.
 
 ``cluster``                      {"cluster_id": str}
-``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms"}
+``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms", "log_dir_failure" (if offline),
+                                  "log_dir_low_space", "log_dir_free_bytes", "log_dir_size_bytes" (if low)}
 ``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
                                   "replication_factor",
                                   "partitions": [{"replicas": [..], "leader": id,

@@ -11,16 +11,37 @@ WriteBatch (the batch, the producer state change, the index entries together):
 RocksDB's write-ahead log makes it all-or-nothing across kill -9. We do not
 fsync per write, as Kafka does not: a process crash loses nothing acknowledged
 (the WAL is in the OS page cache); a machine crash is what replication is for.
+
+A failed disk (full, read-only, I/O errors) takes the whole log directory offline, as Kafka's
+LogDirFailureChannel does: the first RocksDB call that fails for a reason other than a bug
+(rocksdict raises plain ``Exception`` for RocksDB's ``IO error``, ``Corruption`` ... statuses)
+records the failure, tells the ``failure_listeners``, and raises
+:class:`~sluice.errors.KafkaStorageError` (KAFKA_STORAGE_ERROR, retriable: the client looks the
+leader up again and goes to a replica that can write). Every call after it raises the same error
+at once, without touching RocksDB: after ENOSPC RocksDB refuses every write anyway ("Writer has
+previous error"), and a directory that failed once is not trusted again until the broker
+restarts (RocksDB then replays its write-ahead log, so nothing written before the failure is
+lost). A write that failed was not applied: RocksDB writes the WAL before the memtable, and the
+partition log changes memory only after its write returned. ``close`` never raises: a final
+memtable flush that fails loses nothing the WAL does not hold.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NoReturn, Protocol, TypeVar
 
 from rocksdict import Options, Rdict, WriteBatch
+
+from sluice.errors import KafkaStorageError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+# Python's own errors are bugs in the caller, not a failing disk: they never take the directory offline.
+_PROGRAMMING_ERRORS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError)
 
 # log:          partition key + base offset (8, big-endian) -> RecordBatch bytes
 # producers:    partition key + producer id (8)             -> producer state entry
@@ -47,6 +68,14 @@ class WriteSet:
 
 
 class Storage(Protocol):
+    @property
+    def failure(self) -> str | None:
+        """Why the log directory is offline (the first storage error), or None while it works."""
+        ...
+
+    # called once, with the reason, when the log directory goes offline
+    failure_listeners: list[Callable[[str], None]]
+
     def get(self, cf: str, key: bytes) -> bytes | None: ...
 
     def write(self, ws: WriteSet) -> None: ...
@@ -63,6 +92,10 @@ class Storage(Protocol):
         """The greatest entry in [start, end)."""
         ...
 
+    def compact(self, cf: str, start: bytes, end: bytes) -> None:
+        """Rewrite the files holding keys in [start, end), so deleted keys leave the disk now."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -77,14 +110,52 @@ def _options() -> Options:
 
 class RocksStorage:
     def __init__(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
         self.path = path
-        self._db = Rdict(path, _options(), column_families={cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES})
+        self._failure: str | None = None
+        # Called once, with the reason, when the directory goes offline (on the thread that failed).
+        self.failure_listeners: list[Callable[[str], None]] = []
+        try:
+            os.makedirs(path, exist_ok=True)
+            self._db = Rdict(path, _options(), column_families={cf: Options(raw_mode=True) for cf in COLUMN_FAMILIES})
+        except Exception as exc:  # opening replays the WAL and writes; a full disk fails here
+            raise KafkaStorageError(f"cannot open the log directory {path}: {exc}") from None
         self._cfs = {cf: self._db.get_column_family(cf) for cf in COLUMN_FAMILIES}
         self._handles = {cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
 
+    # -- failures -------------------------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def _offline_error(self) -> KafkaStorageError:
+        return KafkaStorageError(f"the log directory {self.path} is offline: {self._failure}")
+
+    def _failed(self, exc: Exception) -> NoReturn:
+        if isinstance(exc, _PROGRAMMING_ERRORS):
+            raise exc
+        if self._failure is None:
+            self._failure = str(exc) or type(exc).__name__
+            log.error("log directory %s is offline: %s", self.path, self._failure)
+            for listener in list(self.failure_listeners):
+                try:
+                    listener(self._failure)
+                except Exception:
+                    log.exception("a log-directory failure listener failed")
+        raise self._offline_error() from None
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        if self._failure is not None:
+            raise self._offline_error()
+        try:
+            return fn()
+        except Exception as exc:
+            self._failed(exc)
+
+    # -- the Storage interface ------------------------------------------------------------------
+
     def get(self, cf: str, key: bytes) -> bytes | None:
-        value = self._cfs[cf].get(key)
+        value = self._call(lambda: self._cfs[cf].get(key))
         return None if value is None else bytes(value)
 
     def write(self, ws: WriteSet) -> None:
@@ -97,33 +168,45 @@ class RocksStorage:
                 wb.delete(key, handle)
             else:
                 wb.delete_range(key, value, handle)
-        self._db.write(wb)
+        self._call(lambda: self._db.write(wb))
 
     def scan(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        it = self._cfs[cf].iter()
-        it.seek(start)
-        while it.valid():
+        it = self._call(lambda: self._cfs[cf].iter())
+        self._call(lambda: it.seek(start))
+        while self._call(it.valid):
             key = it.key()
             if key >= end:
                 return
             yield key, it.value()
-            it.next()
+            self._call(it.next)
+        self._call(it.status)  # an iterator stops early on an I/O error: say so rather than end quietly
 
     def floor(self, cf: str, key: bytes, lower: bytes) -> tuple[bytes, bytes] | None:
-        it = self._cfs[cf].iter()
-        it.seek_for_prev(key)
-        if it.valid() and it.key() >= lower:
-            return it.key(), it.value()
-        return None
+        def find() -> tuple[bytes, bytes] | None:
+            it = self._cfs[cf].iter()
+            it.seek_for_prev(key)
+            if it.valid() and it.key() >= lower:
+                return it.key(), it.value()
+            it.status()
+            return None
+
+        return self._call(find)
 
     def last(self, cf: str, start: bytes, end: bytes) -> tuple[bytes, bytes] | None:
-        it = self._cfs[cf].iter()
-        it.seek_for_prev(end)
-        while it.valid() and it.key() >= end:
-            it.prev()
-        if it.valid() and it.key() >= start:
-            return it.key(), it.value()
-        return None
+        def find() -> tuple[bytes, bytes] | None:
+            it = self._cfs[cf].iter()
+            it.seek_for_prev(end)
+            while it.valid() and it.key() >= end:
+                it.prev()
+            if it.valid() and it.key() >= start:
+                return it.key(), it.value()
+            it.status()
+            return None
+
+        return self._call(find)
+
+    def compact(self, cf: str, start: bytes, end: bytes) -> None:
+        self._call(lambda: self._cfs[cf].compact_range(start, end))
 
     def int_property(self, name: str, *, per_column_family: bool = True) -> int:
         """A RocksDB integer property (``rocksdb.total-sst-files-size`` ...), summed over every column family
@@ -148,8 +231,16 @@ class RocksStorage:
     def close(self) -> None:
         # Column-family views hold references to the DB: drop them first, or
         # RocksDB keeps its LOCK file and the same process cannot reopen it.
-        for cf in self._cfs.values():
-            cf.close()
+        # Closing flushes; after a full disk that fails: the WAL still holds every write, say so and go on.
+        failed = []
+        for view in (*self._cfs.values(), self._db):
+            try:
+                view.close()
+            except Exception as exc:
+                failed.append(str(exc))
+        if failed:
+            log.warning(
+                "closing %s: %s (the write-ahead log holds every write; a restart replays it)", self.path, failed[0]
+            )
         self._cfs.clear()
         self._handles.clear()
-        self._db.close()

@@ -417,6 +417,11 @@ class StorageCollector(_SafeCollector):
             st.f_bavail * st.f_frsize,
         )
         yield GaugeMetricFamily("sluice_data_volume_size_bytes", "Size of the data volume", st.f_blocks * st.f_frsize)
+        yield GaugeMetricFamily(
+            "sluice_log_dir_offline",
+            "1 while the log directory is offline after a storage error (a full disk); 0 while it works",
+            0 if self.storage.failure is None else 1,
+        )
 
 
 # -- events -------------------------------------------------------------------------------------

@@ -151,6 +151,9 @@ class ReplicaFetcherManager:
             except grpc.aio.AioRpcError as exc:
                 log.debug("replica fetch from broker %d failed: %s", leader, exc.code())
                 await asyncio.sleep(RETRY_BACKOFF_S)
+            except errors.KafkaStorageError as exc:  # this broker's log directory is offline: no traceback
+                log.warning("replica fetch from broker %d: %s", leader, exc)
+                await asyncio.sleep(RETRY_BACKOFF_S)
             except Exception:
                 log.exception("replica fetch from broker %d failed", leader)
                 await asyncio.sleep(RETRY_BACKOFF_S)
@@ -164,14 +167,19 @@ class ReplicaFetcherManager:
         req = ipb.ReplicaFetchRequest(
             replica_id=self.broker_id, max_wait_ms=FETCH_MAX_WAIT_MS, max_bytes=self.max_bytes
         )
+        # The partition logs the request was built from: partitions are named by topic name, and a
+        # topic deleted and created again while the fetch was out is another log under the same name.
+        sent_logs: dict[TopicPartition, PartitionLog] = {}
         for f in mine:
             sent = self.partitions[f.key]
+            sent_logs[f.key] = sent
             req.partitions.add(
                 topic=f.key[0],
                 partition=f.key[1],
                 fetch_offset=sent.log_end_offset,
                 current_leader_epoch=f.leader_epoch,
                 last_fetched_epoch=sent.latest_epoch,
+                topic_id=sent.topic_id,
             )
         resp = await stub.ReplicaFetch(req, timeout=FETCH_MAX_WAIT_MS / 1000 + 10)
         changed = False
@@ -182,6 +190,8 @@ class ReplicaFetcherManager:
             part = self.partitions.get(key)
             if followed is None or followed.leader != leader or part is None:
                 continue  # leadership moved while the fetch was out
+            if part is not sent_logs.get(key):
+                continue  # the topic was deleted (and maybe created again) while the fetch was out
             if presp.error_code == pb.OFFSET_OUT_OF_RANGE and presp.log_start_offset > part.log_end_offset:
                 log.warning("%s-%d: the leader's log starts at %d, past ours: starting over there", *key,
                             presp.log_start_offset)

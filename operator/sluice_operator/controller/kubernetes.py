@@ -25,8 +25,11 @@ Kopf's event loop, so a burst of resource events never delays a failover:
 * **Events.** Every topic document the controller rewrites yields one
   Kubernetes Event (reason ``LeaderElected``, ``LeaderNotAvailable`` or
   ``IsrShrunk``) naming every leadership move, on the Topic (or Coordinator,
-  for internal topics) it concerns, else on the new leader's Pod. Events are
-  posted from a queue by their own thread.
+  for internal topics) it concerns, else on the new leader's Pod. A broker whose log
+  directory goes offline (a full disk) gets a Warning Event ``LogDirOffline`` on its Pod, and
+  ``LogDirOnline`` when it is back; one whose data volume runs low on space (below
+  ``log.dir.free.space.warn.percent`` free), ``LogDirLowSpace`` and later ``LogDirSpaceOk``.
+  Events are posted from a queue by their own thread.
 * **Status projection.** Topic and Coordinator statuses follow the
   ``topics/<name>`` documents (partitions, leaders, ISR, epochs, Ready)
   through the store's watch: a leadership move or an ISR change by a leader
@@ -267,6 +270,8 @@ class KubernetesController:
             store,
             self.liveness,
             on_change=self._on_change,
+            on_log_dir=self._on_log_dir,
+            on_log_dir_space=self._on_log_dir_space,
             preferred_leader_delay_ms=int(preferred_leader_delay_s * 1000),
         )
         self.leading = threading.Event()
@@ -461,6 +466,33 @@ class KubernetesController:
         topic = key[len(keys.TOPICS) :]
         leaders = [p.leader for p in new.partitions]
         self.events.record_later(lambda: self._involved(topic, leaders), reason, "; ".join(lines), leaderless)
+
+    def _on_log_dir(self, broker_id: int, failure: str) -> None:
+        """Queue the Event for a broker whose log directory went offline (``failure``) or came back ("")."""
+        if failure:
+            reason, warning = "LogDirOffline", True
+            message = f"broker {broker_id}'s log directory is offline ({failure}); its partitions move elsewhere"
+        else:
+            reason, warning = "LogDirOnline", False
+            message = f"broker {broker_id}'s log directory is back online"
+        self.events.record_later(lambda: self._broker_pod(broker_id), reason, message, warning)
+
+    def _on_log_dir_space(self, broker_id: int, low: bool, free: int, size: int) -> None:
+        """Queue the Event for a broker whose data volume runs low on space (or has space again)."""
+        if low:
+            mib = 1024 * 1024
+            reason, message = "LogDirLowSpace", (
+                f"broker {broker_id}'s data volume is low on space: {free / mib:.1f} MiB free of {size / mib:.1f} MiB"
+            )
+        else:
+            reason, message = "LogDirSpaceOk", f"broker {broker_id}'s data volume has space again"
+        self.events.record_later(lambda: self._broker_pod(broker_id), reason, message, low)
+
+    def _broker_pod(self, broker_id: int) -> dict[str, Any] | None:
+        pod = self.liveness.pods().get(broker_id)
+        if pod is None:
+            return None
+        return {"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": self.namespace}
 
     def _involved(self, topic: str, leaders: list[int]) -> dict[str, Any] | None:
         """What an Event about ``topic`` is attached to: its Topic or Coordinator, else a leader's Pod."""

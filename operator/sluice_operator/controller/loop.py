@@ -19,6 +19,13 @@ Lease. Every round it:
    dead)"). A conflict (a leader changed its ISR meanwhile) means re-read
    and re-decide: the decision is a pure function of the document and the
    liveness, so deciding again on the new version is always right.
+   A broker whose ``brokers/<id>`` document names a ``log_dir_failure`` (its disk is full or
+   failing: it can neither lead nor follow) counts as dead whatever its health checks say, as
+   KRaft fences a broker that reports its only log directory offline: it leaves every ISR and
+   its leaderships move at once. The change is logged and reported to ``on_log_dir`` (the
+   Kubernetes controller posts an Event on the broker's Pod); a restart clears the field.
+   ``log_dir_low_space`` (the data volume nearly full) is only a warning: logged and reported to
+   ``on_log_dir_space`` when it changes, nothing else.
 4. writes the ``controller`` document (:class:`~sluice.metadata.documents.ControllerDocument`)
    when liveness changes: leaders read its ``dead_brokers``.
 
@@ -78,6 +85,10 @@ class Liveness(Protocol):
 
 # Called after each topic document the controller wrote: (key, old document, new document, live, dead).
 ChangeListener = Callable[[str, TopicDocument, TopicDocument, frozenset[int], frozenset[int]], None]
+# Called when a broker's log directory goes offline (broker id, the failure) or is back (broker id, "").
+LogDirListener = Callable[[int, str], None]
+# Called when a broker's data volume runs low on space or has space again: (broker id, low, free, size).
+LogDirSpaceListener = Callable[[int, bool, int, int], None]
 
 
 class ControllerFenced(Exception):
@@ -101,10 +112,16 @@ class ControllerLoop:
         default_unclean: bool = False,
         clock_ms: Callable[[], int] = _now_ms,
         on_change: ChangeListener | None = None,
+        on_log_dir: LogDirListener | None = None,
+        on_log_dir_space: LogDirSpaceListener | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
         self.on_change = on_change
+        self.on_log_dir = on_log_dir
+        self.log_dir_failures: dict[int, str] = {}  # broker id -> why its log directory is offline
+        self.on_log_dir_space = on_log_dir_space
+        self.low_space: set[int] = set()  # brokers whose data volume is nearly full
         self.preferred_leaders = preferred_leaders
         self.preferred_leader_delay_s = preferred_leader_delay_ms / 1000
         self.default_unclean = default_unclean
@@ -134,8 +151,63 @@ class ControllerLoop:
         if epoch > self.epoch:
             raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
 
+    # -- liveness: the detector's, with brokers whose log directory failed counted dead -----------
+
+    @property
+    def live(self) -> frozenset[int]:
+        return self.detector.live - self.log_dir_failures.keys()
+
+    @property
+    def dead(self) -> frozenset[int]:
+        return self.detector.dead | self.log_dir_failures.keys()
+
+    def alive_for(self, seconds: float) -> frozenset[int]:
+        return self.detector.alive_for(seconds) - self.log_dir_failures.keys()
+
+    def _observe_log_dirs(self, failures: dict[int, str]) -> None:
+        for broker_id in sorted(failures.keys() | self.log_dir_failures.keys()):
+            before, now = self.log_dir_failures.get(broker_id, ""), failures.get(broker_id, "")
+            if before == now:
+                continue
+            if now:
+                log.warning(
+                    "broker %d's log directory is offline (%s): fenced like a dead broker, its partitions move",
+                    broker_id,
+                    now,
+                )
+            else:
+                log.info("broker %d's log directory is back online", broker_id)
+            if self.on_log_dir is not None:
+                try:
+                    self.on_log_dir(broker_id, now)
+                except Exception:
+                    log.exception("reporting broker %d's log directory failed", broker_id)
+        self.log_dir_failures = failures
+
+    def _observe_space(self, brokers: list[BrokerDocument]) -> None:
+        low = {b.broker_id for b in brokers if b.log_dir_low_space}
+        for b in brokers:
+            if (b.broker_id in low) == (b.broker_id in self.low_space):
+                continue
+            if b.log_dir_low_space:
+                mib = 1024 * 1024
+                log.warning(
+                    "broker %d's data volume is low on space: %.1f MiB free of %.1f MiB",
+                    b.broker_id,
+                    b.log_dir_free_bytes / mib,
+                    b.log_dir_size_bytes / mib,
+                )
+            else:
+                log.info("broker %d's data volume has space again", b.broker_id)
+            if self.on_log_dir_space is not None:
+                try:
+                    self.on_log_dir_space(b.broker_id, b.log_dir_low_space, b.log_dir_free_bytes, b.log_dir_size_bytes)
+                except Exception:
+                    log.exception("reporting broker %d's free space failed", b.broker_id)
+        self.low_space = low
+
     def _publish(self) -> None:
-        live, dead = self.detector.live, self.detector.dead
+        live, dead = self.live, self.dead
         if self._published == (live, dead):
             return
 
@@ -151,13 +223,15 @@ class ControllerLoop:
     # -- one round ------------------------------------------------------------------------------
 
     def registered_brokers(self) -> dict[int, str]:
-        out: dict[int, str] = {}
+        return {b.broker_id: b.address for b in self._broker_documents()}
+
+    def _broker_documents(self) -> list[BrokerDocument]:
+        out: list[BrokerDocument] = []
         for doc in self.store.list(keys.BROKERS):
             if doc.value is None:
                 continue
             try:
-                broker = BrokerDocument.from_json(doc.value)
-                out[broker.broker_id] = broker.address
+                out.append(BrokerDocument.from_json(doc.value))
             except (KeyError, ValueError, TypeError):
                 log.warning("ignoring malformed broker document %s: %r", doc.key, doc.value)
         return out
@@ -166,12 +240,15 @@ class ControllerLoop:
         """One round: check liveness, reconcile every topic. Returns the number of documents written."""
         with metrics.controller_round():
             self._check_epoch()
-            self.brokers = self.registered_brokers()
+            registered = self._broker_documents()
+            self.brokers = {b.broker_id: b.address for b in registered}
             for change in self.detector.poll(self.brokers):
                 log.info("%s", change.describe())
                 metrics.broker_changed(change.broker_id, change.new, change.silent_s)
+            self._observe_log_dirs({b.broker_id: b.log_dir_failure for b in registered if b.log_dir_failure})
+            self._observe_space(registered)
             self._publish()
-            metrics.brokers_seen(self.detector.live, self.detector.dead)
+            metrics.brokers_seen(self.live, self.dead)
             written = 0
             docs = self.topic_documents()
             for doc in docs:
@@ -193,7 +270,7 @@ class ControllerLoop:
 
     def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
         """Apply the rules to one topic document with compare-and-set; 1 if it was written."""
-        live, dead = self.detector.live, self.detector.dead
+        live, dead = self.live, self.dead
         key = "?" if doc is None else doc.key
         for _ in range(CAS_ATTEMPTS):
             if doc is None:
@@ -202,7 +279,7 @@ class ControllerLoop:
             metrics.topic_read(doc.key, current)
             new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
             if self.preferred_leaders:
-                settled = self.detector.alive_for(self.preferred_leader_delay_s)
+                settled = self.alive_for(self.preferred_leader_delay_s)
                 new = restore_preferred_leaders(new or current, settled) or new
             if new is None:
                 return 0

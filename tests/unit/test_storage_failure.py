@@ -1,0 +1,59 @@
+"""RocksStorage on a full filesystem (a real tmpfs, mounted by the test as root): a storage error,
+then the log directory is offline; close does not raise; reopened with space, every write that
+returned is there."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluice.broker.log.storage import RocksStorage, WriteSet
+from sluice.errors import KafkaStorageError
+
+
+def test_a_full_disk_takes_the_log_dir_offline_and_loses_no_completed_write(tmp_path: Path) -> None:
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(volume)], check=True)
+    try:
+        storage = RocksStorage(str(volume / "db"))
+        heard: list[str] = []
+        storage.failure_listeners.append(heard.append)
+        written = 0
+        with pytest.raises(KafkaStorageError) as failed:
+            for i in range(10_000):  # 8 MiB fill up long before 10 000 x 64 KiB
+                ws = WriteSet()
+                ws.put("log", b"k%08d" % i, os.urandom(64 * 1024))
+                storage.write(ws)
+                written += 1
+        assert 0 < written < 10_000
+        assert "No space left on device" in str(failed.value) and failed.value.retriable
+        assert storage.failure is not None and "No space left" in storage.failure
+        assert heard == [storage.failure]
+        # offline: reads and writes are refused at once, and the listener is not called again
+        with pytest.raises(KafkaStorageError, match="offline"):
+            storage.get("log", b"k00000000")
+        with pytest.raises(KafkaStorageError, match="offline"):
+            list(storage.scan("log", b"", b"\xff"))
+        assert len(heard) == 1
+        storage.close()  # the final flush fails; close says so in the log and returns
+        del storage, failed  # dropping the database (tracebacks hold it too) releases its LOCK, as an exit does
+        gc.collect()
+
+        # Space freed; reopened by a new process, as a restarted broker does (this one still holds
+        # the LOCK of the database whose close failed).
+        subprocess.run(["mount", "-o", "remount,size=64m", str(volume)], check=True)
+        count = (
+            "import sys; from sluice.broker.log.storage import RocksStorage; s = RocksStorage(sys.argv[1]); "
+            "print(sum(1 for _ in s.scan('log', b'', b'\\xff'))); s.close()"
+        )
+        out = subprocess.run([sys.executable, "-c", count, str(volume / "db")], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert int(out.stdout) == written
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=False)
