@@ -23,7 +23,7 @@ VERSION="${PROMETHEUS_MODULE_VERSION:-v0.316.0}"
 export GOTOOLCHAIN=local GOFLAGS="${GOFLAGS:-} -buildvcs=false" CGO_ENABLED=0
 
 command -v go >/dev/null || { echo "promtool: 'go' is not on PATH (Go 1.26+ is needed)" >&2; exit 1; }
-KEY="prometheus=$VERSION $(go env GOVERSION)"
+KEY="prometheus=$VERSION tags=remove_all_sd $(go env GOVERSION)"
 mkdir -p "$BIN"
 if [[ -x "$BIN/promtool" && -f "$BIN/.stamp-promtool" && "$(cat "$BIN/.stamp-promtool")" == "$KEY" ]]; then
     echo "$BIN/promtool"
@@ -32,7 +32,11 @@ fi
 SCRATCH="$(mktemp -d "$CACHE/promtool.XXXXXX")"
 trap 'rm -rf "$SCRATCH"' EXIT
 echo "promtool: building github.com/prometheus/prometheus/cmd/promtool@$VERSION (a few minutes)" >&2
-GOBIN="$SCRATCH" go install -trimpath -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/promtool@$VERSION"
+# remove_all_sd: leave out every service-discovery plugin (AWS, Azure, GCE, Kubernetes, ...).
+# promtool checks and tests rules without them, and they are most of the build: with the tag the
+# build took 2 min 43 s of CPU (4 min 11 s wall on a loaded 2-core machine, modules already
+# downloaded); the build without it took about 38 min wall (modules downloaded too, load 10-16).
+GOBIN="$SCRATCH" go install -trimpath -tags remove_all_sd -ldflags "-s -w" "github.com/prometheus/prometheus/cmd/promtool@$VERSION"
 mv -f "$SCRATCH/promtool" "$BIN/promtool"
 echo "$KEY" > "$BIN/.stamp-promtool"
 echo "$BIN/promtool"
