@@ -11,14 +11,20 @@
 #                            the version that k8s.io/kubernetes pins (so etcd and the API server
 #                            are a pair the Kubernetes release was tested with).
 #   helm                     `go install helm.sh/helm/v3/cmd/helm@$HELM_VERSION`.
+#   kubelet, kube-controller-manager, kube-scheduler
+#                            the same k8s.io/kubernetes release, in the same wrapper module: the
+#                            real single-node cluster of tools/k8s-node (kube-apiserver and etcd
+#                            above are its control plane).
+#   pause                    cmd/pause, the pod sandbox's process (containerd's sandbox_image is
+#                            built from it by tools/k8s-node; the node cannot pull registry.k8s.io).
 # kubectl is built rather than installed from Debian: Debian's kubernetes-client is 1.20, far
 # outside kubectl's one-minor-version skew policy against a 1.3x API server.
 #
 # Cache: each binary has a stamp file (.stamp-NAME) holding the key it was built from (versions,
 # and the go.sum hash for the wrapper module); a binary whose stamp matches is kept. Binaries are
 # built in a scratch directory and moved in, so a binary present in bin/ is always complete. When
-# all four are there, bin/READY is written last with the versions: poll for it (or for the four
-# files) from other tools.
+# all are there, bin/READY is written last with the versions: poll for it (or for the files)
+# from other tools.
 #
 # Time, cold (empty Go module and build caches; GOMODCACHE/GOCACHE pointed at empty directories),
 # measured 2026-11-22 on a 2-core machine of the CI kind: 29 min 29 s wall clock while other work
@@ -110,7 +116,8 @@ SCRATCH="$(mktemp -d "$CACHE/build.XXXXXX")"
 trap 'rm -rf "$SCRATCH"' EXIT
 
 want=()
-for b in kube-apiserver kubectl etcd; do fresh "$b" "$WRAPPER_KEY" || want+=("$b"); done
+WRAPPER_BINS=(kube-apiserver kubectl etcd kubelet kube-controller-manager kube-scheduler pause)
+for b in "${WRAPPER_BINS[@]}"; do fresh "$b" "$WRAPPER_KEY" || want+=("$b"); done
 if (( ${#want[@]} )); then
     rm -f "$BIN/READY"
     pkgs=()
@@ -119,6 +126,8 @@ if (( ${#want[@]} )); then
             kube-apiserver) pkgs+=(k8s.io/kubernetes/cmd/kube-apiserver) ;;
             kubectl) pkgs+=(k8s.io/kubernetes/cmd/kubectl) ;;
             etcd) pkgs+=(./cmd/etcd) ;;
+            pause) pkgs+=(./cmd/pause) ;;
+            *) pkgs+=("k8s.io/kubernetes/cmd/$b") ;;
         esac
     done
     minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -138,7 +147,7 @@ if (( ${#want[@]} )); then
         echo "$WRAPPER_KEY" > "$BIN/.stamp-$b"
     done
 else
-    log "kube-apiserver, kubectl, etcd: cached ($WRAPPER_KEY)"
+    log "${WRAPPER_BINS[*]}: cached ($WRAPPER_KEY)"
 fi
 
 if ! fresh helm "$HELM_KEY"; then
