@@ -186,8 +186,10 @@ cgroupDriver: cgroupfs
 failCgroupV1: false
 failSwapOn: false
 oomScoreAdj: 0
-address: $(node_ip)
+# The API server reaches the kubelet (logs, exec) at the node's hostname or address, whichever
+# resolves first: listen on all of them; only clients with a certificate of the node's CA get in.
 readOnlyPort: 0
+podLogsDir: $STATE/pod-logs
 healthzBindAddress: 127.0.0.1
 healthzPort: 10248
 authentication:
@@ -348,7 +350,7 @@ stop_pid() { # stop_pid NAME: SIGTERM, then SIGKILL after 20 s
 shims() { # pids of the containerd shims of this node's containerd (their command line names $SOCK)
     local d
     for d in /proc/[0-9]*; do
-        tr '\0' ' ' < "$d/cmdline" 2>/dev/null | grep -q -- "-address $SOCK" && echo "${d#/proc/}"
+        { tr '\0' ' ' < "$d/cmdline"; } 2>/dev/null | grep -q -- "-address $SOCK" && echo "${d#/proc/}"
     done
     return 0
 }
