@@ -24,19 +24,27 @@ ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY pyproject.toml setup.py README.md /src/
-COPY sluice /src/sluice
-COPY broker /src/broker
-COPY operator /src/operator
 # A virtual environment: the same layout on python:3.11-slim and on a Debian base (whose system
 # Python refuses pip installs), and one directory to copy into the final stage.
 # Behind a TLS-intercepting proxy pip needs the proxy's CA: pass a CA bundle as the build secret
 # "ca-bundle" (docker build --secret id=ca-bundle,src=/etc/ssl/certs/ca-certificates.crt); it is
-# mounted for this step only and never stored in a layer. Without it pip uses its own CAs.
+# mounted for the pip steps only and never stored in a layer. Without it pip uses its own CAs.
+# First the dependencies alone (read from pyproject.toml), a layer that only a change of them
+# rebuilds; then the project itself, without dependencies.
+COPY pyproject.toml /src/
 RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
     && python3 -m venv /opt/sluice \
-    && /opt/sluice/bin/pip install --no-compile "/src[kubernetes]" \
+    && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"]))' > /src/requirements.txt \
+    && /opt/sluice/bin/pip install --no-compile -r /src/requirements.txt
+COPY setup.py README.md /src/
+COPY sluice /src/sluice
+COPY broker /src/broker
+COPY operator /src/operator
+RUN --mount=type=secret,id=ca-bundle \
+    if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && /opt/sluice/bin/pip install --no-compile --no-deps /src \
     && /opt/sluice/bin/pip uninstall -y -q pip setuptools \
     && rm -rf /src
 # Compiled from / and not from the source tree: there, operator/ (a plain folder) would sit on

@@ -6,7 +6,10 @@
 #   tools/k8s-node/node.sh down     stop everything it started and remove its state (idempotent;
 #                                   kept: containerd's image store, so the next `up` is quicker)
 #   tools/k8s-node/node.sh status   exit 0 when the node is up and Ready
-#   tools/k8s-node/node.sh check    exit 0 when this machine can run the node, else say why
+#   tools/k8s-node/node.sh check    exit 0 when this machine can run the node, else say why (exit 3:
+#                                   the machine cannot, e.g. no root or kernel features; 1: an
+#                                   install step is missing)
+#   tools/k8s-node/node.sh kubeconfig  print the admin kubeconfig's path
 #
 # What `up` runs, each a process of its own with a pid file in $STATE (default
 # /var/lib/sluice-node/run) and its log beside it:
@@ -62,15 +65,17 @@ alive() { [[ -f "$STATE/$1.pid" ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/nu
 
 # -- check ---------------------------------------------------------------------------------------
 
+# Exit 3: the machine itself cannot (no root, a kernel without overlayfs, cgroups or namespaces):
+# the tests skip, saying why. Exit 1: something the project installs is missing: they fail.
 check() { # what the node needs from this machine; prints the first thing missing
-    [[ "$(id -u)" == 0 ]] || { echo "the node needs root (containerd, kubelet and their mounts)"; return 1; }
+    [[ "$(id -u)" == 0 ]] || { echo "the node needs root (containerd, kubelet and their mounts)"; return 3; }
     for t in containerd runc ctr podman mmdebstrap openssl; do
         command -v "$t" >/dev/null || { echo "'$t' is missing: apt-get install containerd runc podman buildah mmdebstrap"; return 1; }
     done
-    grep -qw overlay /proc/filesystems || { echo "the kernel has no overlay filesystem (containerd's snapshotter)"; return 1; }
+    grep -qw overlay /proc/filesystems || { echo "the kernel has no overlay filesystem (containerd's snapshotter)"; return 3; }
     [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers || -f /sys/fs/cgroup/unified/cgroup.controllers ]] \
-        || { echo "no usable cgroup hierarchy under /sys/fs/cgroup"; return 1; }
-    [[ -e /proc/self/ns/pid && -e /proc/self/ns/mnt ]] || { echo "the kernel lacks PID or mount namespaces"; return 1; }
+        || { echo "no usable cgroup hierarchy under /sys/fs/cgroup"; return 3; }
+    [[ -e /proc/self/ns/pid && -e /proc/self/ns/mnt ]] || { echo "the kernel lacks PID or mount namespaces"; return 3; }
     [[ -x /usr/lib/cni/loopback ]] || { echo "/usr/lib/cni/loopback is missing: apt-get install containernetworking-plugins"; return 1; }
     for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl pause; do
         [[ -x "$BIN/$b" ]] || { echo "$BIN/$b is missing: run tools/k8s-testenv/build.sh"; return 1; }
@@ -276,7 +281,7 @@ node_ready() {
 
 up() {
     local why
-    why="$(check)" || die "this machine cannot run the node: $why"
+    why="$(check)" || { local rc=$?; log "error: this machine cannot run the node: $why"; exit "$rc"; }
     if alive kubelet && alive kube-apiserver && node_ready 2>/dev/null; then
         log "already up"
         echo "$KUBECONFIG_FILE"
@@ -399,5 +404,6 @@ case "${1:-}" in
     down) down ;;
     status) status ;;
     check) check ;;
+    kubeconfig) echo "$KUBECONFIG_FILE" ;;
     *) echo "usage: $0 up|down|status|check" >&2; exit 2 ;;
 esac
