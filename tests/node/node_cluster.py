@@ -85,6 +85,28 @@ class Node:
         result = node_sh("down", timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"tools/k8s-node/node.sh down failed:\n{result.stderr[-4000:]}")
+        left = leftovers()
+        if left:
+            raise RuntimeError(f"tools/k8s-node/node.sh down left processes running: {left}")
+
+
+def leftovers() -> list[str]:
+    """Processes of the node still running: any whose command line names its state directory
+    (every daemon, shim and container of the node does, through its config, socket or root)."""
+    state = os.environ.get("SLUICE_NODE_DIR", "/var/lib/sluice-node")
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if state in cmdline:
+                found.append(f"{entry.name}: {cmdline[:120]}")
+    # Containers: anything left in the cgroups the kubelet made for pods.
+    for procs in Path("/sys/fs/cgroup").glob("*/kubepods/**/cgroup.procs"):
+        found += [f"{pid} in {procs.parent}" for pid in procs.read_text().split()]
+    return found
 
 
 class Release:

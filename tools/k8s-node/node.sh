@@ -383,7 +383,14 @@ down_quietly() {
     for m in $(awk -v s="$STATE" 'index($2, s) == 1 {print $2}' /proc/mounts | sort -r); do
         umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
-    # The pods' cgroups (empty once their processes are gone).
+    # A container whose shim died first would outlive it: whatever still runs in the pods'
+    # cgroups (the kubelet made them, so all of it is the node's) is killed; then the cgroups go.
+    for pid in $(cat /sys/fs/cgroup/*/kubepods/cgroup.procs /sys/fs/cgroup/*/kubepods/*/cgroup.procs \
+                     /sys/fs/cgroup/*/kubepods/*/*/cgroup.procs /sys/fs/cgroup/*/kubepods/*/*/*/cgroup.procs \
+                     2>/dev/null | sort -u); do
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    sleep 0.5
     for m in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods /sys/fs/cgroup/unified/kubepods; do
         if [[ -d "$m" ]]; then find "$m" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
     done
