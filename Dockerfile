@@ -38,6 +38,11 @@ RUN --mount=type=secret,id=ca-bundle \
     && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
 print("\n".join(p["dependencies"] + p["optional-dependencies"]["kubernetes"]))' > /src/requirements.txt \
     && /opt/sluice/bin/pip install --no-compile -r /src/requirements.txt
+# Bytecode now, so that a read-only root filesystem costs no compile at each start. Compiled
+# from / and not from the source tree: there, operator/ (a plain folder) would sit on sys.path
+# ahead of the standard library's operator module.
+WORKDIR /
+RUN /opt/sluice/bin/python -m compileall -q -j 0 /opt/sluice
 COPY setup.py README.md /src/
 COPY sluice /src/sluice
 COPY broker /src/broker
@@ -46,11 +51,8 @@ RUN --mount=type=secret,id=ca-bundle \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
     && /opt/sluice/bin/pip install --no-compile --no-deps /src \
     && /opt/sluice/bin/pip uninstall -y -q pip setuptools \
-    && rm -rf /src
-# Compiled from / and not from the source tree: there, operator/ (a plain folder) would sit on
-# sys.path ahead of the standard library's operator module.
-WORKDIR /
-RUN /opt/sluice/bin/python -m compileall -q -j 0 /opt/sluice
+    && rm -rf /src \
+    && /opt/sluice/bin/python -m compileall -q -j 0 /opt/sluice/lib/*/site-packages/sluice
 
 FROM ${BASE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
