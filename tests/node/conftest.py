@@ -1,28 +1,21 @@
-"""Fixtures of the node tests: the real single-node cluster, started once per session.
+"""Fixtures of the node tests: the real single-node cluster, started once for this package.
 
-Every test here carries the ``node`` marker (``pytest -m node`` runs just them). The node is
-started by ``tools/k8s-node/node.sh up`` at the first test that needs it and stopped by ``down``
-when the last test of this package is done, so nothing of it runs afterwards. When the machine cannot run a node
-at all (no root, or a kernel without overlayfs, cgroups or namespaces) the tests skip, and the
-skip reason says which; anything else missing (a binary, a package) is a failure.
+Every test module here marks its tests ``node`` (``pytest -m node`` runs just them). The node
+is started by ``tools/k8s-node/node.sh up`` at the first test that needs it and stopped by
+``down`` when the last test of this package is done, so nothing of it runs afterwards (and
+not during the rest of the suite). When the machine cannot run a node at all (no root, or a
+kernel without overlayfs, cgroups or namespaces) the tests skip, and the skip reason says
+which; anything else missing (a binary, a package) is a failure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.node.node_cluster import Node, NodeUnavailable
 from tests.support.k8s_env import ExistingCluster
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.node)
 
 
 @pytest.fixture(scope="package")
