@@ -7,7 +7,8 @@
 # 2 MB with its aiohttp) is the operator's alone. A second image would save almost nothing and
 # double what users pull, tag and scan.
 #
-# Build it with Docker:
+# Build it with Docker (BuildKit, the default builder since Docker 23; older engines need
+# DOCKER_BUILDKIT=1 for the RUN --mount below):
 #
 #   docker build -t sluice:0.1.0 .
 #   kind load docker-image sluice:0.1.0 --name sluice     # for the kind cluster of tools/kind/
