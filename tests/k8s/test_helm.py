@@ -10,6 +10,7 @@ with the broker's own argument parser and configuration, as the container would.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,7 @@ def test_operator_and_broker_roles_are_least_privilege(k8s: KubeCluster, k8s_nam
         assert not can(operator, "get", "secrets", "-n", ns)
         assert not can(operator, "list", "topics.sluice.dev", "-n", "default")
         assert not can(operator, "create", "customresourcedefinitions.apiextensions.k8s.io")
+        assert not can(operator, "list", "namespaces")  # Kopf's scanning is off: one named namespace
     finally:
         k8s.helm("uninstall", "rel", "--namespace", ns, check=False)
 
@@ -277,3 +279,46 @@ def test_broker_metrics_port_is_opened_on_the_pod_and_the_headless_service(k8s: 
     assert len(headless) == 1 and any(p["name"] == "metrics" for p in headless[0]["spec"]["ports"])
     off = "\n".join(str(d) for d in render(k8s, "--set", "broker.metrics.enabled=false"))
     assert "metrics" not in off
+
+
+def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the_node(k8s: KubeCluster) -> None:
+    """hostNetwork.enabled: the command the container runs (through the same shell) gives broker N
+    NODE:broker.port+N and NODE:metrics.port+N; no declared port (a host port, equal in every pod,
+    would keep brokers apart); exec probes; the API server address for both kinds of pod."""
+    docs = render(
+        k8s, "--set", "hostNetwork.enabled=true", "--set", "hostNetwork.apiServer.host=127.0.0.1",
+        "--set", "hostNetwork.apiServer.port=16443", namespace="prod",
+    )
+    sts = find(docs, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert "ports" not in container
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["SLUICE_GRPC_PORT_BASE"], env["SLUICE_METRICS_PORT_BASE"]) == ("9092", "9404")
+    assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "16443")
+    for broker_id in (0, 2):
+        # Run the container's own shell line with `sluice` replaced by printing its arguments.
+        shell_env = {"HOST_IP": "192.0.2.2", "SLUICE_BROKER_ID": str(broker_id), "POD_NAMESPACE": "prod",
+                     "SLUICE_GRPC_PORT_BASE": "9092", "SLUICE_METRICS_PORT_BASE": "9404", "PATH": "/usr/bin:/bin"}
+        args = [re.sub(r"\$\((\w+)\)", lambda m, e=shell_env: e[m.group(1)], a) for a in container["args"]]
+        script = container["command"][2].replace("exec sluice", "printf '%s\\n'")
+        out = subprocess.run([*container["command"][:2], script, *container["command"][3:], *args],
+                             env=shell_env, capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
+        assert out[0] == "broker"
+        config = build_config(parse_args(out[1:]))
+        assert (config.broker_id, config.host, config.port) == (broker_id, "192.0.2.2", 9092 + broker_id)
+        metrics = next(a for a in out if a.startswith("--metrics-listen="))
+        assert parse_metrics_listen(metrics.split("=", 1)[1]) == ("192.0.2.2", 9404 + broker_id)
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"][:2] == ["python", "-c"]
+    assert container["readinessProbe"]["exec"]["command"][-1] == ""
+    assert container["livenessProbe"]["exec"]["command"][-1] == "sluice.liveness"
+    operator = find(docs, "Deployment")["spec"]["template"]["spec"]
+    assert operator["hostNetwork"] is True
+    op_env = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+    assert (op_env["KUBERNETES_SERVICE_HOST"], op_env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "16443")
+    # Off by default: no host network, no API server override.
+    default = find(render(k8s), "StatefulSet")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in default
+    assert "KUBERNETES_SERVICE_HOST" not in str(default)

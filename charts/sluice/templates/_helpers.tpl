@@ -73,3 +73,37 @@ fewer with fewer brokers), the coordinators' internal-topic settings, then broke
 {{- range $k, $v := .Values.broker.config }}{{ $_ := set $c $k (toString $v) }}{{ end }}
 {{- toJson $c }}
 {{- end }}
+
+{{/*
+KUBERNETES_SERVICE_HOST/PORT for host-network pods that cannot reach the "kubernetes" Service
+(hostNetwork.apiServer.host set); nothing otherwise.
+*/}}
+{{- define "sluice.apiServerEnv" -}}
+{{- if and .Values.hostNetwork.enabled .Values.hostNetwork.apiServer.host }}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ .Values.hostNetwork.apiServer.host | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ .Values.hostNetwork.apiServer.port | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+A host-network broker's probe (pass the gRPC health service name): the standard gRPC health
+check against this pod's own port, NODE_IP:(broker.port + ordinal), as an exec probe, since a
+pod template's grpc probe has one fixed port for every pod.
+*/}}
+{{- define "sluice.broker.execProbe" -}}
+exec:
+  command:
+    - python
+    - -c
+    - |-
+      import os, sys, grpc
+      from grpc_health.v1 import health_pb2 as pb, health_pb2_grpc as rpc
+      ip = os.environ["HOST_IP"]
+      port = int(os.environ["SLUICE_GRPC_PORT_BASE"]) + int(os.environ["SLUICE_BROKER_ID"])
+      with grpc.insecure_channel(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}") as channel:
+          reply = rpc.HealthStub(channel).Check(pb.HealthCheckRequest(service=sys.argv[1]), timeout=3)
+      sys.exit(0 if reply.status == pb.HealthCheckResponse.SERVING else 1)
+    - {{ . | quote }}
+{{- end }}

@@ -1,7 +1,7 @@
 """Start-up, clean-up and the liveness probe of the operator.
 
 At start-up Kopf's own settings are set (finalizer, annotation storage,
-peering, posting level, workers), the :class:`~sluice.operator.settings.OperatorSettings`
+peering, posting level, workers, no cluster-wide scanning), the :class:`~sluice.operator.settings.OperatorSettings`
 and the :class:`~sluice.operator.handlers.runtime.OperatorRuntime` made from
 them go into Kopf's ``memo`` (which Kopf hands to every handler), and the
 controller's threads start. Clean-up stops them. The probe (on the liveness
@@ -36,6 +36,11 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings, settings: OperatorSettings) -> None:
     kopf_settings.persistence.finalizer = FINALIZER
+    # One namespace, named exactly (--namespace), and CRDs that the chart installs before the
+    # operator starts: nothing to discover. Kopf's scanning would list and watch namespaces and
+    # CRDs cluster-wide; the chart does not grant namespaces (least privilege), and Kopf then
+    # retried the 403 for about a minute before any handler ran.
+    kopf_settings.scanning.disabled = True
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="sluice.dev")
     kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="sluice.dev")
     kopf_settings.peering.name = settings.peering_name

@@ -10,6 +10,7 @@ handlers' reconcile functions with it directly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -44,7 +45,16 @@ def register_kind(
 ) -> None:
     """Register one kind's handlers the way every kind wants them: ``changed`` on resume, create
     and update (retried after HANDLER_BACKOFF_S), ``timer`` every ``interval_s`` (drift repair or
-    status), and ``deleted`` behind the finalizer when given."""
+    status), and ``deleted`` behind the finalizer when given.
+
+    A kind without ``deleted`` gets no finalizer: deleting such a resource has nothing to clean
+    up, so nothing should wait for the operator. Kopf puts its finalizer on every resource that
+    has a timer (to stop the timer before the object goes); here the timer of such a kind is
+    registered without that demand, and Kopf simply cancels it when the object is gone. Without
+    this, `helm uninstall` hung on the chart's Coordinators: Helm deletes them and the operator
+    together, and a finalizer whose operator is gone is never removed. Kopf also drops the
+    finalizer from objects an older operator put it on, on their next event.
+    """
     kind = metrics.kind_of(plural)  # every call counted and timed (sluice.operator.metrics)
     changed, timer = metrics.instrument(kind, changed), metrics.instrument(kind, timer, drift_check=True)
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
@@ -53,6 +63,28 @@ def register_kind(
     if deleted is not None:
         deleted = metrics.instrument(kind, deleted)
         kopf.on.delete(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(deleted)
+    else:
+        _timers_hold_no_deletion(registry, plural)
+
+
+def _timers_hold_no_deletion(registry: kopf.OperatorRegistry, plural: str) -> None:
+    """Mark the timers of ``plural`` as not needing a finalizer (see :func:`register_kind`).
+
+    ``kopf.timer`` has no option for it, so its handler objects (frozen dataclasses in the
+    registry's spawning part) are replaced by copies with ``requires_finalizer=False``, which is
+    the flag Kopf reads (``SpawningRegistry.requires_finalizer``) when it decides to add one.
+    """
+
+    def ours(handler: Any) -> bool:
+        selector = handler.selector
+        return selector is not None and selector.group == GROUP and plural in (selector.plural, selector.any_name)
+
+    handlers: list[Any] = registry._spawning._handlers
+    for i, handler in enumerate(handlers):
+        if ours(handler) and handler.requires_finalizer:
+            handlers[i] = dataclasses.replace(handler, requires_finalizer=False)
+    if not any(ours(h) for h in handlers) or any(ours(h) and h.requires_finalizer for h in handlers):
+        raise RuntimeError(f"could not register the {plural} timers without a finalizer (Kopf changed?)")
 
 
 class OperatorRuntime:

@@ -1,0 +1,361 @@
+"""Sluice as users meet it: `helm install` onto a node that really runs containers.
+
+One release (three brokers, replication factor 3, the operator) on the single-node cluster of
+tools/k8s-node, driven from the host through the same client library an application uses. The
+tests run in file order and build on each other, as an operator's day would:
+
+1. install: every pod Ready, the default Coordinators get their status (and no finalizer);
+2. Topic and TransactionalId resources applied with kubectl are reconciled;
+3. a transactional copy (consume-transform-produce, as `sluice demo` does) runs from the host
+   while one broker pod is deleted and another broker's process is SIGKILLed: the operator moves
+   leadership away, the copy is exactly once, and both brokers come back with their RocksDB
+   data from their PersistentVolumes;
+4. `helm upgrade` rolls the brokers one at a time, and no acknowledged write is lost;
+5. `helm uninstall` finishes on its own and keeps the volumes.
+
+The measured times (install to Ready, failover of a real pod) are printed (`pytest -s`) and
+recorded in docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice import errors
+from sluice.client import Admin, Consumer, Producer, TopicPartition
+from tests.node.node_cluster import CHART, Node, Release, wait_for
+from tests.support.k8s_env import ExistingCluster
+
+# The first test also starts the node (a cold image build); `pytest -m node` selects these.
+pytestmark = [pytest.mark.node, pytest.mark.timeout(1800)]
+
+RECORDS = 6000
+TXN_SIZE = 25
+PARTITIONS = 3
+
+
+def condition(obj: dict[str, Any], kind: str) -> str:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status"))
+    return ""
+
+
+def ready(obj: dict[str, Any]) -> dict[str, Any] | None:
+    return obj if condition(obj, "Ready") == "True" else None
+
+
+def resource(kind: str, name: str, **spec: object) -> dict[str, Any]:
+    return {"apiVersion": "sluice.dev/v1alpha1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def release(node: Node, node_cluster: ExistingCluster) -> Iterator[Release]:
+    namespace = node_cluster.create_namespace("sluice-node")
+    rel = Release(node_cluster, namespace)
+    started = time.monotonic()
+    rel.helm("install", rel.name, str(CHART), *rel.values_args())
+    wait_for(lambda: len(rel.brokers()) == 3 and all(rel.ready(p) for p in rel.brokers()), 300,
+             "three broker pods Ready")  # fmt: skip
+    wait_for(lambda: all(rel.ready(p) for p in rel.items("pods", "-l", "app.kubernetes.io/component=operator")),
+             120, "the operator pod Ready")  # fmt: skip
+    rel.install_seconds = time.monotonic() - started
+    print(f"\nnode up in {node.up_seconds:.1f} s; helm install to all pods Ready: {rel.install_seconds:.1f} s")
+    yield rel
+    rel.k8s.helm("uninstall", rel.name, "--namespace", namespace, check=False, timeout=120)
+
+
+def test_install_brings_every_pod_ready_and_the_coordinators_get_their_status(release: Release) -> None:
+    for broker in range(3):
+        pod = release.broker_pod(broker)
+        assert pod["spec"]["hostNetwork"] is True and pod["status"]["podIP"] == release.node_ip
+
+    def coordinators_ready() -> list[dict[str, Any]] | None:
+        items = release.items("coordinators")
+        done = len(items) == 2 and all(condition(c, "Ready") == "True" for c in items)
+        return items if done else None
+
+    items = wait_for(coordinators_ready, 120, "both Coordinators Ready")
+    for c in items:
+        assert len(c["status"]["partitions"]) == c["spec"]["partitions"]
+        assert {row["coordinator"] for row in c["status"]["partitions"]} <= {0, 1, 2}
+        # Nothing to clean up when a Coordinator goes: no finalizer, so uninstall never waits on one.
+        assert not c["metadata"].get("finalizers")
+    # The brokers registered the node's address with their own ports.
+    with Admin(release.bootstrap()) as admin:
+        described = admin.describe_topic("__transaction_state")
+        assert described.replication_factor == 3
+    # Kopf does not scan namespaces (the chart grants none): no 403 retries in the operator's log.
+    log = release.k8s.kubectl("logs", "-n", release.namespace, "deploy/sluice-operator", timeout=30).stdout
+    assert "forbidden" not in log.lower(), log[-3000:]
+
+
+def test_topics_and_transactional_ids_applied_with_kubectl_are_reconciled(release: Release) -> None:
+    for name in ("in", "out", "acked"):
+        release.apply(resource("Topic", name, partitions=PARTITIONS, replicationFactor=3))
+    for p in range(PARTITIONS):
+        release.apply(resource("TransactionalId", f"copier-node-{p}", transactionalId=f"copier-node-{p}"))
+    for name in ("in", "out", "acked"):
+        topic = wait_for(functools.partial(lambda n: ready(release.get("topic", n)), name), 120, f"Topic {name} Ready")
+        assert [row["partition"] for row in topic["status"]["partitions"]] == list(range(PARTITIONS))
+        assert topic["metadata"]["finalizers"] == ["sluice.dev/finalizer"]  # deleting it deletes the topic
+    for p in range(PARTITIONS):
+        wait_for(functools.partial(lambda n: ready(release.get("transactionalid", n)), f"copier-node-{p}"),
+                 120, "TransactionalIds Ready")  # fmt: skip
+    with Admin(release.bootstrap()) as admin:
+        for name in ("in", "out"):
+            parts = admin.describe_topic(name).partitions
+            assert [sorted(p.replicas) for p in parts] == [[0, 1, 2]] * PARTITIONS
+
+
+class Copiers:
+    """The exactly-once copier program (python -m sluice.cli.copier), one per input partition."""
+
+    def __init__(self, release: Release, workdir: Path) -> None:
+        self.release = release
+        self.workdir = workdir
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self) -> None:
+        for p in range(PARTITIONS):
+            with open(self.workdir / f"copier-{p}.log", "wb") as log:
+                self.procs[p] = subprocess.Popen(
+                    [
+                        sys.executable, "-m", "sluice.cli.copier", "--bootstrap-server", self.release.bootstrap(),
+                        "--input", "in", "--output", "out", "--group", "copiers", "--partition", str(p),
+                        "--transactional-id", f"copier-node-{p}", "--transaction-size", str(TXN_SIZE),
+                        "--max-seconds", "900",
+                    ],
+                    stdout=log, stderr=log,
+                )  # fmt: skip
+
+    def commits(self) -> int:
+        return sum((self.workdir / f"copier-{p}.log").read_text().count('"committed"') for p in self.procs)
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs.values())
+
+    def wait(self, timeout: float) -> dict[int, int | None]:
+        deadline = time.monotonic() + timeout
+        out: dict[int, int | None] = {}
+        for i, p in self.procs.items():
+            try:
+                out[i] = p.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out[i] = None
+        return out
+
+    def log_tail(self) -> str:
+        return "\n".join(
+            f"--- copier-{p}\n" + (self.workdir / f"copier-{p}.log").read_text()[-1500:] for p in self.procs
+        )
+
+
+def led_by(release: Release, broker: int) -> list[str]:
+    """Partitions of the copy's topics and of __transaction_state that ``broker`` leads."""
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        return [
+            f"{t.name}-{p.partition}"
+            for t in admin.describe_topics(["in", "out", "__transaction_state"])
+            for p in t.partitions
+            if p.leader == broker
+        ]
+
+
+def epochs_led_by(release: Release, broker: int) -> dict[str, int]:
+    """Leader epoch of each partition (of the copy's topics and __transaction_state) ``broker`` leads."""
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        return {
+            f"{t.name}-{p.partition}": p.leader_epoch
+            for t in admin.describe_topics(["in", "out", "__transaction_state"])
+            for p in t.partitions
+            if p.leader == broker
+        }
+
+
+def all_reelected(release: Release, before: dict[str, int]) -> bool:
+    """Every partition of ``before`` got a new leader since (a higher epoch), wherever it is now:
+    a broker restarted in place may already be its preferred leader again."""
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        now = {
+            f"{t.name}-{p.partition}": p.leader_epoch
+            for t in admin.describe_topics(["in", "out", "__transaction_state"])
+            for p in t.partitions
+        }
+    return all(now[tp] > epoch for tp, epoch in before.items())
+
+
+def fully_replicated(release: Release) -> bool:
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        return all(
+            sorted(p.isr) == [0, 1, 2] for t in admin.describe_topics(["in", "out", "__transaction_state"])
+            for p in t.partitions
+        )  # fmt: skip
+
+
+def identity(release: Release, broker: int) -> str:
+    """The RocksDB IDENTITY of the broker's volume: the same database when it comes back."""
+    found = list(release.volume_dir(broker).rglob("IDENTITY"))
+    assert found, f"no RocksDB in broker {broker}'s volume {release.volume_dir(broker)}"
+    return found[0].read_text()
+
+
+def read_committed(release: Release, topic: str) -> list[bytes]:
+    consumer = Consumer(release.bootstrap(), group_id=None, isolation_level="read_committed")
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning()
+    ends = consumer.end_offsets(tps)
+    out: list[bytes] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(consumer.position(tp) >= ends[tp] for tp in tps):
+        out.extend(r.value for r in consumer.poll(timeout=0.5) if r.value is not None)
+    consumer.close()
+    return out
+
+
+def test_exactly_once_copy_while_a_broker_pod_is_deleted_and_another_is_killed(
+    release: Release, tmp_path: Path
+) -> None:
+    producer = Producer(release.bootstrap(), acks="all", linger_ms=5)
+    sent = [f"{i % PARTITIONS}:{i}".encode() for i in range(RECORDS)]
+    for i, value in enumerate(sent):
+        producer.send("in", key=value, value=value, partition=i % PARTITIONS)
+    producer.flush()
+    producer.close()
+
+    # The victims: the coordinator of copier-node-0's transactional id (so a coordinator moves
+    # too) is deleted as a pod; another broker's process is killed with SIGKILL.
+    copiers = Copiers(release, tmp_path)
+    copiers.start()
+    wait_for(lambda: copiers.commits() >= 6, 180, "the copiers' first commits")
+    with Admin(release.bootstrap()) as admin:
+        deleted = admin.describe_transactions(["copier-node-0"])[0].coordinator_id
+    killed = (deleted + 1) % 3
+    volumes = {b: identity(release, b) for b in (deleted, killed)}
+    old_uid = release.broker_pod(deleted)["metadata"]["uid"]
+
+    t0 = time.monotonic()
+    release.k8s.kubectl("delete", "pod", "-n", release.namespace, f"{release.name}-broker-{deleted}", "--wait=false")
+    wait_for(lambda: not led_by(release, deleted), 120, f"broker {deleted}'s leaderships moving")
+    moved_deleted = time.monotonic() - t0
+    wait_for(lambda: (p := release.broker_pod(deleted))["metadata"]["uid"] != old_uid and release.ready(p), 240,
+             f"broker {deleted}'s new pod Ready")  # fmt: skip
+    back_deleted = time.monotonic() - t0
+    wait_for(lambda: fully_replicated(release), 240, f"broker {deleted} back in every ISR")
+    assert copiers.running(), "the copy finished before the second failure: raise RECORDS"
+
+    wait_for(lambda: led_by(release, killed), 120, f"broker {killed} leading something again")
+    restarts = release.restarts(killed)
+    led = epochs_led_by(release, killed)
+    t1 = time.monotonic()
+    pid = release.sigkill(killed)
+    wait_for(lambda: all_reelected(release, led), 120, f"new leaders for broker {killed}'s partitions after SIGKILL")
+    moved_killed = time.monotonic() - t1
+    wait_for(lambda: release.restarts(killed) > restarts and release.ready(release.broker_pod(killed)), 240,
+             f"broker {killed}'s container restarted and Ready")  # fmt: skip
+    back_killed = time.monotonic() - t1
+    assert release.broker_pid(killed) != pid
+    print(
+        f"\nfailover on the node: pod of broker {deleted} deleted -> its leaderships moved in {moved_deleted:.1f} s, "
+        f"new pod Ready in {back_deleted:.1f} s; broker {killed} SIGKILLed -> leaderships moved in "
+        f"{moved_killed:.1f} s, container restarted and Ready in {back_killed:.1f} s"
+    )
+
+    codes = copiers.wait(600)
+    assert all(c == 0 for c in codes.values()), f"copiers ended with {codes}\n{copiers.log_tail()}"
+    copied = Counter(read_committed(release, "out"))
+    assert [v for v, n in copied.items() if n > 1] == [], "duplicates in the output"
+    assert set(copied) == set(sent), f"lost {len(set(sent) - set(copied))} records"
+
+    # Both brokers came back on their own volumes: the same RocksDB, caught up again.
+    for b in (deleted, killed):
+        assert identity(release, b) == volumes[b], f"broker {b} came back with another database"
+    wait_for(lambda: fully_replicated(release), 240, "every replica back in sync")
+
+
+def test_helm_upgrade_rolls_brokers_one_at_a_time_without_losing_an_acknowledged_write(release: Release) -> None:
+    acked: list[bytes] = []
+    failed = 0
+    stop = threading.Event()
+
+    def produce() -> None:
+        nonlocal failed
+        producer = Producer(release.bootstrap(), acks="all", linger_ms=5, request_timeout_ms=20_000)
+        i = 0
+        try:
+            while not stop.is_set():
+                batch = [f"a{i + k}".encode() for k in range(20)]
+                i += len(batch)
+                futures = [(v, producer.send("acked", value=v, partition=j % PARTITIONS)) for j, v in enumerate(batch)]
+                for value, future in futures:
+                    try:
+                        future.result(timeout=60)
+                        acked.append(value)
+                    except errors.SluiceError:
+                        failed += 1  # not acknowledged: the producer said so, nothing is promised
+        finally:
+            producer.close()
+
+    writer = threading.Thread(target=produce, daemon=True)
+    writer.start()
+    wait_for(lambda: len(acked) >= 100, 120, "the first acknowledged writes")
+    before = {b: release.broker_pod(b)["metadata"]["uid"] for b in range(3)}
+    most_down = 0
+    done = threading.Event()
+    result: list[subprocess.CompletedProcess[str]] = []
+
+    def upgrade() -> None:
+        try:
+            result.append(release.helm(
+                "upgrade", release.name, str(CHART), *release.values_args(),
+                "--set-string", "broker.podAnnotations.sluice\\.dev/rollout=2", "--wait", "--timeout", "900s",
+                timeout=960,
+            ))  # fmt: skip
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    upgrader = threading.Thread(target=upgrade, daemon=True)
+    upgrader.start()
+    while not done.wait(0.5):
+        pods = {p["metadata"]["name"]: p for p in release.brokers()}
+        down = 3 - sum(1 for p in pods.values() if release.ready(p))
+        most_down = max(most_down, down)
+    upgrader.join()
+    rolled_s = time.monotonic() - started
+    assert result and result[0].returncode == 0
+    after = {b: release.broker_pod(b) for b in range(3)}
+    assert all(after[b]["metadata"]["uid"] != before[b] for b in range(3)), "not every broker was replaced"
+    assert all(after[b]["metadata"]["annotations"].get("sluice.dev/rollout") == "2" for b in range(3))
+    assert most_down <= 1, f"{most_down} brokers were down at once"
+    wait_for(lambda: len(acked) >= 100 + 50, 120, "writes acknowledged after the upgrade")
+    stop.set()
+    writer.join(120)
+    got = set(read_committed(release, "acked"))
+    lost = [v for v in acked if v not in got]
+    print(f"\nhelm upgrade rolled 3 brokers in {rolled_s:.1f} s; {len(acked)} writes acknowledged, {failed} "
+          f"refused, lost {len(lost)}; at most {most_down} broker down at a time")  # fmt: skip
+    assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
+
+
+def test_helm_uninstall_finishes_on_its_own_and_keeps_the_volumes(release: Release) -> None:
+    started = time.monotonic()
+    release.helm("uninstall", release.name, "--wait", "--timeout", "180s", timeout=200)
+    took = time.monotonic() - started
+    assert release.items("coordinators") == []
+    wait_for(lambda: release.items("pods") == [], 180, "every pod gone")
+    claims = sorted(c["metadata"]["name"] for c in release.items("pvc"))
+    assert claims == [f"data-{release.name}-broker-{b}" for b in range(3)]
+    print(f"\nhelm uninstall finished in {took:.1f} s; the three PVCs stay")
