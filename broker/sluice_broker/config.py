@@ -165,6 +165,11 @@ class BrokerConfig:
     data_dir: str
     metadata_url: str
     values: dict[str, Any] = field(default_factory=dict)
+    # The inter-broker listener (--inter-broker-listen, same host as the client listener; 0: none)
+    # and the directory of its TLS material (--broker-tls-dir: ca.crt = the cluster CA, tls.crt and
+    # tls.key = this broker's certificate). See sluice.broker.security.
+    inter_broker_port: int = 0
+    tls_dir: str = ""
 
     @classmethod
     def build(
@@ -175,6 +180,9 @@ class BrokerConfig:
         data_dir: str,
         metadata_url: str,
         overrides: Mapping[str, Any] | None = None,
+        *,
+        inter_broker_port: int = 0,
+        tls_dir: str = "",
     ) -> BrokerConfig:
         values = {k: default for k, (_kind, default) in DEFAULTS.items()}
         given = dict(overrides or {})
@@ -192,7 +200,12 @@ class BrokerConfig:
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
-        return cls(broker_id, host, port, data_dir, metadata_url, values)
+        if bool(inter_broker_port) != bool(tls_dir):
+            raise ConfigError(
+                "--inter-broker-listen and --broker-tls-dir go together: the inter-broker listener "
+                "only serves peers proving a cluster certificate"
+            )
+        return cls(broker_id, host, port, data_dir, metadata_url, values, inter_broker_port, tls_dir)
 
     def get(self, key: str) -> Any:
         return self.values[key]

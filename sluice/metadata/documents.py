@@ -111,9 +111,12 @@ class BrokerDocument:
     port: int
     rack: str = ""
     started_ms: int = 0
+    # The port of the broker's inter-broker listener (mutual TLS with the cluster CA, same host);
+    # 0: the broker has none, so no other broker can replicate from it or send it markers.
+    inter_broker_port: int = 0
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms")
+    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "host", "port", "rack", "started_ms", "inter_broker_port")
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -123,11 +126,12 @@ class BrokerDocument:
             port=int(value["port"]),
             rack=str(value.get("rack") or ""),
             started_ms=int(value.get("started_ms", 0)),
+            inter_broker_port=int(value.get("inter_broker_port", 0)),
             extra=_extra(value, cls.FIELDS),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             **self.extra,
             "broker_id": self.broker_id,
             "host": self.host,
@@ -135,6 +139,17 @@ class BrokerDocument:
             "rack": self.rack,
             "started_ms": self.started_ms,
         }
+        if self.inter_broker_port:  # written only when there is one: older readers see what they knew
+            out["inter_broker_port"] = self.inter_broker_port
+        return out
+
+    @property
+    def inter_broker_address(self) -> str | None:
+        """``host:port`` of the inter-broker listener, or None when the broker has none."""
+        if not self.inter_broker_port:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.inter_broker_port}"
 
     @property
     def address(self) -> str:

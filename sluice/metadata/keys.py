@@ -4,7 +4,7 @@ Each shape is one dataclass of :mod:`sluice.metadata.documents`, with its one en
 the table below is the summary.
 
 ``cluster``                      {"cluster_id": str}
-``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms"}
+``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms", "inter_broker_port"}
 ``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
                                   "replication_factor",
                                   "partitions": [{"replicas": [..], "leader": id,
