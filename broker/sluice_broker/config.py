@@ -113,6 +113,9 @@ UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
 }
 
 
+CLIENT_LISTENERS = ("plaintext", "tls", "mtls")
+
+
 class ConfigError(ValueError):
     """A configuration key is unknown or its value has the wrong type."""
 
@@ -170,6 +173,10 @@ class BrokerConfig:
     # tls.key = this broker's certificate). See sluice.broker.security.
     inter_broker_port: int = 0
     tls_dir: str = ""
+    # The client listener (--client-listener): "plaintext", "tls" (this broker's certificate from
+    # tls_dir), or "mtls" (client certificates required, from the clients CA in clients_ca).
+    client_listener: str = "plaintext"
+    clients_ca: str = ""
 
     @classmethod
     def build(
@@ -183,6 +190,8 @@ class BrokerConfig:
         *,
         inter_broker_port: int = 0,
         tls_dir: str = "",
+        client_listener: str = "plaintext",
+        clients_ca: str = "",
     ) -> BrokerConfig:
         values = {k: default for k, (_kind, default) in DEFAULTS.items()}
         given = dict(overrides or {})
@@ -205,7 +214,17 @@ class BrokerConfig:
                 "--inter-broker-listen and --broker-tls-dir go together: the inter-broker listener "
                 "only serves peers proving a cluster certificate"
             )
-        return cls(broker_id, host, port, data_dir, metadata_url, values, inter_broker_port, tls_dir)
+        if client_listener not in CLIENT_LISTENERS:
+            known = ", ".join(CLIENT_LISTENERS)
+            raise ConfigError(f"--client-listener must be one of {known}, not {client_listener!r}")
+        if client_listener != "plaintext" and not tls_dir:
+            raise ConfigError(f"--client-listener {client_listener} needs --broker-tls-dir (the broker's certificate)")
+        if (client_listener == "mtls") != bool(clients_ca):
+            raise ConfigError("--clients-ca (the CA of client certificates) goes with --client-listener mtls, and only")
+        return cls(
+            broker_id, host, port, data_dir, metadata_url, values,
+            inter_broker_port, tls_dir, client_listener, clients_ca,
+        )  # fmt: skip
 
     def get(self, key: str) -> Any:
         return self.values[key]

@@ -142,6 +142,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="this broker's TLS material for the inter-broker listener: DIR/ca.crt (the cluster CA), "
         "DIR/tls.crt and DIR/tls.key (this broker's certificate; a Kubernetes TLS Secret's layout)",
     )
+    parser.add_argument(
+        "--client-listener",
+        default="plaintext",
+        choices=("plaintext", "tls", "mtls"),
+        help="security of the --listen port: plaintext (default: a local cluster on loopback), tls (this "
+        "broker's certificate from --broker-tls-dir), mtls (tls, and clients must present a certificate from "
+        "--clients-ca; their principal is User:<CN>)",
+    )
+    parser.add_argument(
+        "--clients-ca",
+        default=None,
+        metavar="FILE",
+        help="PEM file of the CA(s) client certificates are verified against (with --client-listener mtls)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -205,6 +219,8 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         overrides,
         inter_broker_port=inter_broker_port,
         tls_dir=args.broker_tls_dir or "",
+        client_listener=args.client_listener,
+        clients_ca=args.clients_ca or "",
     )
 
 

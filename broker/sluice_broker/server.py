@@ -2,7 +2,9 @@
 
 Two listeners, as Kafka separates its inter.broker.listener from client listeners:
 
-* the **client listener** (``--listen``) serves sluice.v1.Broker and the health service. The
+* the **client listener** (``--listen``; ``--client-listener`` plaintext, tls or mtls, see
+  :func:`sluice.broker.security.peers.client_listener_credentials`) serves sluice.v1.Broker and
+  the health service. The
   inter-broker methods are registered there only to be refused (PERMISSION_DENIED, nothing
   decoded): a client never needs them, and a forged WriteTxnMarkers or ReplicaFetch must not
   move a transaction, a high watermark or an ISR.
@@ -96,10 +98,15 @@ def open_listeners(config: BrokerConfig, servicer: BrokerServicer, health: Healt
     client = _server(max_bytes)
     client.add_generic_rpc_handlers(servicer.client_handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health, client)
-    client.add_insecure_port(target(config.host, config.port))
+    material = tls.load_dir(config.tls_dir) if config.tls_dir else None
+    address = target(config.host, config.port)
+    if material is None or config.client_listener == "plaintext":
+        client.add_insecure_port(address)
+    else:
+        creds = peers.client_listener_credentials(config.client_listener, material, config.clients_ca)
+        client.add_secure_port(address, creds)
     interbroker: grpc.aio.Server | None = None
-    if config.inter_broker_port:
-        material = tls.load_dir(config.tls_dir)
+    if config.inter_broker_port and material is not None:
         interbroker = _server(max_bytes)
         interbroker.add_generic_rpc_handlers(servicer.interbroker_handlers())
         creds = peers.server_credentials(material.ca_pem, material.cert_pem, material.key_pem)

@@ -30,6 +30,7 @@ from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
 from sluice.client._network import rpc as rpcs
+from sluice.client._network.security import ClientSecurity
 from sluice.client.consumer.fetcher import list_offsets_at
 from sluice.client.types import PreparedTransaction, TopicPartition
 
@@ -125,11 +126,19 @@ class Admin:
         bootstrap_servers: str | list[str],
         *,
         request_timeout_ms: int = 30_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
         client_id: str | None = None,
     ) -> None:
         self.client_id = client_id or "sluice-admin"
         self._timeout = request_timeout_ms / 1000.0
-        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(
+            bootstrap_servers,
+            request_timeout_ms=request_timeout_ms,
+            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+        )
 
     def _deadline(self, timeout: float | None) -> Deadline:
         return Deadline(self._timeout if timeout is None else timeout)

@@ -45,3 +45,40 @@ def broker_tls_dirs(data_dir: Path, broker_ids: Iterable[int], host: str) -> dic
             tls.write_dir(d, ca.cert_pem, tls.issue_broker(ca, i, [host]))
         out[i] = d
     return out
+
+
+CLIENTS_CA = "clients-ca"
+CONTROLLER_CN = "sluice-controller"
+
+
+def controller_tls_dir(data_dir: Path) -> Path:
+    """The local controller's material (CN ``sluice-controller``, cluster CA): it health-checks
+    brokers whose client listener requires a certificate. Not a broker's name: no inter-broker RPC."""
+    base = data_dir / TLS_DIR
+    d = base / "controller"
+    if not (d / tls.KEY_FILE).exists():
+        ca = load_or_create_ca(base, CLUSTER_CA, "sluice-local-cluster-ca")
+        tls.write_dir(d, ca.cert_pem, tls.issue(ca, CONTROLLER_CN))
+    return d
+
+
+def clients_ca_file(data_dir: Path) -> Path:
+    """The clients CA certificate (``tls/clients-ca.crt``), made on first use: what brokers verify clients with."""
+    base = data_dir / TLS_DIR
+    load_or_create_ca(base, CLIENTS_CA, "sluice-local-clients-ca")
+    return base / f"{CLIENTS_CA}.crt"
+
+
+def client_tls_dir(data_dir: Path, name: str) -> Path:
+    """``tls/clients/<name>/``: a certificate for ``User:<name>`` from the clients CA, and the cluster CA
+    (``ca.crt``) to verify brokers with. Made on first use, reused after."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"a client name is a certificate CN without '/', not {name!r}")
+    base = data_dir / TLS_DIR
+    d = base / "clients" / name
+    if not (d / tls.KEY_FILE).exists():
+        cluster_ca = load_or_create_ca(base, CLUSTER_CA, "sluice-local-cluster-ca")
+        clients_ca = load_or_create_ca(base, CLIENTS_CA, "sluice-local-clients-ca")
+        (base / "clients").mkdir(mode=0o700, exist_ok=True)
+        tls.write_dir(d, cluster_ca.cert_pem, tls.issue(clients_ca, name))
+    return d

@@ -77,7 +77,7 @@ from sluice.metadata.documents import NO_LEADER, ControllerDocument, TopicDocume
 from sluice.metadata.store import MetadataStore
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
-from sluice.testing.certs import broker_tls_dirs
+from sluice.testing.certs import broker_tls_dirs, client_tls_dir, clients_ca_file, controller_tls_dir
 
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
@@ -119,8 +119,11 @@ class BrokerProcess(ManagedProcess):
         metrics_port: int | None = None,
         inter_broker_port: int | None = None,
         tls_dir: Path | None = None,
+        clients_ca: Path | None = None,
+        health_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.health_credentials = health_credentials
         self.inter_broker_port = inter_broker_port
         self.tls_dir = tls_dir
         self.host = host
@@ -141,6 +144,8 @@ class BrokerProcess(ManagedProcess):
         if inter_broker_port is not None and tls_dir is not None:
             ib = f"[{host}]:{inter_broker_port}" if ":" in host else f"{host}:{inter_broker_port}"
             argv += ["--inter-broker-listen", ib, "--broker-tls-dir", str(tls_dir)]
+        if clients_ca is not None:  # secure: clients need a certificate (mutual TLS)
+            argv += ["--client-listener", "mtls", "--clients-ca", str(clients_ca)]
         for key, value in self.config.items():
             argv += ["--config", f"{key}={value}"]
         super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
@@ -164,7 +169,7 @@ class BrokerProcess(ManagedProcess):
             return "PAUSED"
         if state != "running":
             return state.upper()
-        return check_health(self.address, timeout=timeout)
+        return check_health(self.address, timeout=timeout, credentials=self.health_credentials)
 
 
 class ControllerProcess(ManagedProcess):
@@ -248,6 +253,7 @@ class LocalCluster:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
+        secure: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
@@ -276,6 +282,16 @@ class LocalCluster:
         self._brokers: list[BrokerProcess] = []
         # Made now (not at start) so that the argv of every broker names its material; cheap (EC keys).
         tls_dirs = broker_tls_dirs(self.data_dir, range(brokers), host)
+        self.secure = secure
+        clients_ca: Path | None = None
+        health_credentials: grpc.ChannelCredentials | None = None
+        controller_args: list[str] = []
+        if secure:
+            clients_ca = clients_ca_file(self.data_dir)
+            controller_dir = controller_tls_dir(self.data_dir)
+            m = tls.load_dir(controller_dir)
+            health_credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
+            controller_args += ["--tls-dir", str(controller_dir)]
         for i in range(brokers):
             cfg = dict(common)
             cfg.update({k: _config_str(v) for k, v in per_broker.get(i, {}).items()})
@@ -294,9 +310,10 @@ class LocalCluster:
                     metrics_port=free_port(host),
                     inter_broker_port=free_port(host),
                     tls_dir=tls_dirs[i],
+                    clients_ca=clients_ca,
+                    health_credentials=health_credentials,
                 )
             )
-        controller_args = []
         if common.get("unclean.leader.election.enable", "").lower() == "true":
             controller_args.append("--unclean-leader-election")
         self._controller = ControllerProcess(
@@ -393,6 +410,25 @@ class LocalCluster:
         url = self.broker(i).metrics_url
         assert url is not None  # every broker of a LocalCluster serves metrics
         return url
+
+    def client_config(self, name: str) -> dict[str, Any]:
+        """Keyword arguments with which Producer, Consumer and Admin connect as ``User:<name>``.
+
+        ``Producer(**cluster.client_config("alice"))``: the bootstrap servers and, for a secure
+        cluster, TLS with a certificate for CN ``name`` from the cluster's clients CA (made in
+        ``data_dir/tls/clients/<name>``, mode 0600, on first use). A plaintext cluster needs no
+        name: it gets the bootstrap servers only.
+        """
+        if not self.secure:
+            return {"bootstrap_servers": self.bootstrap_servers}
+        d = client_tls_dir(self.data_dir, name)
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": "SSL",
+            "ssl_cafile": str(d / tls.CA_FILE),
+            "ssl_certfile": str(d / tls.CERT_FILE),
+            "ssl_keyfile": str(d / tls.KEY_FILE),
+        }
 
     def interbroker_channel(self, i: int) -> grpc.Channel:
         """A channel to broker ``i``'s inter-broker listener holding broker ``i``'s own certificate.

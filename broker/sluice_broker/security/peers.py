@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from sluice import tls
 from sluice.tls import BROKER_CN_PREFIX
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -60,6 +61,32 @@ async def require_broker(ctx: Ctx) -> str:
         )
     assert name is not None
     return name
+
+
+ANONYMOUS = "User:ANONYMOUS"
+
+
+def principal(ctx: Ctx) -> str:
+    """Kafka's principal of the caller: ``User:<CN>`` of its verified certificate, else ``User:ANONYMOUS``."""
+    name = peer_common_name(ctx)
+    return f"User:{name}" if name else ANONYMOUS
+
+
+def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca: str) -> grpc.ServerCredentials:
+    """TLS of the client listener: ``tls`` (server certificate only) or ``mtls``.
+
+    With ``mtls`` a client must present a certificate from the clients CA, or from the cluster CA
+    (the brokers' and the local controller's own certificates, so health checks and cluster
+    components authenticate the same way; they are principals like any other).
+    """
+    pair = [(material.key_pem, material.cert_pem)]
+    if mode == "tls":
+        return grpc.ssl_server_credentials(pair)
+    try:
+        roots = open(clients_ca, "rb").read()  # noqa: SIM115 - read once at start-up
+    except OSError as exc:
+        raise tls.TlsError(f"cannot read --clients-ca {clients_ca}: {exc.strerror or exc}") from None
+    return grpc.ssl_server_credentials(pair, root_certificates=roots + material.ca_pem, require_client_auth=True)
 
 
 def server_credentials(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredentials:

@@ -19,6 +19,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import grpc
+
+from sluice import tls
 from sluice.metadata import open_store
 from sluice.operator.controller.loop import DEFAULT_INTERVAL_MS, DEFAULT_PREFERRED_LEADER_DELAY_MS, ControllerLoop, log
 from sluice.operator.liveness.brokers import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
@@ -62,6 +65,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="default of unclean.leader.election.enable for topics that do not set it",
     )
+    ap.add_argument(
+        "--tls-dir",
+        default=None,
+        metavar="DIR",
+        help="health-check brokers over TLS with DIR/{ca.crt,tls.crt,tls.key} (brokers whose client listener "
+        "requires certificates; the local cluster's own, from its cluster CA)",
+    )
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
@@ -82,7 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     deadline_ms = args.check_timeout_ms or args.failure_timeout_ms
-    checker = GrpcHealthChecker(deadline_ms)
+    credentials = None
+    if args.tls_dir:
+        m = tls.load_dir(args.tls_dir)
+        credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
+    checker = GrpcHealthChecker(deadline_ms, credentials=credentials)
     store = open_store(args.metadata)
     controller = ControllerLoop(
         store,
