@@ -325,6 +325,27 @@ class TransactionCoordinatorFencedError(SluiceError):
     retriable = False
 
 
+class TopicAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this operation on the topic (no ACL allows it, or one denies it)."""
+
+    code = E.TOPIC_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class GroupAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this operation on the consumer group."""
+
+    code = E.GROUP_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class ClusterAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this cluster-level operation."""
+
+    code = E.CLUSTER_AUTHORIZATION_FAILED
+    retriable = False
+
+
 class TransactionalIdAuthorizationFailedError(SluiceError):
     """The transactional id is not declared or not allowed."""
 
@@ -448,6 +469,9 @@ ERRORS: tuple[type[SluiceError], ...] = (
     InvalidGroupIdError,
     UnknownMemberIdError,
     InvalidSessionTimeoutError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
     InvalidTimestampError,
     TopicAlreadyExistsError,
     InvalidPartitionsError,
