@@ -11,7 +11,9 @@ LocalCluster with default arguments has:
 * the inter-broker port in plaintext, over TLS without a certificate, and over TLS with a
   certificate from another CA that even carries a broker's name: the TLS handshake fails (the
   listener requires a certificate from the cluster CA), so the call ends UNAVAILABLE before any
-  request byte is read.
+  request byte is read;
+* the inter-broker port with a certificate the cluster CA did sign, but not for a broker (the
+  local controller's): PERMISSION_DENIED from the per-call check.
 
 After each attempt the state is read back from the brokers: the records visible to
 read_committed, the LSO and the high watermark (ListOffsets), the ISR (the metadata), the
@@ -34,6 +36,7 @@ from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from sluice.testing.certs import controller_tls_dir
 
 from .wire import Wire, batch_of
 
@@ -71,6 +74,9 @@ def doors(cluster: LocalCluster, broker: int, tmp: Path) -> list[tuple[str, grpc
     cluster_ca = (b.tls_dir / tls.CA_FILE).read_bytes()  # the CA certificate is public: no secret
     override = [("grpc.ssl_target_name_override", tls.BROKER_SERVER_NAME)]
     stranger = _stranger_material(tmp)
+    # Signed by the cluster CA but not a broker's name (the local controller's certificate): the
+    # handshake passes, the per-call check refuses.
+    component = tls.load_dir(controller_tls_dir(cluster.data_dir))
     return [
         ("client port", grpc.insecure_channel(b.address), grpc.StatusCode.PERMISSION_DENIED),
         ("inter-broker port, plaintext", grpc.insecure_channel(ib), REFUSED_AT_HANDSHAKE),
@@ -85,6 +91,13 @@ def doors(cluster: LocalCluster, broker: int, tmp: Path) -> list[tuple[str, grpc
                 ib, grpc.ssl_channel_credentials(cluster_ca, stranger.key_pem, stranger.cert_pem), options=override
             ),
             REFUSED_AT_HANDSHAKE,
+        ),
+        (
+            "inter-broker port, a cluster-CA certificate that is not a broker's",
+            grpc.secure_channel(
+                ib, grpc.ssl_channel_credentials(cluster_ca, component.key_pem, component.cert_pem), options=override
+            ),
+            grpc.StatusCode.PERMISSION_DENIED,
         ),
     ]
 
