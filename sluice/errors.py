@@ -353,6 +353,13 @@ class TransactionalIdAuthorizationFailedError(SluiceError):
     retriable = False
 
 
+class SecurityDisabledError(SluiceError):
+    """The broker's authorizer is off (authorizer.enabled=false): there are no ACLs to manage."""
+
+    code = E.SECURITY_DISABLED
+    retriable = False
+
+
 class KafkaStorageError(SluiceError):
     """The broker's storage failed."""
 
@@ -487,6 +494,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     ConcurrentTransactionsError,
     TransactionCoordinatorFencedError,
     TransactionalIdAuthorizationFailedError,
+    SecurityDisabledError,
     KafkaStorageError,
     UnknownProducerIdError,
     GroupIdNotFoundError,

@@ -64,6 +64,12 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # controlled shutdown: on SIGTERM, hand leaderships over before stopping (broker/sluice_broker/main.py)
     "controlled.shutdown.enable": (bool, True),
     "controlled.shutdown.timeout.ms": (int, 30_000),
+    # authorization (docs/security.md): Kafka's ACLs, checked against the caller's principal
+    # (User:<CN> of its client certificate). Sluice's own switch (Kafka sets authorizer.class.name);
+    # super.users and allow.everyone.if.no.acl.found are Kafka's keys (super users ';'-separated).
+    "authorizer.enabled": (bool, False),
+    "super.users": (str, ""),
+    "allow.everyone.if.no.acl.found": (bool, False),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }

@@ -279,6 +279,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
         while True:
             try:
                 cluster.refresh()
+                servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
             except Exception:
                 log.exception("metadata refresh failed")
             serving = txn.is_ready() and groups.is_ready() and not stopping.is_set()

@@ -35,6 +35,7 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
+from sluice.broker.security.authorizer import Access
 from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.servicers.interbroker import refusing_handler
 from sluice.broker.txn import TransactionCoordinator
@@ -52,7 +53,8 @@ class BrokerServicer:
         groups: GroupCoordinator,
     ) -> None:
         self.config = config
-        self.broker = BrokerService(cluster, replicas, txn, groups)
+        self.access = Access(config, cluster.store)
+        self.broker = BrokerService(cluster, replicas, txn, groups, self.access)
         self.interbroker = InterBrokerService(replicas)
 
     def client_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:

@@ -17,6 +17,8 @@ the table below is the summary.
 ``transactional_ids/<id>``       {"transactional_id", "resource": "namespace/name"}  (written by
                                   the operator for each TransactionalId resource; with
                                   transactional.id.declaration.required, only these ids may be used)
+``acls/<id>``                    one ACL (sluice.acls.AclBinding.to_json); <id> is a digest of it, so
+                                  the same ACL is one document (written by Admin.create_acls)
 """
 
 CLUSTER = "cluster"
@@ -25,6 +27,7 @@ CONTROLLER = "controller"
 BROKERS = "brokers/"
 TOPICS = "topics/"
 TRANSACTIONAL_IDS = "transactional_ids/"
+ACLS = "acls/"
 
 
 def broker(broker_id: int) -> str:
@@ -37,3 +40,7 @@ def topic(name: str) -> str:
 
 def transactional_id(txn_id: str) -> str:
     return f"{TRANSACTIONAL_IDS}{txn_id}"
+
+
+def acl(acl_id: str) -> str:
+    return f"{ACLS}{acl_id}"

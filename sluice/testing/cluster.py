@@ -82,6 +82,7 @@ from sluice.testing.certs import broker_tls_dirs, client_tls_dir, clients_ca_fil
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
+SUPER_USER = "User:admin"  # of a secure LocalCluster: client_config("admin") may do everything
 _REPLICATION_FACTOR_KEYS = (
     "default.replication.factor",
     "transaction.state.log.replication.factor",
@@ -271,6 +272,8 @@ class LocalCluster:
         self.data_dir = Path(data_dir).resolve()
         self.metadata_path = self.data_dir / "metadata.sqlite"
         common = replication_defaults(brokers)
+        if secure:  # the authorizer on, deny by default, User:admin the super user (docs/security.md)
+            common.update({"authorizer.enabled": "true", "super.users": SUPER_USER})
         common.update({k: _config_str(v) for k, v in (config or {}).items()})
         per_broker = broker_config or {}
         unknown = set(per_broker) - set(range(brokers))

@@ -15,8 +15,20 @@ from pathlib import Path
 import pytest
 
 from sluice import errors, tls
-from sluice.client import Admin, Consumer, Producer, TopicPartition
+from sluice.client import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    Admin,
+    Consumer,
+    Producer,
+    ResourcePatternType,
+    ResourceType,
+    TopicPartition,
+)
 from sluice.testing import LocalCluster
+
+T, LIT = ResourceType.TOPIC, ResourcePatternType.LITERAL
 
 
 def private_files(root: Path) -> dict[str, int]:
@@ -32,8 +44,14 @@ def test_mtls_clients_connect_with_their_certificate_and_others_do_not(tmp_path:
     with LocalCluster(brokers=1, data_dir=tmp_path / "c", secure=True) as cluster:
         alice = cluster.client_config("alice")
         assert alice["security_protocol"] == "SSL"
-        with Admin(**alice) as admin:
+        with Admin(**cluster.client_config("admin")) as admin:  # the super user: topic and ACLs
             admin.create_topic("secure", 1, 1)
+            admin.create_acls(
+                [
+                    AclBinding(T, "secure", LIT, "User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW),
+                    AclBinding(T, "secure", LIT, "User:bob", "*", AclOperation.READ, AclPermissionType.ALLOW),
+                ]
+            )
         with Producer(**alice) as producer:
             producer.send("secure", b"hello", partition=0).get(timeout=60)
         consumer = Consumer(**cluster.client_config("bob"), group_id=None)

@@ -13,14 +13,29 @@ For ``principal`` from ``host`` wanting ``operation`` on a resource:
    Write, Delete, Alter imply Describe; AlterConfigs implies DescribeConfigs) allows;
 6. else refused.
 
-Pure: the ACLs are handed over (:meth:`Authorizer.set_acls`) by whoever watches the store.
+The decision is pure: the ACLs are handed over (:meth:`Authorizer.set_acls`) by
+:class:`AclWatch`, which follows the ``acls/`` documents of the metadata store (a watch by
+revision, polled with the rest of the metadata). :class:`Access` is what the servicers ask:
+the caller's principal and host from the call, and the answer (everything is allowed when the
+authorizer is off).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+import grpc
 
 from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
+from sluice.broker.config import BrokerConfig
+from sluice.broker.security.peers import is_broker_name, peer_common_name
+from sluice.broker.security.peers import principal as principal_of
+from sluice.metadata import keys
+from sluice.metadata.store import MetadataStore
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+CLUSTER_NAME = "kafka-cluster"
 
 
 def _principal_matches(acl: AclBinding, principal: str) -> bool:
@@ -57,3 +72,59 @@ class Authorizer:
             return False
         allowing = {operation, AclOperation.ALL} | IMPLIED_BY.get(operation, frozenset())
         return any(a.permission_type == AclPermissionType.ALLOW and a.operation in allowing for a in mine)
+
+
+class AclWatch:
+    """Keeps an :class:`Authorizer`'s ACLs equal to the store's ``acls/`` documents."""
+
+    def __init__(self, store: MetadataStore, authorizer: Authorizer) -> None:
+        self.store = store
+        self.authorizer = authorizer
+        self._revision = 0
+        self._acls: dict[str, AclBinding] = {}
+
+    def refresh(self) -> None:
+        changed = False
+        for doc in self.store.changes_since(self._revision, keys.ACLS):
+            self._revision = max(self._revision, doc.revision)
+            if doc.value is None:
+                changed |= self._acls.pop(doc.key, None) is not None
+            else:
+                self._acls[doc.key] = AclBinding.from_json(doc.value)
+                changed = True
+        if changed:
+            self.authorizer.set_acls(self._acls.values())
+
+
+def peer_host(ctx: Ctx) -> str:
+    """The caller's address without its port (``ipv4:127.0.0.1:5555`` -> ``127.0.0.1``)."""
+    peer = ctx.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host = rest.rsplit(":", 1)[0]
+        return host[1:-1] if host.startswith("[") else host
+    return peer
+
+
+class Access:
+    """What the servicers ask: may the caller of ``ctx`` do ``operation`` on a resource?"""
+
+    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+        self.enabled = bool(config.get("authorizer.enabled"))
+        supers = [s.strip() for s in str(config.get("super.users")).split(";") if s.strip()]
+        self.authorizer = Authorizer(supers, bool(config.get("allow.everyone.if.no.acl.found")))
+        self.watch = AclWatch(store, self.authorizer) if store is not None and self.enabled else None
+
+    def refresh(self) -> None:
+        if self.watch is not None:
+            self.watch.refresh()
+
+    def allowed(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        if not self.enabled:
+            return True
+        if is_broker_name(peer_common_name(ctx)):
+            return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
+        return self.authorizer.authorize(principal_of(ctx), peer_host(ctx), operation, resource_type, name)
+
+    def cluster(self, ctx: Ctx, operation: AclOperation) -> bool:
+        return self.allowed(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME)

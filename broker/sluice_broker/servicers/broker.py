@@ -5,16 +5,26 @@ a key that must not be empty) and hands the request over: data-path requests
 to the :class:`~sluice.broker.replica_manager.ReplicaManager`, topic admin to the
 :class:`~sluice.broker.cluster.ClusterView`, transactions and groups to their
 coordinators. Metadata and FindCoordinator are answered from the cluster view.
+
+Authorization (when ``authorizer.enabled``; decisions in :mod:`sluice.broker.security`): the
+data path and topic admin check what Kafka checks (Produce: Write on the topic and, with a
+transactional id, Write on it; Fetch: Read; ListOffsets and Metadata: Describe; CreateTopics:
+Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter). What is
+refused is answered per topic with TOPIC_AUTHORIZATION_FAILED (or
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. Not yet checked: the
+transaction and group coordinators' RPCs (docs/security.md).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
+from sluice import errors
+from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import (
@@ -28,6 +38,8 @@ from sluice.broker.cluster import (
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security.authorizer import Access
+from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator
 
@@ -42,6 +54,17 @@ def admin_result(result: Any, action: Callable[[], str]) -> None:
         answer(result, exc)
 
 
+def _topic_refusal(op: str, name: str) -> str:
+    return f"not authorized to {op} topic {name!r} (no ACL allows it)"
+
+
+def _refused(op: str, name: str) -> Callable[[], str]:
+    def refuse() -> str:
+        raise errors.TopicAuthorizationFailedError(_topic_refusal(op, name))
+
+    return refuse
+
+
 class BrokerService:
     """sluice.v1.Broker."""
 
@@ -51,11 +74,20 @@ class BrokerService:
         replicas: ReplicaManager,
         txn: TransactionCoordinator,
         groups: GroupCoordinator,
+        access: Access | None = None,
     ) -> None:
         self.cluster = cluster
         self.replicas = replicas
         self.txn = txn
         self.groups = groups
+        self.access = access or Access(cluster.config)
+        self.acls = AclHandlers(cluster.store, self.access)
+
+    def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
+        """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
+        if not self.access.enabled:
+            return set()
+        return {n for n in set(names) if not self.access.allowed(ctx, op, ResourceType.TOPIC, n)}
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         b = bpb
@@ -85,13 +117,16 @@ class BrokerService:
                     lambda r, c: self.groups.heartbeat(r),
                     b.ConsumerGroupHeartbeatRequest,
                 ),
+                "CreateAcls": (self.acls.create_acls, b.CreateAclsRequest),
+                "DescribeAcls": (self.acls.describe_acls, b.DescribeAclsRequest),
+                "DeleteAcls": (self.acls.delete_acls, b.DeleteAclsRequest),
             },
             self.replicas.events,
         )
 
     # -- metadata ---------------------------------------------------------------------------------
 
-    async def metadata(self, req: bpb.MetadataRequest, _ctx: Ctx) -> bpb.MetadataResponse:
+    async def metadata(self, req: bpb.MetadataRequest, ctx: Ctx) -> bpb.MetadataResponse:
         self.cluster.refresh()
         resp = bpb.MetadataResponse(cluster_id=self.cluster.cluster_id, controller_id=-1)
         for b in sorted(self.cluster.brokers.values(), key=lambda b: b.broker_id):
@@ -99,7 +134,13 @@ class BrokerService:
         names = list(req.topics) or sorted(
             n for n in self.cluster.topics if req.include_internal or n not in INTERNAL_TOPICS
         )
+        denied = self._denied(ctx, AclOperation.DESCRIBE, names)
         for name in names:
+            if name in denied:
+                if req.topics:  # asked by name: say why; a listing leaves it out, as Kafka does
+                    refusal = _topic_refusal("Describe", name)
+                    resp.topics.add(name=name, error_code=pb.TOPIC_AUTHORIZATION_FAILED, error_message=refusal)
+                continue
             info = self.cluster.topics.get(name)
             if info is None:
                 resp.topics.add(
@@ -129,11 +170,33 @@ class BrokerService:
 
     # -- data path --------------------------------------------------------------------------------
 
-    async def produce(self, req: bpb.ProduceRequest, _ctx: Ctx) -> bpb.ProduceResponse:
+    async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
         nonneg(req.timeout_ms, "timeout_ms")
-        return await self.replicas.produce(req)
+        denied = self._denied(ctx, AclOperation.WRITE, (t.name for t in req.topics))
+        txn_denied = bool(req.transactional_id) and not self.access.allowed(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        )
+        if not denied and not txn_denied:
+            return await self.replicas.produce(req)
+        allowed = bpb.ProduceRequest(transactional_id=req.transactional_id, acks=req.acks, timeout_ms=req.timeout_ms)
+        refused = bpb.ProduceResponse()
+        for t in req.topics:
+            if not txn_denied and t.name not in denied:
+                allowed.topics.append(t)
+                continue
+            if txn_denied:
+                code = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                message = f"not authorized to Write transactional id {req.transactional_id!r}"
+            else:
+                code, message = pb.TOPIC_AUTHORIZATION_FAILED, _topic_refusal("Write", t.name)
+            out = refused.topics.add(name=t.name)
+            for p in t.partitions:
+                out.partitions.add(partition=p.partition, error_code=code, error_message=message, base_offset=-1)
+        resp = await self.replicas.produce(allowed) if allowed.topics else bpb.ProduceResponse()
+        resp.topics.extend(refused.topics)
+        return resp
 
-    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bytes:
+    async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
         nonneg(req.max_wait_ms, "max_wait_ms")
         nonneg(req.min_bytes, "min_bytes")
         nonneg(req.max_bytes, "max_bytes")
@@ -142,19 +205,55 @@ class BrokerService:
         for topic in req.topics:
             for fp in topic.partitions:
                 nonneg(fp.partition_max_bytes, "partition_max_bytes")
-        return await self.replicas.fetch(req)
+        denied = self._denied(ctx, AclOperation.READ, (t.name for t in req.topics))
+        if not denied:
+            return await self.replicas.fetch(req)
+        allowed = bpb.FetchRequest()
+        allowed.CopyFrom(req)
+        del allowed.topics[:]
+        refused = bpb.FetchResponse()
+        for t in req.topics:
+            if t.name not in denied:
+                allowed.topics.append(t)
+                continue
+            out = refused.topics.add(name=t.name)
+            for p in t.partitions:
+                out.partitions.add(
+                    partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=_topic_refusal("Read", t.name), high_watermark=-1, last_stable_offset=-1,
+                    log_start_offset=-1, next_fetch_offset=p.fetch_offset,
+                )  # fmt: skip
+        served = await self.replicas.fetch(allowed) if allowed.topics else b""
+        # Serialized protobuf messages concatenate as a merge: the refused topics are appended.
+        return served + refused.SerializeToString()
 
-    async def list_offsets(self, req: bpb.ListOffsetsRequest, _ctx: Ctx) -> bpb.ListOffsetsResponse:
-        return self.replicas.list_offsets(req)
+    async def list_offsets(self, req: bpb.ListOffsetsRequest, ctx: Ctx) -> bpb.ListOffsetsResponse:
+        denied = self._denied(ctx, AclOperation.DESCRIBE, (t.name for t in req.topics))
+        if not denied:
+            return self.replicas.list_offsets(req)
+        allowed = bpb.ListOffsetsRequest(isolation_level=req.isolation_level)
+        allowed.topics.extend(t for t in req.topics if t.name not in denied)
+        resp = self.replicas.list_offsets(allowed) if allowed.topics else bpb.ListOffsetsResponse()
+        for t in req.topics:
+            if t.name in denied:
+                out = resp.topics.add(name=t.name)
+                for p in t.partitions:
+                    out.partitions.add(
+                        partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                        error_message=_topic_refusal("Describe", t.name), offset=-1, timestamp=-1, leader_epoch=-1,
+                    )  # fmt: skip
+        return resp
 
     # -- topic admin ------------------------------------------------------------------------------
 
-    async def create_topics(self, req: bpb.CreateTopicsRequest, _ctx: Ctx) -> bpb.CreateTopicsResponse:
+    async def create_topics(self, req: bpb.CreateTopicsRequest, ctx: Ctx) -> bpb.CreateTopicsResponse:
         resp = bpb.CreateTopicsResponse()
+        on_cluster = not self.access.enabled or self.access.cluster(ctx, AclOperation.CREATE)
+        denied = set() if on_cluster else self._denied(ctx, AclOperation.CREATE, (t.name for t in req.topics))
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                functools.partial(
+                _refused("Create", t.name) if t.name in denied else functools.partial(
                     self.cluster.create_topic,
                     t.name,
                     t.num_partitions,
@@ -165,18 +264,23 @@ class BrokerService:
             )
         return resp
 
-    async def delete_topics(self, req: bpb.DeleteTopicsRequest, _ctx: Ctx) -> bpb.DeleteTopicsResponse:
+    async def delete_topics(self, req: bpb.DeleteTopicsRequest, ctx: Ctx) -> bpb.DeleteTopicsResponse:
         resp = bpb.DeleteTopicsResponse()
+        denied = self._denied(ctx, AclOperation.DELETE, req.names)
         for name in req.names:
-            admin_result(resp.topics.add(name=name), functools.partial(self.cluster.delete_topic, name))
+            action = _refused("Delete", name) if name in denied else functools.partial(self.cluster.delete_topic, name)
+            admin_result(resp.topics.add(name=name), action)
         return resp
 
-    async def create_partitions(self, req: bpb.CreatePartitionsRequest, _ctx: Ctx) -> bpb.CreatePartitionsResponse:
+    async def create_partitions(self, req: bpb.CreatePartitionsRequest, ctx: Ctx) -> bpb.CreatePartitionsResponse:
         resp = bpb.CreatePartitionsResponse()
+        denied = self._denied(ctx, AclOperation.ALTER, (t.name for t in req.topics))
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
+                _refused("Alter", t.name)
+                if t.name in denied
+                else functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
             )
         return resp
 

@@ -363,12 +363,16 @@ class Cluster:
         last: Exception | None = None
         while True:
             try:
-                self.refresh([name])
+                response = self.refresh([name])
                 last = None
             except errors.SluiceError as exc:
                 if not exc.retriable:
                     raise
                 last = exc
+            else:
+                for t in response.topics:  # not allowed to Describe it: waiting would not help
+                    if t.name == name and t.error_code == records_pb2.TOPIC_AUTHORIZATION_FAILED:
+                        raise errors.TopicAuthorizationFailedError(t.error_message)
             info = self.topic(name)
             if info is not None and info.partitions:
                 return info

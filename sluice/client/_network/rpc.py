@@ -94,3 +94,6 @@ OFFSET_FETCH = _rpc("OffsetFetch", broker_pb2.OffsetFetchRequest, broker_pb2.Off
 CONSUMER_GROUP_HEARTBEAT = _rpc(
     "ConsumerGroupHeartbeat", broker_pb2.ConsumerGroupHeartbeatRequest, broker_pb2.ConsumerGroupHeartbeatResponse
 )
+CREATE_ACLS = _rpc("CreateAcls", broker_pb2.CreateAclsRequest, broker_pb2.CreateAclsResponse)
+DESCRIBE_ACLS = _rpc("DescribeAcls", broker_pb2.DescribeAclsRequest, broker_pb2.DescribeAclsResponse)
+DELETE_ACLS = _rpc("DeleteAcls", broker_pb2.DeleteAclsRequest, broker_pb2.DeleteAclsResponse)
