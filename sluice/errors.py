@@ -360,6 +360,13 @@ class SecurityDisabledError(SluiceError):
     retriable = False
 
 
+class OperationNotAttemptedError(SluiceError):
+    """Not tried: another part of the same request was refused (an authorization failure)."""
+
+    code = E.OPERATION_NOT_ATTEMPTED
+    retriable = False
+
+
 class KafkaStorageError(SluiceError):
     """The broker's storage failed."""
 
@@ -495,6 +502,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     TransactionCoordinatorFencedError,
     TransactionalIdAuthorizationFailedError,
     SecurityDisabledError,
+    OperationNotAttemptedError,
     KafkaStorageError,
     UnknownProducerIdError,
     GroupIdNotFoundError,

@@ -119,3 +119,59 @@ def test_without_the_authorizer_acls_are_security_disabled(tmp_path: Path) -> No
     plain = LocalCluster(brokers=1, data_dir=tmp_path / "plain")
     with plain, Admin(bootstrap_servers=plain.bootstrap_servers) as a, pytest.raises(errors.SecurityDisabledError):
         a.create_acls([acl("orders", AclOperation.READ)])
+
+
+def test_transactions_need_write_on_their_transactional_id(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("payments", 1, 1)
+    admin.create_acls([acl("payments", AclOperation.WRITE)])
+    refused = Producer(**cluster.client_config("alice"), transactional_id="alice-txn")
+    with refused, pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+        refused.init_transactions()
+    admin.create_acls([acl("alice-txn", AclOperation.WRITE, rtype=ResourceType.TRANSACTIONAL_ID)])
+    with Producer(**cluster.client_config("alice"), transactional_id="alice-txn") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("payments", b"paid", partition=0)
+        producer.commit_transaction()
+    with Admin(**cluster.client_config("alice")) as alice:  # Write implies Describe
+        assert alice.describe_transactions(["alice-txn"])[0].state in ("PrepareCommit", "CompleteCommit")
+    with Admin(**cluster.client_config("bob")) as bob, pytest.raises(errors.TransactionalIdAuthorizationFailedError):
+        bob.describe_transactions(["alice-txn"])
+
+
+def test_an_idempotent_producer_needs_write_on_some_topic(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("ids", 1, 1)
+    admin.create_acls([acl("ids", AclOperation.DESCRIBE, "User:carol")])  # sees the topic, may not write
+    carol = Producer(**cluster.client_config("carol"), request_timeout_ms=10_000)
+    with carol, pytest.raises((errors.ClusterAuthorizationFailedError, errors.TopicAuthorizationFailedError)):
+        carol.send("ids", b"x", partition=0).get(timeout=30)
+    admin.create_acls([acl("ids", AclOperation.WRITE, "User:carol")])  # KIP-679: enough for idempotence
+    with Producer(**cluster.client_config("carol")) as producer:
+        producer.send("ids", b"x", partition=0).get(timeout=30)
+
+
+def test_consumer_groups_need_read_on_the_group(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("events", 1, 1)
+    admin.create_acls([acl("events", AclOperation.READ, "User:bob")])
+
+    def consume_in_group() -> list[bytes | None]:
+        consumer = Consumer(**cluster.client_config("bob"), group_id="bob-group", auto_offset_reset="earliest")
+        try:
+            consumer.subscribe(["events"])
+            got: list[bytes | None] = []
+            for _ in range(60):
+                got += [r.value for r in consumer.poll(timeout=0.5)]
+                if got:
+                    consumer.commit()
+                    return got
+            return got
+        finally:
+            consumer.close()
+
+    with Producer(**cluster.client_config("admin")) as producer:
+        producer.send("events", b"e1", partition=0).get(timeout=30)
+    with pytest.raises(errors.GroupAuthorizationFailedError):
+        consume_in_group()
+    admin.create_acls([acl("bob-group", AclOperation.READ, "User:bob", rtype=ResourceType.GROUP)])
+    assert consume_in_group() == [b"e1"]
+    assert admin.list_consumer_group_offsets("bob-group")[TopicPartition("events", 0)] == 1

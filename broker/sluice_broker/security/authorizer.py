@@ -73,6 +73,26 @@ class Authorizer:
         allowing = {operation, AclOperation.ALL} | IMPLIED_BY.get(operation, frozenset())
         return any(a.permission_type == AclPermissionType.ALLOW and a.operation in allowing for a in mine)
 
+    def allows_some(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """Whether ``operation`` is allowed on at least one resource of the type (KIP-679); super users: yes."""
+        if principal in self.super_users:
+            return True
+        return _allows_some(self, principal, host, operation, resource_type)
+
+
+def _allows_some(authorizer: Authorizer, principal: str, host: str, op: AclOperation, rtype: ResourceType) -> bool:
+    """An ALLOW of ``op`` (or ALL) for the principal on some pattern of the type, not denied on every name."""
+    mine = [
+        a for a in authorizer._by_type.get(rtype, ()) if _principal_matches(a, principal) and a.host in (host, WILDCARD)
+    ]
+    if any(
+        a.permission_type == AclPermissionType.DENY and a.operation in (op, AclOperation.ALL) and a.name == WILDCARD
+        and a.pattern_type.name == "LITERAL"
+        for a in mine
+    ):
+        return False
+    return any(a.permission_type == AclPermissionType.ALLOW and a.operation in (op, AclOperation.ALL) for a in mine)
+
 
 class AclWatch:
     """Keeps an :class:`Authorizer`'s ACLs equal to the store's ``acls/`` documents."""
@@ -125,6 +145,12 @@ class Access:
         if is_broker_name(peer_common_name(ctx)):
             return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
         return self.authorizer.authorize(principal_of(ctx), peer_host(ctx), operation, resource_type, name)
+
+    def allowed_on_some(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """Whether some resource of the type allows ``operation`` (KIP-679's test for idempotent producers)."""
+        if not self.enabled or is_broker_name(peer_common_name(ctx)):
+            return True
+        return self.authorizer.allows_some(principal_of(ctx), peer_host(ctx), operation, resource_type)
 
     def cluster(self, ctx: Ctx, operation: AclOperation) -> bool:
         return self.allowed(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME)

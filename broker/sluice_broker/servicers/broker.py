@@ -11,8 +11,8 @@ data path and topic admin check what Kafka checks (Produce: Write on the topic a
 transactional id, Write on it; Fetch: Read; ListOffsets and Metadata: Describe; CreateTopics:
 Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter). What is
 refused is answered per topic with TOPIC_AUTHORIZATION_FAILED (or
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. Not yet checked: the
-transaction and group coordinators' RPCs (docs/security.md).
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. The transaction
+and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordinator_checks`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from sluice.broker.cluster import (
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import Access
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
@@ -103,20 +104,17 @@ class BrokerService:
                 "DeleteTopics": (self.delete_topics, b.DeleteTopicsRequest),
                 "CreatePartitions": (self.create_partitions, b.CreatePartitionsRequest),
                 "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
-                "InitProducerId": (lambda r, c: self.txn.init_producer_id(r), b.InitProducerIdRequest),
-                "AddPartitionsToTxn": (lambda r, c: self.txn.add_partitions_to_txn(r), b.AddPartitionsToTxnRequest),
-                "AddOffsetsToTxn": (lambda r, c: self.txn.add_offsets_to_txn(r), b.AddOffsetsToTxnRequest),
-                "EndTxn": (lambda r, c: self.txn.end_txn(r), b.EndTxnRequest),
-                "PrepareTxn": (lambda r, c: self.txn.prepare_txn(r), b.PrepareTxnRequest),
+                "InitProducerId": (self.init_producer_id, b.InitProducerIdRequest),
+                "AddPartitionsToTxn": (self.add_partitions_to_txn, b.AddPartitionsToTxnRequest),
+                "AddOffsetsToTxn": (self.add_offsets_to_txn, b.AddOffsetsToTxnRequest),
+                "EndTxn": (self.end_txn, b.EndTxnRequest),
+                "PrepareTxn": (self.prepare_txn, b.PrepareTxnRequest),
                 "DescribeTransactions": (self.describe_transactions, b.DescribeTransactionsRequest),
                 "ListTransactions": (self.list_transactions, b.ListTransactionsRequest),
-                "TxnOffsetCommit": (lambda r, c: self.groups.txn_offset_commit(r), b.TxnOffsetCommitRequest),
-                "OffsetCommit": (lambda r, c: self.groups.offset_commit(r), b.OffsetCommitRequest),
-                "OffsetFetch": (lambda r, c: self.groups.offset_fetch(r), b.OffsetFetchRequest),
-                "ConsumerGroupHeartbeat": (
-                    lambda r, c: self.groups.heartbeat(r),
-                    b.ConsumerGroupHeartbeatRequest,
-                ),
+                "TxnOffsetCommit": (self.txn_offset_commit, b.TxnOffsetCommitRequest),
+                "OffsetCommit": (self.offset_commit, b.OffsetCommitRequest),
+                "OffsetFetch": (self.offset_fetch, b.OffsetFetchRequest),
+                "ConsumerGroupHeartbeat": (self.heartbeat, b.ConsumerGroupHeartbeatRequest),
                 "CreateAcls": (self.acls.create_acls, b.CreateAclsRequest),
                 "DescribeAcls": (self.acls.describe_acls, b.DescribeAclsRequest),
                 "DeleteAcls": (self.acls.delete_acls, b.DeleteAclsRequest),
@@ -286,9 +284,12 @@ class BrokerService:
 
     # -- coordinators -----------------------------------------------------------------------------
 
-    async def find_coordinator(self, req: bpb.FindCoordinatorRequest, _ctx: Ctx) -> bpb.FindCoordinatorResponse:
+    async def find_coordinator(self, req: bpb.FindCoordinatorRequest, ctx: Ctx) -> bpb.FindCoordinatorResponse:
         if not req.key:
             raise InvalidArgumentError("key (group id or transactional id) must not be empty")
+        refused = checks.check_find_coordinator(self.access, ctx, req)
+        if refused is not None:
+            return refused
         topic = TRANSACTION_STATE_TOPIC if req.key_type == bpb.TRANSACTION else CONSUMER_OFFSETS_TOPIC
         info = self.cluster.topics.get(topic)
         resp = bpb.FindCoordinatorResponse(node_id=-1)
@@ -305,10 +306,69 @@ class BrokerService:
         resp.node_id, resp.host, resp.port = endpoint.broker_id, endpoint.host, endpoint.port
         return resp
 
-    async def describe_transactions(
-        self, req: bpb.DescribeTransactionsRequest, _ctx: Ctx
-    ) -> bpb.DescribeTransactionsResponse:
-        return self.txn.describe_transactions(req)
+    async def init_producer_id(self, req: bpb.InitProducerIdRequest, ctx: Ctx) -> bpb.InitProducerIdResponse:
+        refused = checks.check_init_producer_id(self.access, ctx, req)
+        return refused if refused is not None else await self.txn.init_producer_id(req)
 
-    async def list_transactions(self, req: bpb.ListTransactionsRequest, _ctx: Ctx) -> bpb.ListTransactionsResponse:
-        return self.txn.list_transactions(req)
+    async def add_partitions_to_txn(
+        self, req: bpb.AddPartitionsToTxnRequest, ctx: Ctx
+    ) -> bpb.AddPartitionsToTxnResponse:
+        refused = checks.check_add_partitions(self.access, ctx, req)
+        return refused if refused is not None else await self.txn.add_partitions_to_txn(req)
+
+    async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest, ctx: Ctx) -> bpb.AddOffsetsToTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id) or checks.check_group(
+            self.access, ctx, AclOperation.READ, req.group_id
+        )
+        if refused is not None:
+            return bpb.AddOffsetsToTxnResponse(error_code=refused[0], error_message=refused[1])
+        return await self.txn.add_offsets_to_txn(req)
+
+    async def end_txn(self, req: bpb.EndTxnRequest, ctx: Ctx) -> bpb.EndTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
+        if refused is not None:
+            return bpb.EndTxnResponse(error_code=refused[0], error_message=refused[1])
+        return await self.txn.end_txn(req)
+
+    async def prepare_txn(self, req: bpb.PrepareTxnRequest, ctx: Ctx) -> bpb.PrepareTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
+        if refused is not None:
+            return bpb.PrepareTxnResponse(
+                error_code=refused[0], error_message=refused[1], producer_id=-1, producer_epoch=-1
+            )
+        return await self.txn.prepare_txn(req)
+
+    async def describe_transactions(
+        self, req: bpb.DescribeTransactionsRequest, ctx: Ctx
+    ) -> bpb.DescribeTransactionsResponse:
+        if not self.access.enabled:
+            return self.txn.describe_transactions(req)
+        allowed, refused = checks.filter_describe_transactions(self.access, ctx, req)
+        resp = (
+            self.txn.describe_transactions(allowed) if allowed.transactional_ids else bpb.DescribeTransactionsResponse()
+        )
+        resp.transactions.extend(refused)
+        return resp
+
+    async def list_transactions(self, req: bpb.ListTransactionsRequest, ctx: Ctx) -> bpb.ListTransactionsResponse:
+        return checks.filter_list_transactions(self.access, ctx, self.txn.list_transactions(req))
+
+    async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, ctx: Ctx) -> bpb.TxnOffsetCommitResponse:
+        refused = checks.check_txn_offset_commit(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.txn_offset_commit(req)
+
+    async def offset_commit(self, req: bpb.OffsetCommitRequest, ctx: Ctx) -> bpb.OffsetCommitResponse:
+        refused = checks.check_offset_commit(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.offset_commit(req)
+
+    async def offset_fetch(self, req: bpb.OffsetFetchRequest, ctx: Ctx) -> bpb.OffsetFetchResponse:
+        refused = checks.check_offset_fetch(self.access, ctx, req)
+        if refused is not None:
+            return refused
+        return checks.filter_offset_fetch(self.access, ctx, await self.groups.offset_fetch(req))
+
+    async def heartbeat(
+        self, req: bpb.ConsumerGroupHeartbeatRequest, ctx: Ctx
+    ) -> bpb.ConsumerGroupHeartbeatResponse:
+        refused = checks.check_heartbeat(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.heartbeat(req)
