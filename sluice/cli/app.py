@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from sluice.cli import bench, consume, demo, dev, passthrough, produce, topics, transactions
+from sluice.cli import acls, bench, consume, demo, dev, passthrough, produce, topics, transactions
 from sluice.cli.exits import run
 from sluice.cli.parser import build_parser
 
@@ -22,6 +22,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "produce": produce.run,
     "consume": consume.run,
     "transactions": transactions.run,
+    "acls": acls.run,
     "bench": bench.run,
     "demo": demo.run,
 }

@@ -18,7 +18,7 @@ import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
 import sluice
-from sluice.cli import bench, consume, demo, dev, passthrough, produce, topics, transactions
+from sluice.cli import acls, bench, consume, demo, dev, passthrough, produce, topics, transactions
 from sluice.cli.bootstrap import DEFAULT_BOOTSTRAP, ENV_BOOTSTRAP
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     produce.register(sub, client)
     consume.register(sub, client)
     transactions.register(sub, client)
+    acls.register(sub, client)
     bench.register(sub)
     demo.register(sub)
     return parser
