@@ -430,6 +430,13 @@ class UnstableOffsetCommitError(SluiceError):
     retriable = True
 
 
+class ThrottlingQuotaExceededError(SluiceError):
+    """A quota is spent for now (producer ids per principal ...); the message names its key. Retry later."""
+
+    code = E.THROTTLING_QUOTA_EXCEEDED
+    retriable = True
+
+
 class ProducerFencedError(SluiceError):
     """Another producer with the same transactional.id has taken over (a newer epoch)."""
 
@@ -512,6 +519,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     UnsupportedCompressionTypeError,
     InvalidRecordError,
     UnstableOffsetCommitError,
+    ThrottlingQuotaExceededError,
     ProducerFencedError,
     TransactionalIdNotFoundError,
     FencedMemberEpochError,

@@ -70,6 +70,10 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "authorizer.enabled": (bool, False),
     "super.users": (str, ""),
     "allow.everyone.if.no.acl.found": (bool, False),
+    # limits (docs/security.md): new producer ids (InitProducerId) one principal may obtain per
+    # minute from this broker (Kafka's KIP-936 problem; 0: unlimited). Refused beyond it with
+    # THROTTLING_QUOTA_EXCEEDED, which clients retry after a back-off.
+    "producer.id.rate.per.principal.per.minute": (int, 6000),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }
@@ -215,6 +219,8 @@ class BrokerConfig:
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
+        if values["producer.id.rate.per.principal.per.minute"] < 0:
+            raise ConfigError("producer.id.rate.per.principal.per.minute must be >= 0 (0: unlimited)")
         if bool(inter_broker_port) != bool(tls_dir):
             raise ConfigError(
                 "--inter-broker-listen and --broker-tls-dir go together: the inter-broker listener "

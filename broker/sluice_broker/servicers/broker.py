@@ -40,6 +40,9 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import Access
+from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
+from sluice.broker.security.limits import RateLimit
+from sluice.broker.security.peers import principal
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator
@@ -83,6 +86,7 @@ class BrokerService:
         self.groups = groups
         self.access = access or Access(cluster.config)
         self.acls = AclHandlers(cluster.store, self.access)
+        self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
 
     def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
         """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
@@ -308,7 +312,14 @@ class BrokerService:
 
     async def init_producer_id(self, req: bpb.InitProducerIdRequest, ctx: Ctx) -> bpb.InitProducerIdResponse:
         refused = checks.check_init_producer_id(self.access, ctx, req)
-        return refused if refused is not None else await self.txn.init_producer_id(req)
+        if refused is not None:
+            return refused
+        if req.producer_id < 0 and not self.producer_ids.take(principal(ctx)):
+            return bpb.InitProducerIdResponse(
+                producer_id=-1, producer_epoch=-1, error_code=pb.THROTTLING_QUOTA_EXCEEDED,
+                error_message=self.producer_ids.refusal(principal(ctx)),
+            )  # fmt: skip
+        return await self.txn.init_producer_id(req)
 
     async def add_partitions_to_txn(
         self, req: bpb.AddPartitionsToTxnRequest, ctx: Ctx
