@@ -74,6 +74,11 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # minute from this broker (Kafka's KIP-936 problem; 0: unlimited). Refused beyond it with
     # THROTTLING_QUOTA_EXCEEDED, which clients retry after a back-off.
     "producer.id.rate.per.principal.per.minute": (int, 6000),
+    # byte-rate quotas per principal, bytes/s (Kafka's broker defaults of producer_byte_rate and
+    # consumer_byte_rate; 0: unlimited): a principal over its rate gets its Produce / Fetch
+    # responses held back by the throttle time, which the response reports (throttle_time_ms).
+    "quota.producer.default": (int, 0),
+    "quota.consumer.default": (int, 0),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }
@@ -219,6 +224,9 @@ class BrokerConfig:
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
+        for key in ("quota.producer.default", "quota.consumer.default"):
+            if values[key] < 0:
+                raise ConfigError(f"{key} must be >= 0 bytes/s (0: unlimited)")
         if values["producer.id.rate.per.principal.per.minute"] < 0:
             raise ConfigError("producer.id.rate.per.principal.per.minute must be >= 0 (0: unlimited)")
         if bool(inter_broker_port) != bool(tls_dir):

@@ -50,3 +50,38 @@ class RateLimit:
 
     def refusal(self, principal: str) -> str:
         return f"{principal} obtained {self.per_minute} new producer ids in the last minute ({KEY}); retry later"
+
+
+MAX_THROTTLE_MS = 10_000  # one response is never held back longer (Kafka bounds it by its quota window)
+
+
+class ByteRateQuota:
+    """Bytes per second per principal (Kafka's producer_byte_rate / consumer_byte_rate).
+
+    A bucket per principal holds up to one second of the rate and refills at the rate; each
+    request takes its bytes, and may take it below zero. The throttle time is how long the
+    bucket needs to be back at zero: the broker holds the response that long and reports it, so
+    a principal's long-run rate converges to the quota whatever its client does.
+    """
+
+    def __init__(self, key: str, bytes_per_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+        if bytes_per_s < 0:
+            raise ValueError(f"{key} must be >= 0 bytes/s (0: unlimited), not {bytes_per_s}")
+        self.key = key
+        self.rate = bytes_per_s
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # principal -> (bytes left, at)
+
+    def record(self, principal: str, nbytes: int) -> int:
+        """Count ``nbytes`` for ``principal``; the throttle time in ms (0 when within the quota)."""
+        if self.rate == 0:
+            return 0
+        now = self.clock()
+        left, at = self._buckets.get(principal, (float(self.rate), now))
+        left = min(float(self.rate), left + (now - at) * self.rate) - nbytes
+        self._buckets[principal] = (left, now)
+        if len(self._buckets) > MAX_PRINCIPALS:
+            self._buckets = {p: v for p, v in self._buckets.items() if v[0] < self.rate}
+        if left >= 0:
+            return 0
+        return min(MAX_THROTTLE_MS, int(-left * 1000 / self.rate) + 1)

@@ -17,6 +17,7 @@ and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordin
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,7 +42,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import Access
 from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
-from sluice.broker.security.limits import RateLimit
+from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import principal
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
@@ -87,6 +88,15 @@ class BrokerService:
         self.access = access or Access(cluster.config)
         self.acls = AclHandlers(cluster.store, self.access)
         self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
+        self.produce_quota = ByteRateQuota("quota.producer.default", cluster.config.int("quota.producer.default"))
+        self.fetch_quota = ByteRateQuota("quota.consumer.default", cluster.config.int("quota.consumer.default"))
+
+    async def _throttle(self, quota: ByteRateQuota, ctx: Ctx, nbytes: int) -> int:
+        """Count the bytes against the caller's quota; hold the response back as long as it is over."""
+        delay_ms = quota.record(principal(ctx), nbytes)
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        return delay_ms
 
     def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
         """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
@@ -173,6 +183,12 @@ class BrokerService:
     # -- data path --------------------------------------------------------------------------------
 
     async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
+        resp = await self._produce(req, ctx)
+        if self.produce_quota.rate:
+            resp.throttle_time_ms = await self._throttle(self.produce_quota, ctx, req.ByteSize())
+        return resp
+
+    async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
         nonneg(req.timeout_ms, "timeout_ms")
         denied = self._denied(ctx, AclOperation.WRITE, (t.name for t in req.topics))
         txn_denied = bool(req.transactional_id) and not self.access.allowed(
@@ -199,6 +215,14 @@ class BrokerService:
         return resp
 
     async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
+        body = await self._fetch(req, ctx)
+        if not self.fetch_quota.rate:
+            return body
+        delay_ms = await self._throttle(self.fetch_quota, ctx, len(body))
+        # a serialized message and a second one concatenate as their merge: the field is added
+        return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
+
+    async def _fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
         nonneg(req.max_wait_ms, "max_wait_ms")
         nonneg(req.min_bytes, "min_bytes")
         nonneg(req.max_bytes, "max_bytes")
