@@ -379,10 +379,45 @@ class TransactionCoordinatorFencedError(SluiceError):
     category = Category.APPLICATION_RECOVERABLE
 
 
+class TopicAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this operation on the topic (no ACL allows it, or one denies it)."""
+
+    code = E.TOPIC_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class GroupAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this operation on the consumer group."""
+
+    code = E.GROUP_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class ClusterAuthorizationFailedError(SluiceError):
+    """The principal is not authorized for this cluster-level operation."""
+
+    code = E.CLUSTER_AUTHORIZATION_FAILED
+    retriable = False
+
+
 class TransactionalIdAuthorizationFailedError(SluiceError):
     """The transactional id is not declared or not allowed."""
 
     code = E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    retriable = False
+
+
+class SecurityDisabledError(SluiceError):
+    """The broker's authorizer is off (authorizer.enabled=false): there are no ACLs to manage."""
+
+    code = E.SECURITY_DISABLED
+    retriable = False
+
+
+class OperationNotAttemptedError(SluiceError):
+    """Not tried: another part of the same request was refused (an authorization failure)."""
+
+    code = E.OPERATION_NOT_ATTEMPTED
     retriable = False
 
 
@@ -459,6 +494,13 @@ class UnstableOffsetCommitError(SluiceError):
     retriable = True
 
 
+class ThrottlingQuotaExceededError(SluiceError):
+    """A quota is spent for now (producer ids per principal ...); the message names its key. Retry later."""
+
+    code = E.THROTTLING_QUOTA_EXCEEDED
+    retriable = True
+
+
 class ProducerFencedError(SluiceError):
     """Another producer with the same transactional.id has taken over (a newer epoch)."""
 
@@ -515,6 +557,9 @@ ERRORS: tuple[type[SluiceError], ...] = (
     InvalidGroupIdError,
     UnknownMemberIdError,
     InvalidSessionTimeoutError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
     InvalidTimestampError,
     TopicAlreadyExistsError,
     InvalidPartitionsError,
@@ -530,6 +575,8 @@ ERRORS: tuple[type[SluiceError], ...] = (
     ConcurrentTransactionsError,
     TransactionCoordinatorFencedError,
     TransactionalIdAuthorizationFailedError,
+    SecurityDisabledError,
+    OperationNotAttemptedError,
     KafkaStorageError,
     UnknownProducerIdError,
     NonEmptyGroupError,
@@ -540,6 +587,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     UnsupportedCompressionTypeError,
     InvalidRecordError,
     UnstableOffsetCommitError,
+    ThrottlingQuotaExceededError,
     ProducerFencedError,
     TransactionalIdNotFoundError,
     FencedMemberEpochError,

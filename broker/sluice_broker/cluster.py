@@ -92,7 +92,14 @@ class ClusterView:
         assert cluster is not None
         self.cluster_id = cluster.cluster_id
         cfg = self.config
-        endpoint = BrokerDocument(cfg.broker_id, cfg.host, cfg.port, str(cfg.get("broker.rack")), now_ms())
+        endpoint = BrokerDocument(
+            cfg.broker_id,
+            cfg.host,
+            cfg.port,
+            str(cfg.get("broker.rack")),
+            now_ms(),
+            inter_broker_port=cfg.inter_broker_port,
+        )
         documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
     def ensure_internal_topics(self) -> None:

@@ -66,6 +66,21 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "controlled.shutdown.timeout.ms": (int, 30_000),
     # the data volume: warn (brokers/<id> document, controller log, Kubernetes Event) below this % free
     "log.dir.free.space.warn.percent": (int, 5),
+    # authorization (docs/security.md): Kafka's ACLs, checked against the caller's principal
+    # (User:<CN> of its client certificate). Sluice's own switch (Kafka sets authorizer.class.name);
+    # super.users and allow.everyone.if.no.acl.found are Kafka's keys (super users ';'-separated).
+    "authorizer.enabled": (bool, False),
+    "super.users": (str, ""),
+    "allow.everyone.if.no.acl.found": (bool, False),
+    # limits (docs/security.md): new producer ids (InitProducerId) one principal may obtain per
+    # minute from this broker (Kafka's KIP-936 problem; 0: unlimited). Refused beyond it with
+    # THROTTLING_QUOTA_EXCEEDED, which clients retry after a back-off.
+    "producer.id.rate.per.principal.per.minute": (int, 6000),
+    # byte-rate quotas per principal, bytes/s (Kafka's broker defaults of producer_byte_rate and
+    # consumer_byte_rate; 0: unlimited): a principal over its rate gets its Produce / Fetch
+    # responses held back by the throttle time, which the response reports (throttle_time_ms).
+    "quota.producer.default": (int, 0),
+    "quota.consumer.default": (int, 0),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }
@@ -113,6 +128,9 @@ UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
     "offsets.retention.minutes": (None, "committed offsets do not expire in Sluice yet"),
     "producer.id.expiration.ms": (None, "idle producer ids do not expire in Sluice yet"),
 }
+
+
+CLIENT_LISTENERS = ("plaintext", "tls", "mtls")
 
 
 class ConfigError(ValueError):
@@ -167,6 +185,15 @@ class BrokerConfig:
     data_dir: str
     metadata_url: str
     values: dict[str, Any] = field(default_factory=dict)
+    # The inter-broker listener (--inter-broker-listen, same host as the client listener; 0: none)
+    # and the directory of its TLS material (--broker-tls-dir: ca.crt = the cluster CA, tls.crt and
+    # tls.key = this broker's certificate). See sluice.broker.security.
+    inter_broker_port: int = 0
+    tls_dir: str = ""
+    # The client listener (--client-listener): "plaintext", "tls" (this broker's certificate from
+    # tls_dir), or "mtls" (client certificates required, from the clients CA in clients_ca).
+    client_listener: str = "plaintext"
+    clients_ca: str = ""
 
     @classmethod
     def build(
@@ -177,6 +204,11 @@ class BrokerConfig:
         data_dir: str,
         metadata_url: str,
         overrides: Mapping[str, Any] | None = None,
+        *,
+        inter_broker_port: int = 0,
+        tls_dir: str = "",
+        client_listener: str = "plaintext",
+        clients_ca: str = "",
     ) -> BrokerConfig:
         values = {k: default for k, (_kind, default) in DEFAULTS.items()}
         given = dict(overrides or {})
@@ -196,7 +228,27 @@ class BrokerConfig:
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
         if not 0 <= values["log.dir.free.space.warn.percent"] <= 100:
             raise ConfigError("log.dir.free.space.warn.percent must be in [0, 100] (0: no warning)")
-        return cls(broker_id, host, port, data_dir, metadata_url, values)
+        for key in ("quota.producer.default", "quota.consumer.default"):
+            if values[key] < 0:
+                raise ConfigError(f"{key} must be >= 0 bytes/s (0: unlimited)")
+        if values["producer.id.rate.per.principal.per.minute"] < 0:
+            raise ConfigError("producer.id.rate.per.principal.per.minute must be >= 0 (0: unlimited)")
+        if bool(inter_broker_port) != bool(tls_dir):
+            raise ConfigError(
+                "--inter-broker-listen and --broker-tls-dir go together: the inter-broker listener "
+                "only serves peers proving a cluster certificate"
+            )
+        if client_listener not in CLIENT_LISTENERS:
+            known = ", ".join(CLIENT_LISTENERS)
+            raise ConfigError(f"--client-listener must be one of {known}, not {client_listener!r}")
+        if client_listener != "plaintext" and not tls_dir:
+            raise ConfigError(f"--client-listener {client_listener} needs --broker-tls-dir (the broker's certificate)")
+        if (client_listener == "mtls") != bool(clients_ca):
+            raise ConfigError("--clients-ca (the CA of client certificates) goes with --client-listener mtls, and only")
+        return cls(
+            broker_id, host, port, data_dir, metadata_url, values,
+            inter_broker_port, tls_dir, client_listener, clients_ca,
+        )  # fmt: skip
 
     def get(self, key: str) -> Any:
         return self.values[key]

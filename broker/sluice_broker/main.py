@@ -13,6 +13,11 @@ and consumer group: it should be opened on purpose, on an address chosen for
 it (the chart opens it on the pod's port 9404, LocalCluster on loopback).
 It starts with the gRPC server, before the broker is ready, so a broker stuck
 loading its coordinator partitions can still be looked at.
+
+Inter-broker listener (``--inter-broker-listen HOST:PORT`` with ``--broker-tls-dir DIR``):
+the only place where other brokers replicate from this one and send it transaction markers,
+mutual TLS with the cluster CA (:mod:`sluice.broker.server`). Without it the broker runs
+alone: it serves no inter-broker RPC, on any port.
 """
 
 from __future__ import annotations
@@ -26,8 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
 from sluice.broker import tracing
@@ -37,10 +41,11 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.server import BrokerServicer
+from sluice.broker.server import BrokerServicer, open_listeners
 from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
+from sluice.tls import TlsError, load_dir
 
 log = logging.getLogger("sluice.broker")
 
@@ -132,6 +137,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="OpenTelemetry spans of Produce, Fetch and EndTxn to otlp, console or file:PATH "
         "(default: $SLUICE_TRACING, else off; needs sluice[otel])",
     )
+    parser.add_argument(
+        "--inter-broker-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve the inter-broker RPCs (replication, transaction markers) here, mutual TLS with the cluster "
+        "CA; HOST must be the --listen host (default: none, the broker runs alone)",
+    )
+    parser.add_argument(
+        "--broker-tls-dir",
+        default=None,
+        metavar="DIR",
+        help="this broker's TLS material for the inter-broker listener: DIR/ca.crt (the cluster CA), "
+        "DIR/tls.crt and DIR/tls.key (this broker's certificate; a Kubernetes TLS Secret's layout)",
+    )
+    parser.add_argument(
+        "--client-listener",
+        default="plaintext",
+        choices=("plaintext", "tls", "mtls"),
+        help="security of the --listen port: plaintext (default: a local cluster on loopback), tls (this "
+        "broker's certificate from --broker-tls-dir), mtls (tls, and clients must present a certificate from "
+        "--clients-ca; their principal is User:<CN>)",
+    )
+    parser.add_argument(
+        "--clients-ca",
+        default=None,
+        metavar="FILE",
+        help="PEM file of the CA(s) client certificates are verified against (with --client-listener mtls)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -173,7 +206,31 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
             raise ConfigError(f"--config takes KEY=VALUE, not {item!r}")
         overrides[key.strip()] = value
     metadata = args.metadata or os.path.join(args.data, "metadata.sqlite")
-    return BrokerConfig.build(args.id, host, int(port), args.data, metadata, overrides)
+    inter_broker_port = 0
+    if args.inter_broker_listen is not None:
+        ib_host, sep, ib_port = args.inter_broker_listen.rpartition(":")
+        if not sep or not ib_port.isdigit() or not 0 < int(ib_port) < 65536:
+            raise ConfigError(f"--inter-broker-listen must be HOST:PORT, not {args.inter_broker_listen!r}")
+        if ib_host != host:
+            raise ConfigError(
+                f"--inter-broker-listen must be on the --listen host {host!r} (a broker registers one host), "
+                f"not {ib_host!r}"
+            )
+        if int(ib_port) == int(port):
+            raise ConfigError("--inter-broker-listen needs a port of its own, not the --listen port")
+        inter_broker_port = int(ib_port)
+    return BrokerConfig.build(
+        args.id,
+        host,
+        int(port),
+        args.data,
+        metadata,
+        overrides,
+        inter_broker_port=inter_broker_port,
+        tls_dir=args.broker_tls_dir or "",
+        client_listener=args.client_listener,
+        clients_ca=args.clients_ca or "",
+    )
 
 
 async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = None) -> None:
@@ -188,19 +245,11 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     await txn.start()
     await groups.start()
 
-    max_bytes = config.int("socket.request.max.bytes")
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_bytes),
-            ("grpc.max_send_message_length", max_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
     servicer = BrokerServicer(config, cluster, replicas, txn, groups)
-    server.add_generic_rpc_handlers(servicer.handlers())
     health = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    server.add_insecure_port(f"{config.host}:{config.port}")
+    server = open_listeners(config, servicer, health)
+    if server.interbroker is None:
+        log.warning("no --inter-broker-listen: this broker serves no inter-broker RPC and cannot be replicated from")
     metrics: BrokerMetrics | None = None
     if metrics_listen is not None:
         metrics = BrokerMetrics(config, storage, cluster, replicas, txn, groups)
@@ -215,7 +264,10 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
     # the coordinator partitions it loads.
     await health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
-    log.info("broker %d listening on %s:%d", config.broker_id, config.host, config.port)
+    log.info(
+        "broker %d listening on %s:%d (clients), inter-broker port %s",
+        config.broker_id, config.host, config.port, config.inter_broker_port or "none",
+    )  # fmt: skip
     # Alive (for the failure detector) while waiting for the other brokers; ready only later.
     await wait_for_brokers(cluster, config)
     cluster.ensure_internal_topics()
@@ -237,6 +289,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
         while True:
             try:
                 cluster.refresh()
+                servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
@@ -306,7 +359,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_listen = parse_metrics_listen(args.metrics_listen)
         if args.tracing:
             tracing.configure(args.tracing, config.broker_id)
-    except ConfigError as exc:
+        if config.tls_dir:
+            load_dir(config.tls_dir)  # unreadable material stops the broker here, with its name
+    except (ConfigError, TlsError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
     try:

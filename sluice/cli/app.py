@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sluice.cli import (
+    acls,
     bench,
     consume,
     consumer_groups,
@@ -35,6 +36,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "transactions": transactions.run,
     "consumer-groups": consumer_groups.run,
     "top": top.run,
+    "acls": acls.run,
     "bench": bench.run,
     "demo": demo.run,
 }

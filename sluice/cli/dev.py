@@ -35,6 +35,12 @@ def register(sub: Subcommands) -> None:
     )
     up.add_argument("--config", type=key_value, action="append", default=[], metavar="KEY=VALUE")
     up.add_argument("--timeout", type=positive_float, default=90.0, help="seconds to wait for the brokers")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="clients need a certificate (mutual TLS) and ACLs (the authorizer is on); User:admin's "
+        "settings are written to DATA/admin.properties for `sluice acls --command-config` (docs/security.md)",
+    )
     down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
     down.add_argument("--data", metavar="DIR")
     status = dev_sub.add_parser("status", help="show the dev cluster's processes and health")
@@ -73,8 +79,9 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
         err(f"starting a dev cluster of {args.brokers} broker(s) in {data_dir} ...")
     try:
         state, started = dev_cluster.up(
-            data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting
-        )
+            data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting,
+            secure=args.secure,
+        )  # fmt: skip
     except dev_cluster.DevClusterError as exc:
         hint = " (use --port to pick other ports, or --port 0 for any free ones)" if "in use" in str(exc) else ""
         raise CliError(f"the dev cluster failed to start{hint}: {exc}") from None
@@ -82,6 +89,9 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
         err(f"a dev cluster is already running (supervisor pid {state.supervisor_pid}, data {state.data_dir})")
     else:
         err(f"dev cluster up: {len(state.brokers)} broker(s), logs in {state.data_dir}")
+        if state.secure:
+            err(f"secure: mutual TLS and ACLs; the super user's settings are in {state.admin_config} "
+                "(sluice acls ... --command-config FILE; docs/security.md)")  # fmt: skip
         err("stop it with `sluice dev down`")
     print(state.bootstrap_servers)
     return 0
@@ -98,10 +108,19 @@ def _status(args: argparse.Namespace, data_dir: Path) -> int:
         else:
             err(f"no dev cluster is running (data directory {data_dir}); start one with `sluice dev up`")
         return 1
+    credentials = None
+    if current.secure:  # mTLS client listeners: check with the cluster's own (controller) certificate
+        import grpc
+
+        from sluice import tls
+        from sluice.testing.certs import controller_tls_dir
+
+        m = tls.load_dir(controller_tls_dir(Path(current.data_dir)))
+        credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
     brokers = []
     for b in current.brokers:
         alive = dev_cluster.pid_alive(int(b.get("pid") or 0))
-        health = check_health(b["address"], timeout=2.0) if alive else "DOWN"
+        health = check_health(b["address"], timeout=2.0, credentials=credentials) if alive else "DOWN"
         brokers.append({**b, "alive": alive, "health": health})
     healthy = all(b["health"] == "SERVING" for b in brokers)
     if args.json:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import sluice
 from sluice.cli import (
+    acls,
     bench,
     consume,
     consumer_groups,
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     transactions.register(sub, client)
     consumer_groups.register(sub, client)
     top.register(sub, client)
+    acls.register(sub, client)
     bench.register(sub)
     demo.register(sub)
     return parser

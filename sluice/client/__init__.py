@@ -36,6 +36,14 @@ Package map (each module's docstring explains its design):
 Errors are the classes of :mod:`sluice.errors`, one per Kafka error code.
 """
 
+from sluice.acls import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 from sluice.client.admin import (
     Admin,
     BrokerDescription,
@@ -64,6 +72,10 @@ from sluice.client.types import (
 )
 
 __all__ = [
+    "AclBinding",
+    "AclBindingFilter",
+    "AclOperation",
+    "AclPermissionType",
     "Admin",
     "BrokerDescription",
     "ClusterDescription",
@@ -81,6 +93,8 @@ __all__ = [
     "Producer",
     "ProducerClosedError",
     "RecordMetadata",
+    "ResourcePatternType",
+    "ResourceType",
     "TopicDescription",
     "TopicPartition",
     "TransactionAbortedError",

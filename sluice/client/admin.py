@@ -27,9 +27,11 @@ from types import TracebackType
 from typing import Protocol, TypeVar
 
 from sluice import errors
+from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
 from sluice.client._network import rpc as rpcs
+from sluice.client._network.security import ClientSecurity
 from sluice.client.consumer.fetcher import list_offsets_at
 from sluice.client.types import PreparedTransaction, TopicPartition
 
@@ -156,11 +158,19 @@ class Admin:
         bootstrap_servers: str | list[str],
         *,
         request_timeout_ms: int = 30_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
         client_id: str | None = None,
     ) -> None:
         self.client_id = client_id or "sluice-admin"
         self._timeout = request_timeout_ms / 1000.0
-        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(
+            bootstrap_servers,
+            request_timeout_ms=request_timeout_ms,
+            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+        )
 
     def _deadline(self, timeout: float | None) -> Deadline:
         return Deadline(self._timeout if timeout is None else timeout)
@@ -190,6 +200,41 @@ class Admin:
             if not err.retriable or code in no_retry or deadline.expired():
                 raise err
             backoff.sleep(deadline)
+
+    # ------------------------------------------------------------------ ACLs (Kafka's shape)
+
+    def create_acls(self, acls: Iterable[AclBinding], timeout: float | None = None) -> None:
+        """Create ``acls`` (creating one that exists changes nothing). Raises the first refusal:
+        SecurityDisabledError (authorizer off), ClusterAuthorizationFailedError (no Alter on the
+        cluster), InvalidRequestError (an ACL the broker cannot accept)."""
+        request = broker_pb2.CreateAclsRequest(creations=[_acl_proto(b) for b in acls])
+        if not request.creations:
+            return
+
+        def error_of(r: broker_pb2.CreateAclsResponse) -> tuple[int, str]:
+            return next(((x.error_code, x.error_message) for x in r.results if x.error_code), (0, ""))
+
+        self._any(rpcs.CREATE_ACLS, request, error_of, self._deadline(timeout))
+
+    def describe_acls(self, acl_filter: AclBindingFilter, timeout: float | None = None) -> list[AclBinding]:
+        """The ACLs ``acl_filter`` matches."""
+        response = self._any(
+            rpcs.DESCRIBE_ACLS,
+            broker_pb2.DescribeAclsRequest(filter=_filter_proto(acl_filter)),
+            lambda r: (r.error_code, r.error_message),
+            self._deadline(timeout),
+        )
+        return [_acl_binding(a) for a in response.acls]
+
+    def delete_acls(self, filters: Iterable[AclBindingFilter], timeout: float | None = None) -> list[AclBinding]:
+        """Delete every ACL one of ``filters`` matches; returns the ACLs deleted."""
+        request = broker_pb2.DeleteAclsRequest(filters=[_filter_proto(f) for f in filters])
+
+        def error_of(r: broker_pb2.DeleteAclsResponse) -> tuple[int, str]:
+            return next(((x.error_code, x.error_message) for x in r.results if x.error_code), (0, ""))
+
+        response = self._any(rpcs.DELETE_ACLS, request, error_of, self._deadline(timeout))
+        return [_acl_binding(a) for result in response.results for a in result.deleted]
 
     # ------------------------------------------------------------------ topics
 
@@ -687,3 +732,31 @@ __all__ = [
     "TopicDescription",
     "TransactionDescription",
 ]
+
+
+def _acl_proto(b: AclBinding) -> broker_pb2.Acl:
+    return broker_pb2.Acl(
+        resource_type=b.resource_type, name=b.name, pattern_type=b.pattern_type, principal=b.principal,
+        host=b.host, operation=b.operation, permission_type=b.permission_type,
+    )  # fmt: skip
+
+
+def _acl_binding(a: broker_pb2.Acl) -> AclBinding:
+    return AclBinding(
+        ResourceType(a.resource_type), a.name, ResourcePatternType(a.pattern_type), a.principal, a.host,
+        AclOperation(a.operation), AclPermissionType(a.permission_type),
+    )  # fmt: skip
+
+
+def _filter_proto(f: AclBindingFilter) -> broker_pb2.AclFilter:
+    out = broker_pb2.AclFilter(
+        resource_type=f.resource_type, pattern_type=f.pattern_type, operation=f.operation,
+        permission_type=f.permission_type,
+    )  # fmt: skip
+    if f.name is not None:
+        out.name = f.name
+    if f.principal is not None:
+        out.principal = f.principal
+    if f.host is not None:
+        out.host = f.host
+    return out

@@ -121,6 +121,9 @@ class BrokerDocument:
     log_dir_low_space: bool = False
     log_dir_free_bytes: int = -1
     log_dir_size_bytes: int = -1
+    # The port of the broker's inter-broker listener (mutual TLS with the cluster CA, same host);
+    # 0: the broker has none, so no other broker can replicate from it or send it markers.
+    inter_broker_port: int = 0
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -133,6 +136,7 @@ class BrokerDocument:
         "log_dir_low_space",
         "log_dir_free_bytes",
         "log_dir_size_bytes",
+        "inter_broker_port",
     )
 
     @classmethod
@@ -147,11 +151,12 @@ class BrokerDocument:
             log_dir_low_space=bool(value.get("log_dir_low_space", False)),
             log_dir_free_bytes=int(value.get("log_dir_free_bytes", -1)),
             log_dir_size_bytes=int(value.get("log_dir_size_bytes", -1)),
+            inter_broker_port=int(value.get("inter_broker_port", 0)),
             extra=_extra(value, cls.FIELDS),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             **self.extra,
             "broker_id": self.broker_id,
             "host": self.host,
@@ -161,6 +166,9 @@ class BrokerDocument:
             **({"log_dir_failure": self.log_dir_failure} if self.log_dir_failure else {}),
             **(self._low_space_json() if self.log_dir_low_space else {}),
         }
+        if self.inter_broker_port:  # written only when there is one: older readers see what they knew
+            out["inter_broker_port"] = self.inter_broker_port
+        return out
 
     def _low_space_json(self) -> dict[str, Any]:
         return {
@@ -168,6 +176,14 @@ class BrokerDocument:
             "log_dir_free_bytes": self.log_dir_free_bytes,
             "log_dir_size_bytes": self.log_dir_size_bytes,
         }
+
+    @property
+    def inter_broker_address(self) -> str | None:
+        """``host:port`` of the inter-broker listener, or None when the broker has none."""
+        if not self.inter_broker_port:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.inter_broker_port}"
 
     @property
     def address(self) -> str:

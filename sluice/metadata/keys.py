@@ -4,8 +4,9 @@ Each shape is one dataclass of :mod:`sluice.metadata.documents`, with its one en
 the table below is the summary.
 
 ``cluster``                      {"cluster_id": str}
-``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms", "log_dir_failure" (if offline),
-                                  "log_dir_low_space", "log_dir_free_bytes", "log_dir_size_bytes" (if low)}
+``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms", "inter_broker_port",
+                                  "log_dir_failure" (if offline), "log_dir_low_space",
+                                  "log_dir_free_bytes", "log_dir_size_bytes" (if low)}
 ``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
                                   "replication_factor",
                                   "partitions": [{"replicas": [..], "leader": id,
@@ -18,6 +19,8 @@ the table below is the summary.
 ``transactional_ids/<id>``       {"transactional_id", "resource": "namespace/name"}  (written by
                                   the operator for each TransactionalId resource; with
                                   transactional.id.declaration.required, only these ids may be used)
+``acls/<id>``                    one ACL (sluice.acls.AclBinding.to_json); <id> is a digest of it, so
+                                  the same ACL is one document (written by Admin.create_acls)
 """
 
 CLUSTER = "cluster"
@@ -26,6 +29,7 @@ CONTROLLER = "controller"
 BROKERS = "brokers/"
 TOPICS = "topics/"
 TRANSACTIONAL_IDS = "transactional_ids/"
+ACLS = "acls/"
 
 
 def broker(broker_id: int) -> str:
@@ -38,3 +42,7 @@ def topic(name: str) -> str:
 
 def transactional_id(txn_id: str) -> str:
     return f"{TRANSACTIONAL_IDS}{txn_id}"
+
+
+def acl(acl_id: str) -> str:
+    return f"{ACLS}{acl_id}"

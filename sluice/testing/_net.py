@@ -59,10 +59,18 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def check_health(address: str, timeout: float = 1.0) -> str:
-    """The broker's overall health status name (``SERVING``, ``NOT_SERVING`` ...) or ``UNREACHABLE``."""
+def check_health(address: str, timeout: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> str:
+    """The broker's overall health status name (``SERVING``, ``NOT_SERVING`` ...) or ``UNREACHABLE``.
+
+    ``credentials``: TLS to a client listener that requires it (a secure LocalCluster).
+    """
     try:
-        with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:
+        channel = (
+            grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+            if credentials is None
+            else grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+        )
+        with channel:
             stub = health_pb2_grpc.HealthStub(channel)
             resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
     except grpc.RpcError:

@@ -18,6 +18,13 @@ Layout of ``data_dir``::
     metadata.sqlite      the local MetadataStore, shared by every process of the cluster
     broker-N/            broker N's RocksDB
     broker-N.log         broker N's stdout and stderr, appended across restarts
+    tls/                 the cluster CA and each broker's certificate (mode 0600: sluice.testing.certs)
+
+Brokers authenticate each other in every mode, this one included: each broker
+gets a second, inter-broker port (``--inter-broker-listen``, kept across
+restarts) served with mutual TLS and certificates from the cluster CA in
+``tls/``. Replication and transaction markers go there; the client port
+refuses them (see sluice.broker.server).
 
 Broker ids are 0..N-1 and equal the index used by kill(i), restart(i) ...
 Each broker keeps its port across restarts, so clients reconnect to the same
@@ -62,15 +69,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import grpc
+
+from sluice import tls
 from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import NO_LEADER, ControllerDocument, TopicDocument
 from sluice.metadata.store import MetadataStore
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
+from sluice.testing.certs import broker_tls_dirs, client_tls_dir, clients_ca_file, controller_tls_dir
 
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
+SUPER_USER = "User:admin"  # of a secure LocalCluster: client_config("admin") may do everything
 _REPLICATION_FACTOR_KEYS = (
     "default.replication.factor",
     "transaction.state.log.replication.factor",
@@ -106,8 +118,15 @@ class BrokerProcess(ManagedProcess):
         python: str,
         env: Mapping[str, str],
         metrics_port: int | None = None,
+        inter_broker_port: int | None = None,
+        tls_dir: Path | None = None,
+        clients_ca: Path | None = None,
+        health_credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.health_credentials = health_credentials
+        self.inter_broker_port = inter_broker_port
+        self.tls_dir = tls_dir
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
@@ -123,6 +142,11 @@ class BrokerProcess(ManagedProcess):
         ]  # fmt: skip
         if metrics_port is not None:
             argv += ["--metrics-listen", f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"]
+        if inter_broker_port is not None and tls_dir is not None:
+            ib = f"[{host}]:{inter_broker_port}" if ":" in host else f"{host}:{inter_broker_port}"
+            argv += ["--inter-broker-listen", ib, "--broker-tls-dir", str(tls_dir)]
+        if clients_ca is not None:  # secure: clients need a certificate (mutual TLS)
+            argv += ["--client-listener", "mtls", "--clients-ca", str(clients_ca)]
         for key, value in self.config.items():
             argv += ["--config", f"{key}={value}"]
         super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
@@ -146,7 +170,7 @@ class BrokerProcess(ManagedProcess):
             return "PAUSED"
         if state != "running":
             return state.upper()
-        return check_health(self.address, timeout=timeout)
+        return check_health(self.address, timeout=timeout, credentials=self.health_credentials)
 
 
 class ControllerProcess(ManagedProcess):
@@ -234,6 +258,7 @@ class LocalCluster:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
+        secure: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
@@ -251,6 +276,8 @@ class LocalCluster:
         self.data_dir = Path(data_dir).resolve()
         self.metadata_path = self.data_dir / "metadata.sqlite"
         common = replication_defaults(brokers)
+        if secure:  # the authorizer on, deny by default, User:admin the super user (docs/security.md)
+            common.update({"authorizer.enabled": "true", "super.users": SUPER_USER})
         common.update({k: _config_str(v) for k, v in (config or {}).items()})
         per_broker = broker_config or {}
         unknown = set(per_broker) - set(range(brokers))
@@ -260,6 +287,18 @@ class LocalCluster:
         # Unbuffered output: the log file is what we show when a broker fails.
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         self._brokers: list[BrokerProcess] = []
+        # Made now (not at start) so that the argv of every broker names its material; cheap (EC keys).
+        tls_dirs = broker_tls_dirs(self.data_dir, range(brokers), host)
+        self.secure = secure
+        clients_ca: Path | None = None
+        health_credentials: grpc.ChannelCredentials | None = None
+        controller_args: list[str] = []
+        if secure:
+            clients_ca = clients_ca_file(self.data_dir)
+            controller_dir = controller_tls_dir(self.data_dir)
+            m = tls.load_dir(controller_dir)
+            health_credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
+            controller_args += ["--tls-dir", str(controller_dir)]
         for i in range(brokers):
             cfg = dict(common)
             cfg.update({k: _config_str(v) for k, v in per_broker.get(i, {}).items()})
@@ -276,9 +315,12 @@ class LocalCluster:
                     python=python,
                     env=child_env,
                     metrics_port=free_port(host),
+                    inter_broker_port=free_port(host),
+                    tls_dir=tls_dirs[i],
+                    clients_ca=clients_ca,
+                    health_credentials=health_credentials,
                 )
             )
-        controller_args = []
         if common.get("unclean.leader.election.enable", "").lower() == "true":
             controller_args.append("--unclean-leader-election")
         self._controller = ControllerProcess(
@@ -316,6 +358,11 @@ class LocalCluster:
         self._check_runnable()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         busy = [b.address for b in self._brokers if not port_is_free(b.host, b.port)]
+        busy += [
+            f"{b.host}:{b.inter_broker_port}"
+            for b in self._brokers
+            if b.inter_broker_port is not None and not port_is_free(b.host, b.inter_broker_port)
+        ]
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
         self._started = True
@@ -379,6 +426,42 @@ class LocalCluster:
         assert listen is not None
         return f"http://{listen}/metrics"
 
+    def client_config(self, name: str) -> dict[str, Any]:
+        """Keyword arguments with which Producer, Consumer and Admin connect as ``User:<name>``.
+
+        ``Producer(**cluster.client_config("alice"))``: the bootstrap servers and, for a secure
+        cluster, TLS with a certificate for CN ``name`` from the cluster's clients CA (made in
+        ``data_dir/tls/clients/<name>``, mode 0600, on first use). A plaintext cluster needs no
+        name: it gets the bootstrap servers only.
+        """
+        if not self.secure:
+            return {"bootstrap_servers": self.bootstrap_servers}
+        d = client_tls_dir(self.data_dir, name)
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "security_protocol": "SSL",
+            "ssl_cafile": str(d / tls.CA_FILE),
+            "ssl_certfile": str(d / tls.CERT_FILE),
+            "ssl_keyfile": str(d / tls.KEY_FILE),
+        }
+
+    def interbroker_channel(self, i: int) -> grpc.Channel:
+        """A channel to broker ``i``'s inter-broker listener holding broker ``i``'s own certificate.
+
+        For tests that look at replication as a broker does (OffsetsForLeaderEpoch ...): the
+        caller *is* a broker of this cluster, proven the only way there is, with a certificate
+        from the cluster CA in ``data_dir/tls``. Close it after use.
+        """
+        b = self.broker(i)
+        if b.inter_broker_port is None or b.tls_dir is None:
+            raise ClusterError(f"broker {i} has no inter-broker listener")
+        m = tls.load_dir(b.tls_dir)
+        creds = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
+        host = f"[{b.host}]" if ":" in b.host else b.host
+        return grpc.secure_channel(
+            f"{host}:{b.inter_broker_port}", creds, options=[("grpc.ssl_target_name_override", tls.BROKER_SERVER_NAME)]
+        )
+
     def kill(self, i: int) -> None:
         """SIGKILL broker ``i`` (a crash: no shutdown code runs) and reap it."""
         self.broker(i).kill()
@@ -405,8 +488,11 @@ class LocalCluster:
         b = self.broker(i)
         if b.is_alive():
             b.stop()
-        # The port may linger for a moment after the old process is reaped.
+        # The ports may linger for a moment after the old process is reaped.
         poll_until(lambda: port_is_free(b.host, b.port), timeout=10.0)
+        if b.inter_broker_port is not None:
+            ib_port = b.inter_broker_port
+            poll_until(lambda: port_is_free(b.host, ib_port), timeout=10.0)
         b.start()
         if wait:
             self.wait_until_healthy(timeout=self.startup_timeout if timeout is None else timeout, brokers=[i])
@@ -594,6 +680,7 @@ class LocalCluster:
                     "log": str(b.log_path),
                     "data": str(b.data_path),
                     "metrics_url": b.metrics_url,
+                    "inter_broker_port": b.inter_broker_port,
                 }
                 for b in self._brokers
             ],

@@ -155,18 +155,25 @@ class NetworkPartitions:
         self._run("-A", self.chain, "-m", "owner", "--gid-owner", str(gid), "-p", "tcp", "--dport", str(port),
                   "-j", "DROP")  # fmt: skip
 
-    def cut_brokers(self, a: tuple[int, int], b: tuple[int, int]) -> None:
-        """Cut broker ``a`` = (id, port) from broker ``b`` in both directions."""
-        self.install()
-        self._drop(self.broker_gid(a[0]), b[1])
-        self._drop(self.broker_gid(b[0]), a[1])
+    def cut_brokers(self, a: tuple[int, ...], b: tuple[int, ...]) -> None:
+        """Cut broker ``a`` = (id, port, ...) from broker ``b`` in both directions.
 
-    def cut_controller(self, broker: tuple[int, int]) -> None:
-        """Cut the local controller's health checks to ``broker`` = (id, port)."""
+        Every port after the id is cut: the client port and the inter-broker listener's (where
+        replication and markers flow), so give both.
+        """
         self.install()
-        self._drop(self.controller_gid, broker[1])
+        for port in b[1:]:
+            self._drop(self.broker_gid(a[0]), port)
+        for port in a[1:]:
+            self._drop(self.broker_gid(b[0]), port)
 
-    def isolate(self, broker: tuple[int, int], others: Iterable[tuple[int, int]], *, controller: bool = True) -> None:
+    def cut_controller(self, broker: tuple[int, ...]) -> None:
+        """Cut the local controller's health checks to ``broker`` = (id, port, ...)."""
+        self.install()
+        for port in broker[1:]:
+            self._drop(self.controller_gid, port)
+
+    def isolate(self, broker: tuple[int, ...], others: Iterable[tuple[int, ...]], *, controller: bool = True) -> None:
         """Cut ``broker`` from every one of ``others`` (and from the controller): clients still reach it."""
         for other in others:
             if other[0] != broker[0]:

@@ -47,8 +47,9 @@ CONFIG = {
 }
 
 
-def endpoints(cluster: LocalCluster) -> list[tuple[int, int]]:
-    return [(b.broker_id, b.port) for b in cluster.brokers]
+def endpoints(cluster: LocalCluster) -> list[tuple[int, ...]]:
+    """(id, client port, inter-broker port) of every broker: a cut drops both ports."""
+    return [(b.broker_id, b.port, *([b.inter_broker_port] if b.inter_broker_port else [])) for b in cluster.brokers]
 
 
 def test_a_leader_cut_off_from_followers_and_controller_acknowledges_nothing(tmp_path: Path) -> None:
@@ -67,10 +68,14 @@ def test_a_leader_cut_off_from_followers_and_controller_acknowledges_nothing(tmp
             ghost: list[bpb.ProducePartitionResponse] = []
             try:
                 net.isolate(endpoints(cluster)[leader], endpoints(cluster))
-                assert net.rules() == 5  # 2 per follower, 1 for the controller
+                # per follower: its client and inter-broker ports, both ways (4); the controller: 2
+                assert net.rules() == 10
                 # the cut took effect: the leader's group cannot reach a follower, the test still reaches both
                 host = cluster.host
                 assert not net.connects(net.broker_gid(leader), host, cluster.broker(follower).port)
+                inter_broker_port = cluster.broker(follower).inter_broker_port
+                assert inter_broker_port is not None
+                assert not net.connects(net.broker_gid(leader), host, inter_broker_port)
                 assert net.connects(0, host, cluster.broker(leader).port)
                 assert net.connects(0, host, cluster.broker(follower).port)
                 for b in cluster.brokers:  # each broker really runs in its own group

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from sluice import errors
@@ -53,7 +52,7 @@ def partition_state(admin: Admin, topic: str) -> tuple[int, int, list[int]]:
 
 def log_end(cluster: LocalCluster, broker: int, topic: str, epoch: int) -> int:
     """The leader's log end offset (the end of its latest epoch), read with OffsetsForLeaderEpoch."""
-    with grpc.insecure_channel(cluster.address(broker)) as channel:
+    with cluster.interbroker_channel(broker) as channel:  # inter-broker RPCs: a broker's identity
         stub = interbroker_pb2_grpc.InterBrokerStub(channel)  # type: ignore[no-untyped-call]
         resp = stub.OffsetsForLeaderEpoch(
             ipb.OffsetsForLeaderEpochRequest(

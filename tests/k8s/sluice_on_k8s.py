@@ -22,6 +22,7 @@ from sluice.metadata import keys, open_store
 from sluice.metadata.kubernetes import KubernetesMetadataStore, api_client
 from sluice.testing._net import SERVING, check_health, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess
+from sluice.testing.certs import broker_tls_dirs
 from tests.support.k8s_env import KubeCluster
 
 HOSTS = ("127.0.0.10", "127.0.0.11", "127.0.0.12")
@@ -38,9 +39,9 @@ BROKER_CONFIG = {
 }
 
 
-def common_port(hosts: tuple[str, ...] = HOSTS) -> int:
-    """A port free on every host (brokers share a port on distinct addresses, like pods)."""
-    for port in range(20000 + os.getpid() % 20000, 60000, 7):
+def common_port(hosts: tuple[str, ...] = HOSTS, after: int = 0) -> int:
+    """A port free on every host (brokers share a port on distinct addresses, like pods), above ``after``."""
+    for port in range(max(20000 + os.getpid() % 20000, after + 1), 60000, 7):
         if all(port_is_free(h, port) for h in hosts):
             return port
     raise RuntimeError("no port free on every broker address")
@@ -57,6 +58,7 @@ class SluiceOnK8s:
         self.workdir = workdir
         self.count = brokers
         self.port = common_port(HOSTS[:brokers])
+        self.inter_broker_port = common_port(HOSTS[:brokers], after=self.port)
         self.url = f"kubernetes://{namespace}?kubeconfig={k8s.kubeconfig}"
         self.env = {**os.environ, "KUBECONFIG": str(k8s.kubeconfig), "PYTHONUNBUFFERED": "1"}
         self.env.pop("KUBERNETES_SERVICE_HOST", None)
@@ -125,6 +127,9 @@ class SluiceOnK8s:
             "--listen", self.address(i),
             "--data", str(self.workdir / f"broker-{i}"),
             "--metadata", self.url,
+            # brokers reach each other only on the inter-broker port, mutual TLS with the cluster CA
+            "--inter-broker-listen", f"{HOSTS[i]}:{self.inter_broker_port}",
+            "--broker-tls-dir", str(broker_tls_dirs(self.workdir, [i], HOSTS[i])[i]),
         ]  # fmt: skip
         for key, value in settings.items():
             argv += ["--config", f"{key}={value}"]

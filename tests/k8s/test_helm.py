@@ -94,13 +94,36 @@ def test_broker_command_line_is_one_the_broker_accepts(k8s: KubeCluster) -> None
     assert sorted(c["spec"]["replicationFactor"] for c in coordinators) == [1, 1]
 
 
+def test_brokers_get_an_inter_broker_listener_with_the_cluster_ca(k8s: KubeCluster, tmp_path: Path) -> None:
+    import base64
+
+    from sluice import tls
+
+    docs = render(k8s)
+    sts = find(docs, "StatefulSet")
+    config = broker_config(sts, broker_id=0, namespace="sluice")
+    assert config.inter_broker_port == 9093 and config.tls_dir == "/etc/sluice/broker-tls"
+    pod = sts["spec"]["template"]["spec"]
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "broker-tls")
+    assert mount["mountPath"] == config.tls_dir and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "broker-tls")
+    secret = find(docs, "Secret", volume["secret"]["secretName"])
+    for key, value in secret["data"].items():
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    material = tls.load_dir(tmp_path)  # what the broker loads: a CA and a broker certificate it signed
+    assert tls.KeyPair(material.cert_pem, material.key_pem).common_name == "sluice-broker"
+    own = render(k8s, "--set", "broker.interBroker.tlsSecret=mine")
+    assert not [d for d in own if d["kind"] == "Secret"]
+    assert find(own, "StatefulSet")["spec"]["template"]["spec"]["volumes"][-1]["secret"]["secretName"] == "mine"
+
+
 def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespace: str) -> None:
     install_crds(k8s)
     docs = render(k8s, namespace=k8s_namespace)
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == sorted({
         "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "KopfPeering", "PodDisruptionBudget", "Role",
-        "RoleBinding", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
+        "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     })
     manifest = yaml.safe_dump_all(docs)

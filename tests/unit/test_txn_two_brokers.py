@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from sluice import tls
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc, interbroker_pb2_grpc
 from sluice.api.v1 import interbroker_pb2 as ipb
@@ -26,6 +27,7 @@ from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordina
 from sluice.broker.config import BrokerConfig
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security import peers
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import MetadataStore, open_store
 from sluice.records import build_batch, parse_control
@@ -33,6 +35,7 @@ from sluice.records import build_batch, parse_control
 TOPIC = "orders"
 N = 4
 CONFIG = {"transaction.state.log.num.partitions": str(N), "offsets.topic.num.partitions": "2"}
+_CA = tls.generate_ca("test-cluster-ca")
 
 
 class _InterBroker(interbroker_pb2_grpc.InterBrokerServicer):  # type: ignore[misc]
@@ -64,12 +67,17 @@ class Node:
         self.storage: RocksStorage
         self.replicas: ReplicaManager
         self.coord: TransactionCoordinator
+        self.tls_dir = tmp / f"tls-{broker_id}"
+        tls.write_dir(self.tls_dir, _CA.cert_pem, tls.issue_broker(_CA, broker_id, ["127.0.0.1"]))
 
     async def serve(self) -> None:
         server = grpc.aio.server()
         interbroker_pb2_grpc.add_InterBrokerServicer_to_server(_InterBroker(self), server)  # type: ignore[no-untyped-call]
         broker_pb2_grpc.add_BrokerServicer_to_server(_Broker(self), server)  # type: ignore[no-untyped-call]
-        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        # The brokers' channels go to each other's inter-broker listener, mutual TLS with the cluster CA.
+        m = tls.load_dir(self.tls_dir)
+        creds = peers.server_credentials(m.ca_pem, m.cert_pem, m.key_pem)
+        self.port = server.add_secure_port(f"127.0.0.1:{self.port}", creds)
         await server.start()
         self.server = server
 
@@ -84,7 +92,10 @@ class Node:
         data = str(self.tmp / f"broker-{self.broker_id}")
         os.makedirs(data, exist_ok=True)
         self.store = open_store(meta)
-        config = BrokerConfig.build(self.broker_id, "127.0.0.1", self.port, data, meta, CONFIG)
+        config = BrokerConfig.build(
+            self.broker_id, "127.0.0.1", self.port, data, meta, CONFIG,
+            inter_broker_port=self.port, tls_dir=str(self.tls_dir),
+        )  # fmt: skip
         self.cluster = ClusterView(self.store, config)
         self.cluster.register()
         self.storage = RocksStorage(os.path.join(data, "rocksdb"))

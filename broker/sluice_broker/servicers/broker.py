@@ -5,16 +5,27 @@ a key that must not be empty) and hands the request over: data-path requests
 to the :class:`~sluice.broker.replica_manager.ReplicaManager`, topic admin to the
 :class:`~sluice.broker.cluster.ClusterView`, transactions and groups to their
 coordinators. Metadata and FindCoordinator are answered from the cluster view.
+
+Authorization (when ``authorizer.enabled``; decisions in :mod:`sluice.broker.security`): the
+data path and topic admin check what Kafka checks (Produce: Write on the topic and, with a
+transactional id, Write on it; Fetch: Read; ListOffsets and Metadata: Describe; CreateTopics:
+Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter). What is
+refused is answered per topic with TOPIC_AUTHORIZATION_FAILED (or
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. The transaction
+and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordinator_checks`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
+from sluice import errors
+from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import (
@@ -28,6 +39,12 @@ from sluice.broker.cluster import (
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security import coordinator_checks as checks
+from sluice.broker.security.authorizer import Access
+from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
+from sluice.broker.security.limits import ByteRateQuota, RateLimit
+from sluice.broker.security.peers import principal
+from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.group_admin import GroupAdmin
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator
@@ -43,6 +60,17 @@ def admin_result(result: Any, action: Callable[[], str]) -> None:
         answer(result, exc)
 
 
+def _topic_refusal(op: str, name: str) -> str:
+    return f"not authorized to {op} topic {name!r} (no ACL allows it)"
+
+
+def _refused(op: str, name: str) -> Callable[[], str]:
+    def refuse() -> str:
+        raise errors.TopicAuthorizationFailedError(_topic_refusal(op, name))
+
+    return refuse
+
+
 class BrokerService:
     """sluice.v1.Broker."""
 
@@ -52,12 +80,31 @@ class BrokerService:
         replicas: ReplicaManager,
         txn: TransactionCoordinator,
         groups: GroupCoordinator,
+        access: Access | None = None,
     ) -> None:
         self.cluster = cluster
         self.replicas = replicas
         self.txn = txn
         self.groups = groups
         self.group_admin = GroupAdmin(groups, cluster.config.broker_id)
+        self.access = access or Access(cluster.config)
+        self.acls = AclHandlers(cluster.store, self.access)
+        self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
+        self.produce_quota = ByteRateQuota("quota.producer.default", cluster.config.int("quota.producer.default"))
+        self.fetch_quota = ByteRateQuota("quota.consumer.default", cluster.config.int("quota.consumer.default"))
+
+    async def _throttle(self, quota: ByteRateQuota, ctx: Ctx, nbytes: int) -> int:
+        """Count the bytes against the caller's quota; hold the response back as long as it is over."""
+        delay_ms = quota.record(principal(ctx), nbytes)
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        return delay_ms
+
+    def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
+        """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
+        if not self.access.enabled:
+            return set()
+        return {n for n in set(names) if not self.access.allowed(ctx, op, ResourceType.TOPIC, n)}
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         b = bpb
@@ -73,30 +120,30 @@ class BrokerService:
                 "DeleteTopics": (self.delete_topics, b.DeleteTopicsRequest),
                 "CreatePartitions": (self.create_partitions, b.CreatePartitionsRequest),
                 "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
-                "InitProducerId": (lambda r, c: self.txn.init_producer_id(r), b.InitProducerIdRequest),
-                "AddPartitionsToTxn": (lambda r, c: self.txn.add_partitions_to_txn(r), b.AddPartitionsToTxnRequest),
-                "AddOffsetsToTxn": (lambda r, c: self.txn.add_offsets_to_txn(r), b.AddOffsetsToTxnRequest),
-                "EndTxn": (lambda r, c: self.txn.end_txn(r), b.EndTxnRequest),
-                "PrepareTxn": (lambda r, c: self.txn.prepare_txn(r), b.PrepareTxnRequest),
+                "InitProducerId": (self.init_producer_id, b.InitProducerIdRequest),
+                "AddPartitionsToTxn": (self.add_partitions_to_txn, b.AddPartitionsToTxnRequest),
+                "AddOffsetsToTxn": (self.add_offsets_to_txn, b.AddOffsetsToTxnRequest),
+                "EndTxn": (self.end_txn, b.EndTxnRequest),
+                "PrepareTxn": (self.prepare_txn, b.PrepareTxnRequest),
                 "DescribeTransactions": (self.describe_transactions, b.DescribeTransactionsRequest),
                 "ListTransactions": (self.list_transactions, b.ListTransactionsRequest),
-                "TxnOffsetCommit": (lambda r, c: self.groups.txn_offset_commit(r), b.TxnOffsetCommitRequest),
-                "OffsetCommit": (lambda r, c: self.groups.offset_commit(r), b.OffsetCommitRequest),
-                "OffsetFetch": (lambda r, c: self.groups.offset_fetch(r), b.OffsetFetchRequest),
-                "ConsumerGroupHeartbeat": (
-                    lambda r, c: self.groups.heartbeat(r),
-                    b.ConsumerGroupHeartbeatRequest,
-                ),
-                "ListGroups": (lambda r, c: self.group_admin.list_groups(r), b.ListGroupsRequest),
-                "DescribeGroups": (lambda r, c: self.group_admin.describe_groups(r), b.DescribeGroupsRequest),
-                "DeleteGroups": (lambda r, c: self.group_admin.delete_groups(r), b.DeleteGroupsRequest),
+                "TxnOffsetCommit": (self.txn_offset_commit, b.TxnOffsetCommitRequest),
+                "OffsetCommit": (self.offset_commit, b.OffsetCommitRequest),
+                "OffsetFetch": (self.offset_fetch, b.OffsetFetchRequest),
+                "ConsumerGroupHeartbeat": (self.heartbeat, b.ConsumerGroupHeartbeatRequest),
+                "CreateAcls": (self.acls.create_acls, b.CreateAclsRequest),
+                "DescribeAcls": (self.acls.describe_acls, b.DescribeAclsRequest),
+                "DeleteAcls": (self.acls.delete_acls, b.DeleteAclsRequest),
+                "ListGroups": (self.list_groups, b.ListGroupsRequest),
+                "DescribeGroups": (self.describe_groups, b.DescribeGroupsRequest),
+                "DeleteGroups": (self.delete_groups, b.DeleteGroupsRequest),
             },
             self.replicas.events,
         )
 
     # -- metadata ---------------------------------------------------------------------------------
 
-    async def metadata(self, req: bpb.MetadataRequest, _ctx: Ctx) -> bpb.MetadataResponse:
+    async def metadata(self, req: bpb.MetadataRequest, ctx: Ctx) -> bpb.MetadataResponse:
         self.cluster.refresh()
         resp = bpb.MetadataResponse(cluster_id=self.cluster.cluster_id, controller_id=-1)
         for b in sorted(self.cluster.brokers.values(), key=lambda b: b.broker_id):
@@ -104,7 +151,13 @@ class BrokerService:
         names = list(req.topics) or sorted(
             n for n in self.cluster.topics if req.include_internal or n not in INTERNAL_TOPICS
         )
+        denied = self._denied(ctx, AclOperation.DESCRIBE, names)
         for name in names:
+            if name in denied:
+                if req.topics:  # asked by name: say why; a listing leaves it out, as Kafka does
+                    refusal = _topic_refusal("Describe", name)
+                    resp.topics.add(name=name, error_code=pb.TOPIC_AUTHORIZATION_FAILED, error_message=refusal)
+                continue
             info = self.cluster.topics.get(name)
             if info is None:
                 resp.topics.add(
@@ -134,11 +187,47 @@ class BrokerService:
 
     # -- data path --------------------------------------------------------------------------------
 
-    async def produce(self, req: bpb.ProduceRequest, _ctx: Ctx) -> bpb.ProduceResponse:
-        nonneg(req.timeout_ms, "timeout_ms")
-        return await self.replicas.produce(req)
+    async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
+        resp = await self._produce(req, ctx)
+        if self.produce_quota.rate:
+            resp.throttle_time_ms = await self._throttle(self.produce_quota, ctx, req.ByteSize())
+        return resp
 
-    async def fetch(self, req: bpb.FetchRequest, _ctx: Ctx) -> bytes:
+    async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
+        nonneg(req.timeout_ms, "timeout_ms")
+        denied = self._denied(ctx, AclOperation.WRITE, (t.name for t in req.topics))
+        txn_denied = bool(req.transactional_id) and not self.access.allowed(
+            ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        )
+        if not denied and not txn_denied:
+            return await self.replicas.produce(req)
+        allowed = bpb.ProduceRequest(transactional_id=req.transactional_id, acks=req.acks, timeout_ms=req.timeout_ms)
+        refused = bpb.ProduceResponse()
+        for t in req.topics:
+            if not txn_denied and t.name not in denied:
+                allowed.topics.append(t)
+                continue
+            if txn_denied:
+                code = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                message = f"not authorized to Write transactional id {req.transactional_id!r}"
+            else:
+                code, message = pb.TOPIC_AUTHORIZATION_FAILED, _topic_refusal("Write", t.name)
+            out = refused.topics.add(name=t.name)
+            for p in t.partitions:
+                out.partitions.add(partition=p.partition, error_code=code, error_message=message, base_offset=-1)
+        resp = await self.replicas.produce(allowed) if allowed.topics else bpb.ProduceResponse()
+        resp.topics.extend(refused.topics)
+        return resp
+
+    async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
+        body = await self._fetch(req, ctx)
+        if not self.fetch_quota.rate:
+            return body
+        delay_ms = await self._throttle(self.fetch_quota, ctx, len(body))
+        # a serialized message and a second one concatenate as their merge: the field is added
+        return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
+
+    async def _fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
         nonneg(req.max_wait_ms, "max_wait_ms")
         nonneg(req.min_bytes, "min_bytes")
         nonneg(req.max_bytes, "max_bytes")
@@ -147,19 +236,57 @@ class BrokerService:
         for topic in req.topics:
             for fp in topic.partitions:
                 nonneg(fp.partition_max_bytes, "partition_max_bytes")
-        return await self.replicas.fetch(req)
+        denied = self._denied(ctx, AclOperation.READ, (t.name for t in req.topics))
+        if not denied:
+            return await self.replicas.fetch(req)
+        allowed = bpb.FetchRequest()
+        allowed.CopyFrom(req)
+        del allowed.topics[:]
+        refused = bpb.FetchResponse()
+        for t in req.topics:
+            if t.name not in denied:
+                allowed.topics.append(t)
+                continue
+            out = refused.topics.add(name=t.name)
+            for p in t.partitions:
+                out.partitions.add(
+                    partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=_topic_refusal("Read", t.name), high_watermark=-1, last_stable_offset=-1,
+                    log_start_offset=-1, next_fetch_offset=p.fetch_offset,
+                )  # fmt: skip
+        served = await self.replicas.fetch(allowed) if allowed.topics else b""
+        # Serialized protobuf messages concatenate as a merge: the refused topics are appended.
+        return served + refused.SerializeToString()
 
-    async def list_offsets(self, req: bpb.ListOffsetsRequest, _ctx: Ctx) -> bpb.ListOffsetsResponse:
-        return self.replicas.list_offsets(req)
+    async def list_offsets(self, req: bpb.ListOffsetsRequest, ctx: Ctx) -> bpb.ListOffsetsResponse:
+        denied = self._denied(ctx, AclOperation.DESCRIBE, (t.name for t in req.topics))
+        if not denied:
+            return self.replicas.list_offsets(req)
+        allowed = bpb.ListOffsetsRequest(isolation_level=req.isolation_level)
+        allowed.topics.extend(t for t in req.topics if t.name not in denied)
+        resp = self.replicas.list_offsets(allowed) if allowed.topics else bpb.ListOffsetsResponse()
+        for t in req.topics:
+            if t.name in denied:
+                out = resp.topics.add(name=t.name)
+                for p in t.partitions:
+                    out.partitions.add(
+                        partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                        error_message=_topic_refusal("Describe", t.name), offset=-1, timestamp=-1, leader_epoch=-1,
+                    )  # fmt: skip
+        return resp
 
     # -- topic admin ------------------------------------------------------------------------------
 
-    async def create_topics(self, req: bpb.CreateTopicsRequest, _ctx: Ctx) -> bpb.CreateTopicsResponse:
+    async def create_topics(self, req: bpb.CreateTopicsRequest, ctx: Ctx) -> bpb.CreateTopicsResponse:
         resp = bpb.CreateTopicsResponse()
+        on_cluster = not self.access.enabled or self.access.cluster(ctx, AclOperation.CREATE)
+        denied = set() if on_cluster else self._denied(ctx, AclOperation.CREATE, (t.name for t in req.topics))
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                functools.partial(
+                _refused("Create", t.name)
+                if t.name in denied
+                else functools.partial(
                     self.cluster.create_topic,
                     t.name,
                     t.num_partitions,
@@ -170,26 +297,34 @@ class BrokerService:
             )
         return resp
 
-    async def delete_topics(self, req: bpb.DeleteTopicsRequest, _ctx: Ctx) -> bpb.DeleteTopicsResponse:
+    async def delete_topics(self, req: bpb.DeleteTopicsRequest, ctx: Ctx) -> bpb.DeleteTopicsResponse:
         resp = bpb.DeleteTopicsResponse()
+        denied = self._denied(ctx, AclOperation.DELETE, req.names)
         for name in req.names:
-            admin_result(resp.topics.add(name=name), functools.partial(self.cluster.delete_topic, name))
+            action = _refused("Delete", name) if name in denied else functools.partial(self.cluster.delete_topic, name)
+            admin_result(resp.topics.add(name=name), action)
         return resp
 
-    async def create_partitions(self, req: bpb.CreatePartitionsRequest, _ctx: Ctx) -> bpb.CreatePartitionsResponse:
+    async def create_partitions(self, req: bpb.CreatePartitionsRequest, ctx: Ctx) -> bpb.CreatePartitionsResponse:
         resp = bpb.CreatePartitionsResponse()
+        denied = self._denied(ctx, AclOperation.ALTER, (t.name for t in req.topics))
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
+                _refused("Alter", t.name)
+                if t.name in denied
+                else functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
             )
         return resp
 
     # -- coordinators -----------------------------------------------------------------------------
 
-    async def find_coordinator(self, req: bpb.FindCoordinatorRequest, _ctx: Ctx) -> bpb.FindCoordinatorResponse:
+    async def find_coordinator(self, req: bpb.FindCoordinatorRequest, ctx: Ctx) -> bpb.FindCoordinatorResponse:
         if not req.key:
             raise InvalidArgumentError("key (group id or transactional id) must not be empty")
+        refused = checks.check_find_coordinator(self.access, ctx, req)
+        if refused is not None:
+            return refused
         topic = TRANSACTION_STATE_TOPIC if req.key_type == bpb.TRANSACTION else CONSUMER_OFFSETS_TOPIC
         info = self.cluster.topics.get(topic)
         resp = bpb.FindCoordinatorResponse(node_id=-1)
@@ -206,11 +341,125 @@ class BrokerService:
         resp.node_id, resp.host, resp.port = endpoint.broker_id, endpoint.host, endpoint.port
         return resp
 
-    async def describe_transactions(
-        self, req: bpb.DescribeTransactionsRequest, _ctx: Ctx
-    ) -> bpb.DescribeTransactionsResponse:
-        return self.txn.describe_transactions(req)
+    async def init_producer_id(self, req: bpb.InitProducerIdRequest, ctx: Ctx) -> bpb.InitProducerIdResponse:
+        refused = checks.check_init_producer_id(self.access, ctx, req)
+        if refused is not None:
+            return refused
+        if req.producer_id < 0 and not self.producer_ids.take(principal(ctx)):
+            return bpb.InitProducerIdResponse(
+                producer_id=-1, producer_epoch=-1, error_code=pb.THROTTLING_QUOTA_EXCEEDED,
+                error_message=self.producer_ids.refusal(principal(ctx)),
+            )  # fmt: skip
+        return await self.txn.init_producer_id(req)
 
-    async def list_transactions(self, req: bpb.ListTransactionsRequest, _ctx: Ctx) -> bpb.ListTransactionsResponse:
+    async def add_partitions_to_txn(
+        self, req: bpb.AddPartitionsToTxnRequest, ctx: Ctx
+    ) -> bpb.AddPartitionsToTxnResponse:
+        refused = checks.check_add_partitions(self.access, ctx, req)
+        return refused if refused is not None else await self.txn.add_partitions_to_txn(req)
+
+    async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest, ctx: Ctx) -> bpb.AddOffsetsToTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id) or checks.check_group(
+            self.access, ctx, AclOperation.READ, req.group_id
+        )
+        if refused is not None:
+            return bpb.AddOffsetsToTxnResponse(error_code=refused[0], error_message=refused[1])
+        return await self.txn.add_offsets_to_txn(req)
+
+    async def end_txn(self, req: bpb.EndTxnRequest, ctx: Ctx) -> bpb.EndTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
+        if refused is not None:
+            return bpb.EndTxnResponse(error_code=refused[0], error_message=refused[1])
+        return await self.txn.end_txn(req)
+
+    async def prepare_txn(self, req: bpb.PrepareTxnRequest, ctx: Ctx) -> bpb.PrepareTxnResponse:
+        refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
+        if refused is not None:
+            return bpb.PrepareTxnResponse(
+                error_code=refused[0], error_message=refused[1], producer_id=-1, producer_epoch=-1
+            )
+        return await self.txn.prepare_txn(req)
+
+    async def describe_transactions(
+        self, req: bpb.DescribeTransactionsRequest, ctx: Ctx
+    ) -> bpb.DescribeTransactionsResponse:
+        if not self.access.enabled:
+            return self.txn.describe_transactions(req)
+        allowed, refused = checks.filter_describe_transactions(self.access, ctx, req)
+        resp = (
+            self.txn.describe_transactions(allowed) if allowed.transactional_ids else bpb.DescribeTransactionsResponse()
+        )
+        resp.transactions.extend(refused)
+        return resp
+
+    async def list_transactions(self, req: bpb.ListTransactionsRequest, ctx: Ctx) -> bpb.ListTransactionsResponse:
         nonneg(req.duration_filter_ms, "duration_filter_ms")
-        return self.txn.list_transactions(req)
+        return checks.filter_list_transactions(self.access, ctx, self.txn.list_transactions(req))
+
+    async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, ctx: Ctx) -> bpb.TxnOffsetCommitResponse:
+        refused = checks.check_txn_offset_commit(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.txn_offset_commit(req)
+
+    async def offset_commit(self, req: bpb.OffsetCommitRequest, ctx: Ctx) -> bpb.OffsetCommitResponse:
+        refused = checks.check_offset_commit(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.offset_commit(req)
+
+    async def offset_fetch(self, req: bpb.OffsetFetchRequest, ctx: Ctx) -> bpb.OffsetFetchResponse:
+        refused = checks.check_offset_fetch(self.access, ctx, req)
+        if refused is not None:
+            return refused
+        return checks.filter_offset_fetch(self.access, ctx, await self.groups.offset_fetch(req))
+
+    async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest, ctx: Ctx) -> bpb.ConsumerGroupHeartbeatResponse:
+        refused = checks.check_heartbeat(self.access, ctx, req)
+        return refused if refused is not None else await self.groups.heartbeat(req)
+
+    # -- group administration (kafka-consumer-groups.sh), with Kafka's checks: Describe on a group
+    # to list or describe it (groups the caller may not see are left out of a list), Delete to delete.
+
+    async def list_groups(self, req: bpb.ListGroupsRequest, ctx: Ctx) -> bpb.ListGroupsResponse:
+        resp = await self.group_admin.list_groups(req)
+        if self.access.enabled:
+            visible = [
+                g
+                for g in resp.groups
+                if checks.check_group(self.access, ctx, AclOperation.DESCRIBE, g.group_id) is None
+            ]
+            del resp.groups[:]
+            resp.groups.extend(visible)
+        return resp
+
+    async def describe_groups(self, req: bpb.DescribeGroupsRequest, ctx: Ctx) -> bpb.DescribeGroupsResponse:
+        return await self._group_admin_call(req, ctx, AclOperation.DESCRIBE)  # type: ignore[return-value]
+
+    async def delete_groups(self, req: bpb.DeleteGroupsRequest, ctx: Ctx) -> bpb.DeleteGroupsResponse:
+        return await self._group_admin_call(req, ctx, AclOperation.DELETE)  # type: ignore[return-value]
+
+    async def _group_admin_call(
+        self, req: bpb.DescribeGroupsRequest | bpb.DeleteGroupsRequest, ctx: Ctx, op: AclOperation
+    ) -> bpb.DescribeGroupsResponse | bpb.DeleteGroupsResponse:
+        """Answer the groups the caller may ``op`` through GroupAdmin; the others get GROUP_AUTHORIZATION_FAILED."""
+        refusals = {g: checks.check_group(self.access, ctx, op, g) for g in req.group_ids}
+        allowed = [g for g in req.group_ids if refusals[g] is None]
+        resp: bpb.DescribeGroupsResponse | bpb.DeleteGroupsResponse
+        if isinstance(req, bpb.DescribeGroupsRequest):
+            resp = await self.group_admin.describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
+            answered = {g.group_id: g for g in resp.groups}
+            out = bpb.DescribeGroupsResponse()
+            for g in req.group_ids:
+                refused = refusals[g]
+                if refused is None:
+                    out.groups.append(answered[g])
+                else:
+                    out.groups.append(bpb.DescribedGroup(group_id=g, error_code=refused[0], error_message=refused[1]))
+            return out
+        resp = await self.group_admin.delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed))
+        deleted = {g.group_id: g for g in resp.results}
+        result = bpb.DeleteGroupsResponse()
+        for g in req.group_ids:
+            refused = refusals[g]
+            if refused is None:
+                result.results.append(deleted[g])
+            else:
+                result.results.append(bpb.DeletedGroup(group_id=g, error_code=refused[0], error_message=refused[1]))
+        return result

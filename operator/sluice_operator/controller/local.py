@@ -19,6 +19,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import grpc
+
+from sluice import tls
 from sluice.metadata import open_store
 from sluice.operator import metrics
 from sluice.operator.controller.loop import DEFAULT_INTERVAL_MS, DEFAULT_PREFERRED_LEADER_DELAY_MS, ControllerLoop, log
@@ -69,6 +72,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="serve the controller's Prometheus metrics (sluice.operator.metrics) here (default: off)",
     )
+    ap.add_argument(
+        "--tls-dir",
+        default=None,
+        metavar="DIR",
+        help="health-check brokers over TLS with DIR/{ca.crt,tls.crt,tls.key} (brokers whose client listener "
+        "requires certificates; the local cluster's own, from its cluster CA)",
+    )
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
@@ -95,7 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("%s", exc)
             return 1
     deadline_ms = args.check_timeout_ms or args.failure_timeout_ms
-    checker = GrpcHealthChecker(deadline_ms)
+    credentials = None
+    if args.tls_dir:
+        m = tls.load_dir(args.tls_dir)
+        credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
+    checker = GrpcHealthChecker(deadline_ms, credentials=credentials)
     store = open_store(args.metadata)
     controller = ControllerLoop(
         store,

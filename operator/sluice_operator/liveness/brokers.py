@@ -82,9 +82,12 @@ class GrpcHealthChecker:
     restarted broker "dead" for longer than it is.
     """
 
-    def __init__(self, deadline_ms: int, service: str = LIVENESS_SERVICE) -> None:
+    def __init__(
+        self, deadline_ms: int, service: str = LIVENESS_SERVICE, credentials: grpc.ChannelCredentials | None = None
+    ) -> None:
         self.deadline_s = deadline_ms / 1000
         self.service = service
+        self.credentials = credentials  # TLS (with the controller's certificate) to brokers that require it
         self._channels: dict[int, tuple[str, grpc.Channel]] = {}
         self._in_flight: dict[int, tuple[Any, float]] = {}  # broker id -> (future, sent at)
 
@@ -94,9 +97,11 @@ class GrpcHealthChecker:
             self._drop(broker_id)
             known = None
         if known is None:
-            channel = grpc.insecure_channel(
-                address,
-                options=[("grpc.enable_http_proxy", 0), ("grpc.max_reconnect_backoff_ms", 500)],
+            options = [("grpc.enable_http_proxy", 0), ("grpc.max_reconnect_backoff_ms", 500)]
+            channel = (
+                grpc.insecure_channel(address, options=options)
+                if self.credentials is None
+                else grpc.secure_channel(address, self.credentials, options=options)
             )
             known = (address, channel)
             self._channels[broker_id] = known

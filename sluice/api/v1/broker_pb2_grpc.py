@@ -150,6 +150,21 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/sluice.v1.Broker/CreateAcls',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/sluice.v1.Broker/DescribeAcls',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/sluice.v1.Broker/DeleteAcls',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -303,6 +318,27 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """ACLs (Kafka's CreateAcls, DescribeAcls, DeleteAcls; docs/security.md). SECURITY_DISABLED
+        when the broker's authorizer is off; CLUSTER_AUTHORIZATION_FAILED without Alter (create,
+        delete) or Describe (describe) on the cluster.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -420,6 +456,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.CreateAclsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1043,6 +1094,87 @@ class Broker:
             '/sluice.v1.Broker/DeleteGroups',
             sluice_dot_v1_dot_broker__pb2.DeleteGroupsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/CreateAcls',
+            sluice_dot_v1_dot_broker__pb2.CreateAclsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DescribeAcls',
+            sluice_dot_v1_dot_broker__pb2.DescribeAclsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DeleteAcls',
+            sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

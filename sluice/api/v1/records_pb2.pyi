@@ -30,6 +30,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_GROUP_ID: _ClassVar[ErrorCode]
     UNKNOWN_MEMBER_ID: _ClassVar[ErrorCode]
     INVALID_SESSION_TIMEOUT: _ClassVar[ErrorCode]
+    TOPIC_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    GROUP_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    CLUSTER_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
     INVALID_TIMESTAMP: _ClassVar[ErrorCode]
     TOPIC_ALREADY_EXISTS: _ClassVar[ErrorCode]
     INVALID_PARTITIONS: _ClassVar[ErrorCode]
@@ -45,6 +48,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CONCURRENT_TRANSACTIONS: _ClassVar[ErrorCode]
     TRANSACTION_COORDINATOR_FENCED: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED: _ClassVar[ErrorCode]
+    SECURITY_DISABLED: _ClassVar[ErrorCode]
+    OPERATION_NOT_ATTEMPTED: _ClassVar[ErrorCode]
     KAFKA_STORAGE_ERROR: _ClassVar[ErrorCode]
     UNKNOWN_PRODUCER_ID: _ClassVar[ErrorCode]
     NON_EMPTY_GROUP: _ClassVar[ErrorCode]
@@ -55,6 +60,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OFFSET_NOT_AVAILABLE: _ClassVar[ErrorCode]
     INVALID_RECORD: _ClassVar[ErrorCode]
     UNSTABLE_OFFSET_COMMIT: _ClassVar[ErrorCode]
+    THROTTLING_QUOTA_EXCEEDED: _ClassVar[ErrorCode]
     PRODUCER_FENCED: _ClassVar[ErrorCode]
     TRANSACTIONAL_ID_NOT_FOUND: _ClassVar[ErrorCode]
     FENCED_MEMBER_EPOCH: _ClassVar[ErrorCode]
@@ -98,6 +104,9 @@ ILLEGAL_GENERATION: ErrorCode
 INVALID_GROUP_ID: ErrorCode
 UNKNOWN_MEMBER_ID: ErrorCode
 INVALID_SESSION_TIMEOUT: ErrorCode
+TOPIC_AUTHORIZATION_FAILED: ErrorCode
+GROUP_AUTHORIZATION_FAILED: ErrorCode
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode
 INVALID_TIMESTAMP: ErrorCode
 TOPIC_ALREADY_EXISTS: ErrorCode
 INVALID_PARTITIONS: ErrorCode
@@ -113,6 +122,8 @@ INVALID_TRANSACTION_TIMEOUT: ErrorCode
 CONCURRENT_TRANSACTIONS: ErrorCode
 TRANSACTION_COORDINATOR_FENCED: ErrorCode
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: ErrorCode
+SECURITY_DISABLED: ErrorCode
+OPERATION_NOT_ATTEMPTED: ErrorCode
 KAFKA_STORAGE_ERROR: ErrorCode
 UNKNOWN_PRODUCER_ID: ErrorCode
 NON_EMPTY_GROUP: ErrorCode
@@ -123,6 +134,7 @@ UNSUPPORTED_COMPRESSION_TYPE: ErrorCode
 OFFSET_NOT_AVAILABLE: ErrorCode
 INVALID_RECORD: ErrorCode
 UNSTABLE_OFFSET_COMMIT: ErrorCode
+THROTTLING_QUOTA_EXCEEDED: ErrorCode
 PRODUCER_FENCED: ErrorCode
 TRANSACTIONAL_ID_NOT_FOUND: ErrorCode
 FENCED_MEMBER_EPOCH: ErrorCode

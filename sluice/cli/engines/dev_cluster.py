@@ -40,6 +40,7 @@ from typing import Any
 from sluice.testing import poll_until
 
 STATE_FILE = "dev-cluster.json"
+ADMIN_CONFIG = "admin.properties"  # of a --secure dev cluster: the super user's client settings
 SUPERVISOR_LOG = "dev-supervisor.log"
 _SUPERVISOR_MODULE = "sluice.cli.engines.dev_cluster"
 
@@ -77,6 +78,10 @@ class DevState:
     controller: dict[str, Any] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     error: str = ""
+    # --secure: mTLS client listeners and the authorizer (LocalCluster(secure=True)); admin_config
+    # is the properties file (security.protocol=SSL, ssl.*) of the super user User:admin.
+    secure: bool = False
+    admin_config: str = ""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> DevState:
@@ -151,6 +156,7 @@ def up(
     timeout: float = 90.0,
     on_wait: Callable[[float], None] | None = None,
     python: str = sys.executable,
+    secure: bool = False,
 ) -> tuple[DevState, bool]:
     """Start the dev cluster in the background; returns (state, started_now).
 
@@ -165,6 +171,8 @@ def up(
     (data_dir / STATE_FILE).unlink(missing_ok=True)
     argv = [sys.executable, "-m", _SUPERVISOR_MODULE, "--data", str(data_dir), "--brokers", str(brokers)]
     argv += ["--port", str(port), "--startup-timeout", str(timeout), "--python", python]
+    if secure:
+        argv.append("--secure")
     for key, value in (config or {}).items():
         argv += ["--config", f"{key}={value}"]
     log_path = data_dir / SUPERVISOR_LOG
@@ -224,6 +232,21 @@ def down(data_dir: Path, timeout: float = 30.0) -> DevState | None:
 # -- the supervisor process ---------------------------------------------------------------------
 
 
+def write_client_properties(client_config: Mapping[str, Any], path: Path) -> Path:
+    """Kafka-style client properties (``--command-config``) from LocalCluster.client_config, mode 0600."""
+    lines = [
+        f"security.protocol={client_config['security_protocol']}",
+        f"ssl.cafile={client_config['ssl_cafile']}",
+        f"ssl.certfile={client_config['ssl_certfile']}",
+        f"ssl.keyfile={client_config['ssl_keyfile']}",
+    ]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
 def _parse_kv(items: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -245,12 +268,13 @@ def serve(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--startup-timeout", type=float, default=90.0)
     ap.add_argument("--config", action="append", default=[])
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the brokers")
+    ap.add_argument("--secure", action="store_true", help="mTLS client listeners and the authorizer")
     args = ap.parse_args(argv)
     data_dir = Path(args.data)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir))
+    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure)
     write_state(data_dir, state)
     ports = [args.port + i for i in range(args.brokers)] if args.port else None
     try:
@@ -261,8 +285,11 @@ def serve(argv: Sequence[str] | None = None) -> int:
             ports=ports,
             startup_timeout=args.startup_timeout,
             python=args.python,
+            secure=args.secure,
         )
         cluster.start()
+        if args.secure:
+            state.admin_config = str(write_client_properties(cluster.client_config("admin"), data_dir / ADMIN_CONFIG))
     except Exception as exc:
         state.status, state.error = "failed", str(exc)
         write_state(data_dir, state)

@@ -47,6 +47,7 @@ from sluice.client._network import rpc as rpcs
 from sluice.client._network.error_mapping import COORDINATOR_MOVED_CODES, map_rpc_error
 from sluice.client._network.retry import Backoff, Deadline, retry
 from sluice.client._network.rpc import Rpc
+from sluice.client._network.security import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger("sluice.client")
 
@@ -117,8 +118,10 @@ class Cluster:
         request_timeout_ms: int = 30_000,
         metadata_max_age_ms: int = 300_000,
         retry_backoff_ms: int = 50,
+        security: ClientSecurity = PLAINTEXT,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security
         self.request_timeout = request_timeout_ms / 1000.0
         self.metadata_max_age = metadata_max_age_ms / 1000.0
         self.retry_backoff = retry_backoff_ms / 1000.0
@@ -156,7 +159,7 @@ class Cluster:
                 raise errors.IllegalStateError("the client is closed")
             channel = self._channels.get(addr)
             if channel is None:
-                channel = grpc.insecure_channel(addr, options=CHANNEL_OPTIONS)
+                channel = self.security.channel(addr, CHANNEL_OPTIONS)
                 self._channels[addr] = channel
             by_rpc = self._callables.setdefault(addr, {})
             fn = by_rpc.get(rpc)
@@ -360,12 +363,16 @@ class Cluster:
         last: Exception | None = None
         while True:
             try:
-                self.refresh([name])
+                response = self.refresh([name])
                 last = None
             except errors.SluiceError as exc:
                 if not exc.retriable:
                     raise
                 last = exc
+            else:
+                for t in response.topics:  # not allowed to Describe it: waiting would not help
+                    if t.name == name and t.error_code == records_pb2.TOPIC_AUTHORIZATION_FAILED:
+                        raise errors.TopicAuthorizationFailedError(t.error_message)
             info = self.topic(name)
             if info is not None and info.partitions:
                 return info

@@ -97,3 +97,6 @@ CONSUMER_GROUP_HEARTBEAT = _rpc(
 LIST_GROUPS = _rpc("ListGroups", broker_pb2.ListGroupsRequest, broker_pb2.ListGroupsResponse)
 DESCRIBE_GROUPS = _rpc("DescribeGroups", broker_pb2.DescribeGroupsRequest, broker_pb2.DescribeGroupsResponse)
 DELETE_GROUPS = _rpc("DeleteGroups", broker_pb2.DeleteGroupsRequest, broker_pb2.DeleteGroupsResponse)
+CREATE_ACLS = _rpc("CreateAcls", broker_pb2.CreateAclsRequest, broker_pb2.CreateAclsResponse)
+DESCRIBE_ACLS = _rpc("DescribeAcls", broker_pb2.DescribeAclsRequest, broker_pb2.DescribeAclsResponse)
+DELETE_ACLS = _rpc("DeleteAcls", broker_pb2.DeleteAclsRequest, broker_pb2.DeleteAclsResponse)

@@ -75,6 +75,7 @@ from sluice import errors
 from sluice.api.v1 import records_pb2
 from sluice.client import tracing as _tracing
 from sluice.client._network import Cluster, Deadline
+from sluice.client._network.security import ClientSecurity
 from sluice.client.consumer.coordinator import GroupMember, commit_offsets, fetch_committed
 from sluice.client.consumer.fetcher import EARLIEST, LATEST, FetchConfig, Fetcher
 from sluice.client.consumer.subscription_state import PartitionState, SubscriptionState
@@ -137,6 +138,10 @@ class Consumer:
         fetch_max_bytes: int = 52_428_800,
         max_partition_fetch_bytes: int = 1_048_576,
         request_timeout_ms: int = 30_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
         client_id: str | None = None,
     ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
@@ -160,7 +165,11 @@ class Consumer:
         self._heartbeat_interval_ms = heartbeat_interval_ms
         self._rebalance_timeout_ms = rebalance_timeout_ms
         self._request_timeout = request_timeout_ms / 1000.0
-        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(
+            bootstrap_servers,
+            request_timeout_ms=request_timeout_ms,
+            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+        )
         # One lock for the subscription state and the fetcher's buffer (see the fetcher's docstring).
         self._lock = threading.RLock()
         self._subscriptions = SubscriptionState()

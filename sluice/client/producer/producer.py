@@ -45,6 +45,7 @@ from sluice.api.v1 import broker_pb2
 from sluice.client import tracing as _tracing
 from sluice.client._network import GROUP, TRANSACTION, Cluster, Deadline, first_error, response_error
 from sluice.client._network import rpc as rpcs
+from sluice.client._network.security import ClientSecurity
 from sluice.client.producer.accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
@@ -179,6 +180,10 @@ class Producer:
         max_in_flight: int = 5,
         delivery_timeout_ms: int = 120_000,
         request_timeout_ms: int = 30_000,
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
         max_request_size: int = 1_048_576,
         max_block_ms: int = 60_000,
         retry_backoff_ms: int = 100,
@@ -206,7 +211,11 @@ class Producer:
         self._txn_block = min(max_block_ms, delivery_timeout_ms) / 1000.0
         self._request_timeout = request_timeout_ms / 1000.0
         self._transaction_timeout_ms = transaction_timeout_ms
-        self._cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self._cluster = Cluster(
+            bootstrap_servers,
+            request_timeout_ms=request_timeout_ms,
+            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+        )
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms, TRANSACTION_VERSION)
         self._sticky = StickyPartitioner()
         self._accumulator = RecordAccumulator(

@@ -1,0 +1,156 @@
+"""The authorization decision, Kafka's AclAuthorizer rules (not yet wired into the RPCs).
+
+For ``principal`` from ``host`` wanting ``operation`` on a resource:
+
+1. a super user (``super.users``) is allowed everything;
+2. the ACLs whose pattern covers the resource are gathered (literal name, literal ``*``,
+   prefixes of the name);
+3. none at all: allowed only when ``allow.everyone.if.no.acl.found`` (off by default, as the
+   issue asks: deny by default when the authorizer is on);
+4. any matching DENY (same principal or ``User:*``, same host or ``*``, the operation or ALL)
+   refuses, whatever allows: DENY wins;
+5. else a matching ALLOW of the operation, of ALL, or of an operation that implies it (Read,
+   Write, Delete, Alter imply Describe; AlterConfigs implies DescribeConfigs) allows;
+6. else refused.
+
+The decision is pure: the ACLs are handed over (:meth:`Authorizer.set_acls`) by
+:class:`AclWatch`, which follows the ``acls/`` documents of the metadata store (a watch by
+revision, polled with the rest of the metadata). :class:`Access` is what the servicers ask:
+the caller's principal and host from the call, and the answer (everything is allowed when the
+authorizer is off).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
+from sluice.broker.config import BrokerConfig
+from sluice.broker.security.peers import is_broker_name, peer_common_name
+from sluice.broker.security.peers import principal as principal_of
+from sluice.metadata import keys
+from sluice.metadata.store import MetadataStore
+
+Ctx = grpc.aio.ServicerContext[Any, Any]
+CLUSTER_NAME = "kafka-cluster"
+
+
+def _principal_matches(acl: AclBinding, principal: str) -> bool:
+    if acl.principal == principal:
+        return True
+    kind, _, name = acl.principal.partition(":")
+    return name == WILDCARD and principal.partition(":")[0] == kind
+
+
+class Authorizer:
+    def __init__(self, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = False) -> None:
+        self.super_users = frozenset(super_users)
+        self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
+        self._by_type: dict[ResourceType, list[AclBinding]] = {}
+
+    def set_acls(self, acls: Iterable[AclBinding]) -> None:
+        by_type: dict[ResourceType, list[AclBinding]] = {}
+        for acl in acls:
+            by_type.setdefault(acl.resource_type, []).append(acl)
+        self._by_type = by_type  # swapped whole: a concurrent check sees the old set or the new
+
+    def authorize(
+        self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType, name: str
+    ) -> bool:
+        if principal in self.super_users:
+            return True
+        covering = [a for a in self._by_type.get(resource_type, ()) if a.matches_resource(resource_type, name)]
+        if not covering:
+            return self.allow_everyone_if_no_acl_found
+        mine = [a for a in covering if _principal_matches(a, principal) and a.host in (host, WILDCARD)]
+        if any(
+            a.permission_type == AclPermissionType.DENY and a.operation in (operation, AclOperation.ALL) for a in mine
+        ):
+            return False
+        allowing = {operation, AclOperation.ALL} | IMPLIED_BY.get(operation, frozenset())
+        return any(a.permission_type == AclPermissionType.ALLOW and a.operation in allowing for a in mine)
+
+    def allows_some(self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """Whether ``operation`` is allowed on at least one resource of the type (KIP-679); super users: yes."""
+        if principal in self.super_users:
+            return True
+        return _allows_some(self, principal, host, operation, resource_type)
+
+
+def _allows_some(authorizer: Authorizer, principal: str, host: str, op: AclOperation, rtype: ResourceType) -> bool:
+    """An ALLOW of ``op`` (or ALL) for the principal on some pattern of the type, not denied on every name."""
+    mine = [
+        a for a in authorizer._by_type.get(rtype, ()) if _principal_matches(a, principal) and a.host in (host, WILDCARD)
+    ]
+    if any(
+        a.permission_type == AclPermissionType.DENY and a.operation in (op, AclOperation.ALL) and a.name == WILDCARD
+        and a.pattern_type.name == "LITERAL"
+        for a in mine
+    ):
+        return False
+    return any(a.permission_type == AclPermissionType.ALLOW and a.operation in (op, AclOperation.ALL) for a in mine)
+
+
+class AclWatch:
+    """Keeps an :class:`Authorizer`'s ACLs equal to the store's ``acls/`` documents."""
+
+    def __init__(self, store: MetadataStore, authorizer: Authorizer) -> None:
+        self.store = store
+        self.authorizer = authorizer
+        self._revision = 0
+        self._acls: dict[str, AclBinding] = {}
+
+    def refresh(self) -> None:
+        changed = False
+        for doc in self.store.changes_since(self._revision, keys.ACLS):
+            self._revision = max(self._revision, doc.revision)
+            if doc.value is None:
+                changed |= self._acls.pop(doc.key, None) is not None
+            else:
+                self._acls[doc.key] = AclBinding.from_json(doc.value)
+                changed = True
+        if changed:
+            self.authorizer.set_acls(self._acls.values())
+
+
+def peer_host(ctx: Ctx) -> str:
+    """The caller's address without its port (``ipv4:127.0.0.1:5555`` -> ``127.0.0.1``)."""
+    peer = ctx.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host = rest.rsplit(":", 1)[0]
+        return host[1:-1] if host.startswith("[") else host
+    return peer
+
+
+class Access:
+    """What the servicers ask: may the caller of ``ctx`` do ``operation`` on a resource?"""
+
+    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+        self.enabled = bool(config.get("authorizer.enabled"))
+        supers = [s.strip() for s in str(config.get("super.users")).split(";") if s.strip()]
+        self.authorizer = Authorizer(supers, bool(config.get("allow.everyone.if.no.acl.found")))
+        self.watch = AclWatch(store, self.authorizer) if store is not None and self.enabled else None
+
+    def refresh(self) -> None:
+        if self.watch is not None:
+            self.watch.refresh()
+
+    def allowed(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        if not self.enabled:
+            return True
+        if is_broker_name(peer_common_name(ctx)):
+            return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
+        return self.authorizer.authorize(principal_of(ctx), peer_host(ctx), operation, resource_type, name)
+
+    def allowed_on_some(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType) -> bool:
+        """Whether some resource of the type allows ``operation`` (KIP-679's test for idempotent producers)."""
+        if not self.enabled or is_broker_name(peer_common_name(ctx)):
+            return True
+        return self.authorizer.allows_some(principal_of(ctx), peer_host(ctx), operation, resource_type)
+
+    def cluster(self, ctx: Ctx, operation: AclOperation) -> bool:
+        return self.allowed(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME)

@@ -1,0 +1,161 @@
+"""``sluice acls add|list|remove``: kafka-acls.sh.
+
+Kafka's options where they exist: ``--allow-principal`` / ``--deny-principal`` (add),
+``--principal`` (list, remove), ``--operation`` (repeatable), ``--host``, one resource of
+``--topic``, ``--group``, ``--transactional-id`` or ``--cluster``, ``--resource-pattern-type``
+(literal, prefixed; for list and remove also match and any) and ``--command-config FILE``, a
+properties file with the client's security settings (``security.protocol=SSL``,
+``ssl.cafile``, ``ssl.certfile``, ``ssl.keyfile``): a secure cluster's ACLs are managed by its
+super user, so the command connects as one. ``list --json`` prints the bindings as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from sluice.cli.bootstrap import bootstrap_servers, resolve_bootstrap
+from sluice.cli.exits import USAGE, CliError
+from sluice.cli.output import close_quietly, print_json, table
+
+if TYPE_CHECKING:
+    from sluice.cli.parser import Subcommands
+
+_OPERATIONS = (
+    "all", "read", "write", "create", "delete", "alter", "describe", "cluster_action", "describe_configs",
+    "alter_configs", "idempotent_write",
+)  # fmt: skip
+_SECURITY_KEYS = {
+    "security.protocol": "security_protocol",
+    "ssl.cafile": "ssl_cafile",
+    "ssl.certfile": "ssl_certfile",
+    "ssl.keyfile": "ssl_keyfile",
+}
+
+
+def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
+    acls = sub.add_parser("acls", help="add, list and remove ACLs (authorization)")
+    a_sub = acls.add_subparsers(dest="acls_command", metavar="ACTION", required=True)
+    add = a_sub.add_parser("add", parents=[client], help="add ACLs")
+    who = add.add_mutually_exclusive_group(required=True)
+    who.add_argument("--allow-principal", metavar="TYPE:NAME", help="e.g. User:alice")
+    who.add_argument("--deny-principal", metavar="TYPE:NAME")
+    add.add_argument("--operation", action="append", required=True, choices=_OPERATIONS, type=str.lower)
+    _resource_options(add, ("literal", "prefixed"), required=True)
+    listing = a_sub.add_parser("list", parents=[client], help="list ACLs (all, or those the options select)")
+    remove = a_sub.add_parser("remove", parents=[client], help="remove the ACLs the options select")
+    for p in (listing, remove):
+        p.add_argument("--principal", metavar="TYPE:NAME")
+        p.add_argument("--operation", action="append", choices=_OPERATIONS, type=str.lower)
+        _resource_options(p, ("literal", "prefixed", "match", "any"), required=False)
+    listing.add_argument("--json", action="store_true")
+
+
+def _resource_options(p: argparse.ArgumentParser, patterns: tuple[str, ...], *, required: bool) -> None:
+    res = p.add_mutually_exclusive_group(required=required)
+    res.add_argument("--topic")
+    res.add_argument("--group")
+    res.add_argument("--transactional-id")
+    res.add_argument("--cluster", action="store_true", help="the cluster resource (kafka-cluster)")
+    default_pattern = patterns[0] if required else None
+    p.add_argument("--resource-pattern-type", choices=patterns, type=str.lower, default=default_pattern)
+    p.add_argument("--host", default="*" if required else None, help="the client host ('*': every host)")
+    p.add_argument("--command-config", metavar="FILE", help="client security settings (security.protocol=SSL, ssl.*)")
+
+
+def _security(path: str | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    out: dict[str, str] = {}
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()  # noqa: SIM115 - read once
+    except OSError as exc:
+        raise CliError(f"--command-config {path}: {exc.strerror or exc}", USAGE) from None
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or key.strip() not in _SECURITY_KEYS:
+            known = ", ".join(_SECURITY_KEYS)
+            raise CliError(f"--command-config {path}:{n}: expected one of {known} as KEY=VALUE, not {line!r}", USAGE)
+        out[_SECURITY_KEYS[key.strip()]] = value.strip()
+    return out
+
+
+def _resource(args: argparse.Namespace) -> tuple[Any, str | None]:
+    from sluice.acls import ResourceType
+
+    if args.topic is not None:
+        return ResourceType.TOPIC, args.topic
+    if args.group is not None:
+        return ResourceType.GROUP, args.group
+    if args.transactional_id is not None:
+        return ResourceType.TRANSACTIONAL_ID, args.transactional_id
+    if args.cluster:
+        return ResourceType.CLUSTER, "kafka-cluster"
+    return ResourceType.ANY, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType
+    from sluice.client import Admin
+
+    security = _security(args.command_config)
+    if security.get("security_protocol", "PLAINTEXT").upper() == "SSL":
+        servers, _source = resolve_bootstrap(args.bootstrap_server)  # the health check is plaintext only
+    else:
+        servers = bootstrap_servers(args)
+    try:
+        admin = Admin(
+            bootstrap_servers=servers,
+            security_protocol=security.get("security_protocol", "PLAINTEXT"),
+            ssl_cafile=security.get("ssl_cafile"),
+            ssl_certfile=security.get("ssl_certfile"),
+            ssl_keyfile=security.get("ssl_keyfile"),
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), USAGE) from None
+    rtype, name = _resource(args)
+    ops = [AclOperation[o.upper()] for o in (args.operation or [])]
+    try:
+        if args.acls_command == "add":
+            permission = AclPermissionType.ALLOW if args.allow_principal else AclPermissionType.DENY
+            principal = args.allow_principal or args.deny_principal
+            pattern = ResourcePatternType[args.resource_pattern_type.upper()]
+            try:
+                bindings = [AclBinding(rtype, name or "", pattern, principal, args.host, op, permission) for op in ops]
+            except ValueError as exc:
+                raise CliError(str(exc), USAGE) from None
+            admin.create_acls(bindings)
+            for b in bindings:
+                print(f"added {_line(b)}")
+            return 0
+        pattern = ResourcePatternType[(args.resource_pattern_type or "any").upper()]
+        filters = [
+            AclBindingFilter(rtype, name, pattern, args.principal, args.host, op) for op in (ops or [AclOperation.ANY])
+        ]
+        if args.acls_command == "list":
+            found = [b for f in filters for b in admin.describe_acls(f)]
+            if args.json:
+                print_json([b.to_json() for b in found])
+            elif found:
+                rows = [
+                    (b.principal, b.permission_type.name, b.operation.name, b.resource_type.name, b.name,
+                     b.pattern_type.name, b.host)
+                    for b in found
+                ]  # fmt: skip
+                print(table(rows, ("PRINCIPAL", "PERMISSION", "OPERATION", "RESOURCE", "NAME", "PATTERN", "HOST")))
+            return 0
+        for b in admin.delete_acls(filters):
+            print(f"removed {_line(b)}")
+        return 0
+    finally:
+        close_quietly(admin)
+
+
+def _line(b: Any) -> str:
+    return (
+        f"{b.permission_type.name} {b.principal} {b.operation.name} on {b.resource_type.name} "
+        f"{b.pattern_type.name} {b.name!r} from host {b.host}"
+    )
