@@ -319,11 +319,14 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
     assert "ports" not in container
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (env["SLUICE_GRPC_PORT_BASE"], env["SLUICE_METRICS_PORT_BASE"]) == ("9092", "9404")
+    # the inter-broker listener's base: 9093 would be broker 1's client port on a shared node
+    assert env["SLUICE_INTERBROKER_PORT_BASE"] == "9192"
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "16443")
     for broker_id in (0, 2):
         # Run the container's own shell line with `sluice` replaced by printing its arguments.
         shell_env = {"HOST_IP": "192.0.2.2", "SLUICE_BROKER_ID": str(broker_id), "POD_NAMESPACE": "prod",
-                     "SLUICE_GRPC_PORT_BASE": "9092", "SLUICE_METRICS_PORT_BASE": "9404", "PATH": "/usr/bin:/bin"}
+                     "SLUICE_GRPC_PORT_BASE": "9092", "SLUICE_METRICS_PORT_BASE": "9404",
+                     "SLUICE_INTERBROKER_PORT_BASE": "9192", "PATH": "/usr/bin:/bin"}
         args = [re.sub(r"\$\((\w+)\)", lambda m, e=shell_env: e[m.group(1)], a) for a in container["args"]]
         script = container["command"][2].replace("exec sluice", "printf '%s\\n'")
         out = subprocess.run([*container["command"][:2], script, *container["command"][3:], *args],
@@ -331,6 +334,7 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
         assert out[0] == "broker"
         config = build_config(parse_args(out[1:]))
         assert (config.broker_id, config.host, config.port) == (broker_id, "192.0.2.2", 9092 + broker_id)
+        assert config.inter_broker_port == 9192 + broker_id
         metrics = next(a for a in out if a.startswith("--metrics-listen="))
         assert parse_metrics_listen(metrics.split("=", 1)[1]) == ("192.0.2.2", 9404 + broker_id)
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
