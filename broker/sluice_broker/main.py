@@ -33,6 +33,7 @@ from grpc_health.v1._async import HealthServicer
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.kafka.options import KafkaOptions, start_kafka_listener
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
@@ -123,6 +124,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="HOST:PORT",
         help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; see docs/metrics.md)",
     )
+    parser.add_argument(
+        "--kafka-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the Kafka protocol on HOST:PORT (default: off; see docs/kafka-compatibility.md)",
+    )
+    parser.add_argument(
+        "--kafka-advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Kafka address clients are told to use for this broker (default: the --kafka-listen address)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -167,7 +180,11 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     return BrokerConfig.build(args.id, host, int(port), args.data, metadata, overrides)
 
 
-async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = None) -> None:
+async def serve(
+    config: BrokerConfig,
+    metrics_listen: tuple[str, int] | None = None,
+    kafka: KafkaOptions | None = None,
+) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
     storage = RocksStorage(os.path.join(config.data_dir, "rocksdb"))
@@ -201,6 +218,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
             host, port = metrics_listen
             raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
+    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups)
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -268,6 +286,8 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     for task in tasks:
         task.cancel()
     await server.stop(grace=2.0)
+    if kafka_listener is not None:
+        await kafka_listener.stop()
     if metrics is not None:
         await metrics.stop()
     await replicas.fetchers.stop()
@@ -289,8 +309,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = build_config(args)
         metrics_listen = parse_metrics_listen(args.metrics_listen)
+        kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
     except ConfigError as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(serve(config, metrics_listen))
+    asyncio.run(serve(config, metrics_listen, kafka))
     return 0

@@ -106,8 +106,10 @@ class BrokerProcess(ManagedProcess):
         python: str,
         env: Mapping[str, str],
         metrics_port: int | None = None,
+        kafka_port: int | None = None,
     ) -> None:
         self.broker_id = broker_id
+        self.kafka_port = kafka_port
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
@@ -123,6 +125,8 @@ class BrokerProcess(ManagedProcess):
         ]  # fmt: skip
         if metrics_port is not None:
             argv += ["--metrics-listen", f"[{host}]:{metrics_port}" if ":" in host else f"{host}:{metrics_port}"]
+        if kafka_port is not None:
+            argv += ["--kafka-listen", f"[{host}]:{kafka_port}" if ":" in host else f"{host}:{kafka_port}"]
         for key, value in self.config.items():
             argv += ["--config", f"{key}={value}"]
         super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
@@ -212,7 +216,8 @@ class LocalCluster:
     {"broker.rack": "b"}}``). ``data_dir=None`` uses a temporary directory that
     is removed on exit; a given ``data_dir`` is kept, and a cluster started on
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
-    ports picked by the kernel). ``failure_timeout_ms`` is how long the
+    ports picked by the kernel). ``kafka_listener=True`` opens a Kafka-protocol
+    listener on every broker (``kafka_bootstrap_servers``). ``failure_timeout_ms`` is how long the
     controller lets a broker fail its health checks before it moves that
     broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
@@ -230,6 +235,7 @@ class LocalCluster:
         python: str = sys.executable,
         env: Mapping[str, str] | None = None,
         failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
+        kafka_listener: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
@@ -272,6 +278,7 @@ class LocalCluster:
                     python=python,
                     env=child_env,
                     metrics_port=free_port(host),
+                    kafka_port=free_port(host) if kafka_listener else None,
                 )
             )
         controller_args = []
@@ -302,6 +309,15 @@ class LocalCluster:
     def bootstrap_servers(self) -> str:
         """Every broker's address, comma-separated: what clients take as ``bootstrap_servers``."""
         return ",".join(b.address for b in self._brokers)
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """Every broker's Kafka-protocol address, comma-separated (``LocalCluster(kafka_listener=True)``)."""
+        if any(b.kafka_port is None for b in self._brokers):
+            raise ClusterError("this cluster was started without kafka_listener=True")
+        return ",".join(
+            f"[{b.host}]:{b.kafka_port}" if ":" in b.host else f"{b.host}:{b.kafka_port}" for b in self._brokers
+        )
 
     def start(self) -> LocalCluster:
         """Start every process and wait until every broker is healthy (or raise ClusterError)."""

@@ -1,0 +1,40 @@
+"""What a Kafka handler may use: the same core objects the gRPC servicers are given.
+
+The Kafka listener is a second protocol over one broker, not a second broker:
+handlers read the cluster view and call the replica manager and the
+coordinators exactly as :mod:`sluice.broker.servicers` does, so a record, a
+group or a transaction is one object whichever protocol touches it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sluice.broker.cluster import ClusterView
+from sluice.broker.config import BrokerConfig
+from sluice.broker.group import GroupCoordinator
+from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.txn import TransactionCoordinator
+
+# The key of a broker's Kafka address ("host:port") in its brokers/<id> document: written by the
+# broker when its listener opens, read by every broker to answer Metadata (a broker without one
+# has no Kafka listener and is left out of Kafka clients' view of the cluster).
+KAFKA_ADDRESS_FIELD = "kafka_address"
+
+
+@dataclass
+class KafkaContext:
+    config: BrokerConfig
+    cluster: ClusterView
+    replicas: ReplicaManager
+    txn: TransactionCoordinator
+    groups: GroupCoordinator
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); ValueError when it is not one."""
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
+    return host, int(port)

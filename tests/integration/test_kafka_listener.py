@@ -1,0 +1,255 @@
+"""The Kafka-protocol listener against real broker processes, with kafka-python as the client.
+
+kafka-python (3.x) is a client no one here wrote: its own codecs (generated from its own copy of
+Kafka's JSON) encode the requests and decode the answers. The bad-input tests speak raw bytes so
+they can send what no client would, and then check that the broker still answers, logged one
+line per closed connection, and still serves its data over gRPC.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from sluice.client import Admin
+from sluice.testing import LocalCluster
+
+kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
+from kafka import KafkaConsumer  # noqa: E402
+from kafka.protocol.metadata import (  # noqa: E402
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    MetadataRequest,
+    MetadataResponse,
+)
+
+MAX_REQUEST = 64 * 1024  # socket.request.max.bytes of the test cluster
+CLOSE_LINE = "kafka listener: closing the connection from"
+
+
+@pytest.fixture(scope="module")
+def kcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(
+        brokers=1,
+        data_dir=tmp_path_factory.mktemp("kafka-listener"),
+        config={"socket.request.max.bytes": MAX_REQUEST},
+        kafka_listener=True,
+    ) as cluster:
+        yield cluster
+
+
+def kafka_address(cluster: LocalCluster, i: int = 0) -> tuple[str, int]:
+    host, _, port = cluster.kafka_bootstrap_servers.split(",")[i].rpartition(":")
+    return host, int(port)
+
+
+def connect(cluster: LocalCluster) -> socket.socket:
+    return socket.create_connection(kafka_address(cluster), timeout=20)
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+            out += chunk
+        return out
+
+    (size,) = struct.unpack(">i", exactly(4))
+    return exactly(size)
+
+
+def closed_by_peer(sock: socket.socket, timeout: float = 20.0) -> bool:
+    """True when the broker closes the connection within ``timeout`` (it sends nothing first)."""
+    sock.settimeout(timeout)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def close_lines(cluster: LocalCluster) -> int:
+    return cluster.brokers[0].log_path.read_text(errors="replace").count(CLOSE_LINE)
+
+
+def test_api_versions_at_every_version(kcluster: LocalCluster) -> None:
+    with connect(kcluster) as sock:
+        for version in range(5):
+            kwargs = {"client_software_name": "t", "client_software_version": "1"} if version >= 3 else {}
+            request = ApiVersionsRequest[version](**kwargs)
+            request.with_header(correlation_id=100 + version, client_id="sluice-test")
+            sock.sendall(bytes(request.encode(header=True, framed=True)))
+            response = ApiVersionsResponse[version].decode(read_frame(sock), header=True)
+            assert response.header.correlation_id == 100 + version
+            assert response.error_code == 0
+            served = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+            assert served[18] == (0, 4)  # ApiVersions
+            assert served[3] == (0, 13)  # Metadata
+            if version >= 3:
+                assert response.finalized_features == []  # no transaction.version: TV2 is not served here
+
+
+def test_api_versions_above_ours_is_answered_at_v0_with_unsupported_version(kcluster: LocalCluster) -> None:
+    """KIP-511: a client newer than the broker learns the supported range from a v0 answer."""
+    with connect(kcluster) as sock:
+        # ApiVersions v9 (no such version yet): header v2, a body we cannot know
+        header = struct.pack(">hhi", 18, 9, 4242) + struct.pack(">h", 4) + b"next" + b"\x00"
+        body = b"\x05future\x02\x00\x00"
+        sock.sendall(struct.pack(">i", len(header) + len(body)) + header + body)
+        response = ApiVersionsResponse[0].decode(read_frame(sock), header=True)
+        assert response.header.correlation_id == 4242
+        assert response.error_code == 35  # UNSUPPORTED_VERSION
+        assert {k.api_key for k in response.api_keys} >= {3, 18}
+        # the connection stays usable: the client retries at a version we serve
+        request = ApiVersionsRequest[3](client_software_name="t", client_software_version="1")
+        request.with_header(correlation_id=4243, client_id="x")
+        sock.sendall(bytes(request.encode(header=True, framed=True)))
+        assert ApiVersionsResponse[3].decode(read_frame(sock), header=True).error_code == 0
+
+
+def test_metadata_through_kafka_python(kcluster: LocalCluster) -> None:
+    topic = "kafka-listener-metadata"
+    Admin(bootstrap_servers=kcluster.bootstrap_servers).create_topic(topic, partitions=3, replication_factor=1)
+    consumer = KafkaConsumer(bootstrap_servers=kcluster.kafka_bootstrap_servers, request_timeout_ms=30000)
+    try:
+        assert topic in consumer.topics()
+        assert consumer.partitions_for_topic(topic) == {0, 1, 2}
+        brokers = consumer._client.cluster.brokers()
+        assert [(b.node_id, b.host, b.port) for b in brokers] == [(0, *kafka_address(kcluster))]
+        for p in range(3):
+            assert consumer._client.cluster.leader_for_partition(kafka.TopicPartition(topic, p)) == 0
+    finally:
+        consumer.close()
+
+
+def test_metadata_at_every_version_names_topics_ids_and_unknowns(kcluster: LocalCluster) -> None:
+    topic = "kafka-listener-metadata-versions"
+    admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    admin.create_topic(topic, partitions=2, replication_factor=1)
+    with connect(kcluster) as sock:
+        for version in range(14):
+            topics: list[object] = [
+                MetadataRequest.MetadataRequestTopic(name=name) for name in (topic, "no-such-topic")
+            ]
+            request = MetadataRequest[version](topics=topics, allow_auto_topic_creation=False)
+            request.with_header(correlation_id=version, client_id="t")
+            sock.sendall(bytes(request.encode(header=True, framed=True)))
+            response = MetadataResponse[version].decode(read_frame(sock), header=True)
+            assert response.header.correlation_id == version
+            by_name = {t.name: t for t in response.topics}
+            assert by_name["no-such-topic"].error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
+            found = by_name[topic]
+            assert found.error_code == 0
+            assert sorted(p.partition_index for p in found.partitions) == [0, 1]
+            assert all(p.leader_id == 0 and p.isr_nodes == [0] for p in found.partitions)
+            if version >= 7:
+                assert all(p.leader_epoch >= 0 for p in found.partitions)
+            if version >= 10:
+                assert found.topic_id.int != 0
+    # v10+: a topic asked for by id only
+    with connect(kcluster) as sock:
+        request = MetadataRequest[12](topics=None, allow_auto_topic_creation=False)
+        request.with_header(correlation_id=1, client_id="t")
+        sock.sendall(bytes(request.encode(header=True, framed=True)))
+        everything = MetadataResponse[12].decode(read_frame(sock), header=True)
+        topic_id = next(t.topic_id for t in everything.topics if t.name == topic)
+        assert {"__consumer_offsets", "__transaction_state"} <= {t.name for t in everything.topics}
+        by_id = MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name=None, topic_id=topic_id)])
+        by_id.with_header(correlation_id=2, client_id="t")
+        sock.sendall(bytes(by_id.encode(header=True, framed=True)))
+        answer = MetadataResponse[12].decode(read_frame(sock), header=True)
+        assert [(t.name, t.error_code) for t in answer.topics] == [(topic, 0)]
+
+
+def _api_versions_frame(correlation_id: int) -> bytes:
+    request = ApiVersionsRequest[3](client_software_name="t", client_software_version="1")
+    request.with_header(correlation_id=correlation_id, client_id="x")
+    return bytes(request.encode(header=True, framed=True))
+
+
+BAD_INPUT = {
+    "garbage": b"\xde\xad\xbe\xef" * 8,
+    "size above socket.request.max.bytes": struct.pack(">i", MAX_REQUEST + 1) + b"\x00" * 16,
+    "negative size": struct.pack(">i", -5),
+    "size too small for a header": struct.pack(">i", 3) + b"abc",
+    "unknown API key": struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, -1),
+    "API not served yet (CreateAcls)": struct.pack(">i", 10) + struct.pack(">hhih", 30, 1, 1, -1),
+    "Metadata at a version not served": struct.pack(">i", 11) + struct.pack(">hhih", 3, 99, 1, -1) + b"\x00",
+    "undecodable Metadata body": struct.pack(">i", 14) + struct.pack(">hhih", 3, 1, 1, -1) + struct.pack(">i", 5),
+    "bytes left after the body": struct.pack(">i", 15) + struct.pack(">hhih", 3, 1, 1, -1) + b"\x00\x00\x00\x00!",
+    "truncated header": struct.pack(">i", 10) + struct.pack(">hhi", 3, 1, 1) + b"\x00\x09ab",
+}
+
+
+@pytest.mark.parametrize("payload", list(BAD_INPUT.values()), ids=list(BAD_INPUT))
+def test_bad_input_closes_the_connection_with_one_log_line(kcluster: LocalCluster, payload: bytes) -> None:
+    before = close_lines(kcluster)
+    with connect(kcluster) as sock:
+        sock.sendall(payload)
+        assert closed_by_peer(sock)
+    deadline = time.monotonic() + 20
+    while close_lines(kcluster) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert close_lines(kcluster) == before + 1
+    # the broker is up and answers the next connection
+    with connect(kcluster) as sock:
+        sock.sendall(_api_versions_frame(5))
+        assert ApiVersionsResponse[3].decode(read_frame(sock), header=True).error_code == 0
+
+
+def test_frame_cut_short_then_closed_by_the_client(kcluster: LocalCluster) -> None:
+    before = close_lines(kcluster)
+    with connect(kcluster) as sock:
+        frame = _api_versions_frame(1)
+        sock.sendall(frame[: len(frame) // 2])
+    deadline = time.monotonic() + 20
+    while close_lines(kcluster) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert close_lines(kcluster) == before + 1
+    with connect(kcluster) as sock:
+        sock.sendall(_api_versions_frame(2))
+        assert ApiVersionsResponse[3].decode(read_frame(sock), header=True).error_code == 0
+
+
+def test_pipelined_requests_are_answered_in_order(kcluster: LocalCluster) -> None:
+    with connect(kcluster) as sock:
+        sock.sendall(b"".join(_api_versions_frame(i) for i in range(50)))
+        ids = [ApiVersionsResponse[3].decode(read_frame(sock), header=True).header.correlation_id for _ in range(50)]
+        assert ids == list(range(50))
+
+
+def test_listener_is_off_unless_configured(tmp_path_factory: pytest.TempPathFactory) -> None:
+    with LocalCluster(brokers=1, data_dir=tmp_path_factory.mktemp("no-kafka")) as cluster:
+        with pytest.raises(Exception, match="kafka_listener=True"):
+            _ = cluster.kafka_bootstrap_servers
+        log = cluster.brokers[0].log_path.read_text()
+        assert "serves the Kafka protocol" not in log
+
+
+def test_three_brokers_each_advertise_their_own_address(tmp_path_factory: pytest.TempPathFactory) -> None:
+    topic = "kafka-listener-rf3"
+    with LocalCluster(brokers=3, data_dir=tmp_path_factory.mktemp("kafka-3"), kafka_listener=True) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic(topic, partitions=3, replication_factor=3)
+        expected = {i: kafka_address(cluster, i) for i in range(3)}
+        # every broker answers Metadata with all three Kafka addresses and the same leaders
+        leaders: list[dict[int, int]] = []
+        for i in range(3):
+            consumer = KafkaConsumer(bootstrap_servers=":".join(map(str, expected[i])), request_timeout_ms=30000)
+            try:
+                assert consumer.partitions_for_topic(topic) == {0, 1, 2}
+                cluster_md = consumer._client.cluster
+                assert {b.node_id: (b.host, b.port) for b in cluster_md.brokers()} == expected
+                leaders.append({p: cluster_md.leader_for_partition(kafka.TopicPartition(topic, p)) for p in range(3)})
+            finally:
+                consumer.close()
+        assert leaders[0] == leaders[1] == leaders[2]
+        assert set(leaders[0].values()) <= {0, 1, 2}
