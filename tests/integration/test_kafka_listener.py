@@ -15,14 +15,18 @@ from collections.abc import Iterator
 
 import pytest
 
+from sluice.broker.cluster import coordinator_partition
 from sluice.client import Admin
 from sluice.testing import LocalCluster
 
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
 from kafka import KafkaConsumer  # noqa: E402
-from kafka.protocol.metadata import (  # noqa: E402
+from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic  # noqa: E402
+from kafka.protocol.metadata import (  # noqa: E402  # noqa: E402
     ApiVersionsRequest,
     ApiVersionsResponse,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
     MetadataRequest,
     MetadataResponse,
 )
@@ -253,3 +257,80 @@ def test_three_brokers_each_advertise_their_own_address(tmp_path_factory: pytest
                 consumer.close()
         assert leaders[0] == leaders[1] == leaders[2]
         assert set(leaders[0].values()) <= {0, 1, 2}
+        # FindCoordinator on any broker names the leader of the key's coordinator partition
+        described = {
+            t: Admin(bootstrap_servers=cluster.bootstrap_servers).describe_topic(t)
+            for t in ("__consumer_offsets", "__transaction_state")
+        }
+        keys = [f"key-{n}" for n in range(12)]
+        for i in range(3):
+            for key_type, internal in ((0, "__consumer_offsets"), (1, "__transaction_state")):
+                partitions = described[internal].partitions
+                want = []
+                for key in keys:
+                    leader = partitions[coordinator_partition(key, len(partitions))].leader
+                    want.append((key, 0, leader, *expected[leader]))
+                assert find_coordinators(expected[i], keys, key_type) == want
+
+
+def test_topic_admin_through_kafka_python_is_what_grpc_sees(kcluster: LocalCluster) -> None:
+    name = "kafka-admin-topic"
+    admin = KafkaAdminClient(bootstrap_servers=kcluster.kafka_bootstrap_servers, request_timeout_ms=30000)
+    grpc_admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    try:
+        created = admin.create_topics([NewTopic(name, 3, 1, topic_configs={"retention.ms": "60000"})])
+        [result] = created["topics"]
+        assert (result["error_code"], result["num_partitions"], result["replication_factor"]) == (0, 3, 1)
+        described = grpc_admin.describe_topic(name)
+        assert len(described.partitions) == 3
+        assert str(result["topic_id"]).replace("-", "") == described.topic_id
+        # refusals carry Kafka's codes, per topic, from the same rules as gRPC's
+        for bad, error in (
+            (NewTopic(name, 3, 1), kafka.errors.TopicAlreadyExistsError),
+            (NewTopic("bad name!", 1, 1), kafka.errors.InvalidTopicError),
+            (
+                NewTopic("kafka-admin-seg", 1, 1, topic_configs={"segment.bytes": "1"}),
+                kafka.errors.InvalidConfigurationError,
+            ),
+        ):
+            with pytest.raises(error):
+                admin.create_topics([bad])
+        assert admin.create_partitions({name: NewPartitions(5)}).results[0].error_code == 0
+        assert len(grpc_admin.describe_topic(name).partitions) == 5
+        cluster_info = admin.describe_cluster()
+        assert [(b["broker_id"], b["host"], b["port"]) for b in cluster_info["brokers"]] == [
+            (0, *kafka_address(kcluster))
+        ]
+        assert admin.delete_topics([name])["topics"][0]["error_code"] == 0
+        assert name not in admin.list_topics()
+        with pytest.raises(kafka.errors.UnknownTopicOrPartitionError):
+            admin.delete_topics([name])
+    finally:
+        admin.close()
+        grpc_admin.close()
+
+
+def find_coordinators(address: tuple[str, int], keys: list[str], key_type: int) -> list[tuple[str, int, int, str, int]]:
+    """(key, error, node, host, port) from FindCoordinator v4 (batched), and v3 for the first key."""
+    with socket.create_connection(address, timeout=20) as sock:
+        request = FindCoordinatorRequest[4](key_type=key_type, coordinator_keys=keys)
+        request.with_header(correlation_id=1, client_id="t")
+        sock.sendall(bytes(request.encode(header=True, framed=True)))
+        response = FindCoordinatorResponse[4].decode(read_frame(sock), header=True)
+        out = [(c.key, c.error_code, c.node_id, c.host, c.port) for c in response.coordinators]
+        single = FindCoordinatorRequest[3](key=keys[0], key_type=key_type)
+        single.with_header(correlation_id=2, client_id="t")
+        sock.sendall(bytes(single.encode(header=True, framed=True)))
+        one = FindCoordinatorResponse[3].decode(read_frame(sock), header=True)
+        assert (keys[0], one.error_code, one.node_id, one.host, one.port) == out[0]
+    return out
+
+
+def test_find_coordinator_for_groups_and_transactional_ids(kcluster: LocalCluster) -> None:
+    address = kafka_address(kcluster)
+    for key_type in (0, 1):
+        answers = find_coordinators(address, ["group-a", "txn-b", "c"], key_type)
+        assert answers == [(key, 0, 0, *address) for key in ("group-a", "txn-b", "c")]
+    # an empty key and an unknown key type (2: share groups) are INVALID_REQUEST per key
+    assert find_coordinators(address, [""], 0)[0][1] == 42
+    assert find_coordinators(address, ["x"], 2)[0][1] == 42

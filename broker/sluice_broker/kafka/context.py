@@ -38,3 +38,25 @@ def split_host_port(value: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
     return host, int(port)
+
+
+def kafka_endpoint(ctx: KafkaContext, broker_id: int) -> tuple[str, int] | None:
+    """Broker ``broker_id``'s advertised Kafka address, or None when it has no Kafka listener."""
+    broker = ctx.cluster.brokers.get(broker_id)
+    address = None if broker is None else broker.extra.get(KAFKA_ADDRESS_FIELD)
+    if not isinstance(address, str):
+        return None
+    try:
+        return split_host_port(address)
+    except ValueError:
+        return None
+
+
+def kafka_brokers(ctx: KafkaContext) -> list[tuple[int, str, int, str | None]]:
+    """(id, host, port, rack) of every broker with a Kafka listener, by id."""
+    out = []
+    for broker_id in sorted(ctx.cluster.brokers):
+        endpoint = kafka_endpoint(ctx, broker_id)
+        if endpoint is not None:
+            out.append((broker_id, *endpoint, ctx.cluster.brokers[broker_id].rack or None))
+    return out

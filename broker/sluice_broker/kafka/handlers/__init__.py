@@ -10,13 +10,24 @@ from __future__ import annotations
 
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
+from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
+from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
+from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 
 
 def build_handlers() -> dict[int, Handler]:
     handlers: dict[int, Handler] = {}
-    metadata = MetadataHandler()
-    handlers[metadata.api_key] = metadata
+    served: list[Handler] = [
+        MetadataHandler(),
+        FindCoordinatorHandler(),
+        CreateTopicsHandler(),
+        DeleteTopicsHandler(),
+        CreatePartitionsHandler(),
+        DescribeClusterHandler(),
+    ]
+    for handler in served:
+        handlers[handler.api_key] = handler
     api_versions = ApiVersionsHandler(handlers)  # advertises every handler, itself included
     handlers[api_versions.api_key] = api_versions
     return handlers

@@ -19,7 +19,7 @@ import uuid
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import INTERNAL_TOPICS, TopicInfo
 from sluice.broker.kafka.codec import Message, Versions
-from sluice.broker.kafka.context import KAFKA_ADDRESS_FIELD, KafkaContext, split_host_port
+from sluice.broker.kafka.context import KafkaContext, kafka_brokers
 from sluice.broker.kafka.messages.metadata_request import MetadataRequest
 from sluice.broker.kafka.messages.metadata_response import (
     MetadataResponse,
@@ -53,15 +53,8 @@ class MetadataHandler:
         # Kafka clients send admin requests to the controller; every Sluice broker takes them, so
         # each names itself (it has a Kafka listener: it is answering on it).
         resp = MetadataResponse(cluster_id=cluster.cluster_id or None, controller_id=ctx.config.broker_id)
-        for broker in sorted(cluster.brokers.values(), key=lambda b: b.broker_id):
-            address = broker.extra.get(KAFKA_ADDRESS_FIELD)
-            if not isinstance(address, str):
-                continue
-            try:
-                host, port = split_host_port(address)
-            except ValueError:
-                continue
-            resp.brokers.append(MetadataResponseBroker(broker.broker_id, host, port, broker.rack or None))
+        for broker_id, host, port, rack in kafka_brokers(ctx):
+            resp.brokers.append(MetadataResponseBroker(broker_id, host, port, rack))
         everything = request.topics is None or (version == 0 and not request.topics)
         if everything:
             for name in sorted(cluster.topics):
