@@ -12,17 +12,19 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from sluice.broker.cluster import coordinator_partition
-from sluice.client import Admin
+from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
 from kafka import KafkaConsumer  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic  # noqa: E402
-from kafka.protocol.metadata import (  # noqa: E402  # noqa: E402
+from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse  # noqa: E402
+from kafka.protocol.metadata import (  # noqa: E402
     ApiVersionsRequest,
     ApiVersionsResponse,
     FindCoordinatorRequest,
@@ -30,6 +32,7 @@ from kafka.protocol.metadata import (  # noqa: E402  # noqa: E402
     MetadataRequest,
     MetadataResponse,
 )
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse  # noqa: E402
 
 MAX_REQUEST = 64 * 1024  # socket.request.max.bytes of the test cluster
 CLOSE_LINE = "kafka listener: closing the connection from"
@@ -334,3 +337,65 @@ def test_find_coordinator_for_groups_and_transactional_ids(kcluster: LocalCluste
     # an empty key and an unknown key type (2: share groups) are INVALID_REQUEST per key
     assert find_coordinators(address, [""], 0)[0][1] == 42
     assert find_coordinators(address, ["x"], 2)[0][1] == 42
+
+
+def ask(cluster: LocalCluster, request: Any, response_class: Any) -> Any:
+    with connect(cluster) as sock:
+        request.with_header(correlation_id=9, client_id="t")
+        sock.sendall(bytes(request.encode(header=True, framed=True)))
+        return response_class.decode(read_frame(sock), header=True)
+
+
+def list_offsets(cluster: LocalCluster, topic: str, version: int, specs: list[tuple[int, int, int]]) -> list[Any]:
+    """(partition, error, offset, timestamp, leader_epoch) for (partition, spec, current_leader_epoch)."""
+    parts = [
+        ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(
+            partition_index=p, timestamp=spec, current_leader_epoch=epoch
+        )
+        for p, spec, epoch in specs
+    ]
+    topics = [ListOffsetsRequest.ListOffsetsTopic(name=topic, partitions=parts)]
+    request = ListOffsetsRequest[version](replica_id=-1, isolation_level=0, topics=topics)
+    [answered] = ask(cluster, request, ListOffsetsResponse[version]).topics
+    return [(p.partition_index, p.error_code, p.offset, p.timestamp, p.leader_epoch) for p in answered.partitions]
+
+
+def test_list_offsets_of_records_written_over_grpc(kcluster: LocalCluster) -> None:
+    topic = "kafka-list-offsets"
+    Admin(bootstrap_servers=kcluster.bootstrap_servers).create_topic(topic, partitions=1, replication_factor=1)
+    producer = Producer(bootstrap_servers=kcluster.bootstrap_servers, linger_ms=0)
+    for i in range(10):
+        producer.send(topic, value=b"v", partition=0, timestamp_ms=1_000_000 + i * 1000).result(timeout=60)
+    producer.close()
+    epoch = Admin(bootstrap_servers=kcluster.bootstrap_servers).describe_topic(topic).partitions[0].leader_epoch
+    for version in (1, 4, 7, 8, 11):
+        got = list_offsets(kcluster, topic, version, [(0, -1, -1), (0, -2, -1), (0, 1_004_500, -1)])
+        assert [(e, o) for _, e, o, _, _ in got] == [(0, 10), (0, 0), (0, 5)]
+        assert got[2][3] == 1_005_000  # the timestamp of the record found
+        if version >= 4:
+            assert {le for *_, le in got} == {epoch}
+    got = list_offsets(kcluster, topic, 8, [(0, -3, -1), (0, -4, -1), (0, -5, -1)])
+    assert [(e, o) for _, e, o, _, _ in got] == [(0, 9), (0, 0), (42, -1)]  # max timestamp, earliest local, tiered
+    # a stale or future leader epoch: the client must refresh its metadata
+    if epoch > 0:
+        assert list_offsets(kcluster, topic, 8, [(0, -1, epoch - 1)])[0][1] == 74  # FENCED_LEADER_EPOCH
+    assert list_offsets(kcluster, topic, 8, [(0, -1, epoch + 1)])[0][1] == 75  # UNKNOWN_LEADER_EPOCH
+    assert list_offsets(kcluster, topic, 8, [(3, -1, -1)])[0][1] == 3  # UNKNOWN_TOPIC_OR_PARTITION
+
+
+def init_producer_id(cluster: LocalCluster, version: int, txn_id: str | None, timeout_ms: int = 60000) -> Any:
+    kwargs: dict[str, Any] = {"transactional_id": txn_id, "transaction_timeout_ms": timeout_ms}
+    if version >= 3:
+        kwargs.update(producer_id=-1, producer_epoch=-1)
+    return ask(cluster, InitProducerIdRequest[version](**kwargs), InitProducerIdResponse[version])
+
+
+def test_init_producer_id_idempotent_and_transactional(kcluster: LocalCluster) -> None:
+    idempotent = init_producer_id(kcluster, 3, None)
+    assert idempotent.error_code == 0 and idempotent.producer_id > 0 and idempotent.producer_epoch == 0
+    first = init_producer_id(kcluster, 0, "kafka-txn-a")
+    second = init_producer_id(kcluster, 5, "kafka-txn-a")
+    assert first.error_code == second.error_code == 0
+    assert second.producer_id == first.producer_id
+    assert second.producer_epoch == first.producer_epoch + 1  # the first producer is fenced
+    assert init_producer_id(kcluster, 4, "kafka-txn-b", 10**9).error_code == 50  # INVALID_TRANSACTION_TIMEOUT

@@ -12,6 +12,8 @@ from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
+from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
+from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 
@@ -25,6 +27,8 @@ def build_handlers() -> dict[int, Handler]:
         DeleteTopicsHandler(),
         CreatePartitionsHandler(),
         DescribeClusterHandler(),
+        ListOffsetsHandler(),
+        InitProducerIdHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
