@@ -32,7 +32,16 @@ from kafka.protocol.metadata import (  # noqa: E402
     MetadataRequest,
     MetadataResponse,
 )
-from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse  # noqa: E402
+from kafka.protocol.producer import (  # noqa: E402
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+)
 
 MAX_REQUEST = 64 * 1024  # socket.request.max.bytes of the test cluster
 CLOSE_LINE = "kafka listener: closing the connection from"
@@ -399,3 +408,55 @@ def test_init_producer_id_idempotent_and_transactional(kcluster: LocalCluster) -
     assert second.producer_id == first.producer_id
     assert second.producer_epoch == first.producer_epoch + 1  # the first producer is fenced
     assert init_producer_id(kcluster, 4, "kafka-txn-b", 10**9).error_code == 50  # INVALID_TRANSACTION_TIMEOUT
+
+
+def add_partitions(cluster: LocalCluster, version: int, txn: str, pid: int, epoch: int, topic: str) -> list[Any]:
+    topics = [AddPartitionsToTxnRequest.AddPartitionsToTxnTopic(name=topic, partitions=[0, 1])]
+    request = AddPartitionsToTxnRequest[version](
+        v3_and_below_transactional_id=txn,
+        v3_and_below_producer_id=pid,
+        v3_and_below_producer_epoch=epoch,
+        v3_and_below_topics=topics,
+    )
+    response = ask(cluster, request, AddPartitionsToTxnResponse[version])
+    return [
+        (t.name, p.partition_index, p.partition_error_code)
+        for t in response.results_by_topic_v3_and_below
+        for p in t.results_by_partition
+    ]
+
+
+def end_txn(cluster: LocalCluster, version: int, txn: str, pid: int, epoch: int, commit: bool) -> int:
+    request = EndTxnRequest[version](transactional_id=txn, producer_id=pid, producer_epoch=epoch, committed=commit)
+    return int(ask(cluster, request, EndTxnResponse[version]).error_code)
+
+
+def test_a_transaction_driven_over_the_kafka_protocol(kcluster: LocalCluster) -> None:
+    """librdkafka's versions (AddPartitionsToTxn/AddOffsetsToTxn v0, EndTxn v0-1) and the flexible ones."""
+    topic = "kafka-txn-topic"
+    grpc_admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    grpc_admin.create_topic(topic, partitions=2, replication_factor=1)
+    txn = "kafka-txn-flow"
+    init = init_producer_id(kcluster, 1, txn)
+    pid, epoch = init.producer_id, init.producer_epoch
+    assert add_partitions(kcluster, 0, txn, pid, epoch, topic) == [(topic, 0, 0), (topic, 1, 0)]
+    offsets = AddOffsetsToTxnRequest[0](transactional_id=txn, producer_id=pid, producer_epoch=epoch, group_id="g")
+    assert ask(kcluster, offsets, AddOffsetsToTxnResponse[0]).error_code == 0
+    [described] = grpc_admin.describe_transactions([txn])
+    assert described.state == "Ongoing" and {tp.partition for tp in described.partitions if tp.topic == topic} == {0, 1}
+    assert end_txn(kcluster, 1, txn, pid, epoch, commit=True) == 0
+    deadline = time.monotonic() + 30
+    while grpc_admin.describe_transactions([txn])[0].state != "CompleteCommit" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert grpc_admin.describe_transactions([txn])[0].state == "CompleteCommit"
+
+    # a second round with the flexible versions, then the old producer is fenced
+    assert add_partitions(kcluster, 3, txn, pid, epoch, topic) == [(topic, 0, 0), (topic, 1, 0)]
+    assert end_txn(kcluster, 3, txn, pid, epoch, commit=False) == 0
+    newer = init_producer_id(kcluster, 4, txn)
+    assert (newer.producer_id, newer.producer_epoch) == (pid, epoch + 1)
+    assert end_txn(kcluster, 3, txn, pid, epoch, commit=True) == 90  # PRODUCER_FENCED
+    assert end_txn(kcluster, 1, txn, pid, epoch, commit=True) == 47  # INVALID_PRODUCER_EPOCH before v2 (KIP-588)
+    assert add_partitions(kcluster, 0, txn, pid, epoch, topic) == [(topic, 0, 47), (topic, 1, 47)]
+    assert add_partitions(kcluster, 2, txn, pid, epoch, topic) == [(topic, 0, 90), (topic, 1, 90)]
+    grpc_admin.close()

@@ -16,6 +16,11 @@ from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
+from sluice.broker.kafka.handlers.transactions import (
+    AddOffsetsToTxnHandler,
+    AddPartitionsToTxnHandler,
+    EndTxnHandler,
+)
 
 
 def build_handlers() -> dict[int, Handler]:
@@ -29,6 +34,9 @@ def build_handlers() -> dict[int, Handler]:
         DescribeClusterHandler(),
         ListOffsetsHandler(),
         InitProducerIdHandler(),
+        AddPartitionsToTxnHandler(),
+        AddOffsetsToTxnHandler(),
+        EndTxnHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler

@@ -3,7 +3,8 @@
 The transaction coordinator's own call (the gRPC InitProducerId): an empty or
 null transactional id gets a fresh id from any broker; a transactional id is
 answered by its coordinator (NOT_COORDINATOR elsewhere, so the client looks it
-up again), bumping the epoch and fencing the previous producer; v3+ carries
+up again), bumping the epoch and fencing the previous producer (PRODUCER_FENCED from v4, INVALID_PRODUCER_EPOCH
+before, KIP-588); v3+ carries
 the producer's current id and epoch for KIP-360's re-initialisation.
 
 Served 0-5. v6 (KIP-939's two-phase commit: ``enable2_pc``,
@@ -16,6 +17,7 @@ from __future__ import annotations
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.handlers.transactions import kafka_error
 from sluice.broker.kafka.messages.init_producer_id_request import InitProducerIdRequest
 from sluice.broker.kafka.messages.init_producer_id_response import InitProducerIdResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
@@ -36,5 +38,7 @@ class InitProducerIdHandler:
             )
         )
         return InitProducerIdResponse(
-            error_code=int(answer.error_code), producer_id=answer.producer_id, producer_epoch=answer.producer_epoch
+            error_code=kafka_error(answer.error_code, header.request_api_version, 4),
+            producer_id=answer.producer_id,
+            producer_epoch=answer.producer_epoch,
         )
