@@ -23,6 +23,12 @@ from sluice.testing import LocalCluster
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
 from kafka import KafkaConsumer  # noqa: E402
 from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic  # noqa: E402
+from kafka.protocol.admin import (  # noqa: E402
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+)
 from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse  # noqa: E402
 from kafka.protocol.metadata import (  # noqa: E402
     ApiVersionsRequest,
@@ -449,6 +455,21 @@ def test_a_transaction_driven_over_the_kafka_protocol(kcluster: LocalCluster) ->
     while grpc_admin.describe_transactions([txn])[0].state != "CompleteCommit" and time.monotonic() < deadline:
         time.sleep(0.1)
     assert grpc_admin.describe_transactions([txn])[0].state == "CompleteCommit"
+    # what kafka-transactions.sh describe/list would show
+    described_k = ask(kcluster, DescribeTransactionsRequest[0](transactional_ids=[txn, "no-such-txn"]),
+                      DescribeTransactionsResponse[0]).transaction_states  # fmt: skip
+    assert [(d.transactional_id, d.error_code) for d in described_k] == [(txn, 0), ("no-such-txn", 105)]
+    assert (described_k[0].transaction_state, described_k[0].producer_id) == ("CompleteCommit", pid)
+
+    def listed(states: list[str]) -> tuple[list[str], set[str]]:
+        request = ListTransactionsRequest[0](state_filters=states, producer_id_filters=[])
+        response = ask(kcluster, request, ListTransactionsResponse[0])
+        assert response.error_code == 0
+        return response.unknown_state_filters, {t.transactional_id for t in response.transaction_states}
+
+    assert txn in listed([])[1] and txn in listed(["CompleteCommit"])[1]
+    assert txn not in listed(["Ongoing"])[1]
+    assert listed(["Bogus"]) == (["Bogus"], set())
 
     # a second round with the flexible versions, then the old producer is fenced
     assert add_partitions(kcluster, 3, txn, pid, epoch, topic) == [(topic, 0, 0), (topic, 1, 0)]

@@ -11,6 +11,10 @@ from __future__ import annotations
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
+from sluice.broker.kafka.handlers.describe_transactions import (
+    DescribeTransactionsHandler,
+    ListTransactionsHandler,
+)
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
@@ -37,6 +41,8 @@ def build_handlers() -> dict[int, Handler]:
         AddPartitionsToTxnHandler(),
         AddOffsetsToTxnHandler(),
         EndTxnHandler(),
+        DescribeTransactionsHandler(),
+        ListTransactionsHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
