@@ -29,7 +29,14 @@ from kafka.protocol.admin import (  # noqa: E402
     ListTransactionsRequest,
     ListTransactionsResponse,
 )
-from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse  # noqa: E402
+from kafka.protocol.consumer import (  # noqa: E402
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+)
 from kafka.protocol.metadata import (  # noqa: E402
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -47,6 +54,8 @@ from kafka.protocol.producer import (  # noqa: E402
     EndTxnResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
 )
 
 MAX_REQUEST = 64 * 1024  # socket.request.max.bytes of the test cluster
@@ -481,3 +490,73 @@ def test_a_transaction_driven_over_the_kafka_protocol(kcluster: LocalCluster) ->
     assert add_partitions(kcluster, 0, txn, pid, epoch, topic) == [(topic, 0, 47), (topic, 1, 47)]
     assert add_partitions(kcluster, 2, txn, pid, epoch, topic) == [(topic, 0, 90), (topic, 1, 90)]
     grpc_admin.close()
+
+
+def commit_offsets(cluster: LocalCluster, version: int, group: str, topic: str, offsets: dict[int, int]) -> list[Any]:
+    partition = OffsetCommitRequest.OffsetCommitRequestTopic.OffsetCommitRequestPartition
+    parts = [partition(partition_index=p, committed_offset=o, committed_metadata="m") for p, o in offsets.items()]
+    topics = [OffsetCommitRequest.OffsetCommitRequestTopic(name=topic, partitions=parts)]
+    request = OffsetCommitRequest[version](
+        group_id=group, generation_id_or_member_epoch=-1, member_id="", retention_time_ms=-1, topics=topics
+    )
+    response = ask(cluster, request, OffsetCommitResponse[version])
+    return sorted((t.name, p.partition_index, p.error_code) for t in response.topics for p in t.partitions)
+
+
+def fetch_offsets(cluster: LocalCluster, version: int, group: str, topic: str, stable: bool = False) -> list[Any]:
+    """(partition, offset, error) of partitions 0 and 1, and the group-level error."""
+    if version < 8:
+        topics = [OffsetFetchRequest.OffsetFetchRequestTopic(name=topic, partition_indexes=[0, 1])]
+        request = OffsetFetchRequest[version](group_id=group, topics=topics, require_stable=stable)
+        response = ask(cluster, request, OffsetFetchResponse[version])
+        found = [(p.partition_index, p.committed_offset, p.error_code) for t in response.topics for p in t.partitions]
+        return [sorted(found), response.error_code if version >= 2 else 0]
+    wanted = [OffsetFetchRequest.OffsetFetchRequestGroup.OffsetFetchRequestTopics(name=topic, partition_indexes=[0, 1])]
+    groups = [
+        OffsetFetchRequest.OffsetFetchRequestGroup(group_id=group, member_id=None, member_epoch=-1, topics=wanted)
+    ]
+    response = ask(
+        cluster, OffsetFetchRequest[version](groups=groups, require_stable=stable), OffsetFetchResponse[version]
+    )
+    [g] = response.groups
+    found = [(p.partition_index, p.committed_offset, p.error_code) for t in g.topics for p in t.partitions]
+    return [sorted(found), g.error_code]
+
+
+def test_offsets_committed_over_kafka_are_the_groups_offsets(kcluster: LocalCluster) -> None:
+    topic, group = "kafka-offsets", "kafka-offsets-group"
+    grpc_admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    grpc_admin.create_topic(topic, partitions=2, replication_factor=1)
+    assert commit_offsets(kcluster, 2, group, topic, {0: 5, 1: 7}) == [(topic, 0, 0), (topic, 1, 0)]
+    for version in (1, 2, 5, 7, 8, 9):
+        assert fetch_offsets(kcluster, version, group, topic) == [[(0, 5, 0), (1, 7, 0)], 0]
+    assert commit_offsets(kcluster, 9, group, topic, {1: 11}) == [(topic, 1, 0)]
+    committed = grpc_admin.list_consumer_group_offsets(group)
+    assert {(tp.partition, o) for tp, o in committed.items()} == {(0, 5), (1, 11)}
+    grpc_admin.close()
+
+
+def test_send_offsets_to_transaction_over_kafka(kcluster: LocalCluster) -> None:
+    topic, group, txn = "kafka-txn-offsets", "kafka-txn-offsets-group", "kafka-txn-offsets-id"
+    Admin(bootstrap_servers=kcluster.bootstrap_servers).create_topic(topic, partitions=2, replication_factor=1)
+    init = init_producer_id(kcluster, 1, txn)
+    pid, epoch = init.producer_id, init.producer_epoch
+    offsets = AddOffsetsToTxnRequest[0](transactional_id=txn, producer_id=pid, producer_epoch=epoch, group_id=group)
+    assert ask(kcluster, offsets, AddOffsetsToTxnResponse[0]).error_code == 0
+    partition = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition
+    topics = [TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic(
+        name=topic, partitions=[partition(partition_index=0, committed_offset=42, committed_metadata=None)]
+    )]  # fmt: skip
+    request = TxnOffsetCommitRequest[0](
+        transactional_id=txn, group_id=group, producer_id=pid, producer_epoch=epoch, topics=topics
+    )
+    response = ask(kcluster, request, TxnOffsetCommitResponse[0])
+    assert [(t.name, p.partition_index, p.error_code) for t in response.topics for p in t.partitions] == [(topic, 0, 0)]
+    # pending until the commit: require_stable reads UNSTABLE_OFFSET_COMMIT, the default read sees none yet
+    assert fetch_offsets(kcluster, 7, group, topic, stable=True)[0][0] == (0, -1, 88)
+    assert fetch_offsets(kcluster, 7, group, topic)[0][0] == (0, -1, 0)
+    assert end_txn(kcluster, 1, txn, pid, epoch, commit=True) == 0
+    deadline = time.monotonic() + 30
+    while fetch_offsets(kcluster, 8, group, topic)[0][0] != (0, 42, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fetch_offsets(kcluster, 8, group, topic)[0][0] == (0, 42, 0)
