@@ -36,6 +36,8 @@ from kafka.protocol.consumer import (  # noqa: E402
     OffsetCommitResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
 )
 from kafka.protocol.metadata import (  # noqa: E402
     ApiVersionsRequest,
@@ -560,3 +562,30 @@ def test_send_offsets_to_transaction_over_kafka(kcluster: LocalCluster) -> None:
     while fetch_offsets(kcluster, 8, group, topic)[0][0] != (0, 42, 0) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert fetch_offsets(kcluster, 8, group, topic)[0][0] == (0, 42, 0)
+
+
+def test_offset_for_leader_epoch_validates_positions(kcluster: LocalCluster) -> None:
+    topic = "kafka-leader-epoch"
+    admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    admin.create_topic(topic, partitions=1, replication_factor=1)
+    producer = Producer(bootstrap_servers=kcluster.bootstrap_servers, linger_ms=0)
+    for _ in range(6):
+        producer.send(topic, value=b"v", partition=0).result(timeout=60)
+    producer.close()
+    epoch = admin.describe_topic(topic).partitions[0].leader_epoch
+    admin.close()
+
+    def ask_epoch(version: int, current: int, wanted: int) -> tuple[int, int, int]:
+        partition = OffsetForLeaderEpochRequest.OffsetForLeaderTopic.OffsetForLeaderPartition
+        topics = [OffsetForLeaderEpochRequest.OffsetForLeaderTopic(
+            topic=topic, partitions=[partition(partition=0, current_leader_epoch=current, leader_epoch=wanted)]
+        )]  # fmt: skip
+        request = OffsetForLeaderEpochRequest[version](replica_id=-1, topics=topics)
+        [result] = ask(kcluster, request, OffsetForLeaderEpochResponse[version]).topics
+        [p] = result.partitions
+        return p.error_code, p.leader_epoch, p.end_offset
+
+    for version in (2, 3, 4):
+        assert ask_epoch(version, epoch, epoch) == (0, epoch, 6)  # the current epoch ends at the log end
+        assert ask_epoch(version, -1, epoch) == (0, epoch, 6)
+        assert ask_epoch(version, epoch + 1, epoch)[0] == 75  # UNKNOWN_LEADER_EPOCH: the client is ahead

@@ -19,6 +19,7 @@ from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
+from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
@@ -47,6 +48,7 @@ def build_handlers() -> dict[int, Handler]:
         OffsetCommitHandler(),
         OffsetFetchHandler(),
         TxnOffsetCommitHandler(),
+        OffsetForLeaderEpochHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
