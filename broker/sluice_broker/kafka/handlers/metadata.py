@@ -66,9 +66,9 @@ class MetadataHandler:
                 info = by_id.get(wanted.topic_id)
                 if info is None:
                     # the response's name is nullable from v12; v10-11 answer an empty one
-                    name = None if version >= 12 else ""
+                    no_name = None if version >= 12 else ""
                     resp.topics.append(
-                        MetadataResponseTopic(error_code=UNKNOWN_TOPIC_ID, name=name, topic_id=wanted.topic_id)
+                        MetadataResponseTopic(error_code=UNKNOWN_TOPIC_ID, name=no_name, topic_id=wanted.topic_id)
                     )
                     continue
             else:
