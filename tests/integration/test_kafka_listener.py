@@ -22,8 +22,16 @@ from sluice.testing import LocalCluster
 
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
 from kafka import KafkaConsumer  # noqa: E402
-from kafka.admin import KafkaAdminClient, NewPartitions, NewTopic  # noqa: E402
+from kafka.admin import (  # noqa: E402
+    ConfigResource,
+    ConfigResourceType,
+    KafkaAdminClient,
+    NewPartitions,
+    NewTopic,
+)
 from kafka.protocol.admin import (  # noqa: E402
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     DescribeTransactionsRequest,
     DescribeTransactionsResponse,
     ListTransactionsRequest,
@@ -589,3 +597,43 @@ def test_offset_for_leader_epoch_validates_positions(kcluster: LocalCluster) -> 
         assert ask_epoch(version, epoch, epoch) == (0, epoch, 6)  # the current epoch ends at the log end
         assert ask_epoch(version, -1, epoch) == (0, epoch, 6)
         assert ask_epoch(version, epoch + 1, epoch)[0] == 75  # UNKNOWN_LEADER_EPOCH: the client is ahead
+
+
+def test_describe_configs_of_topics_and_the_broker(kcluster: LocalCluster) -> None:
+    topic = "kafka-describe-configs"
+    admin = KafkaAdminClient(bootstrap_servers=kcluster.kafka_bootstrap_servers, request_timeout_ms=30000)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"retention.ms": "60000"})])
+        resources = [ConfigResource(ConfigResourceType.TOPIC, topic), ConfigResource(ConfigResourceType.BROKER, "0")]
+        described = admin.describe_configs(resources, include_synonyms=True, config_filter="all")
+        topic_configs = described["topic"][topic]
+        assert topic_configs["retention.ms"]["value"] == "60000"
+        assert topic_configs["retention.ms"]["config_source"] == "DYNAMIC_TOPIC_CONFIG"
+        assert [s["source"] for s in topic_configs["retention.ms"]["synonyms"]] == [
+            "DYNAMIC_TOPIC_CONFIG",
+            "DEFAULT_CONFIG",
+        ]
+        assert topic_configs["cleanup.policy"]["value"] == "delete"
+        assert topic_configs["cleanup.policy"]["config_source"] == "DEFAULT_CONFIG"
+        broker_configs = described["broker"]["0"]
+        assert broker_configs["socket.request.max.bytes"]["value"] == str(MAX_REQUEST)
+        assert broker_configs["socket.request.max.bytes"]["config_source"] == "STATIC_BROKER_CONFIG"
+        assert broker_configs["socket.request.max.bytes"]["read_only"] is True
+        assert "sluice.test.hooks" not in broker_configs
+    finally:
+        admin.close()
+    # refusals per resource: an unknown topic, another broker, a resource type not served
+    resource = DescribeConfigsRequest.DescribeConfigsResource
+    request = DescribeConfigsRequest[4](
+        resources=[
+            resource(resource_type=2, resource_name="no-such-topic", configuration_keys=None),
+            resource(resource_type=4, resource_name="7", configuration_keys=None),
+            resource(resource_type=8, resource_name="x", configuration_keys=None),
+            resource(resource_type=2, resource_name=topic, configuration_keys=["retention.ms", "no.such.key"]),
+        ],
+        include_synonyms=False,
+        include_documentation=False,
+    )
+    results = ask(kcluster, request, DescribeConfigsResponse[4]).results
+    assert [r.error_code for r in results] == [3, 42, 42, 0]
+    assert [(c.name, c.value) for c in results[3].configs] == [("retention.ms", "60000")]

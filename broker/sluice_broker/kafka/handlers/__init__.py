@@ -11,6 +11,7 @@ from __future__ import annotations
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
+from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
 from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
     ListTransactionsHandler,
@@ -49,6 +50,7 @@ def build_handlers() -> dict[int, Handler]:
         OffsetFetchHandler(),
         TxnOffsetCommitHandler(),
         OffsetForLeaderEpochHandler(),
+        DescribeConfigsHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
