@@ -338,6 +338,9 @@ def test_topic_admin_through_kafka_python_is_what_grpc_sees(kcluster: LocalClust
         assert [(b["broker_id"], b["host"], b["port"]) for b in cluster_info["brokers"]] == [
             (0, *kafka_address(kcluster))
         ]
+        # -1 partitions and replication factor: the broker's defaults (num.partitions, default.replication.factor)
+        [defaulted] = admin.create_topics([NewTopic(f"{name}-defaults", -1, -1)])["topics"]
+        assert (defaulted["error_code"], defaulted["num_partitions"], defaulted["replication_factor"]) == (0, 1, 1)
         assert admin.delete_topics([name])["topics"][0]["error_code"] == 0
         assert name not in admin.list_topics()
         with pytest.raises(kafka.errors.UnknownTopicOrPartitionError):
