@@ -198,18 +198,40 @@ def _write_field(out: bytearray, f: Field, value: Any, version: int, flexible: b
         _write_value(out, f, f.kind, value, version, compact)
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A schema at one version: its regular fields in order, its tagged fields by tag."""
+
+    regular: tuple[Field, ...]
+    tagged: dict[int, Field]
+
+
+_PLANS: dict[tuple[int, int], _Plan] = {}
+
+
+def _plan(schema: Schema, version: int) -> _Plan:
+    """Which fields a version has, worked out once per (schema, version) instead of per message."""
+    key = (id(schema), version)
+    plan = _PLANS.get(key)
+    if plan is None:
+        present = [f for f in schema.fields if version in f.versions]
+        plan = _Plan(
+            tuple(f for f in present if not (f.tag is not None and version in f.tagged)),
+            {f.tag: f for f in present if f.tag is not None and version in f.tagged},
+        )
+        _PLANS[key] = plan
+    return plan
+
+
 def _write_struct(out: bytearray, msg: Message, version: int, flexible: bool) -> None:
-    schema = msg.SCHEMA
+    plan = _plan(msg.SCHEMA, version)
+    for f in plan.regular:
+        _write_field(out, f, getattr(msg, f.name), version, flexible)
     tagged: list[tuple[int, Field, Any]] = []
-    for f in schema.fields:
-        if version not in f.versions:
-            continue
+    for tag, f in plan.tagged.items():
         value = getattr(msg, f.name)
-        if f.tag is not None and version in f.tagged:
-            if value != _default(f):
-                tagged.append((f.tag, f, value))
-            continue
-        _write_field(out, f, value, version, flexible)
+        if value != _default(f):
+            tagged.append((tag, f, value))
     if flexible:
         tagged.sort(key=lambda t: t[0])
         _uvarint(out, len(tagged))
@@ -337,16 +359,9 @@ def _read_field(r: Reader, f: Field, version: int, flexible: bool) -> Any:
 
 
 def _read_struct(r: Reader, cls: type[M], version: int, flexible: bool) -> M:
-    schema = cls.SCHEMA
-    values: dict[str, Any] = {}
-    by_tag: dict[int, Field] = {}
-    for f in schema.fields:
-        if version not in f.versions:
-            continue
-        if f.tag is not None and version in f.tagged:
-            by_tag[f.tag] = f
-            continue
-        values[f.name] = _read_field(r, f, version, flexible)
+    plan = _plan(cls.SCHEMA, version)
+    values: dict[str, Any] = {f.name: _read_field(r, f, version, flexible) for f in plan.regular}
+    by_tag = plan.tagged
     if flexible:
         for _ in range(r.uvarint()):
             tag = r.uvarint()
