@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +22,7 @@ import pytest
 from sluice.broker.cluster import coordinator_partition
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from sluice.testing._net import free_port
 
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
 from kafka import KafkaConsumer  # noqa: E402
@@ -640,3 +644,39 @@ def test_describe_configs_of_topics_and_the_broker(kcluster: LocalCluster) -> No
     results = ask(kcluster, request, DescribeConfigsResponse[4]).results
     assert [r.error_code for r in results] == [3, 42, 42, 0]
     assert [(c.name, c.value) for c in results[3].configs] == [("retention.ms", "60000")]
+
+
+def test_kafka_advertise_is_the_address_clients_are_given(tmp_path: Path) -> None:
+    """``--kafka-advertise``: behind a Service or NAT the broker names an address other than its socket's."""
+    grpc_port, kafka_port = free_port(), free_port()
+    log_path = tmp_path / "broker.log"
+    with open(log_path, "wb") as log_file:
+        broker = subprocess.Popen(
+            [sys.executable, "-m", "sluice.broker", "--id", "0", "--listen", f"127.0.0.1:{grpc_port}",
+             "--data", str(tmp_path / "data"), "--kafka-listen", f"127.0.0.1:{kafka_port}",
+             "--kafka-advertise", "kafka-0.example.test:19093"],
+            stdout=log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                sock = socket.create_connection(("127.0.0.1", kafka_port), timeout=5)
+                break
+            except OSError:
+                assert broker.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "the Kafka listener did not open within 60 s"
+                time.sleep(0.2)
+        with sock:
+            request = MetadataRequest[12](topics=None, allow_auto_topic_creation=False)
+            request.with_header(correlation_id=1, client_id="t")
+            sock.sendall(bytes(request.encode(header=True, framed=True)))
+            response = MetadataResponse[12].decode(read_frame(sock), header=True)
+        assert [(b.node_id, b.host, b.port) for b in response.brokers] == [(0, "kafka-0.example.test", 19093)]
+    finally:
+        broker.terminate()
+        try:
+            broker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait(timeout=10)
