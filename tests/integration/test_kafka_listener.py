@@ -680,3 +680,26 @@ def test_kafka_advertise_is_the_address_clients_are_given(tmp_path: Path) -> Non
         except subprocess.TimeoutExpired:
             broker.kill()
             broker.wait(timeout=10)
+
+
+def test_idle_and_stalled_connections_are_closed(tmp_path: Path) -> None:
+    idle_ms = 1500
+    with LocalCluster(
+        brokers=1, data_dir=tmp_path / "c", config={"connections.max.idle.ms": idle_ms}, kafka_listener=True
+    ) as cluster:
+        with (
+            socket.create_connection(kafka_address(cluster), timeout=20) as idle,
+            socket.create_connection(kafka_address(cluster), timeout=20) as stalled,
+        ):
+            stalled.sendall(_api_versions_frame(1)[:7])  # a frame begun, never finished
+            started = time.monotonic()
+            assert closed_by_peer(idle) and closed_by_peer(stalled)
+            assert time.monotonic() - started >= idle_ms / 1000 * 0.5
+        # a connection that keeps asking is not idle
+        with socket.create_connection(kafka_address(cluster), timeout=20) as busy:
+            for i in range(6):
+                busy.sendall(_api_versions_frame(i))
+                assert ApiVersionsResponse[3].decode(read_frame(busy), header=True).error_code == 0
+                time.sleep(idle_ms / 1000 / 3)
+        log = cluster.brokers[0].log_path.read_text()
+        assert log.count("no complete request within connections.max.idle.ms") == 2

@@ -12,7 +12,10 @@ down. A size prefix above ``socket.request.max.bytes``, a truncated frame, an
 unknown API key, a version this broker does not serve (but ApiVersions, which
 answers at v0 with UNSUPPORTED_VERSION: KIP-511) or a body that does not decode
 close the connection, as Kafka does, with one log line naming the peer and the
-reason. A handler that fails unexpectedly closes its connection too (the
+reason. So does a connection without a complete request for
+``connections.max.idle.ms`` (Kafka's key and default, 10 minutes): an idle
+client, or one that began a frame and stalled, does not hold its socket
+forever. A handler that fails unexpectedly closes its connection too (the
 exception is logged once): the client reconnects and retries.
 
 The listener advertises its address in this broker's ``brokers/<id>`` document
@@ -44,6 +47,7 @@ class KafkaListener:
         self.ctx = ctx
         self.handlers: dict[int, Handler] = build_handlers()
         self.max_bytes = ctx.config.int("socket.request.max.bytes")
+        self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.address: tuple[str, int] | None = None
@@ -99,7 +103,11 @@ class KafkaListener:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
-            frame = await read_frame(reader, self.max_bytes)
+            try:
+                frame = await asyncio.wait_for(read_frame(reader, self.max_bytes), self.idle_s)
+            except TimeoutError:
+                # idle, or a frame begun and not finished (a stalled or slow client): Kafka closes both
+                raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
             if frame is None:
                 return
             writer.write(await self._answer(frame))
