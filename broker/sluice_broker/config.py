@@ -55,6 +55,8 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "group.consumer.heartbeat.interval.ms": (int, 5_000),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
+    # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does
+    "connections.max.idle.ms": (int, 600_000),
     "fetch.max.bytes": (int, 50 * 1024 * 1024),
     "replica.fetch.max.bytes": (int, 1024 * 1024),
     # replication (used from the replication work on; declared so configs can name them)

@@ -38,6 +38,7 @@ from sluice.broker import tracing
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.kafka.options import KafkaOptions, start_kafka_listener
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
@@ -165,6 +166,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="FILE",
         help="PEM file of the CA(s) client certificates are verified against (with --client-listener mtls)",
     )
+    parser.add_argument(
+        "--kafka-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the Kafka protocol on HOST:PORT (default: off; see docs/kafka-compatibility.md)",
+    )
+    parser.add_argument(
+        "--kafka-advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="the Kafka address clients are told to use for this broker (default: the --kafka-listen address)",
+    )
     parser.add_argument("--log-level", default="INFO")
     return parser.parse_args(argv)
 
@@ -233,7 +246,11 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
     )
 
 
-async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = None) -> None:
+async def serve(
+    config: BrokerConfig,
+    metrics_listen: tuple[str, int] | None = None,
+    kafka: KafkaOptions | None = None,
+) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
     storage = RocksStorage(os.path.join(config.data_dir, "rocksdb"))
@@ -259,6 +276,7 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
             host, port = metrics_listen
             raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
+    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups)
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -335,6 +353,8 @@ async def serve(config: BrokerConfig, metrics_listen: tuple[str, int] | None = N
     for task in tasks:
         task.cancel()
     await server.stop(grace=2.0)
+    if kafka_listener is not None:
+        await kafka_listener.stop()
     if metrics is not None:
         await metrics.stop()
     await replicas.fetchers.stop()
@@ -361,11 +381,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             tracing.configure(args.tracing, config.broker_id)
         if config.tls_dir:
             load_dir(config.tls_dir)  # unreadable material stops the broker here, with its name
+        kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
+        if kafka is not None and (config.client_listener != "plaintext" or config.get("authorizer.enabled")):
+            # The Kafka listener has neither TLS nor ACL checks yet (issue 18): opened beside a
+            # secured gRPC listener it would be a door around them, so it is refused outright.
+            raise ConfigError(
+                "--kafka-listen cannot be combined with --client-listener tls/mtls or authorizer.enabled yet: "
+                "the Kafka listener has no TLS or ACL checks (docs/kafka-compatibility.md)"
+            )
     except (ConfigError, TlsError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config, metrics_listen))
+        asyncio.run(serve(config, metrics_listen, kafka))
     except KafkaStorageError as exc:  # the log directory cannot be opened (a full disk at start)
         print(f"sluice broker: {exc}; free space on the data volume and start again", file=sys.stderr)
         return 1

@@ -122,11 +122,13 @@ class BrokerProcess(ManagedProcess):
         tls_dir: Path | None = None,
         clients_ca: Path | None = None,
         health_credentials: grpc.ChannelCredentials | None = None,
+        kafka_port: int | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.health_credentials = health_credentials
         self.inter_broker_port = inter_broker_port
         self.tls_dir = tls_dir
+        self.kafka_port = kafka_port
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
@@ -147,6 +149,8 @@ class BrokerProcess(ManagedProcess):
             argv += ["--inter-broker-listen", ib, "--broker-tls-dir", str(tls_dir)]
         if clients_ca is not None:  # secure: clients need a certificate (mutual TLS)
             argv += ["--client-listener", "mtls", "--clients-ca", str(clients_ca)]
+        if kafka_port is not None:
+            argv += ["--kafka-listen", f"[{host}]:{kafka_port}" if ":" in host else f"{host}:{kafka_port}"]
         for key, value in self.config.items():
             argv += ["--config", f"{key}={value}"]
         super().__init__(f"broker-{broker_id}", argv, log_path, env=env)
@@ -240,7 +244,8 @@ class LocalCluster:
     {"broker.rack": "b"}}``). ``data_dir=None`` uses a temporary directory that
     is removed on exit; a given ``data_dir`` is kept, and a cluster started on
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
-    ports picked by the kernel). ``failure_timeout_ms`` is how long the
+    ports picked by the kernel). ``kafka_listener=True`` opens a Kafka-protocol
+    listener on every broker (``kafka_bootstrap_servers``). ``failure_timeout_ms`` is how long the
     controller lets a broker fail its health checks before it moves that
     broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
@@ -259,6 +264,7 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
         secure: bool = False,
+        kafka_listener: bool = False,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
@@ -319,6 +325,7 @@ class LocalCluster:
                     tls_dir=tls_dirs[i],
                     clients_ca=clients_ca,
                     health_credentials=health_credentials,
+                    kafka_port=free_port(host) if kafka_listener else None,
                 )
             )
         if common.get("unclean.leader.election.enable", "").lower() == "true":
@@ -350,6 +357,15 @@ class LocalCluster:
     def bootstrap_servers(self) -> str:
         """Every broker's address, comma-separated: what clients take as ``bootstrap_servers``."""
         return ",".join(b.address for b in self._brokers)
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """Every broker's Kafka-protocol address, comma-separated (``LocalCluster(kafka_listener=True)``)."""
+        if any(b.kafka_port is None for b in self._brokers):
+            raise ClusterError("this cluster was started without kafka_listener=True")
+        return ",".join(
+            f"[{b.host}]:{b.kafka_port}" if ":" in b.host else f"{b.host}:{b.kafka_port}" for b in self._brokers
+        )
 
     def start(self) -> LocalCluster:
         """Start every process and wait until every broker is healthy (or raise ClusterError)."""

@@ -1,0 +1,59 @@
+"""FindCoordinator: the broker leading a group's or transactional id's coordinator partition.
+
+The same rule as the gRPC FindCoordinator (the key's hash picks a partition of
+``__consumer_offsets`` or ``__transaction_state``; its leader coordinates), with
+the coordinator's Kafka address. v0-3 ask for one key; v4+ batch keys and
+answer per key. No leader, or a leader without a Kafka listener, is
+COORDINATOR_NOT_AVAILABLE (retriable: the client asks again).
+"""
+
+from __future__ import annotations
+
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext, kafka_endpoint
+from sluice.broker.kafka.messages.find_coordinator_request import FindCoordinatorRequest
+from sluice.broker.kafka.messages.find_coordinator_response import Coordinator, FindCoordinatorResponse
+from sluice.broker.kafka.messages.request_header import RequestHeader
+
+KEY_TYPES = {0: CONSUMER_OFFSETS_TOPIC, 1: TRANSACTION_STATE_TOPIC}  # 2 (share groups) is not served
+
+
+def find(ctx: KafkaContext, key: str, key_type: int) -> Coordinator:
+    out = Coordinator(key=key, node_id=-1, host="", port=-1, error_code=0, error_message=None)
+    topic = KEY_TYPES.get(key_type)
+    if topic is None or not key:
+        out.error_code = pb.INVALID_REQUEST
+        out.error_message = f"key type {key_type} is not served" if topic is None else "the key must not be empty"
+        return out
+    info = ctx.cluster.topics.get(topic)
+    leader = -1 if info is None else info.partitions[coordinator_partition(key, len(info.partitions))].leader
+    endpoint = None if leader < 0 else kafka_endpoint(ctx, leader)
+    if endpoint is None:
+        out.error_code = pb.COORDINATOR_NOT_AVAILABLE
+        out.error_message = f"the coordinator of {key!r} has no leader with a Kafka listener"
+        return out
+    out.node_id, (out.host, out.port) = leader, endpoint
+    return out
+
+
+class FindCoordinatorHandler:
+    api_key = 10
+    versions = Versions(0, 6)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, FindCoordinatorRequest)
+        ctx.cluster.refresh()
+        if header.request_api_version >= 4:
+            return FindCoordinatorResponse(
+                coordinators=[find(ctx, key, request.key_type) for key in request.coordinator_keys]
+            )
+        one = find(ctx, request.key, request.key_type)
+        return FindCoordinatorResponse(
+            error_code=one.error_code,
+            error_message=one.error_message,
+            node_id=one.node_id,
+            host=one.host,
+            port=one.port,
+        )

@@ -1,0 +1,116 @@
+"""CreateTopics, DeleteTopics, CreatePartitions: Kafka's topic admin over the cluster view.
+
+The same calls as the gRPC topic admin (:class:`~sluice.broker.cluster.ClusterView`
+``create_topic`` / ``delete_topic`` / ``create_partitions``), so names, limits and
+config validation are one set of rules; a refusal is the Kafka code of the
+:mod:`sluice.errors` class raised, per topic. Kafka's -1 ("the broker's
+default") for partitions and replication factor is Sluice's 0. Manual replica
+assignments are refused per topic with INVALID_REQUEST: placement is the
+cluster's (rack-aware, docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sluice import errors
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.messages.create_partitions_request import CreatePartitionsRequest
+from sluice.broker.kafka.messages.create_partitions_response import (
+    CreatePartitionsResponse,
+    CreatePartitionsTopicResult,
+)
+from sluice.broker.kafka.messages.create_topics_request import CreateTopicsRequest
+from sluice.broker.kafka.messages.create_topics_response import CreatableTopicResult, CreateTopicsResponse
+from sluice.broker.kafka.messages.delete_topics_request import DeleteTopicsRequest
+from sluice.broker.kafka.messages.delete_topics_response import DeletableTopicResult, DeleteTopicsResponse
+from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.errors import SluiceError
+
+
+def _uuid(hex_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(hex=hex_id)
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+class CreateTopicsHandler:
+    api_key = 19
+    versions = Versions(2, 7)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, CreateTopicsRequest)
+        resp = CreateTopicsResponse()
+        for topic in request.topics:
+            result = CreatableTopicResult(name=topic.name, error_message=None, configs=None)
+            try:
+                if topic.assignments:
+                    raise errors.InvalidRequestError(
+                        "manual replica assignments are not supported: placement is Sluice's"
+                    )
+                config = {c.name: c.value for c in topic.configs if c.value is not None}
+                topic_id = ctx.cluster.create_topic(
+                    topic.name,
+                    max(topic.num_partitions, 0),
+                    max(topic.replication_factor, 0),
+                    config,
+                    validate_only=request.validate_only,
+                )
+                result.topic_id = _uuid(topic_id)
+                info = ctx.cluster.topics.get(topic.name)
+                if info is not None:
+                    result.num_partitions = len(info.partitions)
+                    result.replication_factor = info.replication_factor
+            except SluiceError as exc:
+                result.error_code, result.error_message = int(exc.code), exc.message
+            resp.topics.append(result)
+        return resp
+
+
+class DeleteTopicsHandler:
+    api_key = 20
+    versions = Versions(1, 6)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, DeleteTopicsRequest)
+        ctx.cluster.refresh()
+        by_id = {_uuid(t.topic_id): name for name, t in ctx.cluster.topics.items()}
+        wanted: list[tuple[str | None, uuid.UUID]] = [(n, uuid.UUID(int=0)) for n in request.topic_names]
+        wanted += [(t.name, t.topic_id) for t in request.topics]
+        resp = DeleteTopicsResponse()
+        for name, topic_id in wanted:
+            result = DeletableTopicResult(name=name, topic_id=topic_id)
+            try:
+                if name is None:
+                    name = by_id.get(topic_id)
+                    if name is None:
+                        raise errors.UnknownTopicOrPartitionError(f"no topic has the id {topic_id}")
+                    result.name = name
+                result.topic_id = _uuid(ctx.cluster.delete_topic(name))
+            except SluiceError as exc:
+                result.error_code, result.error_message = int(exc.code), exc.message
+            resp.responses.append(result)
+        return resp
+
+
+class CreatePartitionsHandler:
+    api_key = 37
+    versions = Versions(0, 3)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, CreatePartitionsRequest)
+        resp = CreatePartitionsResponse()
+        for topic in request.topics:
+            result = CreatePartitionsTopicResult(name=topic.name)
+            try:
+                if topic.assignments:
+                    raise errors.InvalidRequestError(
+                        "manual replica assignments are not supported: placement is Sluice's"
+                    )
+                ctx.cluster.create_partitions(topic.name, topic.count, request.validate_only)
+            except SluiceError as exc:
+                result.error_code, result.error_message = int(exc.code), exc.message
+            resp.results.append(result)
+        return resp

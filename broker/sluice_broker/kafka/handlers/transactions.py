@@ -1,0 +1,97 @@
+"""AddPartitionsToTxn, AddOffsetsToTxn, EndTxn: Kafka's transaction calls over the transaction coordinator.
+
+The coordinator's own calls (the gRPC ones), so a transaction begun by a Kafka
+client is the same object as one begun over gRPC: same state log, markers, LSO
+and timeouts. Versions served are the client ones without KIP-890 part 2
+(transaction.version 2, issue 13), which this listener does not advertise:
+
+* AddPartitionsToTxn 0-3 (4+ are broker-to-broker, batched and verify-only);
+* AddOffsetsToTxn 0-4 and EndTxn 0-4 (EndTxn 5 bumps the epoch per transaction: TV2).
+
+librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn at v0 only, EndTxn at 0-1.
+PRODUCER_FENCED exists from v2 of these APIs (KIP-588); older versions get
+INVALID_PRODUCER_EPOCH for it, as Kafka answers them.
+"""
+
+from __future__ import annotations
+
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.messages.add_offsets_to_txn_request import AddOffsetsToTxnRequest
+from sluice.broker.kafka.messages.add_offsets_to_txn_response import AddOffsetsToTxnResponse
+from sluice.broker.kafka.messages.add_partitions_to_txn_request import AddPartitionsToTxnRequest
+from sluice.broker.kafka.messages.add_partitions_to_txn_response import (
+    AddPartitionsToTxnPartitionResult,
+    AddPartitionsToTxnResponse,
+    AddPartitionsToTxnTopicResult,
+)
+from sluice.broker.kafka.messages.end_txn_request import EndTxnRequest
+from sluice.broker.kafka.messages.end_txn_response import EndTxnResponse
+from sluice.broker.kafka.messages.request_header import RequestHeader
+
+
+def kafka_error(code: int, version: int, fenced_from: int) -> int:
+    """The error as a client of ``version`` understands it (PRODUCER_FENCED only from ``fenced_from``)."""
+    if code == pb.PRODUCER_FENCED and version < fenced_from:
+        return int(pb.INVALID_PRODUCER_EPOCH)
+    return int(code)
+
+
+class AddPartitionsToTxnHandler:
+    api_key = 24
+    versions = Versions(0, 3)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, AddPartitionsToTxnRequest)
+        version = header.request_api_version
+        answer = await ctx.txn.add_partitions_to_txn(
+            bpb.AddPartitionsToTxnRequest(
+                transactional_id=request.v3_and_below_transactional_id,
+                producer_id=request.v3_and_below_producer_id,
+                producer_epoch=request.v3_and_below_producer_epoch,
+                topics=[bpb.TxnTopic(name=t.name, partitions=t.partitions) for t in request.v3_and_below_topics],
+            )
+        )
+        by_topic: dict[str, AddPartitionsToTxnTopicResult] = {}
+        for r in answer.results:
+            topic = by_topic.setdefault(r.topic, AddPartitionsToTxnTopicResult(name=r.topic))
+            topic.results_by_partition.append(
+                AddPartitionsToTxnPartitionResult(r.partition, kafka_error(r.error_code, version, 2))
+            )
+        return AddPartitionsToTxnResponse(results_by_topic_v3_and_below=list(by_topic.values()))
+
+
+class AddOffsetsToTxnHandler:
+    api_key = 25
+    versions = Versions(0, 4)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, AddOffsetsToTxnRequest)
+        answer = await ctx.txn.add_offsets_to_txn(
+            bpb.AddOffsetsToTxnRequest(
+                transactional_id=request.transactional_id,
+                producer_id=request.producer_id,
+                producer_epoch=request.producer_epoch,
+                group_id=request.group_id,
+            )
+        )
+        return AddOffsetsToTxnResponse(error_code=kafka_error(answer.error_code, header.request_api_version, 2))
+
+
+class EndTxnHandler:
+    api_key = 26
+    versions = Versions(0, 4)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, EndTxnRequest)
+        answer = await ctx.txn.end_txn(
+            bpb.EndTxnRequest(
+                transactional_id=request.transactional_id,
+                producer_id=request.producer_id,
+                producer_epoch=request.producer_epoch,
+                committed=request.committed,
+            )
+        )
+        return EndTxnResponse(error_code=kafka_error(answer.error_code, header.request_api_version, 2))

@@ -1,0 +1,136 @@
+"""The Kafka-protocol listener: an asyncio TCP server on the broker's own event loop.
+
+One task per connection reads a frame, decodes its header, dispatches it to the
+API's handler (:mod:`sluice.broker.kafka.handlers`) and writes the response,
+in order: Kafka clients pipeline requests on a connection and match responses
+to them by order as well as by correlation id, so a connection's requests are
+answered one after the other (parallelism comes from connections and from the
+broker's other work on the loop while a handler awaits).
+
+Bad input never reaches a handler half-decoded and never takes the broker
+down. A size prefix above ``socket.request.max.bytes``, a truncated frame, an
+unknown API key, a version this broker does not serve (but ApiVersions, which
+answers at v0 with UNSUPPORTED_VERSION: KIP-511) or a body that does not decode
+close the connection, as Kafka does, with one log line naming the peer and the
+reason. So does a connection without a complete request for
+``connections.max.idle.ms`` (Kafka's key and default, 10 minutes): an idle
+client, or one that began a frame and stalled, does not hold its socket
+forever. A handler that fails unexpectedly closes its connection too (the
+exception is logged once): the client reconnects and retries.
+
+The listener advertises its address in this broker's ``brokers/<id>`` document
+(:data:`~sluice.broker.kafka.context.KAFKA_ADDRESS_FIELD`) so that every broker
+can name it in Metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from sluice.broker.kafka import codec
+from sluice.broker.kafka.codec import DecodeError
+from sluice.broker.kafka.context import KAFKA_ADDRESS_FIELD, KafkaContext
+from sluice.broker.kafka.framing import API_VERSIONS_KEY, FrameError, parse_request, read_frame, response_frame
+from sluice.broker.kafka.handlers import Handler, build_handlers
+from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
+from sluice.broker.kafka.messages import APIS
+from sluice.metadata import documents, keys
+from sluice.metadata.documents import BrokerDocument
+
+log = logging.getLogger(__name__)
+
+
+class KafkaListener:
+    def __init__(self, ctx: KafkaContext) -> None:
+        self.ctx = ctx
+        self.handlers: dict[int, Handler] = build_handlers()
+        self.max_bytes = ctx.config.int("socket.request.max.bytes")
+        self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self.address: tuple[str, int] | None = None
+
+    async def start(self, host: str, port: int, advertised: tuple[str, int] | None = None) -> None:
+        """Listen on ``host:port`` and advertise ``advertised`` (default: the address listened on)."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+        bound = self._server.sockets[0].getsockname()
+        self.address = (host, int(bound[1]))
+        adv_host, adv_port = advertised or self.address
+        if adv_host in ("0.0.0.0", "::", ""):
+            adv_host = self.ctx.config.host
+        address = f"[{adv_host}]:{adv_port}" if ":" in adv_host else f"{adv_host}:{adv_port}"
+        self._advertise(address)
+        log.info("broker %d serves the Kafka protocol on %s:%d (advertised as %s)",
+                 self.ctx.config.broker_id, host, self.address[1], address)  # fmt: skip
+
+    def _advertise(self, address: str) -> None:
+        def change(doc: BrokerDocument | None) -> BrokerDocument | None:
+            if doc is None or doc.extra.get(KAFKA_ADDRESS_FIELD) == address:
+                return None
+            return dataclasses.replace(doc, extra={**doc.extra, KAFKA_ADDRESS_FIELD: address})
+
+        cfg = self.ctx.config
+        documents.update_document(self.ctx.cluster.store, keys.broker(cfg.broker_id), BrokerDocument, change)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        if self._connections:
+            await asyncio.wait(self._connections, timeout=2.0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            await self._connection(reader, writer)
+        except FrameError as exc:
+            log.warning("kafka listener: closing the connection from %s: %s", peer, exc)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("kafka listener: closing the connection from %s after an internal error", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                frame = await asyncio.wait_for(read_frame(reader, self.max_bytes), self.idle_s)
+            except TimeoutError:
+                # idle, or a frame begun and not finished (a stalled or slow client): Kafka closes both
+                raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
+            if frame is None:
+                return
+            writer.write(await self._answer(frame))
+            await writer.drain()
+
+    async def _answer(self, frame: bytes) -> bytes:
+        request = parse_request(frame)
+        header = request.header
+        key, version = header.request_api_key, header.request_api_version
+        handler = self.handlers.get(key)
+        api = APIS[key]  # parse_request refused unknown keys
+        if handler is None:
+            raise FrameError(f"API {api.name} ({key}) is not served by this listener")
+        if version not in handler.versions:
+            if key == API_VERSIONS_KEY and version > handler.versions.hi:
+                assert isinstance(handler, ApiVersionsHandler)
+                return response_frame(key, header.correlation_id, handler.unsupported(), 0)
+            raise FrameError(
+                f"{api.name} v{version} is not served (versions {handler.versions.lo}-{handler.versions.hi})"
+            )
+        try:
+            body = codec.decode(api.request, request.body, version)
+        except DecodeError as exc:
+            raise FrameError(f"undecodable {api.name} v{version} body: {exc}") from None
+        response = await handler.handle(self.ctx, header, body)
+        return response_frame(key, header.correlation_id, response, version)

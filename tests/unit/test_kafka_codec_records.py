@@ -1,0 +1,115 @@
+"""Kafka v2 record batches: validation (magic, length, CRC-32C) and records, with kafka-python's builder as oracle."""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import pytest
+
+from sluice import errors
+from sluice.broker.kafka.record_batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_ZSTD,
+    HEADER_SIZE,
+    iter_records,
+    split_batches,
+    to_sluice_batch,
+)
+from sluice.records import decode_records, verify_crc
+
+default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
+
+RECORDS = [
+    (b"k0", b"v" * 300, []),
+    (None, b"only value", [("h1", b"x"), ("h2", b"")]),
+    (b"key only", None, []),
+    (b"", b"", [("empty", b"")]),
+]
+
+
+def kafka_batch(
+    codec: int = COMPRESSION_NONE, *, transactional: bool = False, pid: int = -1, epoch: int = -1, seq: int = -1
+) -> bytes:
+    builder = default_records.DefaultRecordBatchBuilder(2, codec, int(transactional), pid, epoch, seq, 1 << 20)
+    for i, (key, value, headers) in enumerate(RECORDS):
+        builder.append(i, 1_700_000_000_000 + i, key, value, headers)
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_LZ4, COMPRESSION_ZSTD])
+def test_records_of_kafka_python_batches(codec: int) -> None:
+    data = kafka_batch(codec, transactional=True, pid=42, epoch=3, seq=7)
+    [(header, batch)] = split_batches(data)
+    assert (header.magic, header.compression, header.record_count, header.last_offset_delta) == (2, codec, 4, 3)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 3, 7)
+    assert header.transactional and not header.control
+    got = list(iter_records(header, batch))
+    assert [(o, t) for o, t, *_ in got] == [(i, 1_700_000_000_000 + i) for i in range(4)]
+    assert [(k, v, h) for _, _, k, v, h in got] == RECORDS
+
+
+def test_conversion_to_a_sluice_batch_keeps_every_field() -> None:
+    header, batch = split_batches(kafka_batch(COMPRESSION_LZ4, pid=9, epoch=1, seq=0))[0]
+    converted = to_sluice_batch(header, batch)
+    assert verify_crc(converted)
+    assert (converted.producer_id, converted.producer_epoch, converted.base_sequence) == (9, 1, 0)
+    records = decode_records(converted)
+    assert [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in records] == [
+        (i, 1_700_000_000_000 + i, k, v, h) for i, (k, v, h) in enumerate(RECORDS)
+    ]
+
+
+def test_several_batches_in_one_records_field() -> None:
+    data = kafka_batch() + kafka_batch(COMPRESSION_GZIP)
+    assert [h.compression for h, _ in split_batches(data)] == [COMPRESSION_NONE, COMPRESSION_GZIP]
+
+
+def test_a_flipped_bit_is_corrupt_message() -> None:
+    data = bytearray(kafka_batch())
+    data[HEADER_SIZE + 5] ^= 0x01  # inside the records, covered by the CRC
+    with pytest.raises(errors.CorruptMessageError, match="CRC-32C"):
+        split_batches(bytes(data))
+    assert errors.CorruptMessageError.code == 2
+
+
+def test_base_offset_and_leader_epoch_are_not_covered_by_the_crc() -> None:
+    data = bytearray(kafka_batch())
+    struct.pack_into(">qii", data, 0, 1000, len(data) - 12, 17)  # what a broker assigns
+    [(header, _)] = split_batches(bytes(data))
+    assert (header.base_offset, header.partition_leader_epoch) == (1000, 17)
+
+
+def test_magic_below_2_is_refused_as_kafka_4_does() -> None:
+    # a magic-1 message set entry: offset, size, crc, magic 1, attributes, timestamp, key, value
+    body = struct.pack(">bbqii", 1, 0, 0, -1, 1) + b"v"
+    entry = struct.pack(">qiI", 0, len(body) + 4, crc32c.crc32c(body)) + body
+    with pytest.raises(errors.InvalidRecordError, match="magic 1"):
+        split_batches(entry)
+
+
+@pytest.mark.parametrize("cut", [1, 20, HEADER_SIZE - 1, HEADER_SIZE + 3])
+def test_truncated_batches_are_corrupt(cut: int) -> None:
+    data = kafka_batch()
+    with pytest.raises((errors.CorruptMessageError, errors.InvalidRecordError)):
+        split_batches(data[:cut])
+
+
+def test_a_length_past_the_data_is_corrupt() -> None:
+    data = bytearray(kafka_batch())
+    struct.pack_into(">i", data, 8, len(data))  # 12 bytes more than there are
+    with pytest.raises(errors.CorruptMessageError, match="does not fit"):
+        split_batches(bytes(data))
+
+
+def test_records_that_lie_about_their_length_are_corrupt() -> None:
+    builder = default_records.DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, 1, b"k", b"v", [])
+    data = bytearray(builder.build())
+    data[HEADER_SIZE] += 2  # the first record's zigzag length grows by one
+    data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
+    [(header, batch)] = split_batches(bytes(data))
+    with pytest.raises(errors.CorruptMessageError):
+        list(iter_records(header, batch))
