@@ -195,15 +195,25 @@ class NetworkPartitions:
             return 0
         return sum(1 for line in self._run("-S", self.chain).splitlines() if line.startswith("-A "))
 
-    def dropped_packets(self) -> int:
-        """Packets the chain's rules dropped since the last heal (the cut really cut something)."""
+    def dropped_packets(self, gids: Iterable[int] | None = None) -> int:
+        """Packets the chain's rules dropped since the last heal or zeroing (the cut really cut something).
+
+        ``gids``: count only the rules of these groups' traffic, e.g. the cluster's own, leaving
+        out the rules a probe of the test (:meth:`connects` as a broker's group) also hits.
+        """
         if not self._installed:
             return 0
+        wanted = None if gids is None else {str(g) for g in gids}
         total = 0
         for line in self._run("-L", self.chain, "-v", "-n", "-x").splitlines()[2:]:
             fields = line.split()
-            if fields and fields[0].isdigit():
-                total += int(fields[0])
+            if not fields or not fields[0].isdigit():
+                continue
+            if wanted is not None:
+                gid = fields[fields.index("match") + 1] if "match" in fields else None
+                if gid not in wanted:
+                    continue
+            total += int(fields[0])
         return total
 
     def zero_counters(self) -> None:
