@@ -384,6 +384,8 @@ class TopicAuthorizationFailedError(SluiceError):
 
     code = E.TOPIC_AUTHORIZATION_FAILED
     retriable = False
+    # In a transaction Kafka's producer takes it as abortable: abort, fix the ACLs, go on (KIP-1050).
+    category = Category.ABORTABLE
 
 
 class GroupAuthorizationFailedError(SluiceError):
@@ -391,6 +393,8 @@ class GroupAuthorizationFailedError(SluiceError):
 
     code = E.GROUP_AUTHORIZATION_FAILED
     retriable = False
+    # In a transaction Kafka's producer takes it as abortable: abort, fix the ACLs, go on (KIP-1050).
+    category = Category.ABORTABLE
 
 
 class ClusterAuthorizationFailedError(SluiceError):

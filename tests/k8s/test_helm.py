@@ -349,3 +349,15 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
     default = find(render(k8s), "StatefulSet")["spec"]["template"]["spec"]
     assert "hostNetwork" not in default
     assert "KUBERNETES_SERVICE_HOST" not in str(default)
+
+
+def test_host_network_refuses_an_operator_metrics_port_a_broker_takes(k8s: KubeCluster) -> None:
+    """On one node broker N serves metrics on broker.metrics.port + N: the operator's port must
+    not be one of them (it crash-looped broker 1 before the default moved below the range)."""
+    refused = k8s.helm(
+        "template", "sluice", str(CHART), "--set", "hostNetwork.enabled=true", "--set", "monitoring.operator.port=9405",
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "monitoring.operator.port 9405 is broker 1's metrics port" in refused.stderr
+    render(k8s, "--set", "hostNetwork.enabled=true")  # the default port fits beside the brokers

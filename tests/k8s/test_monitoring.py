@@ -81,10 +81,10 @@ def test_monitoring_is_off_by_default_and_renders_when_asked(k8s: KubeCluster, k
     # the operator serves its metrics by default, on a port named like the brokers'
     (deployment,) = of_kind(default, "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "metrics", "containerPort": 9405, "protocol": "TCP"} in container["ports"]
+    assert {"name": "metrics", "containerPort": 9403, "protocol": "TCP"} in container["ports"]
     listen = [a for a in container["args"] if a.startswith("--metrics-listen=")]
-    assert listen == ["--metrics-listen=0.0.0.0:9405"]
-    assert parse_operator_args(container["args"][1:]).metrics_listen == "0.0.0.0:9405"
+    assert listen == ["--metrics-listen=0.0.0.0:9403"]
+    assert parse_operator_args(container["args"][1:]).metrics_listen == "0.0.0.0:9403"
     for switch in ("monitoring.operator.enabled=false", "broker.metrics.enabled=false"):
         (deployment_off,) = of_kind(render(k8s, "--set", switch), "Deployment")
         args_off = deployment_off["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -93,7 +93,7 @@ def test_monitoring_is_off_by_default_and_renders_when_asked(k8s: KubeCluster, k
     (deployment_on,) = of_kind(
         render(k8s, "--set", "broker.metrics.enabled=false", "--set", "monitoring.operator.enabled=true"), "Deployment"
     )
-    assert "--metrics-listen=0.0.0.0:9405" in deployment_on["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-listen=0.0.0.0:9403" in deployment_on["spec"]["template"]["spec"]["containers"][0]["args"]
 
     docs = render(k8s, *ALL_ON, "--set", "monitoring.podMonitor.labels.release=kps", namespace=k8s_namespace)
     (pod_monitor,) = of_kind(docs, "PodMonitor")

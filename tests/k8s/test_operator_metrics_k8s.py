@@ -59,9 +59,16 @@ def test_the_operator_counts_reconciliations_drift_repairs_and_leaders(metered: 
     )
 
     def counted(m: Scrape) -> bool:
-        return m.total("sluice_operator_reconciliations_total", kind="Topic", result="success") >= 1
+        # the Coordinators' first reconciliation may have been refused while the brokers came up
+        # (counted as an error) and succeeds on the retry: wait for both kinds' successes
+        return (
+            m.total("sluice_operator_reconciliations_total", kind="Topic", result="success") >= 1
+            and m.total("sluice_operator_reconciliations_total", kind="Coordinator", result="success") >= 1
+        )
 
-    m = wait_for(lambda: (lambda s: s if counted(s) else None)(scrape(url)), 30, "a Topic reconciliation", sluice)
+    m = wait_for(
+        lambda: (lambda s: s if counted(s) else None)(scrape(url)), 90, "Topic and Coordinator reconciliations", sluice
+    )
     assert m.total("sluice_operator_reconcile_duration_seconds_count", kind="Topic") >= 1
     assert m.total("sluice_operator_reconciliations_total", kind="Coordinator", result="success") >= 1
     # made because the resource asked for it: a reconciliation, not a drift repair
