@@ -51,7 +51,12 @@ def test_client_commands_take_command_config(
         assert capsys.readouterr().out.split() == ["one", "two"]
         assert cli.main(["topics", "list", "--json", *as_admin]) == 0
         assert "orders" in json.loads(capsys.readouterr().out)
-        for argv in (["transactions", "list"], ["consumer-groups", "list"], ["acls", "list"]):
+        for argv in (
+            ["transactions", "list"],
+            ["consumer-groups", "list"],
+            ["acls", "list"],
+            ["top", "--iterations", "1"],
+        ):
             assert cli.main([*argv, *as_admin]) == 0, argv
         capsys.readouterr()
 
