@@ -22,9 +22,12 @@ settings, so a secure cluster is checked over TLS with the client's own certific
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.cli.exits import USAGE, CliError
+
+if TYPE_CHECKING:  # grpc is imported when a health check needs it, not by `sluice --help`
+    import grpc
 
 # property key -> client keyword argument; both PEM spellings are accepted.
 _KEYS = {
@@ -134,7 +137,7 @@ def resolve_security(explicit: str | None, dev_admin_config: str | None) -> Clie
     return PLAINTEXT
 
 
-def channel_credentials(security: ClientSecurity) -> Any:
+def channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials | None:
     """gRPC channel credentials for the health check (None: plaintext)."""
     if not security.tls:
         return None

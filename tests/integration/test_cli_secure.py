@@ -104,6 +104,10 @@ def test_dev_up_secure_commands_use_its_admin_properties(
         assert cli.main(["topics", "create", "auto", "--partitions", "1"]) == 0
         assert cli.main(["topics", "list", "--json"]) == 0
         assert "auto" in json.loads(capsys.readouterr().out)
+        # the same address given explicitly does not get the dev cluster's credentials
+        servers = cli.resolve_bootstrap(None)[0]
+        assert cli.main(["topics", "list", "--bootstrap-server", servers]) == 1
+        assert "--command-config" in capsys.readouterr().err
     finally:
         assert cli.main(["dev", "down", "--data", str(data)]) == 0
 
