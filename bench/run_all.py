@@ -34,12 +34,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sluice.cli.engines import bench
+from sluice.cli.engines.target import Target
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 
-def warm_up(bootstrap: str, scale: float) -> None:
+def warm_up(bootstrap: Target, scale: float) -> None:
     """Not recorded: the first run on a fresh cluster also pays for the broker's start-up work
     (coordinators loading, first RocksDB flushes) and the client's first connections."""
     bench.produce(bootstrap, name="warm-up", record_size=1024, count=max(1000, int(50_000 * scale)),
@@ -60,7 +61,7 @@ def median_runs(runs: list[list[bench.BenchResult]]) -> list[bench.BenchResult]:
     return out
 
 
-def run_set(bootstrap: str, scale: float, progress: bool) -> list[bench.BenchResult]:
+def run_set(bootstrap: Target, scale: float, progress: bool) -> list[bench.BenchResult]:
     def n(count: int) -> int:
         return max(1000, int(count * scale))
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="10x fewer records (smoke run)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--secure", action="store_true", help="mutual TLS clients and the authorizer (the cost of TLS)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="output directory (default bench/results)")
     ap.add_argument(
         "--repeat",
@@ -144,18 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     scale = 0.1 if args.quick else 1.0
     args.results.mkdir(parents=True, exist_ok=True)
     runs: list[list[bench.BenchResult]] = []
-    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers) as bootstrap:
+    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers, secure=args.secure) as bootstrap:
         warm_up(bootstrap, scale)
         for i in range(max(1, args.repeat)):
             runs.append(run_set(bootstrap, scale, not args.no_progress))
             for r in runs[-1]:
                 r.params["set"] = "quick" if args.quick else "standard"
                 r.params["brokers"] = args.brokers
+                r.params["secure"] = args.secure
                 r.params["run"] = f"{i + 1}/{max(1, args.repeat)}"
                 bench.append_result(args.results / "results.json", r)
                 print(r.summary())
     results = median_runs(runs)
-    stem = "latest" if args.brokers == 1 else f"latest-{args.brokers}brokers"
+    stem = ("latest" if args.brokers == 1 else f"latest-{args.brokers}brokers") + ("-secure" if args.secure else "")
     (args.results / f"{stem}.json").write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
     md = table(results)
     (args.results / f"{stem}.md").write_text(md + "\n")

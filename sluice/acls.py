@@ -13,7 +13,7 @@ describe and delete) use ANY / MATCH / None as wildcards, as Kafka's AclBindingF
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -60,9 +60,7 @@ class AclPermissionType(IntEnum):
 # Kafka's implied operations: an ALLOW of any of these also allows the key (Read, Write, Delete
 # and Alter imply Describe; AlterConfigs implies DescribeConfigs). ALL implies everything.
 IMPLIED_BY: Mapping[AclOperation, frozenset[AclOperation]] = {
-    AclOperation.DESCRIBE: frozenset(
-        {AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE, AclOperation.ALTER}
-    ),
+    AclOperation.DESCRIBE: frozenset({AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE, AclOperation.ALTER}),
     AclOperation.DESCRIBE_CONFIGS: frozenset({AclOperation.ALTER_CONFIGS}),
 }
 
@@ -171,3 +169,25 @@ class AclBindingFilter:
         if self.operation not in (AclOperation.ANY, b.operation):
             return False
         return self.permission_type in (AclPermissionType.ANY, b.permission_type)
+
+
+def transactional_id_principals(
+    allowed_users: Iterable[str] = (), allowed_service_accounts: Iterable[str] = ()
+) -> list[str]:
+    """The principals a TransactionalId resource allows (``allowedUsers``, ``allowedServiceAccounts``).
+
+    ``alice`` (or ``User:alice``) is ``User:alice``, the CN of a client certificate; ``ns/name`` is
+    ``ServiceAccount:ns:name``, the principal a ServiceAccount token authenticates as. Sorted and
+    without duplicates, so the document the operator writes changes only when the set does.
+    """
+    out: set[str] = set()
+    for user in allowed_users:
+        user = str(user).strip()
+        if user:
+            out.add(user if user.startswith("User:") else f"User:{user}")
+    for account in allowed_service_accounts:
+        namespace, sep, name = str(account).strip().partition("/")
+        if not sep or not namespace or not name:
+            raise ValueError(f"allowedServiceAccounts entry {account!r} is not namespace/name")
+        out.add(f"ServiceAccount:{namespace}:{name}")
+    return sorted(out)

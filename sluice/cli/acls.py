@@ -4,9 +4,9 @@ Kafka's options where they exist: ``--allow-principal`` / ``--deny-principal`` (
 ``--principal`` (list, remove), ``--operation`` (repeatable), ``--host``, one resource of
 ``--topic``, ``--group``, ``--transactional-id`` or ``--cluster``, ``--resource-pattern-type``
 (literal, prefixed; for list and remove also match and any) and ``--command-config FILE``, a
-properties file with the client's security settings (``security.protocol=SSL``,
-``ssl.cafile``, ``ssl.certfile``, ``ssl.keyfile``): a secure cluster's ACLs are managed by its
-super user, so the command connects as one. ``list --json`` prints the bindings as JSON.
+properties file with the client's security settings (:mod:`sluice.cli.security`, shared by every
+client command): a secure cluster's ACLs are managed by its super user, so the command connects
+as one. ``list --json`` prints the bindings as JSON.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from sluice.cli.bootstrap import bootstrap_servers, resolve_bootstrap
+from sluice.cli.bootstrap import connection
+from sluice.cli.clients import open_admin
 from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly, print_json, table
 
@@ -25,12 +26,6 @@ _OPERATIONS = (
     "all", "read", "write", "create", "delete", "alter", "describe", "cluster_action", "describe_configs",
     "alter_configs", "idempotent_write",
 )  # fmt: skip
-_SECURITY_KEYS = {
-    "security.protocol": "security_protocol",
-    "ssl.cafile": "ssl_cafile",
-    "ssl.certfile": "ssl_certfile",
-    "ssl.keyfile": "ssl_keyfile",
-}
 
 
 def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
@@ -60,27 +55,6 @@ def _resource_options(p: argparse.ArgumentParser, patterns: tuple[str, ...], *, 
     default_pattern = patterns[0] if required else None
     p.add_argument("--resource-pattern-type", choices=patterns, type=str.lower, default=default_pattern)
     p.add_argument("--host", default="*" if required else None, help="the client host ('*': every host)")
-    p.add_argument("--command-config", metavar="FILE", help="client security settings (security.protocol=SSL, ssl.*)")
-
-
-def _security(path: str | None) -> dict[str, str]:
-    if path is None:
-        return {}
-    out: dict[str, str] = {}
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()  # noqa: SIM115 - read once
-    except OSError as exc:
-        raise CliError(f"--command-config {path}: {exc.strerror or exc}", USAGE) from None
-    for n, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or key.strip() not in _SECURITY_KEYS:
-            known = ", ".join(_SECURITY_KEYS)
-            raise CliError(f"--command-config {path}:{n}: expected one of {known} as KEY=VALUE, not {line!r}", USAGE)
-        out[_SECURITY_KEYS[key.strip()]] = value.strip()
-    return out
 
 
 def _resource(args: argparse.Namespace) -> tuple[Any, str | None]:
@@ -99,23 +73,8 @@ def _resource(args: argparse.Namespace) -> tuple[Any, str | None]:
 
 def run(args: argparse.Namespace) -> int:
     from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType
-    from sluice.client import Admin
 
-    security = _security(args.command_config)
-    if security.get("security_protocol", "PLAINTEXT").upper() == "SSL":
-        servers, _source = resolve_bootstrap(args.bootstrap_server)  # the health check is plaintext only
-    else:
-        servers = bootstrap_servers(args)
-    try:
-        admin = Admin(
-            bootstrap_servers=servers,
-            security_protocol=security.get("security_protocol", "PLAINTEXT"),
-            ssl_cafile=security.get("ssl_cafile"),
-            ssl_certfile=security.get("ssl_certfile"),
-            ssl_keyfile=security.get("ssl_keyfile"),
-        )
-    except ValueError as exc:
-        raise CliError(str(exc), USAGE) from None
+    admin = open_admin(connection(args))
     rtype, name = _resource(args)
     ops = [AclOperation[o.upper()] for o in (args.operation or [])]
     try:

@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import ISOLATION_LEVELS, acks, compression, non_negative_int, positive_float, positive_int
 from sluice.cli.bootstrap import require_cluster
+from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import err
+from sluice.cli.security import resolve_security
 
 if TYPE_CHECKING:
     from sluice.cli.engines.bench import BenchResult
+    from sluice.cli.engines.target import Target
     from sluice.cli.parser import Subcommands
 
 
@@ -47,6 +50,16 @@ def register(sub: Subcommands) -> None:
         help="JSON file the result is appended to (default bench/results/results.json)",
     )
     common.add_argument("--no-progress", action="store_true")
+    common.add_argument(
+        "--secure",
+        action="store_true",
+        help="run the fresh local cluster with mutual TLS clients and the authorizer (measures the cost of TLS)",
+    )
+    common.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="client security settings for --bootstrap-server (security.protocol=SSL, ssl.ca.location ...)",
+    )
     producing = argparse.ArgumentParser(add_help=False)
     producing.add_argument("--acks", type=acks, default="all")
     producing.add_argument("--compression", type=compression, default=None)
@@ -68,19 +81,28 @@ def run(args: argparse.Namespace) -> int:
     from sluice.cli.engines import bench
 
     output = Path(args.output) if args.output else bench.DEFAULT_RESULTS
+    security = resolve_security(args.command_config, None)
     if args.bootstrap_server:
-        require_cluster(args.bootstrap_server, "--bootstrap-server")
+        if args.secure:
+            raise CliError("--secure starts a fresh secure cluster; for --bootstrap-server use --command-config", USAGE)
+        require_cluster(args.bootstrap_server, "--bootstrap-server", security)
     else:
-        err(f"starting a fresh local cluster of {args.brokers} broker(s) for the benchmark ...")
-    with bench.bench_cluster(args.bootstrap_server, brokers=args.brokers) as bootstrap:
-        result = _measure(bootstrap, args)
+        if args.command_config:
+            raise CliError("--command-config is for --bootstrap-server; a fresh cluster takes --secure", USAGE)
+        secure = " secure (mutual TLS, authorizer on)" if args.secure else ""
+        err(f"starting a fresh{secure} local cluster of {args.brokers} broker(s) for the benchmark ...")
+    with bench.bench_cluster(
+        args.bootstrap_server, brokers=args.brokers, secure=args.secure, security=security.kwargs()
+    ) as target:
+        result = _measure(target, args)
+    result.params["secure"] = args.secure or security.tls
     path = bench.append_result(output, result)
     print(result.summary())
     err(f"result appended to {path}")
     return 1 if result.error else 0
 
 
-def _measure(bootstrap: str, args: argparse.Namespace) -> BenchResult:
+def _measure(bootstrap: Target, args: argparse.Namespace) -> BenchResult:
     from sluice.cli.engines import bench
 
     progress = not args.no_progress

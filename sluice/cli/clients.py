@@ -3,7 +3,9 @@
 Every command reaches the client through the functions here, and every one of them is typed
 with the client's own classes (``Admin``, ``Producer``, ``Consumer``, ``TopicDescription`` ...),
 so mypy checks each call a command makes against the client's signatures; nothing at this seam
-is ``Any``.
+is ``Any``. Every client is made from a :class:`~sluice.cli.bootstrap.Connection` (servers and
+security settings), so no command can forget ``--command-config``; a client that refuses its
+TLS files (a missing file) is a one-line usage error.
 
 The client is imported inside the functions, not at the top: ``sluice --help`` and ``sluice
 broker`` must not pay for grpc and the client, and the top-level names below exist for the
@@ -17,10 +19,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from sluice.cli.exits import CliError
+from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly
 
 if TYPE_CHECKING:
+    from sluice.cli.bootstrap import Connection
     from sluice.client import (
         Admin,
         Consumer,
@@ -40,14 +43,23 @@ def _importing_the_client() -> Iterator[None]:
         raise CliError(f"the Sluice client cannot be imported ({exc}); is the package installed?") from exc
 
 
-def open_admin(bootstrap: str) -> Admin:
+@contextlib.contextmanager
+def _reading_tls_files() -> Iterator[None]:
+    try:
+        yield
+    except ValueError as exc:  # the clients name a TLS file they cannot read
+        raise CliError(str(exc), USAGE) from None
+
+
+def open_admin(conn: Connection) -> Admin:
     with _importing_the_client():
         from sluice.client import Admin
-    return Admin(bootstrap_servers=bootstrap)
+    with _reading_tls_files():
+        return Admin(**conn.kwargs())
 
 
 def open_producer(
-    bootstrap: str,
+    conn: Connection,
     *,
     transactional_id: str | None,
     acks: str,
@@ -57,28 +69,30 @@ def open_producer(
 ) -> Producer:
     with _importing_the_client():
         from sluice.client import Producer
-    return Producer(
-        bootstrap_servers=bootstrap,
-        transactional_id=transactional_id,
-        acks=acks,
-        enable_idempotence=enable_idempotence,
-        linger_ms=linger_ms,
-        compression=compression,
-    )
+    with _reading_tls_files():
+        return Producer(
+            **conn.kwargs(),
+            transactional_id=transactional_id,
+            acks=acks,
+            enable_idempotence=enable_idempotence,
+            linger_ms=linger_ms,
+            compression=compression,
+        )
 
 
 def open_consumer(
-    bootstrap: str, *, group_id: str, isolation_level: str, auto_offset_reset: str, enable_auto_commit: bool
+    conn: Connection, *, group_id: str, isolation_level: str, auto_offset_reset: str, enable_auto_commit: bool
 ) -> Consumer:
     with _importing_the_client():
         from sluice.client import Consumer
-    return Consumer(
-        bootstrap_servers=bootstrap,
-        group_id=group_id,
-        isolation_level=isolation_level,
-        auto_offset_reset=auto_offset_reset,
-        enable_auto_commit=enable_auto_commit,
-    )
+    with _reading_tls_files():
+        return Consumer(
+            **conn.kwargs(),
+            group_id=group_id,
+            isolation_level=isolation_level,
+            auto_offset_reset=auto_offset_reset,
+            enable_auto_commit=enable_auto_commit,
+        )
 
 
 def topic_partition(topic: str, partition: int) -> TopicPartition:
@@ -105,10 +119,10 @@ def describe_existing_topic(admin: Admin, topic: str, *, hint_create: bool = Tru
         raise CliError(f"unknown topic {topic!r}{hint}") from None
 
 
-def check_partition(bootstrap: str, topic: str, partition: int | None) -> None:
+def check_partition(conn: Connection, topic: str, partition: int | None) -> None:
     """That ``topic`` exists and, when a partition is named, has it: what produce and consume check
     before they start, as one-line errors."""
-    admin = open_admin(bootstrap)
+    admin = open_admin(conn)
     try:
         desc = describe_existing_topic(admin, topic)
     finally:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import ISOLATION_LEVELS, non_negative_int, positive_float, positive_int, separator
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import check_partition, open_consumer, topic_partition
 from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly, err
@@ -75,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--offset needs --partition", USAGE)
     if args.partition is not None and args.group:
         raise CliError("--partition reads outside any group: do not combine it with --group", USAGE)
-    bootstrap = bootstrap_servers(args)
-    check_partition(bootstrap, args.topic, args.partition)
+    conn = connection(args)
+    check_partition(conn, args.topic, args.partition)
     consumer = open_consumer(
-        bootstrap,
+        conn,
         group_id=args.group or f"sluice-console-{uuid.uuid4().hex[:12]}",
         isolation_level=args.isolation_level,
         auto_offset_reset="earliest" if args.from_beginning else "latest",

@@ -20,7 +20,7 @@ import argparse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import describe_existing_topic, open_admin, topic_partition
 from sluice.cli.exits import CliError, describe_error
 from sluice.cli.output import close_quietly, err, print_json, table
@@ -65,7 +65,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    admin = open_admin(bootstrap_servers(args))
+    admin = open_admin(connection(args))
     try:
         if args.groups_command == "list":
             _list(admin, args)

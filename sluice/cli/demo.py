@@ -39,6 +39,11 @@ def register(sub: Subcommands) -> None:
     demo.add_argument("--data", metavar="DIR", help="keep the cluster's data and logs here (default: temporary)")
     demo.add_argument("--timeout", type=positive_float, default=600.0)
     demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument(
+        "--secure",
+        action="store_true",
+        help="mutual TLS clients and the authorizer; the copier runs as User:demo-copier with its ACLs only",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,5 +62,6 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         progress=not args.no_progress,
         out=sys.stdout,
+        secure=args.secure,
     )
     return 0 if report.exactly_once else 1

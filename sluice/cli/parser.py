@@ -8,7 +8,7 @@ kafka-producer-perf-test.sh), with Kafka's option names where they exist
 
 Each command group's module adds its own sub-parser (``register``), so a command's options sit
 next to the code that reads them; this module owns what they share: the program's name and
-description, ``--version``, the ``--bootstrap-server`` option of every client command, and the
+description, ``--version``, the ``--bootstrap-server`` and ``--command-config`` options of every client command, and the
 order the commands are listed in by ``sluice --help``.
 """
 
@@ -39,13 +39,21 @@ if TYPE_CHECKING:
 
 
 def client_options() -> argparse.ArgumentParser:
-    """The parent parser of every command that talks to a cluster: ``--bootstrap-server``."""
+    """The parent parser of every command that talks to a cluster: ``--bootstrap-server`` and
+    ``--command-config`` (:mod:`sluice.cli.security`)."""
     client = argparse.ArgumentParser(add_help=False)
     client.add_argument(
         "--bootstrap-server",
         metavar="HOST:PORT[,...]",
         help=f"brokers to connect to (default: ${ENV_BOOTSTRAP}, else the running dev cluster, "
         f"else {DEFAULT_BOOTSTRAP})",
+    )
+    client.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="client security settings, Kafka's properties: security.protocol=SSL, ssl.ca.location, "
+        "ssl.certificate.location, ssl.key.location (default: the secure dev cluster's admin.properties "
+        "when connecting to it)",
     )
     return client
 

@@ -15,7 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import acks, compression, key_value, non_negative_int, separator
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import check_partition, open_producer
 from sluice.cli.exits import CliError
 from sluice.cli.output import close_quietly, err
@@ -56,10 +56,10 @@ def split_line(line: bytes, sep: bytes | None, lineno: int) -> tuple[bytes | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    bootstrap = bootstrap_servers(args)
-    check_partition(bootstrap, args.topic, args.partition)
+    conn = connection(args)
+    check_partition(conn, args.topic, args.partition)
     producer = open_producer(
-        bootstrap,
+        conn,
         transactional_id=args.transactional_id,
         acks=args.acks,
         enable_idempotence=args.acks == "all",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import positive_float, positive_int
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import open_admin
 from sluice.cli.consumer_groups import group_lag
 from sluice.cli.exits import describe_error
@@ -177,7 +177,7 @@ def render(s: Screen, rows: int) -> str:
 def run(args: argparse.Namespace) -> int:
     from sluice import errors
 
-    admin = open_admin(bootstrap_servers(args))
+    admin = open_admin(connection(args))
     redraw = sys.stdout.isatty()
     try:
         n = 0

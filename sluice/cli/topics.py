@@ -11,7 +11,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import key_value, positive_int
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import describe_existing_topic, open_admin, partitions_of
 from sluice.cli.output import close_quietly, err, print_json
 
@@ -42,7 +42,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    admin = open_admin(bootstrap_servers(args))
+    admin = open_admin(connection(args))
     try:
         if args.topics_command == "create":
             _create(admin, args)

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import non_negative_int
-from sluice.cli.bootstrap import bootstrap_servers
+from sluice.cli.bootstrap import connection
 from sluice.cli.clients import open_admin, prepared_transaction
 from sluice.cli.exits import describe_error
 from sluice.cli.output import close_quietly, err, print_json, table
@@ -55,7 +55,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    admin = open_admin(bootstrap_servers(args))
+    admin = open_admin(connection(args))
     try:
         if args.transactions_command == "list":
             _list(admin, args)

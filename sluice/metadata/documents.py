@@ -340,24 +340,36 @@ class ControllerDocument:
 
 @dataclass(frozen=True)
 class TransactionalIdDocument:
-    """``transactional_ids/<id>``: a declared transactional id and the resource (``namespace/name``) declaring it."""
+    """``transactional_ids/<id>``: a declared transactional id and the resource (``namespace/name``) declaring it.
+
+    ``allowed_principals``: the resource's ``allowedUsers``/``allowedServiceAccounts`` as principals
+    (``User:alice``, ``ServiceAccount:ns:name``; :func:`sluice.acls.transactional_id_principals`).
+    When not empty, a broker with the authorizer on lets only these principals (and super users)
+    use the id, and lets them without an ACL on it. Written only when not empty, so documents of
+    resources without the fields stay as they were.
+    """
 
     transactional_id: str
     resource: str = ""
+    allowed_principals: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("transactional_id", "resource")
+    FIELDS: ClassVar[tuple[str, ...]] = ("transactional_id", "resource", "allowed_principals")
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
         return cls(
             transactional_id=str(value["transactional_id"]),
             resource=str(value.get("resource", "")),
+            allowed_principals=[str(p) for p in value.get("allowed_principals") or []],
             extra=_extra(value, cls.FIELDS),
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.extra, "transactional_id": self.transactional_id, "resource": self.resource}
+        out = {**self.extra, "transactional_id": self.transactional_id, "resource": self.resource}
+        if self.allowed_principals:
+            out["allowed_principals"] = list(self.allowed_principals)
+        return out
 
 
 # -- typed access to the store ------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import METADATA_REFRESH_CODES, Backoff, Cluster, Deadline, map_rpc_error
 from sluice.client._network import rpc as rpcs
 from sluice.spark.arrow import decode_batches
+from sluice.spark.security import PLAINTEXT, SecurityOptions, client_security
 
 __all__ = ["DataLossError", "RangeReader"]
 
@@ -69,8 +70,9 @@ class RangeReader:
         poll_timeout_ms: int,
         fetch_max_bytes: int,
         schema: pa.Schema,
+        security: SecurityOptions = PLAINTEXT,
     ) -> None:
-        self._cluster = Cluster(bootstrap_servers)
+        self._cluster = Cluster(bootstrap_servers, security=client_security(security))
         self._isolation = records_pb2.READ_COMMITTED if read_committed else records_pb2.READ_UNCOMMITTED
         self._fail_on_data_loss = fail_on_data_loss
         self._poll_timeout = poll_timeout_ms / 1000.0

@@ -4,7 +4,8 @@ The names, defaults and meanings are those of Spark's Kafka source, so a job
 moves between the two by changing the format name (plus Sluice's
 ``isolationLevel``, read_committed by default). Kafka's spellings with the
 ``kafka.`` prefix are accepted too (``kafka.bootstrap.servers``,
-``kafka.isolation.level``).
+``kafka.isolation.level``). TLS: ``security.protocol`` and the PEM locations
+(:mod:`sluice.spark.security`, shared with the sink).
 
 Every mistake is reported before any data is read, as a :class:`SluiceOptionError`
 (a ``ValueError``) that names the option, what was given and what is
@@ -18,6 +19,14 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from sluice.spark.security import (
+    PLAINTEXT,
+    SECURITY_OPTIONS,
+    SecurityOptions,
+    is_security_option,
+    parse_security_options,
+)
 
 __all__ = [
     "EARLIEST",
@@ -52,6 +61,7 @@ _KNOWN = {
         "pollTimeoutMs",
         "kafkaConsumer.pollTimeoutMs",
         "fetchMaxBytes",
+        *SECURITY_OPTIONS,
     )
 }
 _STREAM_ONLY = {"maxoffsetspertrigger"}
@@ -94,6 +104,7 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     poll_timeout_ms: int
     fetch_max_bytes: int
+    security: SecurityOptions = PLAINTEXT  # security.protocol, ssl.*.location (sluice.spark.security)
 
     @property
     def read_committed(self) -> bool:
@@ -191,7 +202,7 @@ def _offset_spec(
 def parse_read_options(raw_options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Check the options of a batch (``streaming=False``) or streaming read; raise SluiceOptionError."""
     options = {str(k).lower(): str(v) for k, v in raw_options.items()}
-    unknown = sorted(k for k in options if k not in _KNOWN and k != "path")
+    unknown = sorted(k for k in options if k not in _KNOWN and k != "path" and not is_security_option(k))
     if unknown:
         known = ", ".join(sorted(_KNOWN.values(), key=str.lower))
         raise SluiceOptionError(f"unknown option(s) {', '.join(unknown)} for the sluice source (known: {known})")
@@ -288,4 +299,5 @@ def parse_read_options(raw_options: Mapping[str, str], *, streaming: bool) -> Re
         max_offsets_per_trigger=_positive_int(options, "maxOffsetsPerTrigger"),
         poll_timeout_ms=timeout or 120_000,
         fetch_max_bytes=_positive_int(options, "fetchMaxBytes") or 16 * 1024 * 1024,
+        security=parse_security_options(options, SluiceOptionError),
     )

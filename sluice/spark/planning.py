@@ -120,9 +120,11 @@ class Catalog:
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
-        self._admin = Admin(bootstrap_servers=options.bootstrap_servers, client_id="sluice-spark-driver")
+        tls = options.security.client_kwargs()
+        self._admin = Admin(bootstrap_servers=options.bootstrap_servers, client_id="sluice-spark-driver", **tls)
         self._consumer = Consumer(
             bootstrap_servers=options.bootstrap_servers,
+            **tls,
             group_id=None,
             isolation_level=options.isolation_level,
             client_id="sluice-spark-driver",

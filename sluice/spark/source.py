@@ -102,6 +102,7 @@ def _read_range(options: ReadOptions, partition: InputPartition) -> Iterator[pa.
         poll_timeout_ms=options.poll_timeout_ms,
         fetch_max_bytes=options.fetch_max_bytes,
         schema=arrow_schema(options.include_headers),
+        security=options.security,
     ) as reader:
         yield from reader.read(partition.topic, partition.partition, partition.start, partition.end)
 

@@ -83,6 +83,13 @@ from pyspark.sql.types import (
 
 from sluice import errors
 from sluice.client import Admin, PreparedTransaction, Producer
+from sluice.spark.security import (
+    PLAINTEXT,
+    SECURITY_OPTIONS,
+    SecurityOptions,
+    is_security_option,
+    parse_security_options,
+)
 
 _StreamBase: type[Any]
 try:  # PySpark 4.1+: the streaming writer can take Arrow batches too
@@ -135,6 +142,7 @@ class WriteOptions:
     fail_task: str | None
     hang_after_commit: int | None
     hang_marker: str | None
+    security: SecurityOptions = PLAINTEXT  # security.protocol, ssl.*.location (sluice.spark.security)
 
 
 # option (lower case) -> documented spelling; Kafka's "kafka."-prefixed names are accepted too
@@ -156,6 +164,7 @@ _KNOWN = {
         "includeHeaders",
         "checkpointLocation",
         "path",
+        *SECURITY_OPTIONS,
     )
 }
 
@@ -180,7 +189,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         k = key.lower()
         if k.startswith("kafka."):
             k = k[len("kafka.") :]
-        if k not in _KNOWN:
+        if k not in _KNOWN and not is_security_option(k):
             raise SluiceWriteOptionError(
                 f"unknown write option {key!r}; the sluice sink takes: {', '.join(sorted(_KNOWN.values()))}"
             )
@@ -212,6 +221,7 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
         fail_task=fail,
         hang_after_commit=_int(opts, "sluice.test.hangAfterCommit", 0, 0) if hang is not None else None,
         hang_marker=opts.get("sluice.test.hangmarker"),
+        security=parse_security_options(opts, SluiceWriteOptionError),
     )
 
 
@@ -337,6 +347,11 @@ class SluiceCommitMessage(WriterCommitMessage):  # type: ignore[misc]
     adopted: bool = False  # the handle is a prepared transaction of an earlier attempt
 
 
+def _client(options: WriteOptions) -> dict[str, Any]:
+    """The servers and TLS settings every client of the sink connects with."""
+    return {"bootstrap_servers": options.bootstrap_servers, **options.security.client_kwargs()}
+
+
 def transactional_id(prefix: str, job: str, partition_id: int) -> str:
     return f"{prefix}-{job}-{partition_id}"
 
@@ -354,7 +369,7 @@ def write_partition(
 ) -> SluiceCommitMessage:
     """Write one Spark partition in its own transaction and prepare it (see the module docstring)."""
     tid = transactional_id(options.transactional_id_prefix, job, partition_id)
-    admin = Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms)
+    admin = Admin(**_client(options), request_timeout_ms=options.request_timeout_ms)
     try:
         try:
             (described,) = admin.describe_transactions([tid])
@@ -366,7 +381,7 @@ def write_partition(
     finally:
         admin.close()
     producer = Producer(
-        bootstrap_servers=options.bootstrap_servers,
+        **_client(options),
         transactional_id=tid,
         transaction_timeout_ms=options.transaction_timeout_ms,
         linger_ms=options.linger_ms,
@@ -419,7 +434,7 @@ def commit_handles(options: WriteOptions, handles: list[PreparedTransaction], pa
     """Commit prepared transactions (a retried commit of a committed one is fine)."""
     if not handles:
         return
-    admin = Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms)
+    admin = Admin(**_client(options), request_timeout_ms=options.request_timeout_ms)
     try:
         with ThreadPoolExecutor(max_workers=min(parallelism, len(handles))) as pool:
             for _ in pool.map(lambda h: admin.commit_prepared_transaction(h, timeout=120), handles):
@@ -439,7 +454,7 @@ def abort_job(options: WriteOptions, job: str, handles: list[PreparedTransaction
     transaction ended (aborted, or committed) are left alone (a streaming batch partly committed
     before a crash: its replay skips them).
     """
-    admin = Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms)
+    admin = Admin(**_client(options), request_timeout_ms=options.request_timeout_ms)
     touched: list[str] = []
     try:
         for h in handles:
@@ -460,7 +475,7 @@ def abort_job(options: WriteOptions, job: str, handles: list[PreparedTransaction
                 except (errors.InvalidTxnStateError, errors.ProducerFencedError) as exc:
                     log.info("%s changed while aborting (%s): fencing it", t.transactional_id, exc)
             fence = Producer(
-                bootstrap_servers=options.bootstrap_servers,
+                **_client(options),
                 transactional_id=t.transactional_id,
                 transaction_timeout_ms=options.transaction_timeout_ms,
             )
@@ -478,7 +493,7 @@ def committed_any(options: WriteOptions, handles: list[PreparedTransaction]) -> 
     """Did the commit of any of these prepared transactions begin (PrepareCommit or CompleteCommit)?"""
     if not handles:
         return False
-    with Admin(bootstrap_servers=options.bootstrap_servers, request_timeout_ms=options.request_timeout_ms) as admin:
+    with Admin(**_client(options), request_timeout_ms=options.request_timeout_ms) as admin:
         for h in handles:
             try:
                 (d,) = admin.describe_transactions([h.transactional_id], timeout=60)

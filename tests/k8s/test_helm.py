@@ -361,3 +361,58 @@ def test_host_network_refuses_an_operator_metrics_port_a_broker_takes(k8s: KubeC
     assert refused.returncode != 0
     assert "monitoring.operator.port 9405 is broker 1's metrics port" in refused.stderr
     render(k8s, "--set", "hostNetwork.enabled=true")  # the default port fits beside the brokers
+
+
+def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s_namespace: str) -> None:
+    assert not [d for d in render(k8s) if d["kind"] == "NetworkPolicy"]  # off by default
+    docs = render(k8s, "--set", "networkPolicy.enabled=true", namespace=k8s_namespace)
+    brokers = find(docs, "NetworkPolicy", "sluice-broker")
+    broker_pods = find(docs, "StatefulSet")["spec"]["selector"]["matchLabels"]
+    assert brokers["spec"]["podSelector"]["matchLabels"] == broker_pods
+    assert brokers["spec"]["policyTypes"] == ["Ingress"]
+    rules = {r["ports"][0]["port"]: r.get("from") for r in brokers["spec"]["ingress"]}
+    monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert rules == {
+        9092: None,  # clients: from everywhere (authentication and ACLs decide the rest)
+        9093: [{"podSelector": {"matchLabels": broker_pods}}],  # inter-broker: brokers only
+        9404: monitoring,  # metrics: the monitoring namespace
+    }
+    operator = find(docs, "NetworkPolicy", "sluice-operator")
+    operator_pods = find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert operator["spec"]["podSelector"]["matchLabels"] == operator_pods
+    assert {r["ports"][0]["port"]: r.get("from") for r in operator["spec"]["ingress"]} == {
+        8080: None,  # the liveness probe
+        9403: monitoring,
+    }
+    # the API server accepts both
+    out = k8s.kubectl(
+        "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
+        "-f", "-", input=yaml.safe_dump_all([brokers, operator]),
+    ).stdout  # fmt: skip
+    assert out.count("(server dry run)") == 2, out
+
+    # clients restricted, metrics closed (no metrics rule at all), metrics off on the brokers
+    custom = yaml.safe_dump(
+        {
+            "networkPolicy": {
+                "enabled": True,
+                "clients": {"from": [{"namespaceSelector": {"matchLabels": {"team": "payments"}}}]},
+                "metrics": {"from": []},
+            }
+        }
+    )
+    result = k8s.helm("template", "sluice", str(CHART), "-f", "-", input=custom)
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    ingress = find(docs, "NetworkPolicy", "sluice-broker")["spec"]["ingress"]
+    assert {r["ports"][0]["port"]: r.get("from") for r in ingress} == {
+        9092: [{"namespaceSelector": {"matchLabels": {"team": "payments"}}}],
+        9093: [{"podSelector": {"matchLabels": broker_pods}}],
+    }
+    assert [r["ports"][0]["port"] for r in find(docs, "NetworkPolicy", "sluice-operator")["spec"]["ingress"]] == [8080]
+
+    # host-network pods are outside NetworkPolicy: refused with a clear error
+    bad = k8s.helm(
+        "template", "x", str(CHART), "--set", "networkPolicy.enabled=true", "--set", "hostNetwork.enabled=true",
+        check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "networkPolicy.enabled does not apply to hostNetwork.enabled" in bad.stderr

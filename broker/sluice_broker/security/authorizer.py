@@ -1,4 +1,4 @@
-"""The authorization decision, Kafka's AclAuthorizer rules (not yet wired into the RPCs).
+"""The authorization decision, Kafka's AclAuthorizer rules.
 
 For ``principal`` from ``host`` wanting ``operation`` on a resource:
 
@@ -13,6 +13,13 @@ For ``principal`` from ``host`` wanting ``operation`` on a resource:
    Write, Delete, Alter imply Describe; AlterConfigs implies DescribeConfigs) allows;
 6. else refused.
 
+A transactional id declared by a TransactionalId resource with ``allowedUsers`` /
+``allowedServiceAccounts`` (its ``transactional_ids/<id>`` document's ``allowed_principals``)
+is the resource's to give, the way a Strimzi KafkaUser's ACLs are its own: after the super-user
+rule, a principal not listed is refused every operation on that id whatever its ACLs allow, and
+a listed one may Write and Describe it without an ACL (a DENY ACL still wins). Without the
+fields (or without a document) the id is governed by ACLs alone, as in Kafka.
+
 The decision is pure: the ACLs are handed over (:meth:`Authorizer.set_acls`) by
 :class:`AclWatch`, which follows the ``acls/`` documents of the metadata store (a watch by
 revision, polled with the rest of the metadata). :class:`Access` is what the servicers ask:
@@ -22,7 +29,7 @@ authorizer is off).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -32,10 +39,13 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.security.peers import is_broker_name, peer_common_name
 from sluice.broker.security.peers import principal as principal_of
 from sluice.metadata import keys
+from sluice.metadata.documents import TransactionalIdDocument
 from sluice.metadata.store import MetadataStore
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
 CLUSTER_NAME = "kafka-cluster"
+# What a principal listed by a TransactionalId resource may do on the id without an ACL.
+_LISTED_MAY = frozenset({AclOperation.WRITE, AclOperation.DESCRIBE})
 
 
 def _principal_matches(acl: AclBinding, principal: str) -> bool:
@@ -50,6 +60,7 @@ class Authorizer:
         self.super_users = frozenset(super_users)
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self._by_type: dict[ResourceType, list[AclBinding]] = {}
+        self._txn_principals: dict[str, frozenset[str]] = {}
 
     def set_acls(self, acls: Iterable[AclBinding]) -> None:
         by_type: dict[ResourceType, list[AclBinding]] = {}
@@ -57,18 +68,30 @@ class Authorizer:
             by_type.setdefault(acl.resource_type, []).append(acl)
         self._by_type = by_type  # swapped whole: a concurrent check sees the old set or the new
 
+    def set_transactional_id_principals(self, allowed: Mapping[str, Iterable[str]]) -> None:
+        """The ids whose TransactionalId resource lists its principals (empty lists are left out)."""
+        self._txn_principals = {name: frozenset(ps) for name, ps in allowed.items() if ps}  # swapped whole
+
     def authorize(
         self, principal: str, host: str, operation: AclOperation, resource_type: ResourceType, name: str
     ) -> bool:
         if principal in self.super_users:
             return True
         covering = [a for a in self._by_type.get(resource_type, ()) if a.matches_resource(resource_type, name)]
+        mine = [a for a in covering if _principal_matches(a, principal) and a.host in (host, WILDCARD)]
+        denied = any(
+            a.permission_type == AclPermissionType.DENY and a.operation in (operation, AclOperation.ALL) for a in mine
+        )
+        if resource_type == ResourceType.TRANSACTIONAL_ID:
+            listed = self._txn_principals.get(name)
+            if listed is not None:
+                if principal not in listed:
+                    return False  # the resource names who may use the id: nobody else, whatever the ACLs say
+                if operation in _LISTED_MAY and not denied:
+                    return True
         if not covering:
             return self.allow_everyone_if_no_acl_found
-        mine = [a for a in covering if _principal_matches(a, principal) and a.host in (host, WILDCARD)]
-        if any(
-            a.permission_type == AclPermissionType.DENY and a.operation in (operation, AclOperation.ALL) for a in mine
-        ):
+        if denied:
             return False
         allowing = {operation, AclOperation.ALL} | IMPLIED_BY.get(operation, frozenset())
         return any(a.permission_type == AclPermissionType.ALLOW and a.operation in allowing for a in mine)
@@ -86,7 +109,9 @@ def _allows_some(authorizer: Authorizer, principal: str, host: str, op: AclOpera
         a for a in authorizer._by_type.get(rtype, ()) if _principal_matches(a, principal) and a.host in (host, WILDCARD)
     ]
     if any(
-        a.permission_type == AclPermissionType.DENY and a.operation in (op, AclOperation.ALL) and a.name == WILDCARD
+        a.permission_type == AclPermissionType.DENY
+        and a.operation in (op, AclOperation.ALL)
+        and a.name == WILDCARD
         and a.pattern_type.name == "LITERAL"
         for a in mine
     ):
@@ -95,13 +120,16 @@ def _allows_some(authorizer: Authorizer, principal: str, host: str, op: AclOpera
 
 
 class AclWatch:
-    """Keeps an :class:`Authorizer`'s ACLs equal to the store's ``acls/`` documents."""
+    """Keeps an :class:`Authorizer`'s ACLs equal to the store's ``acls/`` documents, and its
+    TransactionalId principals equal to the ``transactional_ids/`` documents'."""
 
     def __init__(self, store: MetadataStore, authorizer: Authorizer) -> None:
         self.store = store
         self.authorizer = authorizer
         self._revision = 0
         self._acls: dict[str, AclBinding] = {}
+        self._txn_revision = 0
+        self._txn_principals: dict[str, list[str]] = {}
 
     def refresh(self) -> None:
         changed = False
@@ -114,6 +142,21 @@ class AclWatch:
                 changed = True
         if changed:
             self.authorizer.set_acls(self._acls.values())
+        self._refresh_transactional_ids()
+
+    def _refresh_transactional_ids(self) -> None:
+        changed = False
+        for doc in self.store.changes_since(self._txn_revision, keys.TRANSACTIONAL_IDS):
+            self._txn_revision = max(self._txn_revision, doc.revision)
+            name = doc.key[len(keys.TRANSACTIONAL_IDS) :]
+            listed = [] if doc.value is None else TransactionalIdDocument.from_json(doc.value).allowed_principals
+            if listed:
+                changed |= self._txn_principals.get(name) != listed
+                self._txn_principals[name] = listed
+            else:
+                changed |= self._txn_principals.pop(name, None) is not None
+        if changed:
+            self.authorizer.set_transactional_id_principals(self._txn_principals)
 
 
 def peer_host(ctx: Ctx) -> str:

@@ -6,10 +6,16 @@ The status follows the coordinator (DescribeTransactions) every
 ``status_interval_s``, with the Hanging condition; ``spec.operation`` (fence |
 abort, with a requestId) fences the id or aborts its open transaction, once per
 requestId, through InitProducerId as Kafka's ``Admin.fenceProducers`` does.
+
+``allowedUsers`` / ``allowedServiceAccounts`` go into the document as principals
+(``allowed_principals``: ``User:<name>``, ``ServiceAccount:<ns>:<name>``); brokers with the
+authorizer on let only them use the id (broker/sluice_broker/security/authorizer.py). A spec
+change rewrites the list of the document this resource declares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -19,6 +25,7 @@ from typing import Any
 import kopf
 
 from sluice import errors
+from sluice.acls import transactional_id_principals
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TransactionalIdDocument
 from sluice.metadata.store import VersionConflict
@@ -76,9 +83,14 @@ def reconcile_transactional_id(
     conds = list(patch.status.get("conditions") or conditions_of(status))
     patch.status["observedGeneration"] = generation
     if not paused:
+        allowed = transactional_id_principals(spec.get("allowedUsers") or [], spec.get("allowedServiceAccounts") or [])
 
         def declare(current: TransactionalIdDocument | None) -> TransactionalIdDocument | None:
-            return TransactionalIdDocument(txn_id, resource) if current is None else None
+            if current is None:
+                return TransactionalIdDocument(txn_id, resource, allowed_principals=allowed)
+            if current.resource == resource and current.allowed_principals != allowed:
+                return dataclasses.replace(current, allowed_principals=allowed)
+            return None  # as it is, or another resource's
 
         declared = documents.update_document(
             runtime.meta, keys.transactional_id(txn_id), TransactionalIdDocument, declare
@@ -92,14 +104,15 @@ def reconcile_transactional_id(
             conds = set_condition(
                 conds, "Ready", TRUE, "Declared", f"{txn_id!r} is declared to the brokers", generation
             )
-        principals = list(spec.get("allowedServiceAccounts") or []) + list(spec.get("allowedUsers") or [])
+        accounts = bool(spec.get("allowedServiceAccounts"))
         conds = set_condition(
             conds,
             "NotSupported",
-            TRUE if principals else FALSE,
-            "NoClientAuthentication" if principals else "Supported",
-            "allowedServiceAccounts/allowedUsers are recorded but not enforced: Sluice has no client authentication"
-            if principals
+            TRUE if accounts else FALSE,
+            "NoServiceAccountAuthentication" if accounts else "Supported",
+            "allowedServiceAccounts are written for the brokers, but no broker authenticates ServiceAccount "
+            "tokens yet (TokenReview): only allowedUsers (client certificates) can use the id"
+            if accounts
             else "",
             generation,
         )

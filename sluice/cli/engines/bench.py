@@ -20,6 +20,12 @@ What is timed, so numbers mean the same thing from run to run:
 Values are compressible the way real payloads are (a counter, then text from
 a small alphabet), so compression results are not meaningless; they are
 generated once up front so generating them is never what is measured.
+
+A cluster is a :data:`Target`: its bootstrap servers, or the client keyword arguments
+(``LocalCluster.client_config(name)``: servers and TLS files) when it runs with TLS clients;
+``bench_cluster(secure=True)`` runs the fresh cluster with mutual TLS and the authorizer
+(``LocalCluster(secure=True)``) and measures as its super user, so the same benchmark run
+with and without it gives the cost of TLS.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import sluice
 from sluice.cli.engines.progress import Progress
+from sluice.cli.engines.target import Target, client_kwargs
 
 if TYPE_CHECKING:
     from sluice.client import RecordMetadata
@@ -150,20 +157,27 @@ def append_result(path: str | os.PathLike[str], result: BenchResult | dict[str, 
 
 @contextlib.contextmanager
 def bench_cluster(
-    bootstrap_servers: str | None, *, brokers: int = 1, config: dict[str, str] | None = None
-) -> Iterator[str]:
+    bootstrap_servers: str | None,
+    *,
+    brokers: int = 1,
+    config: dict[str, str] | None = None,
+    secure: bool = False,
+    security: Mapping[str, Any] | None = None,
+) -> Iterator[Target]:
     """The given cluster, or a fresh LocalCluster of ``brokers`` in a temporary directory.
 
     With 3 brokers, topics get LocalCluster's defaults: replication factor 3 and
-    min.insync.replicas 2, so acks=all waits for a follower.
+    min.insync.replicas 2, so acks=all waits for a follower. ``secure``: the fresh cluster runs
+    mutual TLS clients and the authorizer, and the benchmark connects as its super user.
+    ``security``: the client TLS settings for the given cluster (``--command-config``).
     """
     if bootstrap_servers:
-        yield bootstrap_servers
+        yield {"bootstrap_servers": bootstrap_servers, **security} if security else bootstrap_servers
         return
     from sluice.testing import LocalCluster
 
-    with LocalCluster(brokers=brokers, config=config) as cluster:
-        yield cluster.bootstrap_servers
+    with LocalCluster(brokers=brokers, config=config, secure=secure) as cluster:
+        yield cluster.client_config("admin") if secure else cluster.bootstrap_servers
 
 
 class _Acks:
@@ -207,11 +221,11 @@ class _Acks:
 
 
 @contextlib.contextmanager
-def _topic(bootstrap: str, prefix: str, partitions: int, keep: bool) -> Iterator[str]:
+def _topic(bootstrap: Target, prefix: str, partitions: int, keep: bool) -> Iterator[str]:
     from sluice.client import Admin
 
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    admin = Admin(bootstrap_servers=bootstrap)
+    admin = Admin(**client_kwargs(bootstrap))
     # the cluster's default replication factor: 1 on one broker, 3 on a LocalCluster of three
     admin.create_topic(name, partitions=partitions, replication_factor=None)
     try:
@@ -235,7 +249,7 @@ def _new_result(name: str, kind: str, params: dict[str, Any]) -> BenchResult:
 
 
 def produce(
-    bootstrap: str,
+    bootstrap: Target,
     *,
     name: str = "produce",
     record_size: int = 1024,
@@ -269,7 +283,7 @@ def produce(
     with topic_cm as topic_name:
         assert topic_name is not None
         producer = Producer(
-            bootstrap_servers=bootstrap,
+            **client_kwargs(bootstrap),
             transactional_id=f"bench-{uuid.uuid4().hex[:8]}" if transactional else None,
             acks=acks,
             enable_idempotence=idempotent or transactional,
@@ -326,7 +340,7 @@ def produce(
 
 
 def fill(
-    bootstrap: str,
+    bootstrap: Target,
     topic: str,
     *,
     record_size: int,
@@ -348,7 +362,7 @@ def fill(
 
 
 def consume(
-    bootstrap: str,
+    bootstrap: Target,
     *,
     name: str = "consume",
     record_size: int = 1024,
@@ -382,7 +396,7 @@ def consume(
             result.error = f"filling the topic failed: {filled.error or f'{filled.records} of {count} written'}"
             return result
         consumer = Consumer(
-            bootstrap_servers=bootstrap,
+            **client_kwargs(bootstrap),
             group_id=f"bench-{uuid.uuid4().hex[:8]}",
             isolation_level=isolation_level,
             auto_offset_reset="earliest",
@@ -417,7 +431,7 @@ def consume(
 
 
 def latency(
-    bootstrap: str,
+    bootstrap: Target,
     *,
     name: str = "latency",
     record_size: int = 1024,
@@ -447,7 +461,7 @@ def latency(
     lock = threading.Lock()
     acked = _Acks()
     with _topic(bootstrap, f"bench-{name}", partitions, keep=False) as topic:
-        producer = Producer(bootstrap_servers=bootstrap, acks=acks, enable_idempotence=True, linger_ms=linger_ms)
+        producer = Producer(**client_kwargs(bootstrap), acks=acks, enable_idempotence=True, linger_ms=linger_ms)
         total = int(rate * (seconds + warmup_seconds))
         bar = Progress(name, total, enabled=progress)
         sent = 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from sluice.cli.engines.progress import Progress
+from sluice.cli.engines.target import Target, client_kwargs, servers_of
 
 if TYPE_CHECKING:
     from sluice.client import Admin, Consumer, ConsumerRecord, Producer, TopicPartition
@@ -39,6 +40,7 @@ OUTPUT = "demo-output"
 GROUP = "demo-copier"
 TRANSACTIONAL_ID = "demo-copier-1"
 PREFIX = b"copied:"
+COPIER_USER = "demo-copier"  # the copier's principal on a secure cluster (User:demo-copier)
 
 
 class DemoError(RuntimeError):
@@ -114,7 +116,7 @@ def _record_id(value: bytes | None) -> int | None:
 
 
 def _read_all(
-    bootstrap: str,
+    bootstrap: Target,
     topic: str,
     partitions: int,
     isolation_level: str,
@@ -125,7 +127,7 @@ def _read_all(
     from sluice.client import Consumer, TopicPartition
 
     consumer = Consumer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         group_id=f"demo-verifier-{isolation_level}",
         isolation_level=isolation_level,
         auto_offset_reset="earliest",
@@ -149,10 +151,10 @@ def _read_all(
         consumer.close()
 
 
-def _produce_input(bootstrap: str, records: int, deadline: float, progress: bool) -> None:
+def _produce_input(bootstrap: Target, records: int, deadline: float, progress: bool) -> None:
     from sluice.client import Producer
 
-    producer = Producer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = Producer(**client_kwargs(bootstrap), acks="all", enable_idempotence=True)
     bar = Progress("writing demo-input", records, enabled=progress)
     try:
         futures = []
@@ -200,11 +202,11 @@ class Chaos:
             timer.join(60)
 
 
-def _new_copier(bootstrap: str, txn_size: int) -> tuple[Consumer, Producer]:
+def _new_copier(bootstrap: Target, txn_size: int) -> tuple[Consumer, Producer]:
     from sluice.client import Consumer, Producer
 
     consumer = Consumer(
-        bootstrap_servers=bootstrap,
+        **client_kwargs(bootstrap),
         group_id=GROUP,
         isolation_level="read_committed",
         auto_offset_reset="earliest",
@@ -212,7 +214,7 @@ def _new_copier(bootstrap: str, txn_size: int) -> tuple[Consumer, Producer]:
         max_poll_records=txn_size,
     )
     producer = Producer(
-        bootstrap_servers=bootstrap, transactional_id=TRANSACTIONAL_ID, acks="all", enable_idempotence=True
+        **client_kwargs(bootstrap), transactional_id=TRANSACTIONAL_ID, acks="all", enable_idempotence=True
     )
     consumer.subscribe([INPUT])
     producer.init_transactions()  # fences an older instance and aborts what it left open
@@ -231,7 +233,7 @@ def _rewind(consumer: Consumer) -> None:
 
 
 def _copy(
-    bootstrap: str,
+    bootstrap: Target,
     records: int,
     txn_size: int,
     abort_every: int,
@@ -321,7 +323,7 @@ def _commit(producer: Producer, attempts: int = 5) -> None:
 
 
 def verify(
-    bootstrap: str, records: int, partitions: int, deadline: float, report: DemoReport, progress: bool = True
+    bootstrap: Target, records: int, partitions: int, deadline: float, report: DemoReport, progress: bool = True
 ) -> None:
     """Fill the verification part of ``report`` from what is in the cluster."""
     from sluice.client import Consumer, TopicPartition
@@ -348,7 +350,7 @@ def verify(
     report.uncommitted_view_records = len(_read_all(bootstrap, OUTPUT, partitions, "read_uncommitted", deadline))
 
     consumer = Consumer(
-        bootstrap_servers=bootstrap, group_id=GROUP, isolation_level="read_committed", enable_auto_commit=False
+        **client_kwargs(bootstrap), group_id=GROUP, isolation_level="read_committed", enable_auto_commit=False
     )
     try:
         tps = [TopicPartition(INPUT, p) for p in range(partitions)]
@@ -374,8 +376,15 @@ def run_demo(
     progress: bool = True,
     out: TextIO | None = None,
     bootstrap_servers: str | None = None,
+    secure: bool = False,
 ) -> DemoReport:
-    """Run the whole demo (on a fresh LocalCluster unless ``bootstrap_servers`` is given)."""
+    """Run the whole demo (on a fresh LocalCluster unless ``bootstrap_servers`` is given).
+
+    ``secure``: the fresh cluster runs mutual TLS clients and the authorizer
+    (``LocalCluster(secure=True)``); the super user ``User:admin`` creates the topics, writes the
+    input and verifies, and the copier runs as ``User:demo-copier`` with exactly the ACLs a
+    consume-transform-produce loop needs (:func:`grant_copier`).
+    """
     if records < 1 or partitions < 1 or txn_size < 1:
         raise ValueError("records, partitions and txn_size must be >= 1")
     if abort_every == 1 or abort_every < 0:
@@ -387,30 +396,71 @@ def run_demo(
     report = DemoReport(input_records=records)
     note = Progress("demo", enabled=progress)
     breaker: Chaos | None = None
+    if secure and bootstrap_servers is not None:
+        raise ValueError("secure runs a fresh secure LocalCluster: do not combine it with bootstrap_servers")
     with contextlib.ExitStack() as stack:
+        main: Target
+        copier: Target
         if bootstrap_servers is None:
             from sluice.testing import LocalCluster
 
-            note.message(f"starting a local cluster of {brokers} broker(s)...")
-            cluster = stack.enter_context(LocalCluster(brokers=brokers, data_dir=data_dir, failure_timeout_ms=2000))
-            bootstrap_servers = cluster.bootstrap_servers
-            note.message(f"cluster up at {bootstrap_servers} (data in {cluster.data_dir})")
+            kind = "secure local cluster (mutual TLS, ACLs)" if secure else "local cluster"
+            note.message(f"starting a {kind} of {brokers} broker(s)...")
+            cluster = stack.enter_context(
+                LocalCluster(brokers=brokers, data_dir=data_dir, failure_timeout_ms=2000, secure=secure)
+            )
+            main = cluster.client_config("admin") if secure else cluster.bootstrap_servers
+            copier = cluster.client_config(COPIER_USER) if secure else cluster.bootstrap_servers
+            note.message(f"cluster up at {cluster.bootstrap_servers} (data in {cluster.data_dir})")
             if chaos:
                 breaker = Chaos(cluster, victim=brokers - 1)
                 stack.callback(breaker.close)
-        admin = Admin(bootstrap_servers=bootstrap_servers)
+        else:
+            main = copier = bootstrap_servers
+        admin = Admin(**client_kwargs(main))
         stack.callback(lambda: _close_quietly(admin))
         rf = min(brokers, 3)
         for topic in (INPUT, OUTPUT):
             admin.create_topic(topic, partitions=partitions, replication_factor=rf)
-        _produce_input(bootstrap_servers, records, deadline, progress)
-        _copy(bootstrap_servers, records, txn_size, abort_every, deadline, report, progress, breaker)
-        verify(bootstrap_servers, records, partitions, deadline, report, progress)
+        if secure:
+            grant_copier(admin)
+            note.message(f"the copier runs as User:{COPIER_USER} with its ACLs ({servers_of(copier)})")
+            report.notes.append(
+                f"secure: mutual TLS, authorizer on; the copier ran as User:{COPIER_USER} with ACLs "
+                f"Read {INPUT}, Read group {GROUP}, Write {OUTPUT}, Write transactional id {TRANSACTIONAL_ID} only"
+            )
+        _produce_input(main, records, deadline, progress)
+        _copy(copier, records, txn_size, abort_every, deadline, report, progress, breaker)
+        verify(main, records, partitions, deadline, report, progress)
     report.seconds = time.monotonic() - started
     if out is not None:
         out.write(report.render())
         out.flush()
     return report
+
+
+def grant_copier(admin: Admin) -> None:
+    """The ACLs of ``User:demo-copier``: what Kafka checks for a consume-transform-produce loop.
+
+    Read on the input topic and on the group (Fetch, the group heartbeat, AddOffsetsToTxn,
+    TxnOffsetCommit), Write on the output topic and on the transactional id (InitProducerId,
+    Produce, AddPartitionsToTxn, EndTxn); Describe (Metadata, FindCoordinator) is implied.
+    """
+    from sluice.acls import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+
+    principal = f"User:{COPIER_USER}"
+    grants = [
+        (ResourceType.TOPIC, INPUT, AclOperation.READ),
+        (ResourceType.GROUP, GROUP, AclOperation.READ),
+        (ResourceType.TOPIC, OUTPUT, AclOperation.WRITE),
+        (ResourceType.TRANSACTIONAL_ID, TRANSACTIONAL_ID, AclOperation.WRITE),
+    ]
+    admin.create_acls(
+        [
+            AclBinding(rtype, name, ResourcePatternType.LITERAL, principal, "*", op, AclPermissionType.ALLOW)
+            for rtype, name, op in grants
+        ]
+    )
 
 
 def _close_quietly(admin: Admin) -> None:
