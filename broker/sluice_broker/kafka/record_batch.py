@@ -40,7 +40,7 @@ import zstandard
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.records import BatchBuilder, RecordBatch
+from sluice.records import BatchBuilder, RecordBatch, decode_record_tuples
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -203,3 +203,66 @@ def to_sluice_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
         transactional=header.transactional,
         compression=_TO_SLUICE_COMPRESSION.get(header.compression, records_pb2.COMPRESSION_NONE),
     )
+
+
+def _zigzag(out: bytearray, value: int) -> None:
+    """Append ``value`` as Kafka's zigzag varint (varint and varlong alike)."""
+    raw = (value << 1) ^ (value >> 63)
+    raw &= (1 << 64) - 1
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+
+
+def _bytes_field(out: bytearray, data: bytes | None) -> None:
+    if data is None:
+        _zigzag(out, -1)
+    else:
+        _zigzag(out, len(data))
+        out += data
+
+
+def to_v2_batch(batch: RecordBatch) -> bytes:
+    """A stored Sluice batch as the Kafka v2 batch a Kafka consumer fetches (same offsets, keys,
+    values, headers and timestamps; control and transactional flags kept).
+
+    The records are written uncompressed: re-compressing on the fetch path would add the
+    codec's cost to the conversion's, and Kafka clients accept any codec per batch.
+    """
+    records = bytearray()
+    first_ts = batch.first_timestamp
+    base = batch.base_offset
+    body = bytearray()
+    for offset, timestamp, key, value, headers in decode_record_tuples(batch):
+        body.clear()
+        body.append(0)  # record attributes: unused
+        _zigzag(body, timestamp - first_ts)
+        _zigzag(body, offset - base)
+        _bytes_field(body, key)
+        _bytes_field(body, value)
+        _zigzag(body, len(headers))
+        for hkey, hvalue in headers:
+            _bytes_field(body, hkey.encode())
+            _bytes_field(body, hvalue)
+        _zigzag(records, len(body))
+        records += body
+    attributes = COMPRESSION_NONE
+    if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
+        attributes |= 0x08
+    if batch.transactional:
+        attributes |= 0x10
+    if batch.control:
+        attributes |= 0x20
+    # Sluice spells "no producer id" -1 or 0; Kafka only -1, with epoch and sequence -1 too.
+    if batch.producer_id > 0:
+        pid, epoch, seq = batch.producer_id, batch.producer_epoch, batch.base_sequence
+    else:
+        pid, epoch, seq = -1, -1, -1
+    after_crc = struct.pack(
+        ">hiqqqhii", attributes, batch.record_count - 1, first_ts, batch.max_timestamp, pid, epoch, seq,
+        batch.record_count,
+    ) + bytes(records)  # fmt: skip
+    crc = _crc32c.crc32c(after_crc)
+    length = HEADER_SIZE - 12 + len(records)
+    return struct.pack(">qiibI", base, length, batch.partition_leader_epoch, 2, crc) + after_crc

@@ -16,12 +16,14 @@ from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
     ListTransactionsHandler,
 )
+from sluice.broker.kafka.handlers.fetch import FetchHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
+from sluice.broker.kafka.handlers.produce import ProduceHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
     AddOffsetsToTxnHandler,
@@ -34,6 +36,8 @@ def build_handlers() -> dict[int, Handler]:
     handlers: dict[int, Handler] = {}
     served: list[Handler] = [
         MetadataHandler(),
+        ProduceHandler(),
+        FetchHandler(),
         FindCoordinatorHandler(),
         CreateTopicsHandler(),
         DeleteTopicsHandler(),
