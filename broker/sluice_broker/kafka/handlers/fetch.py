@@ -7,9 +7,14 @@ NOT_LEADER_OR_FOLLOWER off the leader, OFFSET_OUT_OF_RANGE); this handler
 maps Kafka's request onto it and converts each stored batch into Kafka's v2
 format (:func:`~sluice.broker.kafka.record_batch.to_v2_batch`) with its own
 base offset, so a Kafka consumer sees the offsets, keys, values, headers and
-timestamps a gRPC consumer sees. Control batches (transaction markers) are
-converted too: Kafka's read_committed consumers need them with the aborted
-list to drop aborted records.
+timestamps a gRPC consumer sees.
+
+read_committed differs from the gRPC fetch's (which drops aborted batches and
+markers on the broker): as Kafka does, the answer stops at the LSO but keeps
+aborted batches and markers and lists the aborted transactions, and the
+client drops them. A Kafka client needs the markers: its position moves past
+the last batch it was sent, so a marker left out would leave the consumer one
+offset short of the LSO for ever (lag 1 after every transaction).
 
 No fetch sessions (KIP-227): every answer carries session id 0, which tells
 the client no session was created, so it sends full requests; a request
@@ -83,7 +88,7 @@ class FetchHandler:
         if core.topics:
             # The core answers serialized bytes (its gRPC fast path); parsing them back is part of the
             # conversion this first path pays (docs/kafka-compatibility.md).
-            answer = bpb.FetchResponse.FromString(await ctx.replicas.fetch(core))
+            answer = bpb.FetchResponse.FromString(await ctx.replicas.fetch(core, client_filters_aborted=True))
         answered = iter(answer.topics)
         resp = FetchResponse(session_id=0)
         for t, topic in enumerate(request.topics):

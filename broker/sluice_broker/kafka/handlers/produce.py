@@ -18,7 +18,9 @@ Kafka's own rules on the request, which the gRPC API does not have to spell:
   CORRUPT_MESSAGE; magic < 2 is INVALID_RECORD (KIP-724); a codec Sluice
   cannot read is UNSUPPORTED_COMPRESSION_TYPE. These are per partition: the
   other partitions of the request are still appended.
-* acks=0 gets no response at all (the listener writes nothing back).
+* acks=0 gets no response at all (the listener writes nothing back); when a
+  partition was refused, the connection is closed instead, as Kafka does, so
+  the producer notices and refreshes its metadata.
 * v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
 """
 
@@ -28,6 +30,7 @@ from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.framing import FrameError
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
 from sluice.broker.kafka.messages.produce_request import ProduceRequest
 from sluice.broker.kafka.messages.produce_response import (
@@ -85,8 +88,6 @@ class ProduceHandler:
                 mine.append(None)
             refusals.append(mine)
         answer = await ctx.replicas.produce(core) if any(t.partitions for t in core.topics) else None
-        if request.acks == 0:
-            return None  # Kafka sends nothing back to an acks=0 producer
         resp = ProduceResponse()
         for t, topic in enumerate(request.topic_data):
             answered = iter(answer.topics[t].partitions) if answer is not None else iter(())
@@ -104,4 +105,10 @@ class ProduceHandler:
                     part.log_start_offset = a.log_start_offset
                 out.partition_responses.append(part)
             resp.responses.append(out)
+        if request.acks == 0:
+            failed = [p for t in resp.responses for p in t.partition_responses if p.error_code]
+            if failed:
+                # The only way to tell an acks=0 producer: Kafka closes the connection, so it refreshes.
+                raise FrameError(f"acks=0 produce refused for {len(failed)} partition(s), error {failed[0].error_code}")
+            return None  # Kafka sends nothing back to an acks=0 producer
         return resp
