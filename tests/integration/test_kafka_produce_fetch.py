@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import crc32c
 import pytest
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
@@ -34,6 +35,7 @@ from .test_kafka_listener import ask, connect, kafka_address, read_frame  # noqa
 
 TS = 1_700_000_000_000
 CORRUPT_MESSAGE, NOT_LEADER_OR_FOLLOWER, INVALID_RECORD, UNKNOWN_TOPIC_ID = 2, 6, 87, 100
+UNSUPPORTED_COMPRESSION_TYPE = 76
 FETCH_SESSION_ID_NOT_FOUND = 70
 
 Row = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes]], int]  # offset, key, value, headers, ts
@@ -280,6 +282,32 @@ def test_produce_versions_and_refusals(kcluster: LocalCluster) -> None:
     assert [v for _, _, v, _, _ in got][:3] == [b"raw-0", b"raw-1", b"raw-2"]
 
 
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd"])
+def test_compressed_batches_from_kafka_clients(kcluster: LocalCluster, codec: str) -> None:
+    topic = f"kafka-compressed-{codec}"
+    create(kcluster, topic)
+    producer = kafka_producer(kcluster, enable_idempotence=True, acks="all", compression_type=codec, linger_ms=20)
+    try:
+        futures = [
+            producer.send(topic, key=b"k%d" % i, value=b"v%d" % i, headers=[("n", b"%d" % i)], timestamp_ms=TS + i)
+            for i in range(50)
+        ]
+        assert [f.get(timeout=60).offset for f in futures] == list(range(50))
+    finally:
+        producer.close()
+    assert kafka_read(kcluster, topic, "read_committed") == expected_rows(50)
+    assert grpc_read(kcluster, topic, "read_committed", 50) == expected_rows(50)
+
+
+def test_snappy_is_refused_until_sluice_has_the_codec(kcluster: LocalCluster) -> None:
+    topic = "kafka-snappy"
+    create(kcluster, topic)
+    data = bytearray(kafka_v2_batch())
+    data[22] |= 0x02  # attributes (int16 at 21): compression 2 = snappy; the CRC must then be recomputed
+    data[17:21] = crc32c.crc32c(bytes(data[21:])).to_bytes(4, "big")
+    assert partition_answer(produce_raw(kcluster, 9, topic, bytes(data)))[0] == UNSUPPORTED_COMPRESSION_TYPE
+
+
 def test_records_written_over_grpc_are_read_over_kafka(kcluster: LocalCluster) -> None:
     topic = "kafka-cross-grpc-first"
     create(kcluster, topic)
@@ -333,3 +361,20 @@ def test_three_brokers_rf3_idempotent_transactional_and_not_leader(tmp_path_fact
             sock.sendall(bytes(request.encode(header=True, framed=True)))
             resp = ProduceResponse[9].decode(read_frame(sock), header=True)
         assert partition_answer(resp)[0] == NOT_LEADER_OR_FOLLOWER
+        part = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
+        fetch = FetchRequest[11](
+            replica_id=-1,
+            max_wait_ms=100,
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=1,
+            session_id=0,
+            session_epoch=-1,
+            topics=[FetchRequest.FetchTopic(topic="kafka3-idem", partitions=[part])],
+        )
+        fetch.with_header(correlation_id=4, client_id="t")
+        with socket.create_connection(kafka_address(cluster, follower), timeout=30) as sock:
+            sock.sendall(bytes(fetch.encode(header=True, framed=True)))
+            fresp = FetchResponse[11].decode(read_frame(sock), header=True)
+        [fpart] = fresp.responses[0].partitions
+        assert fpart.error_code == NOT_LEADER_OR_FOLLOWER and not batches(fpart.records or b"")
