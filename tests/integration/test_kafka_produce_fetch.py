@@ -341,40 +341,54 @@ def test_three_brokers_rf3_idempotent_transactional_and_not_leader(tmp_path_fact
         transactional_abort_then_commit(cluster, "kafka3-txn", "kafka3-txn-id")
         check_transactional_reads(cluster, "kafka3-txn")
         # a broker that is not the leader answers NOT_LEADER_OR_FOLLOWER, so the client refreshes
-        leader = Admin(bootstrap_servers=cluster.bootstrap_servers).describe_topic("kafka3-idem").partitions[0].leader
+        described = Admin(bootstrap_servers=cluster.bootstrap_servers).describe_topic("kafka3-idem").partitions[0]
+        leader, epoch = described.leader, described.leader_epoch
         follower = next(i for i in range(3) if i != leader)
-        request = ProduceRequest[9](
-            transactional_id=None,
-            acks=-1,
-            timeout_ms=30000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name="kafka3-idem",
-                    partition_data=[
-                        ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(kafka_v2_batch()))
-                    ],
-                )
-            ],
-        )
-        request.with_header(correlation_id=3, client_id="t")
-        with socket.create_connection(kafka_address(cluster, follower), timeout=30) as sock:
-            sock.sendall(bytes(request.encode(header=True, framed=True)))
-            resp = ProduceResponse[9].decode(read_frame(sock), header=True)
-        assert partition_answer(resp)[0] == NOT_LEADER_OR_FOLLOWER
-        part = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
-        fetch = FetchRequest[11](
-            replica_id=-1,
-            max_wait_ms=100,
-            min_bytes=0,
-            max_bytes=1 << 20,
-            isolation_level=1,
-            session_id=0,
-            session_epoch=-1,
-            topics=[FetchRequest.FetchTopic(topic="kafka3-idem", partitions=[part])],
-        )
-        fetch.with_header(correlation_id=4, client_id="t")
-        with socket.create_connection(kafka_address(cluster, follower), timeout=30) as sock:
-            sock.sendall(bytes(fetch.encode(header=True, framed=True)))
-            fresp = FetchResponse[11].decode(read_frame(sock), header=True)
-        [fpart] = fresp.responses[0].partitions
-        assert fpart.error_code == NOT_LEADER_OR_FOLLOWER and not batches(fpart.records or b"")
+        leader_host, leader_port = kafka_address(cluster, leader)
+        for version in (9, 10, 12):  # v10+: KIP-951's leader hint comes with the refusal
+            data = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=bytes(kafka_v2_batch()))
+            request = ProduceRequest[version](
+                transactional_id=None,
+                acks=-1,
+                timeout_ms=30000,
+                topic_data=[ProduceRequest.TopicProduceData(name="kafka3-idem", partition_data=[data])],
+            )
+            request.with_header(correlation_id=3, client_id="t")
+            with socket.create_connection(kafka_address(cluster, follower), timeout=30) as sock:
+                sock.sendall(bytes(request.encode(header=True, framed=True)))
+                resp = ProduceResponse[version].decode(read_frame(sock), header=True)
+            assert partition_answer(resp)[0] == NOT_LEADER_OR_FOLLOWER
+            if version >= 10:
+                [hinted] = resp.responses[0].partition_responses
+                assert (hinted.current_leader.leader_id, hinted.current_leader.leader_epoch) == (leader, epoch)
+                assert [(n.node_id, n.host, n.port) for n in resp.node_endpoints] == [
+                    (leader, leader_host, leader_port)
+                ]
+        for version in (11, 12, 16):  # current_leader from v12, node_endpoints from v16
+            part = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
+            fetch = FetchRequest[version](
+                replica_id=-1,
+                max_wait_ms=100,
+                min_bytes=0,
+                max_bytes=1 << 20,
+                isolation_level=1,
+                session_id=0,
+                session_epoch=-1,
+                topics=[
+                    FetchRequest.FetchTopic(
+                        topic="kafka3-idem", topic_id=topic_id(cluster, "kafka3-idem"), partitions=[part]
+                    )
+                ],
+            )
+            fetch.with_header(correlation_id=4, client_id="t")
+            with socket.create_connection(kafka_address(cluster, follower), timeout=30) as sock:
+                sock.sendall(bytes(fetch.encode(header=True, framed=True)))
+                fresp = FetchResponse[version].decode(read_frame(sock), header=True)
+            [fpart] = fresp.responses[0].partitions
+            assert fpart.error_code == NOT_LEADER_OR_FOLLOWER and not batches(fpart.records or b"")
+            if version >= 12:
+                assert (fpart.current_leader.leader_id, fpart.current_leader.leader_epoch) == (leader, epoch)
+            if version >= 16:
+                assert [(n.node_id, n.host, n.port) for n in fresp.node_endpoints] == [
+                    (leader, leader_host, leader_port)
+                ]

@@ -16,6 +16,9 @@ client drops them. A Kafka client needs the markers: its position moves past
 the last batch it was sent, so a marker left out would leave the consumer one
 offset short of the LSO for ever (lag 1 after every transaction).
 
+From v12 a NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH partition carries
+KIP-951's leader hint (``current_leader``; ``node_endpoints`` from v16).
+
 No fetch sessions (KIP-227): every answer carries session id 0, which tells
 the client no session was created, so it sends full requests; a request
 naming a session id is answered FETCH_SESSION_ID_NOT_FOUND, as Kafka answers
@@ -30,6 +33,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.list_offsets import KAFKA_READ_COMMITTED
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
 from sluice.broker.kafka.messages.fetch_request import FetchRequest
@@ -37,6 +41,8 @@ from sluice.broker.kafka.messages.fetch_response import (
     AbortedTransaction,
     FetchableTopicResponse,
     FetchResponse,
+    LeaderIdAndEpoch,
+    NodeEndpoint,
     PartitionData,
 )
 from sluice.broker.kafka.messages.request_header import RequestHeader
@@ -44,6 +50,7 @@ from sluice.broker.kafka.record_batch import to_v2_batch
 
 TOPIC_IDS_FROM = 13  # Fetch v13 names topics by id (KIP-516)
 FETCH_SESSION_ID_NOT_FOUND = 70  # Kafka's; sessions do not exist over gRPC
+LEADER_HINTS_FROM, NODE_ENDPOINTS_FROM = 12, 16  # KIP-951: current_leader from v12, node_endpoints from v16
 
 
 def aborted(answer: bpb.FetchPartitionResponse) -> list[AbortedTransaction]:
@@ -91,6 +98,7 @@ class FetchHandler:
             answer = bpb.FetchResponse.FromString(await ctx.replicas.fetch(core, client_filters_aborted=True))
         answered = iter(answer.topics)
         resp = FetchResponse(session_id=0)
+        hints: dict[int, LeaderHint] = {}
         for t, topic in enumerate(request.topics):
             out = FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id)
             if t in unknown_ids:
@@ -100,7 +108,8 @@ class FetchHandler:
                     )
                 resp.responses.append(out)
                 continue
-            for p, a in zip(topic.partitions, next(answered).partitions, strict=True):
+            answered_topic = next(answered)
+            for p, a in zip(topic.partitions, answered_topic.partitions, strict=True):
                 part = PartitionData(
                     partition_index=p.partition,
                     error_code=int(a.error_code),
@@ -110,6 +119,14 @@ class FetchHandler:
                     aborted_transactions=aborted(a) if read_committed else None,
                     records=b"".join(to_v2_batch(b) for b in a.batches),
                 )
+                hint = leader_hint(ctx, answered_topic.name, p.partition, part.error_code)
+                if hint is not None and version >= LEADER_HINTS_FROM:
+                    part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
+                    hints[hint.leader_id] = hint
                 out.partitions.append(part)
             resp.responses.append(out)
+        if version >= NODE_ENDPOINTS_FROM:
+            resp.node_endpoints = [
+                NodeEndpoint(node_id=h.leader_id, host=h.host, port=h.port, rack=h.rack) for h in hints.values()
+            ]
         return resp

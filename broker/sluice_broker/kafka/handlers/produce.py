@@ -22,6 +22,8 @@ Kafka's own rules on the request, which the gRPC API does not have to spell:
   partition was refused, the connection is closed instead, as Kafka does, so
   the producer notices and refreshes its metadata.
 * v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
+* v10+: NOT_LEADER_OR_FOLLOWER comes with KIP-951's leader hint
+  (:mod:`~sluice.broker.kafka.handlers.leader_hint`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
+from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
 from sluice.broker.kafka.messages.produce_request import ProduceRequest
 from sluice.broker.kafka.messages.produce_response import (
+    LeaderIdAndEpoch,
+    NodeEndpoint,
     PartitionProduceResponse,
     ProduceResponse,
     TopicProduceResponse,
@@ -43,6 +48,7 @@ from sluice.broker.kafka.record_batch import split_batches, to_sluice_batch
 from sluice.records import RecordBatch
 
 TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)
+LEADER_HINTS_FROM = 10  # KIP-951
 
 
 def convert(records: bytes | None) -> RecordBatch:
@@ -89,6 +95,7 @@ class ProduceHandler:
             refusals.append(mine)
         answer = await ctx.replicas.produce(core) if any(t.partitions for t in core.topics) else None
         resp = ProduceResponse()
+        hints: dict[int, LeaderHint] = {}
         for t, topic in enumerate(request.topic_data):
             answered = iter(answer.topics[t].partitions) if answer is not None else iter(())
             out = TopicProduceResponse(name=topic.name, topic_id=topic.topic_id)
@@ -103,8 +110,15 @@ class ProduceHandler:
                     part.base_offset = a.base_offset
                     part.log_append_time_ms = a.log_append_time
                     part.log_start_offset = a.log_start_offset
+                    hint = leader_hint(ctx, core.topics[t].name, p.index, part.error_code)
+                    if hint is not None and version >= LEADER_HINTS_FROM:
+                        part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
+                        hints[hint.leader_id] = hint
                 out.partition_responses.append(part)
             resp.responses.append(out)
+        resp.node_endpoints = [
+            NodeEndpoint(node_id=h.leader_id, host=h.host, port=h.port, rack=h.rack) for h in hints.values()
+        ]
         if request.acks == 0:
             failed = [p for t in resp.responses for p in t.partition_responses if p.error_code]
             if failed:
