@@ -392,3 +392,44 @@ def test_three_brokers_rf3_idempotent_transactional_and_not_leader(tmp_path_fact
                 assert [(n.node_id, n.host, n.port) for n in fresp.node_endpoints] == [
                     (leader, leader_host, leader_port)
                 ]
+
+
+def test_list_and_delete_groups_through_kafka_python_admin(kcluster: LocalCluster) -> None:
+    from kafka.admin import KafkaAdminClient
+
+    from .test_kafka_listener import commit_offsets
+
+    topic = "kafka-groups"
+    create(kcluster, topic)
+    assert commit_offsets(kcluster, 8, "kafka-offsets-only", topic, {0: 3}) == [(topic, 0, 0)]
+    # a group with a live member (a gRPC consumer: Sluice's KIP-848 protocol)
+    member = Consumer(bootstrap_servers=kcluster.bootstrap_servers, group_id="kafka-live-group")
+    member.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while not member.assignment() and time.monotonic() < deadline:
+        member.poll(timeout=0.5)
+    assert member.assignment()
+    admin = KafkaAdminClient(bootstrap_servers=kcluster.kafka_bootstrap_servers, request_timeout_ms=60000)
+    try:
+        listed = {g["group_id"]: g for g in admin.list_groups()}
+        assert listed["kafka-offsets-only"]["group_state"] == "Empty"
+        assert listed["kafka-live-group"]["group_state"] == "Stable"
+        assert {listed[g]["protocol_type"] for g in ("kafka-offsets-only", "kafka-live-group")} == {"consumer"}
+        stable = {g["group_id"] for g in admin.list_groups(states_filter=["Stable"])}
+        assert "kafka-live-group" in stable and "kafka-offsets-only" not in stable
+        assert admin.list_groups(types_filter=["classic"]) == []
+        results = admin.delete_groups(["kafka-offsets-only", "kafka-live-group", "kafka-no-such-group"])
+        assert results == {
+            "kafka-offsets-only": "OK",
+            "kafka-live-group": "NonEmptyGroupError",
+            "kafka-no-such-group": "GroupIdNotFoundError",
+        }
+        remaining = {g["group_id"] for g in admin.list_groups()}
+        assert "kafka-offsets-only" not in remaining and "kafka-live-group" in remaining
+    finally:
+        admin.close()
+        member.close()
+    # the gRPC Admin sees the same: the deleted group's offsets are gone
+    grpc_admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
+    assert "kafka-offsets-only" not in {g.group_id for g in grpc_admin.list_consumer_groups()}
+    grpc_admin.close()

@@ -18,6 +18,7 @@ from sluice.broker.kafka.handlers.describe_transactions import (
 )
 from sluice.broker.kafka.handlers.fetch import FetchHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
+from sluice.broker.kafka.handlers.groups import DeleteGroupsHandler, ListGroupsHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
@@ -55,6 +56,8 @@ def build_handlers() -> dict[int, Handler]:
         TxnOffsetCommitHandler(),
         OffsetForLeaderEpochHandler(),
         DescribeConfigsHandler(),
+        ListGroupsHandler(),
+        DeleteGroupsHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
