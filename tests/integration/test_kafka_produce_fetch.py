@@ -433,3 +433,47 @@ def test_list_and_delete_groups_through_kafka_python_admin(kcluster: LocalCluste
     grpc_admin = Admin(bootstrap_servers=kcluster.bootstrap_servers)
     assert "kafka-offsets-only" not in {g.group_id for g in grpc_admin.list_consumer_groups()}
     grpc_admin.close()
+
+
+def test_describe_producers_shows_idempotent_and_open_transactional_producers(kcluster: LocalCluster) -> None:
+    from kafka.protocol.admin import DescribeProducersRequest, DescribeProducersResponse
+
+    topic = "kafka-describe-producers"
+    create(kcluster, topic)
+
+    def producers() -> tuple[int, dict[int, tuple[int, int, int]]]:
+        request = DescribeProducersRequest[0](
+            topics=[DescribeProducersRequest.TopicRequest(name=topic, partition_indexes=[0])]
+        )
+        [part] = ask(kcluster, request, DescribeProducersResponse[0]).topics[0].partitions
+        states = {
+            s.producer_id: (s.producer_epoch, s.last_sequence, s.current_txn_start_offset)
+            for s in part.active_producers
+        }
+        return part.error_code, states
+
+    assert producers() == (0, {})
+    idempotent = kafka_producer(kcluster, enable_idempotence=True, acks="all")
+    for i in range(5):
+        idempotent.send(topic, value=b"i%d" % i, partition=0).get(timeout=60)
+    idempotent.close()
+    [(pid, (epoch, last_seq, txn_start))] = producers()[1].items()
+    assert (epoch, last_seq, txn_start) == (0, 4, -1)
+    txn = kafka_producer(kcluster, transactional_id="kafka-describe-producers-txn")
+    try:
+        txn.init_transactions()
+        txn.begin_transaction()
+        first = txn.send(topic, value=b"open", partition=0).get(timeout=60).offset
+        assert first == 5
+        states = producers()[1]
+        [txn_pid] = set(states) - {pid}
+        assert states[txn_pid][2] == first  # the open transaction's first offset on the partition
+        txn.commit_transaction()
+        assert producers()[1][txn_pid][2] == -1
+    finally:
+        txn.close()
+    # a partition that does not exist
+    request = DescribeProducersRequest[0](
+        topics=[DescribeProducersRequest.TopicRequest(name=topic, partition_indexes=[7])]
+    )
+    assert ask(kcluster, request, DescribeProducersResponse[0]).topics[0].partitions[0].error_code == 3

@@ -12,6 +12,7 @@ from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
+from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
 from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
     ListTransactionsHandler,
@@ -58,6 +59,7 @@ def build_handlers() -> dict[int, Handler]:
         DescribeConfigsHandler(),
         ListGroupsHandler(),
         DeleteGroupsHandler(),
+        DescribeProducersHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
