@@ -205,22 +205,31 @@ def to_sluice_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
     )
 
 
-def _zigzag(out: bytearray, value: int) -> None:
-    """Append ``value`` as Kafka's zigzag varint (varint and varlong alike)."""
-    raw = (value << 1) ^ (value >> 63)
-    raw &= (1 << 64) - 1
+def _zigzag_slow(value: int) -> bytes:
+    """``value`` as Kafka's zigzag varint (varint and varlong alike)."""
+    raw = ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
     while raw >= 0x80:
         out.append((raw & 0x7F) | 0x80)
         raw >>= 7
     out.append(raw)
+    return bytes(out)
 
 
-def _bytes_field(out: bytearray, data: bytes | None) -> None:
-    if data is None:
-        _zigzag(out, -1)
-    else:
-        _zigzag(out, len(data))
-        out += data
+# Every value of at most two varint bytes, encoded once: record lengths, deltas, key and value
+# lengths and header counts are nearly always this small, so the fetch path does a list look-up
+# per field instead of a loop (about 2x faster conversion, measured in docs/kafka-compatibility.md).
+_SMALL_LIMIT = 8192
+_SMALL = [_zigzag_slow(v) for v in range(-_SMALL_LIMIT, _SMALL_LIMIT)]
+
+
+def _zigzag(value: int) -> bytes:
+    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
+        return _SMALL[value + _SMALL_LIMIT]
+    return _zigzag_slow(value)
+
+
+_NULL = _zigzag(-1)
 
 
 def to_v2_batch(batch: RecordBatch) -> bytes:
@@ -230,23 +239,41 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     The records are written uncompressed: re-compressing on the fetch path would add the
     codec's cost to the conversion's, and Kafka clients accept any codec per batch.
     """
-    records = bytearray()
+    pieces: list[bytes] = []
+    add = pieces.append
     first_ts = batch.first_timestamp
     base = batch.base_offset
-    body = bytearray()
+    zz = _zigzag
     for offset, timestamp, key, value, headers in decode_record_tuples(batch):
-        body.clear()
-        body.append(0)  # record attributes: unused
-        _zigzag(body, timestamp - first_ts)
-        _zigzag(body, offset - base)
-        _bytes_field(body, key)
-        _bytes_field(body, value)
-        _zigzag(body, len(headers))
+        # attributes (unused, 0), timestamp delta, offset delta
+        head = b"\x00" + zz(timestamp - first_ts) + zz(offset - base)
+        size = len(head)
+        fields = [head]
+        if key is None:
+            fields.append(_NULL)
+            size += 1
+        else:
+            klen = zz(len(key))
+            fields += (klen, key)
+            size += len(klen) + len(key)
+        if value is None:
+            fields.append(_NULL)
+            size += 1
+        else:
+            vlen = zz(len(value))
+            fields += (vlen, value)
+            size += len(vlen) + len(value)
+        count = zz(len(headers))
+        fields.append(count)
+        size += len(count)
         for hkey, hvalue in headers:
-            _bytes_field(body, hkey.encode())
-            _bytes_field(body, hvalue)
-        _zigzag(records, len(body))
-        records += body
+            encoded = hkey.encode()
+            hk, hv = zz(len(encoded)), zz(len(hvalue))
+            fields += (hk, encoded, hv, hvalue)
+            size += len(hk) + len(encoded) + len(hv) + len(hvalue)
+        add(zz(size))
+        pieces += fields
+    records = b"".join(pieces)
     attributes = COMPRESSION_NONE
     if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
         attributes |= 0x08
@@ -262,7 +289,7 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     after_crc = struct.pack(
         ">hiqqqhii", attributes, batch.record_count - 1, first_ts, batch.max_timestamp, pid, epoch, seq,
         batch.record_count,
-    ) + bytes(records)  # fmt: skip
+    ) + records  # fmt: skip
     crc = _crc32c.crc32c(after_crc)
     length = HEADER_SIZE - 12 + len(records)
     return struct.pack(">qiibI", base, length, batch.partition_leader_epoch, 2, crc) + after_crc
