@@ -441,9 +441,7 @@ class ReplicaManager:
         self._check_storage()
         part = self.partitions.get((topic, partition))
         if part is None or (topic, partition) not in self.leader_of:
-            raise errors.NotLeaderOrFollowerError(
-                f"broker {self.config.broker_id} does not lead {topic}-{partition}"
-            )
+            raise errors.NotLeaderOrFollowerError(f"broker {self.config.broker_id} does not lead {topic}-{partition}")
         return part
 
     def _notify(self) -> None:
@@ -657,9 +655,7 @@ class ReplicaManager:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
 
-    def _replica_fetch_once(
-        self, req: ipb.ReplicaFetchRequest, budget: int, record: bool
-    ) -> tuple[bytes, int, bool]:
+    def _replica_fetch_once(self, req: ipb.ReplicaFetchRequest, budget: int, record: bool) -> tuple[bytes, int, bool]:
         out = ReplicaFetchResponseWriter()
         total = 0
         any_error = False
@@ -760,9 +756,7 @@ class ReplicaManager:
                         isr.append(r)
             if me not in isr:
                 isr.insert(0, me)
-            if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(
-                key[0], key[1], me, part.leader_epoch, isr
-            ):
+            if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(key[0], key[1], me, part.leader_epoch, isr):
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
                 self.events.isr_changed(pinfo.isr, isr)
                 if self._maybe_advance_hw(key, part):
@@ -779,8 +773,12 @@ class ReplicaManager:
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    async def fetch(self, req: bpb.FetchRequest) -> bytes:
-        """The FetchResponse, serialized (FetchResponseWriter): the servicer sends the bytes as they are."""
+    async def fetch(self, req: bpb.FetchRequest, client_filters_aborted: bool = False) -> bytes:
+        """The FetchResponse, serialized (FetchResponseWriter): the servicer sends the bytes as they are.
+
+        ``client_filters_aborted`` (Kafka's clients): read_committed stops at the LSO but keeps aborted
+        batches and markers and answers the aborted list, as Kafka does; the client drops them.
+        """
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         max_bytes = req.max_bytes or self.config.int("fetch.max.bytes")
         min_bytes = max(req.min_bytes, 0)
@@ -788,7 +786,7 @@ class ReplicaManager:
         while True:
             waiter = self._data_arrived
             tally = FetchTally()
-            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally)
+            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally, client_filters_aborted)
             remaining = deadline - time.monotonic()
             if total >= max(min_bytes, 1) or any_error or remaining <= 0:
                 self.events.fetched(tally)
@@ -797,7 +795,12 @@ class ReplicaManager:
                 await asyncio.wait_for(waiter.wait(), remaining)
 
     def _fetch_once(
-        self, req: bpb.FetchRequest, max_bytes: int, read_committed: bool, tally: FetchTally | None = None
+        self,
+        req: bpb.FetchRequest,
+        max_bytes: int,
+        read_committed: bool,
+        tally: FetchTally | None = None,
+        client_filters_aborted: bool = False,
     ) -> tuple[bytes, int, bool]:
         """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
         out = FetchResponseWriter()
@@ -829,7 +832,10 @@ class ReplicaManager:
                     presp.last_stable_offset = part.last_stable_offset
                     presp.log_start_offset = part.log_start_offset
                     budget = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(max_bytes - total, 1))
-                    result = part.read(fp.fetch_offset, budget, read_committed)
+                    if read_committed and client_filters_aborted:
+                        result = part.read(fp.fetch_offset, budget, False, upto=part.last_stable_offset)
+                    else:
+                        result = part.read(fp.fetch_offset, budget, read_committed)
                     raw = result.raw
                     presp.next_fetch_offset = result.next_fetch_offset
                     for pid, first in result.aborted:

@@ -110,10 +110,12 @@ class KafkaListener:
                 raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
             if frame is None:
                 return
-            writer.write(await self._answer(frame))
-            await writer.drain()
+            answer = await self._answer(frame)
+            if answer is not None:  # None: a request Kafka does not answer (Produce with acks=0)
+                writer.write(answer)
+                await writer.drain()
 
-    async def _answer(self, frame: bytes) -> bytes:
+    async def _answer(self, frame: bytes) -> bytes | None:
         request = parse_request(frame)
         header = request.header
         key, version = header.request_api_key, header.request_api_version
@@ -133,4 +135,6 @@ class KafkaListener:
         except DecodeError as exc:
             raise FrameError(f"undecodable {api.name} v{version} body: {exc}") from None
         response = await handler.handle(self.ctx, header, body)
+        if response is None:
+            return None
         return response_frame(key, header.correlation_id, response, version)

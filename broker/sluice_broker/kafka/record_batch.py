@@ -40,7 +40,7 @@ import zstandard
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.records import BatchBuilder, RecordBatch
+from sluice.records import BatchBuilder, RecordBatch, decode_record_tuples
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -203,3 +203,93 @@ def to_sluice_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
         transactional=header.transactional,
         compression=_TO_SLUICE_COMPRESSION.get(header.compression, records_pb2.COMPRESSION_NONE),
     )
+
+
+def _zigzag_slow(value: int) -> bytes:
+    """``value`` as Kafka's zigzag varint (varint and varlong alike)."""
+    raw = ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
+    while raw >= 0x80:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+# Every value of at most two varint bytes, encoded once: record lengths, deltas, key and value
+# lengths and header counts are nearly always this small, so the fetch path does a list look-up
+# per field instead of a loop (about 2x faster conversion, measured in docs/kafka-compatibility.md).
+_SMALL_LIMIT = 8192
+_SMALL = [_zigzag_slow(v) for v in range(-_SMALL_LIMIT, _SMALL_LIMIT)]
+
+
+def _zigzag(value: int) -> bytes:
+    if -_SMALL_LIMIT <= value < _SMALL_LIMIT:
+        return _SMALL[value + _SMALL_LIMIT]
+    return _zigzag_slow(value)
+
+
+_NULL = _zigzag(-1)
+
+
+def to_v2_batch(batch: RecordBatch) -> bytes:
+    """A stored Sluice batch as the Kafka v2 batch a Kafka consumer fetches (same offsets, keys,
+    values, headers and timestamps; control and transactional flags kept).
+
+    The records are written uncompressed: re-compressing on the fetch path would add the
+    codec's cost to the conversion's, and Kafka clients accept any codec per batch.
+    """
+    pieces: list[bytes] = []
+    add = pieces.append
+    first_ts = batch.first_timestamp
+    base = batch.base_offset
+    zz = _zigzag
+    for offset, timestamp, key, value, headers in decode_record_tuples(batch):
+        # attributes (unused, 0), timestamp delta, offset delta
+        head = b"\x00" + zz(timestamp - first_ts) + zz(offset - base)
+        size = len(head)
+        fields = [head]
+        if key is None:
+            fields.append(_NULL)
+            size += 1
+        else:
+            klen = zz(len(key))
+            fields += (klen, key)
+            size += len(klen) + len(key)
+        if value is None:
+            fields.append(_NULL)
+            size += 1
+        else:
+            vlen = zz(len(value))
+            fields += (vlen, value)
+            size += len(vlen) + len(value)
+        count = zz(len(headers))
+        fields.append(count)
+        size += len(count)
+        for hkey, hvalue in headers:
+            encoded = hkey.encode()
+            hk, hv = zz(len(encoded)), zz(len(hvalue))
+            fields += (hk, encoded, hv, hvalue)
+            size += len(hk) + len(encoded) + len(hv) + len(hvalue)
+        add(zz(size))
+        pieces += fields
+    records = b"".join(pieces)
+    attributes = COMPRESSION_NONE
+    if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
+        attributes |= 0x08
+    if batch.transactional:
+        attributes |= 0x10
+    if batch.control:
+        attributes |= 0x20
+    # Sluice spells "no producer id" -1 or 0; Kafka only -1, with epoch and sequence -1 too.
+    if batch.producer_id > 0:
+        pid, epoch, seq = batch.producer_id, batch.producer_epoch, batch.base_sequence
+    else:
+        pid, epoch, seq = -1, -1, -1
+    after_crc = struct.pack(
+        ">hiqqqhii", attributes, batch.record_count - 1, first_ts, batch.max_timestamp, pid, epoch, seq,
+        batch.record_count,
+    ) + records  # fmt: skip
+    crc = _crc32c.crc32c(after_crc)
+    length = HEADER_SIZE - 12 + len(records)
+    return struct.pack(">qiibI", base, length, batch.partition_leader_epoch, 2, crc) + after_crc

@@ -12,16 +12,20 @@ from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
+from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
 from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
     ListTransactionsHandler,
 )
+from sluice.broker.kafka.handlers.fetch import FetchHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
+from sluice.broker.kafka.handlers.groups import DeleteGroupsHandler, ListGroupsHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
+from sluice.broker.kafka.handlers.produce import ProduceHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
     AddOffsetsToTxnHandler,
@@ -34,6 +38,8 @@ def build_handlers() -> dict[int, Handler]:
     handlers: dict[int, Handler] = {}
     served: list[Handler] = [
         MetadataHandler(),
+        ProduceHandler(),
+        FetchHandler(),
         FindCoordinatorHandler(),
         CreateTopicsHandler(),
         DeleteTopicsHandler(),
@@ -51,6 +57,9 @@ def build_handlers() -> dict[int, Handler]:
         TxnOffsetCommitHandler(),
         OffsetForLeaderEpochHandler(),
         DescribeConfigsHandler(),
+        ListGroupsHandler(),
+        DeleteGroupsHandler(),
+        DescribeProducersHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler

@@ -13,6 +13,9 @@ class Handler(Protocol):
     api_key: int
     versions: Versions  # the versions served (advertised in ApiVersions)
 
-    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
-        """The response to ``request`` (decoded at ``header.request_api_version``)."""
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message | None:
+        """The response to ``request`` (decoded at ``header.request_api_version``).
+
+        None: no response at all (Produce with acks=0, as Kafka).
+        """
         ...

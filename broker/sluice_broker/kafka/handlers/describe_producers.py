@@ -1,0 +1,56 @@
+"""DescribeProducers: the active producers of partitions this broker leads (kafka-transactions).
+
+Read from the partition log's producer state, the same state idempotence and
+transactions are checked against: per producer id its epoch, last sequence,
+last timestamp, coordinator epoch and, while it has a transaction open on the
+partition, that transaction's first offset (Kafka's
+``current_txn_start_offset``: what an operator uses to find a hanging
+transaction). As in Kafka the leader answers; another broker answers
+NOT_LEADER_OR_FOLLOWER, an unknown partition UNKNOWN_TOPIC_OR_PARTITION.
+"""
+
+from __future__ import annotations
+
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.messages.describe_producers_request import DescribeProducersRequest
+from sluice.broker.kafka.messages.describe_producers_response import (
+    DescribeProducersResponse,
+    PartitionResponse,
+    ProducerState,
+    TopicResponse,
+)
+from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.errors import SluiceError
+
+
+class DescribeProducersHandler:
+    api_key = 61
+    versions = Versions(0, 0)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, DescribeProducersRequest)
+        resp = DescribeProducersResponse()
+        for topic in request.topics:
+            out = TopicResponse(name=topic.name)
+            for index in topic.partition_indexes:
+                part = PartitionResponse(partition_index=index)
+                try:
+                    log = ctx.replicas.leader_partition(topic.name, index)
+                except SluiceError as exc:
+                    part.error_code, part.error_message = int(exc.code), exc.message
+                else:
+                    for pid, entry in sorted(log.producers.items()):
+                        part.active_producers.append(
+                            ProducerState(
+                                producer_id=pid,
+                                producer_epoch=entry.epoch,
+                                last_sequence=entry.last_seq,
+                                last_timestamp=entry.last_timestamp,
+                                coordinator_epoch=entry.coordinator_epoch,
+                                current_txn_start_offset=log.open_txns.get(pid, -1),
+                            )
+                        )
+                out.partitions.append(part)
+            resp.topics.append(out)
+        return resp

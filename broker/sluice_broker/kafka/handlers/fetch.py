@@ -1,0 +1,132 @@
+"""Fetch: the replica manager's fetch, its batches handed to Kafka clients as v2 batches.
+
+The gRPC Fetch does the work (long poll on min_bytes/max_wait_ms, HW or LSO
+by isolation level, the aborted-transaction list, FENCED_LEADER_EPOCH /
+UNKNOWN_LEADER_EPOCH on a stale ``current_leader_epoch``,
+NOT_LEADER_OR_FOLLOWER off the leader, OFFSET_OUT_OF_RANGE); this handler
+maps Kafka's request onto it and converts each stored batch into Kafka's v2
+format (:func:`~sluice.broker.kafka.record_batch.to_v2_batch`) with its own
+base offset, so a Kafka consumer sees the offsets, keys, values, headers and
+timestamps a gRPC consumer sees.
+
+read_committed differs from the gRPC fetch's (which drops aborted batches and
+markers on the broker): as Kafka does, the answer stops at the LSO but keeps
+aborted batches and markers and lists the aborted transactions, and the
+client drops them. A Kafka client needs the markers: its position moves past
+the last batch it was sent, so a marker left out would leave the consumer one
+offset short of the LSO for ever (lag 1 after every transaction).
+
+From v12 a NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH partition carries
+KIP-951's leader hint (``current_leader``; ``node_endpoints`` from v16).
+
+No fetch sessions (KIP-227): every answer carries session id 0, which tells
+the client no session was created, so it sends full requests; a request
+naming a session id is answered FETCH_SESSION_ID_NOT_FOUND, as Kafka answers
+a session it no longer has. ``forgotten_topics_data`` only matters inside a
+session and is ignored. Followers of a Sluice cluster replicate over gRPC, so a
+replica id in a Kafka fetch is not acted on: the fetch is served as a consumer's.
+"""
+
+from __future__ import annotations
+
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
+from sluice.broker.kafka.handlers.list_offsets import KAFKA_READ_COMMITTED
+from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
+from sluice.broker.kafka.messages.fetch_request import FetchRequest
+from sluice.broker.kafka.messages.fetch_response import (
+    AbortedTransaction,
+    FetchableTopicResponse,
+    FetchResponse,
+    LeaderIdAndEpoch,
+    NodeEndpoint,
+    PartitionData,
+)
+from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka.record_batch import to_v2_batch
+
+TOPIC_IDS_FROM = 13  # Fetch v13 names topics by id (KIP-516)
+FETCH_SESSION_ID_NOT_FOUND = 70  # Kafka's; sessions do not exist over gRPC
+LEADER_HINTS_FROM, NODE_ENDPOINTS_FROM = 12, 16  # KIP-951: current_leader from v12, node_endpoints from v16
+
+
+def aborted(answer: bpb.FetchPartitionResponse) -> list[AbortedTransaction]:
+    found = answer.aborted_transactions
+    return [AbortedTransaction(producer_id=x.producer_id, first_offset=x.first_offset) for x in found]
+
+
+class FetchHandler:
+    api_key = 1
+    versions = Versions(4, 18)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, FetchRequest)
+        version = header.request_api_version
+        if request.session_id != 0:
+            return FetchResponse(error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0)
+        read_committed = request.isolation_level == KAFKA_READ_COMMITTED
+        by_id = {topic_uuid(t): t.name for t in ctx.cluster.topics.values()} if version >= TOPIC_IDS_FROM else {}
+        core = bpb.FetchRequest(
+            max_wait_ms=max(request.max_wait_ms, 0),
+            min_bytes=max(request.min_bytes, 0),
+            max_bytes=max(request.max_bytes, 1),
+            isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
+        )
+        unknown_ids: set[int] = set()  # topic indexes of the request whose id names no topic
+        for t, topic in enumerate(request.topics):
+            name = topic.topic
+            if version >= TOPIC_IDS_FROM:
+                name = by_id.get(topic.topic_id, "")
+                if not name:
+                    unknown_ids.add(t)
+                    continue
+            ct = core.topics.add(name=name)
+            for p in topic.partitions:
+                ct.partitions.add(
+                    partition=p.partition,
+                    fetch_offset=p.fetch_offset,
+                    partition_max_bytes=max(p.partition_max_bytes, 1),
+                    current_leader_epoch=p.current_leader_epoch,
+                )
+        answer = bpb.FetchResponse()
+        if core.topics:
+            # The core answers serialized bytes (its gRPC fast path); parsing them back is part of the
+            # conversion this first path pays (docs/kafka-compatibility.md).
+            answer = bpb.FetchResponse.FromString(await ctx.replicas.fetch(core, client_filters_aborted=True))
+        answered = iter(answer.topics)
+        resp = FetchResponse(session_id=0)
+        hints: dict[int, LeaderHint] = {}
+        for t, topic in enumerate(request.topics):
+            out = FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id)
+            if t in unknown_ids:
+                for p in topic.partitions:
+                    out.partitions.append(
+                        PartitionData(partition_index=p.partition, error_code=UNKNOWN_TOPIC_ID, high_watermark=-1)
+                    )
+                resp.responses.append(out)
+                continue
+            answered_topic = next(answered)
+            for p, a in zip(topic.partitions, answered_topic.partitions, strict=True):
+                part = PartitionData(
+                    partition_index=p.partition,
+                    error_code=int(a.error_code),
+                    high_watermark=a.high_watermark,
+                    last_stable_offset=a.last_stable_offset,
+                    log_start_offset=a.log_start_offset,
+                    aborted_transactions=aborted(a) if read_committed else None,
+                    records=b"".join(to_v2_batch(b) for b in a.batches),
+                )
+                hint = leader_hint(ctx, answered_topic.name, p.partition, part.error_code)
+                if hint is not None and version >= LEADER_HINTS_FROM:
+                    part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
+                    hints[hint.leader_id] = hint
+                out.partitions.append(part)
+            resp.responses.append(out)
+        if version >= NODE_ENDPOINTS_FROM:
+            resp.node_endpoints = [
+                NodeEndpoint(node_id=h.leader_id, host=h.host, port=h.port, rack=h.rack) for h in hints.values()
+            ]
+        return resp

@@ -1,0 +1,128 @@
+"""Produce: Kafka v2 record batches into the same partitions, producer state and transactions.
+
+The simplest correct path, measured in docs/kafka-compatibility.md: each
+partition's v2 batch is validated (:func:`~sluice.broker.kafka.record_batch.split_batches`:
+magic 2 only, CRC-32C, lengths) and converted into a Sluice batch with the
+same producer id, epoch, base sequence, transactional flag, keys, values,
+headers and timestamps; then the replica manager's produce, the one the gRPC
+servicer calls, appends it. So idempotence (sequence checks, duplicates
+answered with the original offset), KIP-890's transaction verification,
+min.insync.replicas, acks and NOT_LEADER_OR_FOLLOWER are exactly the gRPC
+path's, and so are their error codes, which are Kafka's (sluice/errors.py).
+
+Kafka's own rules on the request, which the gRPC API does not have to spell:
+
+* v3+ carries exactly one batch per partition (Kafka: INVALID_RECORD
+  otherwise); a partition with no records is INVALID_RECORD too.
+* A CRC mismatch or a batch whose length runs past the data is
+  CORRUPT_MESSAGE; magic < 2 is INVALID_RECORD (KIP-724); a codec Sluice
+  cannot read is UNSUPPORTED_COMPRESSION_TYPE. These are per partition: the
+  other partitions of the request are still appended.
+* acks=0 gets no response at all (the listener writes nothing back); when a
+  partition was refused, the connection is closed instead, as Kafka does, so
+  the producer notices and refreshes its metadata.
+* v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
+* v10+: NOT_LEADER_OR_FOLLOWER comes with KIP-951's leader hint
+  (:mod:`~sluice.broker.kafka.handlers.leader_hint`).
+"""
+
+from __future__ import annotations
+
+from sluice import errors
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.broker.kafka.codec import Message, Versions
+from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.framing import FrameError
+from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
+from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
+from sluice.broker.kafka.messages.produce_request import ProduceRequest
+from sluice.broker.kafka.messages.produce_response import (
+    LeaderIdAndEpoch,
+    NodeEndpoint,
+    PartitionProduceResponse,
+    ProduceResponse,
+    TopicProduceResponse,
+)
+from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka.record_batch import split_batches, to_sluice_batch
+from sluice.records import RecordBatch
+
+TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)
+LEADER_HINTS_FROM = 10  # KIP-951
+
+
+def convert(records: bytes | None) -> RecordBatch:
+    """The one v2 batch of a partition's ``records``, validated and converted (a SluiceError if not)."""
+    if not records:
+        raise errors.InvalidRecordError("a produced partition has no record batch")
+    batches = split_batches(records)
+    if len(batches) != 1:
+        raise errors.InvalidRecordError(f"Produce v3+ carries one record batch per partition, not {len(batches)}")
+    header, batch = batches[0]
+    if header.record_count == 0:
+        raise errors.InvalidRecordError("a record batch without records")
+    return to_sluice_batch(header, batch)
+
+
+class ProduceHandler:
+    api_key = 0
+    versions = Versions(3, 13)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message | None:
+        assert isinstance(request, ProduceRequest)
+        version = header.request_api_version
+        by_id = {topic_uuid(t): t.name for t in ctx.cluster.topics.values()} if version >= TOPIC_IDS_FROM else {}
+        core = bpb.ProduceRequest(
+            transactional_id=request.transactional_id or "", acks=request.acks, timeout_ms=request.timeout_ms
+        )
+        # Per partition of the request, in order: the refusal found here, or None (the core answers).
+        refusals: list[list[tuple[int, str] | None]] = []
+        for topic in request.topic_data:
+            name = by_id.get(topic.topic_id, "") if version >= TOPIC_IDS_FROM else topic.name
+            ct = core.topics.add(name=name)
+            mine: list[tuple[int, str] | None] = []
+            for p in topic.partition_data:
+                if version >= TOPIC_IDS_FROM and not name:
+                    mine.append((UNKNOWN_TOPIC_ID, f"no topic has id {topic.topic_id}"))
+                    continue
+                try:
+                    batch = convert(p.records)
+                except errors.SluiceError as exc:
+                    mine.append((int(exc.code), exc.message))
+                    continue
+                ct.partitions.add(partition=p.index, batch=batch)
+                mine.append(None)
+            refusals.append(mine)
+        answer = await ctx.replicas.produce(core) if any(t.partitions for t in core.topics) else None
+        resp = ProduceResponse()
+        hints: dict[int, LeaderHint] = {}
+        for t, topic in enumerate(request.topic_data):
+            answered = iter(answer.topics[t].partitions) if answer is not None else iter(())
+            out = TopicProduceResponse(name=topic.name, topic_id=topic.topic_id)
+            for p, refusal in zip(topic.partition_data, refusals[t], strict=True):
+                part = PartitionProduceResponse(index=p.index, base_offset=-1)
+                if refusal is not None:
+                    part.error_code, part.error_message = refusal
+                else:
+                    a = next(answered)
+                    part.error_code = int(a.error_code)
+                    part.error_message = a.error_message or None
+                    part.base_offset = a.base_offset
+                    part.log_append_time_ms = a.log_append_time
+                    part.log_start_offset = a.log_start_offset
+                    hint = leader_hint(ctx, core.topics[t].name, p.index, part.error_code)
+                    if hint is not None and version >= LEADER_HINTS_FROM:
+                        part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
+                        hints[hint.leader_id] = hint
+                out.partition_responses.append(part)
+            resp.responses.append(out)
+        resp.node_endpoints = [
+            NodeEndpoint(node_id=h.leader_id, host=h.host, port=h.port, rack=h.rack) for h in hints.values()
+        ]
+        if request.acks == 0:
+            failed = [p for t in resp.responses for p in t.partition_responses if p.error_code]
+            if failed:
+                # The only way to tell an acks=0 producer: Kafka closes the connection, so it refreshes.
+                raise FrameError(f"acks=0 produce refused for {len(failed)} partition(s), error {failed[0].error_code}")
+            return None  # Kafka sends nothing back to an acks=0 producer
+        return resp
