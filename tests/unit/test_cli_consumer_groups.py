@@ -121,8 +121,8 @@ def test_top_keeps_refreshing_when_a_refresh_fails(
             raise exc
         return top.Screen("c1", [(0, "h:1")], {0: 1}, 1, [], [], [], 0, [], 0)
 
-    monkeypatch.setattr(top, "open_admin", lambda bootstrap: NoAdmin())
-    monkeypatch.setattr(top, "bootstrap_servers", lambda args: "h:1")
+    monkeypatch.setattr(top, "open_admin", lambda connection: NoAdmin())
+    monkeypatch.setattr(top, "connection", lambda args: "h:1")
     monkeypatch.setattr(top, "gather", gather)
     assert cli.main(["top", "--iterations", "2", "--interval", "0.01"]) == 0
     out = capsys.readouterr().out
