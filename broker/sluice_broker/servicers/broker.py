@@ -430,36 +430,40 @@ class BrokerService:
         return resp
 
     async def describe_groups(self, req: bpb.DescribeGroupsRequest, ctx: Ctx) -> bpb.DescribeGroupsResponse:
-        return await self._group_admin_call(req, ctx, AclOperation.DESCRIBE)  # type: ignore[return-value]
+        refused = self._group_refusals(ctx, AclOperation.DESCRIBE, req.group_ids)
+        allowed = [g for g in req.group_ids if g not in refused]
+        answered = await self.group_admin.describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
+        by_id = {g.group_id: g for g in answered.groups}
+        return bpb.DescribeGroupsResponse(
+            groups=[
+                bpb.DescribedGroup(group_id=g, error_code=refused[g][0], error_message=refused[g][1])
+                if g in refused
+                else by_id[g]
+                for g in req.group_ids
+            ]
+        )
 
     async def delete_groups(self, req: bpb.DeleteGroupsRequest, ctx: Ctx) -> bpb.DeleteGroupsResponse:
-        return await self._group_admin_call(req, ctx, AclOperation.DELETE)  # type: ignore[return-value]
+        refused = self._group_refusals(ctx, AclOperation.DELETE, req.group_ids)
+        allowed = [g for g in req.group_ids if g not in refused]
+        answered = await self.group_admin.delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed))
+        by_id = {g.group_id: g for g in answered.results}
+        return bpb.DeleteGroupsResponse(
+            results=[
+                bpb.DeletedGroup(group_id=g, error_code=refused[g][0], error_message=refused[g][1])
+                if g in refused
+                else by_id[g]
+                for g in req.group_ids
+            ]
+        )
 
-    async def _group_admin_call(
-        self, req: bpb.DescribeGroupsRequest | bpb.DeleteGroupsRequest, ctx: Ctx, op: AclOperation
-    ) -> bpb.DescribeGroupsResponse | bpb.DeleteGroupsResponse:
-        """Answer the groups the caller may ``op`` through GroupAdmin; the others get GROUP_AUTHORIZATION_FAILED."""
-        refusals = {g: checks.check_group(self.access, ctx, op, g) for g in req.group_ids}
-        allowed = [g for g in req.group_ids if refusals[g] is None]
-        resp: bpb.DescribeGroupsResponse | bpb.DeleteGroupsResponse
-        if isinstance(req, bpb.DescribeGroupsRequest):
-            resp = await self.group_admin.describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
-            answered = {g.group_id: g for g in resp.groups}
-            out = bpb.DescribeGroupsResponse()
-            for g in req.group_ids:
-                refused = refusals[g]
-                if refused is None:
-                    out.groups.append(answered[g])
-                else:
-                    out.groups.append(bpb.DescribedGroup(group_id=g, error_code=refused[0], error_message=refused[1]))
-            return out
-        resp = await self.group_admin.delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed))
-        deleted = {g.group_id: g for g in resp.results}
-        result = bpb.DeleteGroupsResponse()
-        for g in req.group_ids:
-            refused = refusals[g]
-            if refused is None:
-                result.results.append(deleted[g])
-            else:
-                result.results.append(bpb.DeletedGroup(group_id=g, error_code=refused[0], error_message=refused[1]))
-        return result
+    def _group_refusals(
+        self, ctx: Ctx, op: AclOperation, group_ids: Iterable[str]
+    ) -> dict[str, tuple[pb.ErrorCode, str]]:
+        """GROUP_AUTHORIZATION_FAILED (code, message) for each group the caller may not ``op``."""
+        out = {}
+        for g in group_ids:
+            refusal = checks.check_group(self.access, ctx, op, g)
+            if refusal is not None:
+                out[g] = refusal
+        return out
