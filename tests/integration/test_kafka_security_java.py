@@ -65,7 +65,7 @@ def events(out: str) -> list[dict[str, object]]:
 
 def test_verifiable_producer_then_console_consumer_over_ssl(jars: Path, scluster: LocalCluster, tmp_path: Path) -> None:
     config = properties(scluster, "java-writer", tmp_path / "producer.properties",
-                        {"enable.idempotence": "true", "acks": "all"})  # fmt: skip
+                        {"enable.idempotence": "true", "acks": "all", "retries": "2147483647"})  # fmt: skip
     done = run_tool(jars, "org.apache.kafka.tools.VerifiableProducer",
                     ["--bootstrap-server", scluster.kafka_bootstrap_servers, "--topic", TOPIC,
                      "--max-messages", "500", "--acks", "-1", "--command-config", str(config)])  # fmt: skip
