@@ -36,6 +36,7 @@ from sluice.broker.kafka.framing import API_VERSIONS_KEY, FrameError, parse_requ
 from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.messages import APIS
+from sluice.broker.security.connections import ConnectionQuotas
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 
@@ -50,6 +51,8 @@ class KafkaListener:
         self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # max.connections.per.ip & co. (sluice.broker.security.connections), counted at accept and close
+        self.connection_quotas = ConnectionQuotas.from_config(ctx.config)
         self.address: tuple[str, int] | None = None
 
     async def start(self, host: str, port: int, advertised: tuple[str, int] | None = None) -> None:
@@ -89,6 +92,13 @@ class KafkaListener:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
+        refused = self.connection_quotas.open(host)
+        if refused is not None:  # as Kafka: the new connection is closed at once, with a log line
+            self._connections.discard(task)
+            log.warning("kafka listener: closing the connection from %s: %s", peer, refused)
+            writer.close()
+            return
         try:
             await self._connection(reader, writer)
         except FrameError as exc:
@@ -98,6 +108,7 @@ class KafkaListener:
         except Exception:
             log.exception("kafka listener: closing the connection from %s after an internal error", peer)
         finally:
+            self.connection_quotas.close(host)
             self._connections.discard(task)
             writer.close()
 

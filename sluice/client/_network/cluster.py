@@ -102,6 +102,7 @@ READ_ONLY: frozenset[Rpc[Any, Any]] = frozenset(
         rpcs.DESCRIBE_ACLS,
         rpcs.LIST_TRANSACTIONS,
         rpcs.LIST_GROUPS,
+        rpcs.DESCRIBE_CLIENT_QUOTAS,
     }
 )
 # What gRPC says when nothing listens at an address (or the name does not resolve).
