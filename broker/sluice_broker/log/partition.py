@@ -42,6 +42,7 @@ from sluice.broker.log.producer_state import (
     ProducerEntry,
     check_append,
     check_marker,
+    is_expired,
 )
 from sluice.broker.log.storage import Storage, WriteSet
 from sluice.records import (
@@ -346,9 +347,7 @@ class PartitionLog:
         expired = [
             pid
             for pid, entry in self.producers.items()
-            if pid not in self.open_txns
-            and now - entry.last_timestamp >= expiration
-            and not any(marker >= hw for _first, marker in entry.completed)
+            if is_expired(entry, now, expiration, hw, pid in self.open_txns)
         ]
         if not expired:
             return 0
