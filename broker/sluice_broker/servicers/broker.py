@@ -121,6 +121,8 @@ class BrokerService:
             return
         now = time.monotonic()
         if now - self._held_logged.get(who, -HELD_LOG_EVERY_S) >= HELD_LOG_EVERY_S:  # once a minute per principal
+            if len(self._held_logged) >= 10_000:  # bounded, whatever the number of principals
+                self._held_logged.clear()
             self._held_logged[who] = now
             log.info(
                 "held a %s of %s back %.0f ms: its client did not wait out its throttle time (%s)",
