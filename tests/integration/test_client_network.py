@@ -121,3 +121,20 @@ def test_nothing_listening_fails_fast_naming_the_addresses() -> None:
     assert took < 5.0, f"took {took:.1f} s to say nothing listens"
     assert all(addr in str(info.value) for addr in addrs), info.value
     assert not info.value.retriable
+
+
+def test_a_request_that_changes_something_moves_on_from_a_paused_broker(tmp_path: Path) -> None:
+    with cluster3(tmp_path) as cluster:
+        cluster.pause(2)
+        try:
+            # the paused broker is one of two addresses: tried first, it gets half the timeout, then the other
+            addrs = cluster.bootstrap_servers.split(",")
+            admin = Admin(bootstrap_servers=",".join([addrs[2], addrs[0]]), request_timeout_ms=12_000)
+            for i in range(3):
+                started = time.monotonic()
+                admin.create_topic(f"c{i}", partitions=1, replication_factor=2)
+                took = time.monotonic() - started
+                assert took < 10.0, f"CreateTopics took {took:.1f} s with the first broker paused"
+            admin.close()
+        finally:
+            cluster.resume(2)

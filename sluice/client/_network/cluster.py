@@ -296,20 +296,24 @@ class Cluster:
     def call_any(self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None) -> ResponseT:
         """An RPC any broker can answer, within ``timeout`` (default: the request timeout) in all.
 
-        Brokers are tried in :meth:`candidates` order, each for what is left of the
-        timeout; a read-only RPC is also sent to the next broker when the first has not
-        answered within :data:`HEDGE_AFTER_S` (see the module docstring).
+        Brokers are tried in :meth:`candidates` order, one at a time, each for at most half of
+        what is left of the timeout while others remain; a read-only RPC is also sent to the
+        next broker when the first has not answered within :data:`HEDGE_AFTER_S` (see the
+        module docstring).
         """
         deadline = Deadline(self.request_timeout if timeout is None else timeout)
         addrs = self.candidates()
         if rpc in READ_ONLY and len(addrs) > 1:
             return self._hedged(addrs, rpc, request, deadline)
         failures: list[tuple[str, errors.SluiceError]] = []
-        for addr in addrs:
+        for i, addr in enumerate(addrs):
             if failures and deadline.expired():
                 break
+            # one at a time (it changes something); while others are left, at most half of what
+            # remains, so a broker that does not answer leaves the next one a chance
+            cap = self.request_timeout if i == len(addrs) - 1 else max(1.0, deadline.remaining() / 2)
             try:
-                return self.call(addr, rpc, request, deadline.timeout(self.request_timeout))
+                return self.call(addr, rpc, request, deadline.timeout(min(self.request_timeout, cap)))
             except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
                 failures.append((addr, exc))
         raise self._none_answered(rpc, addrs, failures)
