@@ -102,6 +102,13 @@ class BrokerNotAvailableError(SluiceError):
     retriable = True
 
 
+class NoBrokersAvailableError(SluiceError):
+    """Nothing listens at any address the client knows (every connection refused) and it never reached
+    a broker: a wrong bootstrap address or a stopped cluster. Raised at once, naming the addresses."""
+
+    code = records_pb2.NONE
+
+
 class InvalidArgumentError(SluiceError):
     """The broker refused the request as malformed (gRPC INVALID_ARGUMENT)."""
 
@@ -316,6 +323,14 @@ class InvalidRequestError(SluiceError):
     code = E.INVALID_REQUEST
     retriable = False
     category = Category.ABORTABLE
+
+
+class PolicyViolationError(SluiceError):
+    """A configured cap is reached (producer states per partition, transactional ids); the message names its key."""
+
+    code = E.POLICY_VIOLATION
+    retriable = False
+    category = Category.ABORTABLE  # the record or call fails, the client goes on (as MESSAGE_TOO_LARGE)
 
 
 class OutOfOrderSequenceError(SluiceError):
@@ -570,6 +585,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     InvalidReplicationFactorError,
     InvalidConfigError,
     InvalidRequestError,
+    PolicyViolationError,
     OutOfOrderSequenceError,
     DuplicateSequenceNumberError,
     InvalidProducerEpochError,

@@ -307,6 +307,7 @@ async def serve(
             try:
                 cluster.refresh()
                 servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
+                servicer.broker.user_quotas.refresh()  # client quotas: the quotas/users/ documents
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
@@ -321,6 +322,12 @@ async def serve(
         while True:
             await asyncio.sleep(interval)
             replicas.apply_retention()
+
+    async def producer_expiry() -> None:
+        interval = config.int("producer.id.expiration.check.interval.ms") / 1000
+        while True:
+            await asyncio.sleep(interval)
+            replicas.expire_producers()
 
     async def replication_housekeeping() -> None:
         interval = min(config.int("replica.lag.time.max.ms") / 4000, ISR_CHECK_S)
@@ -341,6 +348,7 @@ async def serve(
     tasks = [
         asyncio.create_task(watch_metadata()),
         asyncio.create_task(retention()),
+        asyncio.create_task(producer_expiry()),
         asyncio.create_task(replication_housekeeping()),
     ]
     await stopping.wait()

@@ -896,6 +896,21 @@ class ReplicaManager:
 
     # -- housekeeping -----------------------------------------------------------------------------
 
+    def expire_producers(self) -> int:
+        """Forget idle producer states (producer.id.expiration.ms) on every replica; how many."""
+        if self.storage.failure is not None:
+            return 0
+        now = now_ms()
+        removed = 0
+        for key, part in list(self.partitions.items()):
+            try:
+                removed += part.remove_expired_producers(now)
+            except Exception:
+                log.exception("expiring producer states failed on %s-%d", *key)
+        if removed:
+            log.info("%d idle producer state(s) expired (producer.id.expiration.ms)", removed)
+        return removed
+
     def apply_retention(self) -> None:
         """Retention and compaction, on every replica (each cleans its own copy the same way)."""
         if self.storage.failure is not None:

@@ -55,6 +55,7 @@ from sluice.broker.kafka.framing import (
 from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.messages import APIS
+from sluice.broker.security.connections import ConnectionQuotas
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 
@@ -70,6 +71,8 @@ class KafkaListener:
         self.tls: ssl.SSLContext | None = transport.server_context(ctx.config)  # None: plaintext
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # max.connections.per.ip & co. (sluice.broker.security.connections), counted at accept and close
+        self.connection_quotas = ConnectionQuotas.from_config(ctx.config)
         self.address: tuple[str, int] | None = None
 
     async def start(self, host: str, port: int, advertised: tuple[str, int] | None = None) -> None:
@@ -110,6 +113,13 @@ class KafkaListener:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
+        refused = self.connection_quotas.open(host)
+        if refused is not None:  # as Kafka: the new connection is closed at once, with a log line
+            self._connections.discard(task)
+            log.warning("kafka listener: closing the connection from %s: %s", peer, refused)
+            writer.close()
+            return
         try:
             # the handshake is the first await (transport.handshake): nothing may be read before it
             if self.tls is not None and not await transport.handshake(writer, self.tls):
@@ -123,6 +133,7 @@ class KafkaListener:
         except Exception:
             log.exception("kafka listener: closing the connection from %s after an internal error", peer)
         finally:
+            self.connection_quotas.close(host)
             self._connections.discard(task)
             writer.close()
 

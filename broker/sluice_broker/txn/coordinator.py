@@ -186,6 +186,9 @@ def _resume_message(meta: TxnMetadata, producer_id: int, producer_epoch: int) ->
     )
 
 
+TXN_ID_CAP_KEY = "transactional.id.max.count"
+
+
 class TransactionCoordinator:
     """The requests of the transaction protocol; a shard of the coordinator runtime."""
 
@@ -366,6 +369,17 @@ class TransactionCoordinator:
             answer(resp, exc)
         return resp
 
+    def _check_room(self, transactional_id: str) -> None:
+        """A new id: refused once this coordinator holds transactional.id.max.count ids (idle ones
+        expire after transactional.id.expiration.ms and make room)."""
+        cap = self.config.int(TXN_ID_CAP_KEY)
+        held = sum(len(cpart.state.txns) for cpart in self.runtime.active_partitions())
+        if held >= cap:
+            raise errors.PolicyViolationError(
+                f"this transaction coordinator already holds {held} transactional ids ({TXN_ID_CAP_KEY}={cap}); "
+                f"{transactional_id!r} is refused until idle ids expire (transactional.id.expiration.ms)"
+            )
+
     def _new_producer_id(self) -> int:
         try:
             return self.cluster.next_producer_id()
@@ -395,6 +409,7 @@ class TransactionCoordinator:
         cpart = self._partition_for(tid)
         now = self.clock()
         if tid not in cpart.state.txns:
+            self._check_room(tid)
             new = TxnMetadata.new(tid, self._new_producer_id(), req.transaction_timeout_ms, now)
             entry = TxnEntry(None)
             cpart.state.txns[tid] = entry

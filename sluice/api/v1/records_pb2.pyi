@@ -39,6 +39,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_REPLICATION_FACTOR: _ClassVar[ErrorCode]
     INVALID_CONFIG: _ClassVar[ErrorCode]
     INVALID_REQUEST: _ClassVar[ErrorCode]
+    POLICY_VIOLATION: _ClassVar[ErrorCode]
     OUT_OF_ORDER_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
     DUPLICATE_SEQUENCE_NUMBER: _ClassVar[ErrorCode]
     INVALID_PRODUCER_EPOCH: _ClassVar[ErrorCode]
@@ -113,6 +114,7 @@ INVALID_PARTITIONS: ErrorCode
 INVALID_REPLICATION_FACTOR: ErrorCode
 INVALID_CONFIG: ErrorCode
 INVALID_REQUEST: ErrorCode
+POLICY_VIOLATION: ErrorCode
 OUT_OF_ORDER_SEQUENCE_NUMBER: ErrorCode
 DUPLICATE_SEQUENCE_NUMBER: ErrorCode
 INVALID_PRODUCER_EPOCH: ErrorCode
