@@ -228,6 +228,15 @@ class RocksStorage:
         value = self._db.property_value(name)
         return None if value is None else str(value)
 
+    def cf_str_properties(self, name: str) -> dict[str, str]:
+        """A per-column-family RocksDB text property (``rocksdb.cfstats`` ...) of every column family."""
+        out: dict[str, str] = {}
+        for cf, view in self._cfs.items():
+            value = view.property_value(name)
+            if value is not None:
+                out[cf] = str(value)
+        return out
+
     def close(self) -> None:
         # Column-family views hold references to the DB: drop them first, or
         # RocksDB keeps its LOCK file and the same process cannot reopen it.
