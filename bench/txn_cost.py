@@ -81,7 +81,7 @@ class Snapshot:
     controller_cpu: float = 0.0
     requests: dict[str, float] = field(default_factory=dict)  # RPC -> answered, all brokers
     stall_seconds: float = 0.0
-    stalls: dict[str, float] = field(default_factory=dict)  # delay/stop -> count
+    stalls: dict[str, float] = field(default_factory=dict)  # RocksDB's cause -> count
     compaction_bytes: float = 0.0
     level0_files: float = 0.0
     commits: float = 0.0
@@ -103,7 +103,7 @@ def snapshot(cluster: LocalCluster, brokers: int) -> Snapshot:
         for labels, value in m.series("kafka_network_requestmetrics_requests_total"):
             requests[labels.get("request", "?")] += value
         for labels, value in m.series("sluice_rocksdb_write_stalls_total"):
-            stalls[labels.get("kind", "?")] += value
+            stalls[labels.get("cause", "?")] += value
         for labels, value in m.series("sluice_long_poll_wakeups_total"):
             wakeups[f"{labels.get('wait')}/{labels.get('result')}"] += value
         snap.stall_seconds += m.total("sluice_rocksdb_write_stall_seconds_total")
@@ -180,7 +180,9 @@ def report(round_no: int, result: dict[str, Any], before: Snapshot, after: Snaps
             k: round((v - before.wakeups.get(k, 0.0)) / txns, 2) for k, v in sorted(after.wakeups.items()) if txns
         },
         "rocksdb_level0_files_end": after.level0_files,
-        "rocksdb_write_stalls": {k: after.stalls.get(k, 0.0) - before.stalls.get(k, 0.0) for k in after.stalls},
+        "rocksdb_write_stalls": {
+            k: v - before.stalls.get(k, 0.0) for k, v in sorted(after.stalls.items()) if v - before.stalls.get(k, 0.0)
+        },
         "rocksdb_stall_seconds": round(after.stall_seconds - before.stall_seconds, 2),
         "rocksdb_compaction_mb": round((after.compaction_bytes - before.compaction_bytes) / 1e6),
     }

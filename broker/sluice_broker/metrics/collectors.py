@@ -388,20 +388,23 @@ _CUMULATIVE_STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
 
 # In rocksdb.cfstats (per column family): "Cumulative compaction: 1.23 GB write, ..." and
-# "Write Stall (count): ..., total-delays: 3, total-stops: 0"
+# "Write Stall (count): cf-l0-file-count-limit-delays-with-ongoing-compaction: 0, ..., memtable-limit-stops: 2, ..."
 _CUMULATIVE_COMPACTION = re.compile(r"Cumulative compaction: ([\d.]+) GB write")
-_STALL_COUNTS = re.compile(r"total-delays: (\d+), total-stops: (\d+)")
+_WRITE_STALL_LINE = re.compile(r"Write Stall \(count\): (.*)")
+_STALL_CAUSE = re.compile(r"([a-z0-9-]+): (\d+)")
 
 
-def compaction_stats(cfstats: str) -> tuple[float, int, int] | None:
-    """(bytes written by compactions, write delays, write stops) from one column family's
-    ``rocksdb.cfstats`` text; None when the text has neither line. RocksDB prints the bytes in GB
-    with two decimals, so the figure moves in 10 MB steps."""
+def compaction_stats(cfstats: str) -> tuple[float, dict[str, int]] | None:
+    """(bytes written by compactions, write stalls by cause) from one column family's ``rocksdb.cfstats``
+    text; None when the text has neither line. RocksDB prints the bytes in GB with two decimals, so the
+    figure moves in 10 MB steps. Causes are RocksDB's names (``memtable-limit-stops``,
+    ``l0-file-count-limit-delays`` ...); the ``total-*`` sums are left out."""
     written = _CUMULATIVE_COMPACTION.search(cfstats)
-    stalls = _STALL_COUNTS.search(cfstats)
+    stalls = _WRITE_STALL_LINE.search(cfstats)
     if written is None or stalls is None:
         return None
-    return float(written.group(1)) * 1e9, int(stalls.group(1)), int(stalls.group(2))
+    causes = {name: int(n) for name, n in _STALL_CAUSE.findall(stalls.group(1)) if not name.startswith("total-")}
+    return float(written.group(1)) * 1e9, causes
 
 
 def stall_seconds(dbstats: str) -> float | None:
@@ -430,16 +433,17 @@ class StorageCollector(_SafeCollector):
         )
         stalls = CounterMetricFamily(
             "sluice_rocksdb_write_stalls",
-            "Writes RocksDB delayed or stopped since the broker started (L0 files, memtables, pending bytes)",
-            labels=["column_family", "kind"],
+            "Writes RocksDB delayed or stopped since the broker started, by cause (RocksDB's names: "
+            "memtable-limit-stops, l0-file-count-limit-delays, pending-compaction-bytes-stops ...)",
+            labels=["column_family", "cause"],
         )
         for cf, text in sorted(self.storage.cf_str_properties("rocksdb.cfstats").items()):
             parsed = compaction_stats(text)
             if parsed is None:
                 continue
             written.add_metric([cf], parsed[0])
-            stalls.add_metric([cf, "delay"], parsed[1])
-            stalls.add_metric([cf, "stop"], parsed[2])
+            for cause, n in sorted(parsed[1].items()):
+                stalls.add_metric([cf, cause], n)
         yield written
         yield stalls
 
