@@ -55,6 +55,7 @@ from sluice.client._network import (
 from sluice.client._network import rpc as rpcs
 from sluice.client.producer.accumulator import ProducerBatch, RecordAccumulator
 from sluice.client.producer.transaction_manager import (
+    CONCURRENT_TRANSACTIONS_RETRY_S,
     TransactionManager,
     TransactionState,
     ends_the_producer,
@@ -457,8 +458,17 @@ class Sender(threading.Thread):
             self._txn_error(fatal)
         elif retry:
             self.txn.partitions_add_failed(retry, retry=True)
-            self._add_retry_at = time.monotonic() + self._add_backoff.next()
+            self._add_retry_at = time.monotonic() + self._add_retry_delay(retry, results)
         self.wakeup()
+
+    def _add_retry_delay(
+        self, retry: list[TopicPartition], results: dict[TopicPartition, broker_pb2.TxnPartitionResult]
+    ) -> float:
+        """A short flat delay while the previous transaction completes; the growing backoff otherwise."""
+        codes = {r.error_code for r in (results.get(tp) for tp in retry) if r is not None}
+        if codes == {records_pb2.CONCURRENT_TRANSACTIONS}:
+            return CONCURRENT_TRANSACTIONS_RETRY_S
+        return self._add_backoff.next()
 
     def _add_failed(self, tps: list[TopicPartition], exc: errors.SluiceError) -> None:
         if exc.retriable:
