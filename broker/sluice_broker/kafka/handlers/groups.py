@@ -1,14 +1,24 @@
-"""ListGroups and DeleteGroups: what kafka-consumer-groups.sh and admin clients ask a broker.
+"""ListGroups, DescribeGroups and DeleteGroups: what kafka-consumer-groups.sh and admin clients ask.
 
 The gRPC group administration (:class:`~sluice.broker.servicers.group_admin.GroupAdmin`)
 does the work over the same group coordinator, so a group listed or deleted
-here is the group gRPC clients see. Every Sluice group is a KIP-848 consumer
-group: listed with protocol type and group type ``consumer`` and Kafka's state
-names (Empty, Reconciling, Stable). ListGroups is per broker, as in Kafka: a
-broker lists the groups whose ``__consumer_offsets`` partitions it leads (an
-admin client asks every broker); a partition still loading answers
-COORDINATOR_LOAD_IN_PROGRESS. A ``types_filter`` (v5) without ``consumer``
-(``classic``, ``share``) lists nothing: Sluice has no such groups.
+here is the group gRPC clients see. A group is a KIP-848 ``consumer`` group
+(its members heartbeat with ConsumerGroupHeartbeat or Sluice's gRPC
+heartbeat; Kafka's state names Empty, Reconciling, Stable) or a ``classic``
+one (JoinGroup/SyncGroup members; states Empty, PreparingRebalance,
+CompletingRebalance, Stable); both have protocol type ``consumer``. A group
+with committed offsets only is listed as an Empty ``consumer`` group.
+ListGroups is per broker, as in Kafka: a broker lists the groups whose
+``__consumer_offsets`` partitions it leads (an admin client asks every
+broker); a partition still loading answers COORDINATOR_LOAD_IN_PROGRESS.
+``states_filter`` (v4) and ``types_filter`` (v5) match case-insensitively;
+``share`` and ``streams`` groups do not exist here.
+
+DescribeGroups describes classic groups as Kafka does (members with their
+metadata and assignment in Stable only). A KIP-848 group with members, or an
+unknown group, is GROUP_ID_NOT_FOUND from v6 (KIP-1043) and the state Dead
+with no error before; a group with offsets only is Empty.
+
 DeleteGroups answers per group: NON_EMPTY_GROUP while it has members (or
 offsets pending in an open transaction), GROUP_ID_NOT_FOUND for a group with
 neither members nor offsets, NOT_COORDINATOR elsewhere.
@@ -17,16 +27,25 @@ neither members nor offsets, NOT_COORDINATOR elsewhere.
 from __future__ import annotations
 
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.delete_groups_request import DeleteGroupsRequest
 from sluice.broker.kafka.messages.delete_groups_response import DeletableGroupResult, DeleteGroupsResponse
+from sluice.broker.kafka.messages.describe_groups_request import DescribeGroupsRequest
+from sluice.broker.kafka.messages.describe_groups_response import (
+    DescribedGroup,
+    DescribedGroupMember,
+    DescribeGroupsResponse,
+)
 from sluice.broker.kafka.messages.list_groups_request import ListGroupsRequest
 from sluice.broker.kafka.messages.list_groups_response import ListedGroup, ListGroupsResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
 from sluice.broker.servicers.group_admin import GroupAdmin
 
-CONSUMER = "consumer"  # Kafka's protocol type and (KIP-848) group type of every Sluice group
+CONSUMER = "consumer"  # Kafka's protocol type of every Sluice group, and the KIP-848 group type
+CLASSIC = "classic"
+DEAD = "Dead"
 
 
 def _admin(ctx: KafkaContext) -> GroupAdmin:
@@ -40,16 +59,49 @@ class ListGroupsHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, ListGroupsRequest)
         resp = ListGroupsResponse()
-        if request.types_filter and CONSUMER not in {t.lower() for t in request.types_filter}:
-            return resp
-        listed = await _admin(ctx).list_groups(bpb.ListGroupsRequest(states_filter=list(request.states_filter)))
+        types = {t.lower() for t in request.types_filter}
+        states = {s.lower() for s in request.states_filter}
+        listed = await _admin(ctx).list_groups(bpb.ListGroupsRequest())
+        classic = ctx.groups.classic.listing()
         resp.error_code = int(listed.error_code)
-        for group in listed.groups:
-            resp.groups.append(
-                ListedGroup(
-                    group_id=group.group_id, protocol_type=CONSUMER, group_state=group.state, group_type=CONSUMER
-                )
-            )
+        found = [(g.group_id, g.state, CONSUMER) for g in listed.groups if g.group_id not in classic]
+        found += [(group_id, state, CLASSIC) for group_id, state in classic.items()]
+        for group_id, state, kind in sorted(found):
+            if (types and kind not in types) or (states and state.lower() not in states):
+                continue
+            listed_group = ListedGroup(group_id=group_id, protocol_type=CONSUMER, group_state=state, group_type=kind)
+            resp.groups.append(listed_group)
+        return resp
+
+
+class DescribeGroupsHandler:
+    api_key = 15
+    versions = Versions(0, 6)
+
+    async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
+        assert isinstance(request, DescribeGroupsRequest)
+        resp = DescribeGroupsResponse()
+        for group_id in request.groups:
+            d = ctx.groups.classic.describe(group_id)
+            out = DescribedGroup(group_id=group_id, error_code=int(d.error))
+            if d.error == pb.GROUP_ID_NOT_FOUND and header.request_api_version < 6:
+                out.error_code, out.group_state = pb.NONE, DEAD  # before KIP-1043: Dead, no error
+            elif d.error != pb.NONE:
+                out.error_message = d.message or None
+            else:
+                out.group_state, out.protocol_type, out.protocol_data = d.state, d.protocol_type, d.protocol_name
+                out.members = [
+                    DescribedGroupMember(
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id,
+                        client_id=m.client_id,
+                        client_host=m.client_host,
+                        member_metadata=m.metadata,
+                        member_assignment=m.assignment,
+                    )
+                    for m in d.members
+                ]
+            resp.groups.append(out)
         return resp
 
 
