@@ -30,7 +30,7 @@ from kafka import TopicPartition as KTopicPartition  # noqa: E402
 from kafka.admin import KafkaAdminClient  # noqa: E402
 from kafka.coordinator.assignors.range import RangePartitionAssignor  # noqa: E402
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor  # noqa: E402
-from kafka.protocol.group import (  # noqa: E402
+from kafka.protocol.consumer import (  # noqa: E402
     HeartbeatRequest,
     HeartbeatResponse,
     JoinGroupRequest,
@@ -135,18 +135,22 @@ def split(members: list[Member], partitions: int) -> list[frozenset[int]] | None
 
 
 def describe(cluster: LocalCluster, group: str) -> dict[str, Any]:
+    """DescribeGroups through kafka-python's admin (it decodes the consumer protocol's bytes)."""
     admin = KafkaAdminClient(bootstrap_servers=cluster.kafka_bootstrap_servers, request_timeout_ms=30000)
     try:
-        [described] = admin.describe_consumer_groups([group])
+        described = admin.describe_groups([group])[group]
     finally:
         admin.close()
+    assert described["error"] is None, described
     return {
-        "state": described.state,
-        "protocol_type": described.protocol_type,
-        "protocol": described.protocol,
+        "state": described["group_state"],
+        "protocol_type": described["protocol_type"],
+        "protocol": described["protocol_data"],
         "members": {
-            m.client_id: sorted((t, p) for t, ps in m.member_assignment.assignment for p in ps)
-            for m in described.members
+            m["client_id"]: sorted(
+                (t["topic"], p) for t in m["member_assignment"]["assigned_partitions"] for p in t["partitions"]
+            )
+            for m in described["members"]
         },
     }
 
