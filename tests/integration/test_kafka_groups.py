@@ -40,6 +40,7 @@ from kafka.protocol.consumer import (  # noqa: E402
     SyncGroupRequest,
     SyncGroupResponse,
 )
+from kafka.errors import CommitFailedError, RebalanceInProgressError  # noqa: E402
 from kafka.structs import OffsetAndMetadata  # noqa: E402
 
 # Kafka error codes the tests expect
@@ -103,14 +104,19 @@ class Member(threading.Thread):
 
     def run(self) -> None:
         deadline = time.monotonic() + self.limit_s
+        unsaved = False  # read records whose commit a rebalance refused
         try:
             while not self.stopping.is_set() and time.monotonic() < deadline:
                 batch = self.consumer.poll(timeout_ms=200)
                 for recs in batch.values():
                     self.records.extend((r.partition, r.offset, r.value) for r in recs)
                 self.assigned = frozenset(tp.partition for tp in self.consumer.assignment())
-                if batch:
-                    self.consumer.commit()
+                if batch or unsaved:
+                    try:
+                        self.consumer.commit()
+                        unsaved = False
+                    except (CommitFailedError, RebalanceInProgressError):
+                        unsaved = True  # Kafka's answer while the group rebalances: commit again after it
         except BaseException as exc:  # reported by stop()
             self.error = exc
         finally:

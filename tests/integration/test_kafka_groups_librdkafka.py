@@ -21,6 +21,7 @@ from .helpers import wait_for
 from .test_kafka_groups import create
 
 ck = pytest.importorskip("confluent_kafka")  # the dev extra installs confluent-kafka
+REBALANCING = {ck.KafkaError.REBALANCE_IN_PROGRESS, ck.KafkaError.ILLEGAL_GENERATION, ck.KafkaError.UNKNOWN_MEMBER_ID}
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +58,24 @@ class RdMember(threading.Thread):
 
     def run(self) -> None:
         deadline = time.monotonic() + 240
+        unsaved: dict[int, Any] = {}  # partition -> its last message whose commit a rebalance refused
         try:
             while not self.stopping.is_set() and time.monotonic() < deadline:
                 message = self.consumer.poll(0.2)
                 if message is not None and message.error() is None:
                     self.values.append(message.value())
-                    self.consumer.commit(message=message, asynchronous=False)
+                    unsaved[message.partition()] = message
                 self.assigned = frozenset(tp.partition for tp in self.consumer.assignment())
+                for partition in [p for p in unsaved if p not in self.assigned]:
+                    del unsaved[partition]  # moved: its next owner reads from the last commit
+                for partition, last in list(unsaved.items()):
+                    try:
+                        self.consumer.commit(message=last, asynchronous=False)
+                        del unsaved[partition]
+                    except ck.KafkaException as exc:
+                        # Kafka's answers while the group rebalances: commit again once it is done
+                        if exc.args[0].code() not in REBALANCING:
+                            raise
         except BaseException as exc:
             self.error = exc
         finally:
