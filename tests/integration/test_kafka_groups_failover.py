@@ -54,7 +54,11 @@ def test_members_keep_their_generation_and_offsets_when_the_coordinator_is_kille
         assert all(o >= 100 for o in committed(cluster, group).values())
         wait_for(lambda: committed(cluster, group) == {p: 150 for p in range(4)}, timeout=180,
                  what="the records produced after the failover read and committed")  # fmt: skip
-        # the same members with the same partitions: the restored group did not rebalance
+        # the new coordinator loaded the group from its record, and the members kept their partitions
+        successor = coordinator_of(cluster, group)
+        assert successor != victim
+        log = cluster.brokers[successor].log_path.read_text(errors="replace")
+        assert f"classic group(s): {group}@" in log
         assert [m.assigned for m in members] == before
         for m in members:
             m.stop()
