@@ -30,6 +30,7 @@ from kafka import TopicPartition as KTopicPartition  # noqa: E402
 from kafka.admin import KafkaAdminClient  # noqa: E402
 from kafka.coordinator.assignors.range import RangePartitionAssignor  # noqa: E402
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor  # noqa: E402
+from kafka.errors import CommitFailedError, RebalanceInProgressError  # noqa: E402
 from kafka.protocol.consumer import (  # noqa: E402
     HeartbeatRequest,
     HeartbeatResponse,
@@ -40,7 +41,6 @@ from kafka.protocol.consumer import (  # noqa: E402
     SyncGroupRequest,
     SyncGroupResponse,
 )
-from kafka.errors import CommitFailedError, RebalanceInProgressError  # noqa: E402
 from kafka.structs import OffsetAndMetadata  # noqa: E402
 
 # Kafka error codes the tests expect
