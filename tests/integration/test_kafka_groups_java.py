@@ -93,3 +93,25 @@ def test_console_consumer_in_a_group_then_consumer_groups_describe_shows_the_lag
     listed = run_tool(jars, GROUP_COMMAND, ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--list"])
     assert group in listed.split()
     admin.close()
+
+
+def test_java_consumer_with_the_kip848_protocol_joins_a_sluice_group(jars: Path, jcluster: LocalCluster) -> None:
+    """ConsumerGroupHeartbeat over the listener: ``group.protocol=consumer`` is Sluice's own group protocol."""
+    topic, group, partitions = "java-kip848-topic", "java-kip848-group", 2
+    admin = Admin(bootstrap_servers=jcluster.bootstrap_servers)
+    admin.create_topic(topic, partitions=partitions, replication_factor=1)
+    produce(jcluster, topic, partitions, 200)
+    consumed = run_tool(
+        jars,
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--topic", topic, "--group", group,
+         "--consumer-property", "group.protocol=consumer", "--from-beginning", "--max-messages", "200",
+         "--timeout-ms", "90000"],
+    )  # fmt: skip
+    assert sorted(int(v) for v in consumed.split()) == list(range(200))
+    assert {tp.partition: off for tp, off in admin.list_consumer_group_offsets(group).items()} == {0: 100, 1: 100}
+    admin.close()
+    # the KIP-848 coordinator path (group epochs), not the classic one (generations)
+    log = jcluster.brokers[0].log_path.read_text(errors="replace")
+    assert f"group '{group}': epoch 0 -> 1" in log
+    assert f"group '{group}': generation" not in log

@@ -513,16 +513,6 @@ class GroupCoordinator:
         return {name: len(info.partitions) for name, info in self.cluster.topics.items()}
 
     async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest) -> bpb.ConsumerGroupHeartbeatResponse:
-        resp = bpb.ConsumerGroupHeartbeatResponse(
-            member_id=req.member_id,
-            member_epoch=req.member_epoch,
-            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
-        )
-        try:
-            state = self._locate(req.group_id)
-        except SluiceError as exc:
-            answer(resp, exc)
-            return resp
         names = tuple(req.subscribed_topic_names)
         hb = HeartbeatInput(
             member_id=req.member_id,
@@ -532,16 +522,30 @@ class GroupCoordinator:
             session_timeout_ms=req.session_timeout_ms,
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )
-        classic = state.classic.get(req.group_id)
+        return await self.member_heartbeat(req.group_id, hb)
+
+    async def member_heartbeat(self, group_id: str, hb: HeartbeatInput) -> bpb.ConsumerGroupHeartbeatResponse:
+        """One KIP-848 heartbeat, whichever protocol carried it (gRPC, or the Kafka listener's)."""
+        resp = bpb.ConsumerGroupHeartbeatResponse(
+            member_id=hb.member_id,
+            member_epoch=hb.member_epoch,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+        )
+        try:
+            state = self._locate(group_id)
+        except SluiceError as exc:
+            answer(resp, exc)
+            return resp
+        classic = state.classic.get(group_id)
         if classic is not None and not classic.is_empty:
             resp.error_code = pb.GROUP_ID_NOT_FOUND
             resp.error_message = (
-                f"group {req.group_id!r} is a classic group with members (JoinGroup/SyncGroup): "
+                f"group {group_id!r} is a classic group with members (JoinGroup/SyncGroup): "
                 "it becomes a consumer group only once empty"
             )
             return resp
-        current = state.groups.get(req.group_id)
-        group = current.clone() if current is not None else ConsumerGroup(req.group_id, self.settings)
+        current = state.groups.get(group_id)
+        group = current.clone() if current is not None else ConsumerGroup(group_id, self.settings)
         before = group.epoch
         result = group.heartbeat(hb, self._topic_sizes(), self.clock())
         try:
@@ -553,11 +557,11 @@ class GroupCoordinator:
             self.replicas.events.group_epochs_bumped(group.epoch - before)
             log.info(
                 "group %r: epoch %d -> %d (member %s, epoch %d: %s), %d members",
-                req.group_id,
+                group_id,
                 before,
                 group.epoch,
                 result.member_id or "-",
-                req.member_epoch,
+                hb.member_epoch,
                 pb.ErrorCode.Name(result.error),
                 len(group.members),
             )

@@ -16,6 +16,7 @@ from sluice.broker.kafka.handlers.classic_groups import (
     LeaveGroupHandler,
     SyncGroupHandler,
 )
+from sluice.broker.kafka.handlers.consumer_group_heartbeat import ConsumerGroupHeartbeatHandler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
 from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
@@ -70,6 +71,7 @@ def build_handlers() -> dict[int, Handler]:
         SyncGroupHandler(),
         HeartbeatHandler(),
         LeaveGroupHandler(),
+        ConsumerGroupHeartbeatHandler(),
         DescribeProducersHandler(),
     ]
     for handler in served:
