@@ -105,7 +105,7 @@ def test_java_consumer_with_the_kip848_protocol_joins_a_sluice_group(jars: Path,
         jars,
         "org.apache.kafka.tools.consumer.ConsoleConsumer",
         ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--topic", topic, "--group", group,
-         "--consumer-property", "group.protocol=consumer", "--from-beginning", "--max-messages", "200",
+         "--command-property", "group.protocol=consumer", "--from-beginning", "--max-messages", "200",
          "--timeout-ms", "90000"],
     )  # fmt: skip
     assert sorted(int(v) for v in consumed.split()) == list(range(200))
