@@ -11,7 +11,7 @@ until its request is answered).
 
 Served: JoinGroup 0-9 (MEMBER_ID_REQUIRED from v4, KIP-394; static
 membership from v5, KIP-345; v0 has no rebalance timeout: the session
-timeout is used, as Kafka does), SyncGroup 0-5 (v5 checks the protocol type
+timeout is used, as Kafka does, and so it is for a non-positive one), SyncGroup 0-5 (v5 checks the protocol type
 and name), Heartbeat 0-4, LeaveGroup 0-5 (v3+ batched by member).
 """
 
@@ -39,7 +39,9 @@ class JoinGroupHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, JoinGroupRequest)
         version = header.request_api_version
-        rebalance_timeout = request.session_timeout_ms if version == 0 else request.rebalance_timeout_ms
+        # v0 has none; Kafka's clients always send one from v1 (a non-positive one falls back the same way)
+        rebalance_timeout = request.rebalance_timeout_ms if version >= 1 and request.rebalance_timeout_ms > 0 else 0
+        rebalance_timeout = rebalance_timeout or request.session_timeout_ms
         result = await ctx.groups.classic.join(
             request.group_id,
             JoinInput(
