@@ -11,6 +11,7 @@ log end through ListOffsets, and prints the lag per partition. The jars come fro
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 
 from bench.kafka.cluster import java_command
 from bench.kafka.fetch import ensure_jars
-from sluice.client import Admin, Producer
+from sluice.client import Admin, Consumer, Producer
 from sluice.testing import LocalCluster
 
 TOOL_TIMEOUT_S = 240.0
@@ -115,3 +116,33 @@ def test_java_consumer_with_the_kip848_protocol_joins_a_sluice_group(jars: Path,
     log = jcluster.brokers[0].log_path.read_text(errors="replace")
     assert f"group '{group}': epoch 0 -> 1" in log
     assert f"group '{group}': generation" not in log
+
+
+def test_consumer_groups_describe_of_a_sluice_group_uses_consumer_group_describe(
+    jars: Path, jcluster: LocalCluster
+) -> None:
+    """A KIP-848 group with a live Sluice member: ConsumerGroupDescribe, with its member and lag."""
+    topic, group = "java-describe-kip848", "java-describe-kip848-group"
+    admin = Admin(bootstrap_servers=jcluster.bootstrap_servers)
+    admin.create_topic(topic, partitions=2, replication_factor=1)
+    produce(jcluster, topic, 2, 100)
+    member = Consumer(bootstrap_servers=jcluster.bootstrap_servers, group_id=group, max_poll_records=10)
+    member.subscribe([topic])
+    read: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 60
+    while len(read) < 30 and time.monotonic() < deadline:
+        read += [(r.partition, r.offset) for r in member.poll(timeout=0.5)]
+    member.commit()
+    committed = {tp.partition: off for tp, off in admin.list_consumer_group_offsets(group).items()}
+    try:
+        rows = describe_rows(jars, jcluster, group)
+        assert sorted(rows) == [0, 1]
+        for p in (0, 1):
+            row = rows[p]
+            current = committed.get(p)
+            expected = ("-" if current is None else str(current), "50", "-" if current is None else str(50 - current))
+            assert (row["CURRENT-OFFSET"], row["LOG-END-OFFSET"], row["LAG"]) == expected, row
+            assert row["CONSUMER-ID"] != "-"  # the live member holds the partition
+    finally:
+        member.close()
+        admin.close()

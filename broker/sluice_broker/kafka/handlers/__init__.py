@@ -26,7 +26,12 @@ from sluice.broker.kafka.handlers.describe_transactions import (
 )
 from sluice.broker.kafka.handlers.fetch import FetchHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
-from sluice.broker.kafka.handlers.groups import DeleteGroupsHandler, DescribeGroupsHandler, ListGroupsHandler
+from sluice.broker.kafka.handlers.groups import (
+    ConsumerGroupDescribeHandler,
+    DeleteGroupsHandler,
+    DescribeGroupsHandler,
+    ListGroupsHandler,
+)
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
@@ -72,6 +77,7 @@ def build_handlers() -> dict[int, Handler]:
         HeartbeatHandler(),
         LeaveGroupHandler(),
         ConsumerGroupHeartbeatHandler(),
+        ConsumerGroupDescribeHandler(),
         DescribeProducersHandler(),
     ]
     for handler in served:
