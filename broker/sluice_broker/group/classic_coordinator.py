@@ -136,7 +136,7 @@ class ClassicCoordinator:
         if answer is None:
             log.warning("group %r: JoinGroup of %s unanswered after %.0f s", group_id, member_id, bound)
             return JoinResult(pb.REBALANCE_IN_PROGRESS, member_id)
-        if answer.error == pb.NONE and answer.generation != generation:
+        if answer.error == pb.NONE and answer.generation != generation and answer.leader == member_id:
             log.info(
                 "group %r: generation %d, leader %s, protocol %s, %d member(s)",
                 group_id, answer.generation, answer.leader, answer.protocol_name, len(group.members),
