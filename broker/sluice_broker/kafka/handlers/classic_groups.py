@@ -11,14 +11,20 @@ until its request is answered).
 
 Served: JoinGroup 0-9 (MEMBER_ID_REQUIRED from v4, KIP-394; static
 membership from v5, KIP-345; v0 has no rebalance timeout: the session
-timeout is used, as Kafka does, and so it is for a non-positive one), SyncGroup 0-5 (v5 checks the protocol type
+timeout is used, as Kafka does, and so it is for a non-positive one)
+
+Authorization (Kafka's): every one of them needs Read on the group
+(GROUP_AUTHORIZATION_FAILED, nothing done). A member's ``client_host`` is the
+connection's peer address, written as Kafka does (``/127.0.0.1``)., SyncGroup 0-5 (v5 checks the protocol type
 and name), Heartbeat 0-4, LeaveGroup 0-5 (v3+ batched by member).
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.classic import JoinInput
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.heartbeat_request import HeartbeatRequest
@@ -39,6 +45,11 @@ class JoinGroupHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, JoinGroupRequest)
         version = header.request_api_version
+        refusal = authorization.group_refusal(ctx, AclOperation.READ, request.group_id)
+        if refusal is not None:
+            return JoinGroupResponse(
+                error_code=refusal[0], member_id=request.member_id, protocol_name="" if version < 7 else None
+            )
         # v0 has none; Kafka's clients always send one from v1 (a non-positive one falls back the same way)
         rebalance_timeout = request.rebalance_timeout_ms if version >= 1 and request.rebalance_timeout_ms > 0 else 0
         rebalance_timeout = rebalance_timeout or request.session_timeout_ms
@@ -48,7 +59,7 @@ class JoinGroupHandler:
                 member_id=request.member_id,
                 group_instance_id=request.group_instance_id,
                 client_id=header.client_id or "",
-                client_host="",  # the listener does not pass the peer to handlers
+                client_host=f"/{ctx.caller.host}" if ctx.caller.host else "",
                 session_timeout_ms=request.session_timeout_ms,
                 rebalance_timeout_ms=rebalance_timeout,
                 protocol_type=request.protocol_type,
@@ -79,6 +90,9 @@ class SyncGroupHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, SyncGroupRequest)
+        refusal = authorization.group_refusal(ctx, AclOperation.READ, request.group_id)
+        if refusal is not None:
+            return SyncGroupResponse(error_code=refusal[0])
         assignments: dict[str, bytes] = {}
         for a in request.assignments:
             if a.member_id in assignments:
@@ -107,6 +121,9 @@ class HeartbeatHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, HeartbeatRequest)
+        refusal = authorization.group_refusal(ctx, AclOperation.READ, request.group_id)
+        if refusal is not None:
+            return HeartbeatResponse(error_code=refusal[0])
         code = ctx.groups.classic.heartbeat(
             request.group_id, request.member_id, request.group_instance_id, request.generation_id
         )
@@ -119,6 +136,9 @@ class LeaveGroupHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, LeaveGroupRequest)
+        refusal = authorization.group_refusal(ctx, AclOperation.READ, request.group_id)
+        if refusal is not None:
+            return LeaveGroupResponse(error_code=refusal[0])
         if header.request_api_version < 3:
             error, codes = ctx.groups.classic.leave(request.group_id, [(request.member_id, None)])
             return LeaveGroupResponse(error_code=int(error or (codes[0] if codes else pb.NONE)))

@@ -18,12 +18,17 @@ Refused with INVALID_REQUEST: a join (epoch 0) without a subscription, a
 regular-expression subscription (v1; not supported), and a
 ``group_instance_id`` (static membership is not supported for these groups).
 A ``server_assignor`` is ignored: Sluice has one (balanced, sticky) assignor.
+
+Authorization is the gRPC heartbeat's (:func:`coordinator_checks.check_heartbeat`):
+Read on the group (GROUP_AUTHORIZATION_FAILED) and Describe on each subscribed
+topic (TOPIC_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.membership import JOIN_EPOCH, HeartbeatInput
 from sluice.broker.kafka.codec import Message, Versions
@@ -36,6 +41,7 @@ from sluice.broker.kafka.messages.consumer_group_heartbeat_response import (
     TopicPartitions,
 )
 from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.security import coordinator_checks as checks
 
 
 def _refuse(request: ConsumerGroupHeartbeatRequest, message: str) -> ConsumerGroupHeartbeatResponse:
@@ -59,6 +65,23 @@ class ConsumerGroupHeartbeatHandler:
             return _refuse(request, "static membership (group.instance.id) is not supported for consumer groups")
         if request.member_epoch == JOIN_EPOCH and request.subscribed_topic_names is None:
             return _refuse(request, "a join (member epoch 0) must name the subscribed topics")
+        refused = checks.check_heartbeat(
+            ctx.access,
+            ctx.caller,
+            bpb.ConsumerGroupHeartbeatRequest(
+                group_id=request.group_id,
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+                subscribed_topic_names=request.subscribed_topic_names or [],
+            ),
+        )
+        if refused is not None:
+            return ConsumerGroupHeartbeatResponse(
+                error_code=int(refused.error_code),
+                error_message=refused.error_message,
+                member_id=request.member_id,
+                member_epoch=request.member_epoch,
+            )
         names = {topic_uuid(info): name for name, info in ctx.cluster.topics.items()}
         owned = None
         if request.topic_partitions is not None:

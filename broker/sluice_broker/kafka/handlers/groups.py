@@ -29,14 +29,23 @@ reported as ``uniform``, Kafka's name for a balanced sticky server assignor.
 DeleteGroups answers per group: NON_EMPTY_GROUP while it has members (or
 offsets pending in an open transaction), GROUP_ID_NOT_FOUND for a group with
 neither members nor offsets, NOT_COORDINATOR elsewhere.
+
+Authorization (Kafka's): ListGroups lists every group for a caller with
+Describe on the cluster, else only the groups it may Describe; DescribeGroups
+and ConsumerGroupDescribe need Describe on each group (GROUP_AUTHORIZATION_FAILED
+in that group's entry; ``authorized_operations`` filled when asked for);
+DeleteGroups needs Delete on each group (GROUP_AUTHORIZATION_FAILED in that
+group's result; the others are deleted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.metadata import topic_uuid
@@ -78,8 +87,11 @@ class ListGroupsHandler:
         resp.error_code = int(listed.error_code)
         found = [(g.group_id, g.state, CONSUMER) for g in listed.groups if g.group_id not in classic]
         found += [(group_id, state, CLASSIC) for group_id, state in classic.items()]
+        everything = authorization.cluster_allowed(ctx, AclOperation.DESCRIBE)
         for group_id, state, kind in sorted(found):
             if (types and kind not in types) or (states and state.lower() not in states):
+                continue
+            if not everything and authorization.group_refusal(ctx, AclOperation.DESCRIBE, group_id):
                 continue
             listed_group = ListedGroup(group_id=group_id, protocol_type=CONSUMER, group_state=state, group_type=kind)
             resp.groups.append(listed_group)
@@ -94,8 +106,15 @@ class DescribeGroupsHandler:
         assert isinstance(request, DescribeGroupsRequest)
         resp = DescribeGroupsResponse()
         for group_id in request.groups:
+            refusal = authorization.group_refusal(ctx, AclOperation.DESCRIBE, group_id)
+            if refusal is not None:
+                why = refusal[1] if header.request_api_version >= 6 else None
+                resp.groups.append(DescribedGroup(group_id=group_id, error_code=refusal[0], error_message=why))
+                continue
             d = ctx.groups.classic.describe(group_id)
             out = DescribedGroup(group_id=group_id, error_code=int(d.error))
+            if request.include_authorized_operations:
+                out.authorized_operations = authorization.authorized_operations(ctx, ResourceType.GROUP, group_id)
             if d.error == pb.GROUP_ID_NOT_FOUND and header.request_api_version < 6:
                 out.error_code, out.group_state = pb.NONE, DEAD  # before KIP-1043: Dead, no error
             elif d.error != pb.NONE:
@@ -123,10 +142,22 @@ class ConsumerGroupDescribeHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, ConsumerGroupDescribeRequest)
-        described = await _admin(ctx).describe_groups(bpb.DescribeGroupsRequest(group_ids=list(request.group_ids)))
+        refused = {
+            g: r for g in request.group_ids if (r := authorization.group_refusal(ctx, AclOperation.DESCRIBE, g))
+        }
+        allowed = [g for g in request.group_ids if g not in refused]
+        described = await _admin(ctx).describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
         resp = cgd.ConsumerGroupDescribeResponse()
-        for g in described.groups:
+        by_id = {g.group_id: g for g in described.groups}
+        for group_id in request.group_ids:
+            if group_id in refused:
+                code, why = refused[group_id]
+                resp.groups.append(cgd.DescribedGroup(group_id=group_id, error_code=code, error_message=why))
+                continue
+            g = by_id[group_id]
             out = cgd.DescribedGroup(group_id=g.group_id, error_code=int(g.error_code))
+            if request.include_authorized_operations:
+                out.authorized_operations = authorization.authorized_operations(ctx, ResourceType.GROUP, group_id)
             if g.error_code == pb.NONE and not g.members:  # a classic group, offsets only: DescribeGroups' to answer
                 out.error_code = pb.GROUP_ID_NOT_FOUND
                 out.error_message = f"group {g.group_id!r} is not a consumer (KIP-848) group"
@@ -169,7 +200,15 @@ class DeleteGroupsHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, DeleteGroupsRequest)
-        deleted = await _admin(ctx).delete_groups(bpb.DeleteGroupsRequest(group_ids=list(request.groups_names)))
+        refused = {
+            g: r for g in request.groups_names if (r := authorization.group_refusal(ctx, AclOperation.DELETE, g))
+        }
+        allowed = [g for g in request.groups_names if g not in refused]
+        deleted = await _admin(ctx).delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed)) if allowed else None
+        answered = {r.group_id: int(r.error_code) for r in deleted.results} if deleted is not None else {}
         return DeleteGroupsResponse(
-            results=[DeletableGroupResult(group_id=r.group_id, error_code=int(r.error_code)) for r in deleted.results]
+            results=[
+                DeletableGroupResult(group_id=g, error_code=refused[g][0] if g in refused else answered[g])
+                for g in request.groups_names
+            ]
         )
