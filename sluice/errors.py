@@ -258,6 +258,13 @@ class IllegalGenerationError(SluiceError):
     category = Category.ABORTABLE
 
 
+class InconsistentGroupProtocolError(SluiceError):
+    """No protocol every member of the classic group supports, or the group is of the other type."""
+
+    code = E.INCONSISTENT_GROUP_PROTOCOL
+    retriable = False
+
+
 class InvalidGroupIdError(SluiceError):
     """The group id is invalid."""
 
@@ -394,6 +401,14 @@ class TransactionCoordinatorFencedError(SluiceError):
     category = Category.APPLICATION_RECOVERABLE
 
 
+class RebalanceInProgressError(SluiceError):
+    """The classic group is rebalancing: rejoin."""
+
+    code = E.REBALANCE_IN_PROGRESS
+    retriable = False
+    category = Category.ABORTABLE
+
+
 class TopicAuthorizationFailedError(SluiceError):
     """The principal is not authorized for this operation on the topic (no ACL allows it, or one denies it)."""
 
@@ -491,6 +506,28 @@ class OffsetNotAvailableError(SluiceError):
     retriable = True
 
 
+class MemberIdRequiredError(SluiceError):
+    """Classic JoinGroup (KIP-394): join again with the member id the coordinator gave."""
+
+    code = E.MEMBER_ID_REQUIRED
+    retriable = False
+
+
+class GroupMaxSizeReachedError(SluiceError):
+    """The classic group has as many members as it may have."""
+
+    code = E.GROUP_MAX_SIZE_REACHED
+    retriable = False
+
+
+class FencedInstanceIdError(SluiceError):
+    """A newer member joined with this static member's group instance id (KIP-345)."""
+
+    code = E.FENCED_INSTANCE_ID
+    retriable = False
+    category = Category.ABORTABLE
+
+
 class UnsupportedCompressionTypeError(SluiceError):
     """Unsupported compression."""
 
@@ -573,9 +610,11 @@ ERRORS: tuple[type[SluiceError], ...] = (
     NotEnoughReplicasAfterAppendError,
     InvalidRequiredAcksError,
     IllegalGenerationError,
+    InconsistentGroupProtocolError,
     InvalidGroupIdError,
     UnknownMemberIdError,
     InvalidSessionTimeoutError,
+    RebalanceInProgressError,
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,
     ClusterAuthorizationFailedError,
@@ -604,6 +643,9 @@ ERRORS: tuple[type[SluiceError], ...] = (
     FencedLeaderEpochError,
     UnknownLeaderEpochError,
     OffsetNotAvailableError,
+    MemberIdRequiredError,
+    GroupMaxSizeReachedError,
+    FencedInstanceIdError,
     UnsupportedCompressionTypeError,
     InvalidRecordError,
     UnstableOffsetCommitError,

@@ -53,6 +53,12 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "group.consumer.min.session.timeout.ms": (int, 1_000),
     "group.consumer.max.session.timeout.ms": (int, 300_000),
     "group.consumer.heartbeat.interval.ms": (int, 5_000),
+    # the classic group protocol (Kafka listener's JoinGroup/SyncGroup): Kafka's keys and defaults, but
+    # a bounded group size (Kafka's is unbounded): members and pending member ids per group
+    "group.min.session.timeout.ms": (int, 6_000),
+    "group.max.session.timeout.ms": (int, 1_800_000),
+    "group.initial.rebalance.delay.ms": (int, 3_000),
+    "group.classic.max.size": (int, 1_000),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does

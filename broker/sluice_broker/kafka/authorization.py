@@ -40,16 +40,12 @@ a refusal answers (every code non-retriable):
 Internal topics are never writable by clients, super users included (the replica manager
 refuses them: INVALID_TOPIC_EXCEPTION), nor deletable.
 
-**For a new handler** (the classic group APIs): ask :func:`group_refusal` before touching the
-coordinator, and answer its code when it is not None::
-
-    refusal = authorization.group_refusal(ctx, AclOperation.READ, request.group_id)
-    if refusal is not None:
-        return JoinGroupResponse(error_code=refusal[0], ...)
-
-JoinGroup, SyncGroup, Heartbeat and LeaveGroup need Read on the group; DescribeGroups Describe
-on each group (refused groups answer GROUP_AUTHORIZATION_FAILED in their own entry, and
-:func:`authorized_operations` fills ``authorized_operations`` when asked for).
+The group APIs: JoinGroup, SyncGroup, Heartbeat and LeaveGroup need Read on the group
+(:func:`group_refusal`: GROUP_AUTHORIZATION_FAILED, nothing done); DescribeGroups and
+ConsumerGroupDescribe Describe on each group (refused groups answer GROUP_AUTHORIZATION_FAILED in
+their own entry, and :func:`authorized_operations` fills ``authorized_operations`` when asked
+for); ConsumerGroupHeartbeat the gRPC heartbeat's check (Read on the group, Describe on each
+subscribed topic).
 """
 
 from __future__ import annotations

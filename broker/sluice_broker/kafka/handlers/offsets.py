@@ -7,9 +7,10 @@ transactional commit (``send_offsets_to_transaction``) obeys the same markers.
 Served: OffsetCommit 2-9 and OffsetFetch 1-9 (v10 of both names topics by id:
 next), TxnOffsetCommit 0-4 (v5 belongs to transaction.version 2). A commit
 from outside the group (generation -1, empty member id: assign() consumers)
-is accepted as over gRPC. Classic-protocol generations are passed on as the
-member epoch; until JoinGroup/SyncGroup are served the only members are those
-of the coordinator's KIP-848 groups.
+is accepted while the group has no members, as over gRPC. The generation (or
+KIP-848 member epoch) is passed on as the member epoch; the coordinator checks
+it by the group's kind: a classic group's current generation (Kafka's
+ClassicGroup rule), a KIP-848 member's epoch.
 
 Authorization is the gRPC servicer's (:mod:`sluice.broker.security.coordinator_checks`):
 the commits need (Write on the transactional id,) Read on the group and Read on
