@@ -25,7 +25,9 @@ listener (``LocalCluster(kafka_listener=True)``): the same client, the same para
 topic creation (``TopicCommand``) against both systems, one after the other, so the client's cost
 is the same on both sides and the difference is the brokers. Its results are saved as
 ``kafka-compare-<N>broker-kafka-tools.*``. ConsumerPerformance joins a consumer group (the classic
-protocol's JoinGroup/SyncGroup): against a Sluice without them its row fails and says so. For every run the harness also records, from /proc:
+protocol's JoinGroup/SyncGroup): against a Sluice without them its row fails and says so.
+
+For every run the harness also records, from /proc:
 
 * the CPU seconds of the broker processes (for Sluice the brokers and the local controller, for
   Kafka the broker JVMs, whose controller runs inside them) during the timed part, reported as

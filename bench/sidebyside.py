@@ -144,7 +144,8 @@ class Comparison:
 def table(c: Comparison) -> str:
     """The side-by-side markdown table of one comparison."""
     plural, rf = ("s", " RF3") if c.brokers > 1 else ("", "")
-    head = (f"| benchmark | figure | Kafka {c.brokers} node{plural}{rf} | {c.sluice_name} {c.brokers} broker{plural}{rf} | "
+    head = (f"| benchmark | figure | Kafka {c.brokers} node{plural}{rf} | "
+            f"{c.sluice_name} {c.brokers} broker{plural}{rf} | "
             "Sluice/Kafka | "
             "broker CPU s/GB Kafka | broker CPU s/GB Sluice | load avg Kafka / Sluice | runs valid |")  # fmt: skip
     rows = [head, "|---|---|---:|---:|---:|---:|---:|---|---|"]

@@ -253,8 +253,8 @@ class LocalCluster:
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
     ports picked by the kernel). ``kafka_listener=True`` opens a Kafka-protocol
     listener on every broker (``kafka_bootstrap_servers``), on free ports unless ``kafka_ports``
-    fixes them (``kafka_ports`` implies ``kafka_listener``; a 0 entry is a free port). ``failure_timeout_ms`` is how long the
-    controller lets a broker fail its health checks before it moves that
+    fixes them (``kafka_ports`` implies ``kafka_listener``; a 0 entry is a free port).
+    ``failure_timeout_ms`` is how long the controller lets a broker fail its health checks before it moves that
     broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
 

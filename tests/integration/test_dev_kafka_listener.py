@@ -34,7 +34,9 @@ def test_default_kafka_port_follows_the_grpc_port() -> None:
     assert default_kafka_port(0) == 0  # free gRPC ports: free Kafka ports
 
 
-def test_dev_up_kafka_listener(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dev_up_kafka_listener(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
     data = tmp_path / "dev"
     kafka_port = free_port("127.0.0.1")
@@ -70,7 +72,9 @@ def test_dev_up_kafka_listener(tmp_path: Path, capsys: pytest.CaptureFixture[str
         assert run(capsys, "dev", "down", "--data", str(data))[0] == 0
 
 
-def test_dev_up_kafka_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dev_up_kafka_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
     data = str(tmp_path / "dev")
     code, _, err = run(capsys, "dev", "up", "--kafka-port", "19092", "--data", data)

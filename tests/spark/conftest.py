@@ -5,8 +5,9 @@
   starting the JVM costs seconds. Python workers run this interpreter (so
   they import this tree's ``sluice``), shuffles use 2 partitions, no UI.
   Spark's own Kafka connector (spark-sql-kafka-0-10 for this pyspark, fetched
-  once from Maven Central: tests/support/spark_kafka) is on ``spark.jars``
-  for test_kafka_connector.py; a session's jars are fixed when it starts.
+  once from Maven Central: tests/support/spark_kafka, which says which version)
+  is on ``spark.jars`` for test_kafka_connector.py; a session's jars are fixed
+  when it starts.
 * ``cluster``, ``fresh_cluster``, ``unique_topic``: the integration tests'
   fixtures (:mod:`tests.integration.conftest`): a shared single-broker
   :class:`~sluice.testing.LocalCluster` brought back to health before each
@@ -29,7 +30,6 @@ import pytest
 from pyspark.sql import SparkSession
 
 import sluice.spark
-from tests.support.spark_kafka import connector_jars
 from tests.integration.conftest import (  # noqa: F401  (fixtures and the report hook, shared)
     _session_cluster,
     cluster,
@@ -37,6 +37,7 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures and the report
     pytest_runtest_makereport,
     unique_topic,
 )
+from tests.support.spark_kafka import connector_jars
 
 
 @pytest.fixture(scope="session")

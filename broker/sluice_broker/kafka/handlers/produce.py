@@ -24,12 +24,17 @@ Kafka's own rules on the request, which the gRPC API does not have to spell:
 * v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
 * v10+: NOT_LEADER_OR_FOLLOWER comes with KIP-951's leader hint
   (:mod:`~sluice.broker.kafka.handlers.leader_hint`).
+* A transactional batch from a fenced (older) epoch is INVALID_PRODUCER_EPOCH, never
+  PRODUCER_FENCED, as Kafka answers Produce since 2.7 (KIP-588): for the client it is
+  abortable; the fatal fencing comes from the coordinator when it aborts (EndTxn). librdkafka
+  and the Java client rely on that order. (The gRPC path keeps PRODUCER_FENCED.)
 """
 
 from __future__ import annotations
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
@@ -106,6 +111,8 @@ class ProduceHandler:
                 else:
                     a = next(answered)
                     part.error_code = int(a.error_code)
+                    if part.error_code == pb.PRODUCER_FENCED:  # KIP-588: Produce says INVALID_PRODUCER_EPOCH
+                        part.error_code = int(pb.INVALID_PRODUCER_EPOCH)
                     part.error_message = a.error_message or None
                     part.base_offset = a.base_offset
                     part.log_append_time_ms = a.log_append_time
