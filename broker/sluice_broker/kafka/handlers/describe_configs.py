@@ -122,3 +122,15 @@ class DescribeConfigsHandler:
             entry.config_type = _TYPES.get(DEFAULTS[key][0], 0)
             entry.documentation = None
             out.configs.append(entry)
+
+
+def topic_config_entries(ctx: KafkaContext, overrides: dict[str, str]) -> list[tuple[str, str, int]]:
+    """(key, value, Kafka config source) of every topic key for a topic with ``overrides``:
+    what CreateTopics v5+ answers for a created topic (the Java AdminClient reads it)."""
+    out = []
+    for key in sorted(TOPIC_KEYS):
+        if key in overrides:
+            out.append((key, overrides[key], DYNAMIC_TOPIC_CONFIG))
+        else:
+            out.append((key, _text(ctx.config.values[key]), _broker_source(ctx, key)))
+    return out

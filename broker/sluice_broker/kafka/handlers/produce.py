@@ -24,6 +24,10 @@ Kafka's own rules on the request, which the gRPC API does not have to spell:
 * v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
 * v10+: NOT_LEADER_OR_FOLLOWER comes with KIP-951's leader hint
   (:mod:`~sluice.broker.kafka.handlers.leader_hint`).
+* A transactional batch from a fenced (older) epoch is INVALID_PRODUCER_EPOCH, never
+  PRODUCER_FENCED, as Kafka answers Produce since 2.7 (KIP-588): for the client it is
+  abortable; the fatal fencing comes from the coordinator when it aborts (EndTxn). librdkafka
+  and the Java client rely on that order. (The gRPC path keeps PRODUCER_FENCED.)
 
 Authorization, before anything is converted (Kafka's order): a request carrying
 transactional batches needs Write on its transactional id, else every partition
@@ -145,6 +149,8 @@ class ProduceHandler:
                 else:
                     a = next(answered)
                     part.error_code = int(a.error_code)
+                    if part.error_code == pb.PRODUCER_FENCED:  # KIP-588: Produce says INVALID_PRODUCER_EPOCH
+                        part.error_code = int(pb.INVALID_PRODUCER_EPOCH)
                     part.error_message = a.error_message or None
                     part.base_offset = a.base_offset
                     part.log_append_time_ms = a.log_append_time

@@ -6,7 +6,10 @@ config validation are one set of rules; a refusal is the Kafka code of the
 :mod:`sluice.errors` class raised, per topic. Kafka's -1 ("the broker's
 default") for partitions and replication factor is Sluice's 0. Manual replica
 assignments are refused per topic with INVALID_REQUEST: placement is the
-cluster's (rack-aware, docs/architecture.md).
+cluster's (rack-aware, docs/architecture.md). A created topic's result (v5+)
+carries its configs, as Kafka's does: Kafka's Java AdminClient
+(``kafka-topics --create``, ``Admin.createTopics``) reads them and fails on a
+null list.
 
 Authorization (Kafka's), per topic, before the topic is looked up:
 CreateTopics needs Create on the cluster or on the topic (and DescribeConfigs on
@@ -27,13 +30,18 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
+from sluice.broker.kafka.handlers.describe_configs import topic_config_entries
 from sluice.broker.kafka.messages.create_partitions_request import CreatePartitionsRequest
 from sluice.broker.kafka.messages.create_partitions_response import (
     CreatePartitionsResponse,
     CreatePartitionsTopicResult,
 )
 from sluice.broker.kafka.messages.create_topics_request import CreateTopicsRequest
-from sluice.broker.kafka.messages.create_topics_response import CreatableTopicResult, CreateTopicsResponse
+from sluice.broker.kafka.messages.create_topics_response import (
+    CreatableTopicConfigs,
+    CreatableTopicResult,
+    CreateTopicsResponse,
+)
 from sluice.broker.kafka.messages.delete_topics_request import DeleteTopicsRequest
 from sluice.broker.kafka.messages.delete_topics_response import DeletableTopicResult, DeleteTopicsResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
@@ -85,6 +93,10 @@ class CreateTopicsHandler:
                 if info is not None:
                     result.num_partitions = len(info.partitions)
                     result.replication_factor = info.replication_factor
+                result.configs = [
+                    CreatableTopicConfigs(key, value, False, source, False)
+                    for key, value, source in topic_config_entries(ctx, info.config if info is not None else config)
+                ]
             except SluiceError as exc:
                 result.error_code, result.error_message = int(exc.code), exc.message
             resp.topics.append(result)
