@@ -245,7 +245,9 @@ class LocalCluster:
     is removed on exit; a given ``data_dir`` is kept, and a cluster started on
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
     ports picked by the kernel). ``kafka_listener=True`` opens a Kafka-protocol
-    listener on every broker (``kafka_bootstrap_servers``). ``failure_timeout_ms`` is how long the
+    listener on every broker (``kafka_bootstrap_servers``), secured as the gRPC
+    port is: with ``secure=True`` it requires client certificates too
+    (``kafka_client_config(name)``, ``kafka_client_properties(name)``). ``failure_timeout_ms`` is how long the
     controller lets a broker fail its health checks before it moves that
     broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
@@ -459,6 +461,39 @@ class LocalCluster:
             "ssl_cafile": str(d / tls.CA_FILE),
             "ssl_certfile": str(d / tls.CERT_FILE),
             "ssl_keyfile": str(d / tls.KEY_FILE),
+        }
+
+    def kafka_client_config(self, name: str | None = None) -> dict[str, Any]:
+        """Keyword arguments with which kafka-python's clients connect to the Kafka listener as ``User:<name>``.
+
+        ``KafkaProducer(**cluster.kafka_client_config("alice"))``: the Kafka bootstrap servers and,
+        for a secure cluster, the same TLS files as :meth:`client_config` (kafka-python's
+        ``security_protocol``/``ssl_*`` names are Sluice's), so one certificate is one principal
+        on both protocols. A plaintext cluster needs no name.
+        """
+        config = self.client_config(name or "") if self.secure else {}
+        return {**config, "bootstrap_servers": self.kafka_bootstrap_servers}
+
+    def kafka_client_properties(self, name: str | None = None) -> dict[str, str]:
+        """Apache Kafka's (Java) client settings for the Kafka listener as ``User:<name>``.
+
+        For a secure cluster: SSL with PEM stores (``ssl.keystore.type=PEM``), the keystore being
+        ``keystore.pem`` (key and certificate, mode 0600) beside the client's certificate.
+        """
+        props = {"bootstrap.servers": self.kafka_bootstrap_servers}
+        if not self.secure:
+            return props
+        d = client_tls_dir(self.data_dir, name or "")
+        keystore = d / "keystore.pem"
+        if not keystore.exists():
+            tls.write_private(keystore, (d / tls.KEY_FILE).read_bytes() + (d / tls.CERT_FILE).read_bytes())
+        return {
+            **props,
+            "security.protocol": "SSL",
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(d / tls.CA_FILE),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(keystore),
         }
 
     def interbroker_channel(self, i: int) -> grpc.Channel:

@@ -12,11 +12,18 @@ COORDINATOR_LOAD_IN_PROGRESS. A ``types_filter`` (v5) without ``consumer``
 DeleteGroups answers per group: NON_EMPTY_GROUP while it has members (or
 offsets pending in an open transaction), GROUP_ID_NOT_FOUND for a group with
 neither members nor offsets, NOT_COORDINATOR elsewhere.
+
+Authorization (Kafka's): ListGroups lists every group for a caller with
+Describe on the cluster, else only the groups it may Describe; DeleteGroups
+needs Delete on each group (GROUP_AUTHORIZATION_FAILED in that group's result;
+the others are deleted).
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.delete_groups_request import DeleteGroupsRequest
@@ -44,7 +51,10 @@ class ListGroupsHandler:
             return resp
         listed = await _admin(ctx).list_groups(bpb.ListGroupsRequest(states_filter=list(request.states_filter)))
         resp.error_code = int(listed.error_code)
+        everything = authorization.cluster_allowed(ctx, AclOperation.DESCRIBE)
         for group in listed.groups:
+            if not everything and authorization.group_refusal(ctx, AclOperation.DESCRIBE, group.group_id):
+                continue
             resp.groups.append(
                 ListedGroup(
                     group_id=group.group_id, protocol_type=CONSUMER, group_state=group.state, group_type=CONSUMER
@@ -59,7 +69,15 @@ class DeleteGroupsHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, DeleteGroupsRequest)
-        deleted = await _admin(ctx).delete_groups(bpb.DeleteGroupsRequest(group_ids=list(request.groups_names)))
+        refused = {
+            g: r for g in request.groups_names if (r := authorization.group_refusal(ctx, AclOperation.DELETE, g))
+        }
+        allowed = [g for g in request.groups_names if g not in refused]
+        deleted = await _admin(ctx).delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed)) if allowed else None
+        answered = {r.group_id: int(r.error_code) for r in deleted.results} if deleted is not None else {}
         return DeleteGroupsResponse(
-            results=[DeletableGroupResult(group_id=r.group_id, error_code=int(r.error_code)) for r in deleted.results]
+            results=[
+                DeletableGroupResult(group_id=g, error_code=refused[g][0] if g in refused else answered[g])
+                for g in request.groups_names
+            ]
         )
