@@ -37,9 +37,9 @@ class Throttle:
 def throttle(ctx: KafkaContext, api_key: int, version: int, request_bytes: int, response_bytes: int) -> Throttle | None:
     """Count a Produce's or Fetch's bytes for the caller; the throttle to apply (None: within quota)."""
     if api_key == PRODUCE_KEY:
-        ms = ctx.limits.produce.record(ctx.caller.principal, request_bytes) if ctx.limits.produce.rate else 0
+        ms = ctx.limits.produce.record(ctx.caller.principal, request_bytes) if ctx.limits.produce.active else 0
     elif api_key == FETCH_KEY:
-        ms = ctx.limits.fetch.record(ctx.caller.principal, response_bytes) if ctx.limits.fetch.rate else 0
+        ms = ctx.limits.fetch.record(ctx.caller.principal, response_bytes) if ctx.limits.fetch.active else 0
     else:
         return None
     if ms <= 0:
