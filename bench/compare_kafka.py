@@ -24,8 +24,9 @@ both.
 listener (``LocalCluster(kafka_listener=True)``): the same client, the same parameters, the same
 topic creation (``TopicCommand``) against both systems, one after the other, so the client's cost
 is the same on both sides and the difference is the brokers. Its results are saved as
-``kafka-compare-<N>broker-kafka-tools.*``. ConsumerPerformance joins a consumer group (the classic
-protocol's JoinGroup/SyncGroup): against a Sluice without them its row fails and says so.
+``kafka-compare-<N>broker-kafka-tools.*``. ConsumerPerformance joins a consumer group through the
+classic protocol (JoinGroup/SyncGroup), which the listener serves; a broker without it fails that
+row and says so.
 
 For every run the harness also records, from /proc:
 
