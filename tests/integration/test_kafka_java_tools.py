@@ -5,7 +5,7 @@ The jars come from Maven Central through ``bench.kafka.fetch.ensure_jars`` (cach
 VerifiableProducer (idempotent, acks=all) must see every record acknowledged at the offsets the gRPC
 consumer then reads; ProducerPerformance drives the Java transactional producer (TV1: no
 ``transaction.version`` is advertised); ConsoleConsumer (read_committed, an assigned partition, no
-group: the classic group protocol is not served yet) reads everything back.
+group; groups are test_kafka_groups_java.py's) reads everything back.
 """
 
 from __future__ import annotations
