@@ -125,7 +125,9 @@ def _due(pair: tls.KeyPair | None, ca: tls.KeyPair, policy: Policy, now: datetim
     return tls.not_after(pair.cert_pem) - now <= datetime.timedelta(days=policy.renewal_days)
 
 
-def _issue(ca: tls.KeyPair, ids: Iterable[int], hosts: Mapping[int, list[str]], policy: Policy) -> dict[int, tls.KeyPair]:
+def _issue(
+    ca: tls.KeyPair, ids: Iterable[int], hosts: Mapping[int, list[str]], policy: Policy
+) -> dict[int, tls.KeyPair]:
     return {i: tls.issue_broker(ca, i, hosts.get(i, []), policy.validity_days) for i in ids}
 
 

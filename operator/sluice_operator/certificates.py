@@ -89,7 +89,9 @@ class SecretStore:
         self.core = core
         self.namespace = namespace
         self.names = names
-        self.labels = dict(labels or {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/managed-by": "sluice-operator"})
+        self.labels = dict(
+            labels or {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/managed-by": "sluice-operator"}
+        )
         self._versions: dict[str, str | None] = {}
         self._broker_data: dict[str, bytes] = {}  # as last read: entries of ids not asked for are kept
         self._ca_cert_bundle: bytes | None = None

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice import cert_rotation
 from sluice.metadata.kubernetes import KubernetesStoreError, parse_url
@@ -86,7 +86,7 @@ class OperatorSettings:
     broker_certs_secret: str | None = None
     ca_secret: str = "sluice-cluster-ca"
     ca_cert_secret: str | None = None
-    cert_policy: cert_rotation.Policy = cert_rotation.Policy()
+    cert_policy: cert_rotation.Policy = field(default_factory=cert_rotation.Policy)
     cert_interval_s: float = 30.0
 
     @classmethod

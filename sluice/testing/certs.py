@@ -99,7 +99,8 @@ def read_cluster_ca(data_dir: Path, *, force_renew: bool = False) -> cert_rotati
     """The cluster CA of ``data_dir/tls`` with its rotation state (generation 0, Ready, when none is written)."""
     base = data_dir / TLS_DIR
     if not (base / CA_STATE).exists():
-        return cert_rotation.ClusterCa(load_or_create_ca(base, CLUSTER_CA, "sluice-local-cluster-ca"), force_renew=force_renew)
+        ca = load_or_create_ca(base, CLUSTER_CA, "sluice-local-cluster-ca")
+        return cert_rotation.ClusterCa(ca, force_renew=force_renew)
     state = json.loads((base / CA_STATE).read_text())
     return cert_rotation.ClusterCa(
         tls.KeyPair(state["ca_crt"].encode(), state["ca_key"].encode()),
@@ -126,7 +127,9 @@ def write_cluster_ca(data_dir: Path, ca: cert_rotation.ClusterCa) -> None:
     tls.write_private(base / f"{CLUSTER_CA}.crt", ca.current.cert_pem)
 
 
-def read_broker_certs(data_dir: Path, broker_ids: Iterable[int], *, force_renew: bool = False) -> cert_rotation.BrokerCerts:
+def read_broker_certs(
+    data_dir: Path, broker_ids: Iterable[int], *, force_renew: bool = False
+) -> cert_rotation.BrokerCerts:
     """What the brokers of ``data_dir`` read: broker 0's ``ca.crt`` (they all hold the same) and each pair."""
     base = data_dir / TLS_DIR
     certs: dict[int, tls.KeyPair] = {}
@@ -147,6 +150,7 @@ def write_broker_certs(data_dir: Path, brokers: cert_rotation.BrokerCerts) -> No
     for i, pair in brokers.certs.items():
         d = base / f"broker-{i}"
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for name, data in ((tls.KEY_FILE, pair.key_pem), (tls.CERT_FILE, pair.cert_pem), (tls.CA_FILE, brokers.trust_bundle)):
+        files = ((tls.KEY_FILE, pair.key_pem), (tls.CERT_FILE, pair.cert_pem), (tls.CA_FILE, brokers.trust_bundle))
+        for name, data in files:
             if not (d / name).exists() or (d / name).read_bytes() != data:
                 tls.write_private(d / name, data)

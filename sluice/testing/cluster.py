@@ -728,7 +728,9 @@ class LocalCluster:
             if stop_at is not None and step.ca is not None and step.ca.phase == stop_at:
                 break
             if time.monotonic() > deadline:
-                raise ClusterError(f"certificate rotation stuck after {timeout:.0f}s: waiting for {step.waiting}; done: {done}")
+                raise ClusterError(
+                    f"certificate rotation stuck after {timeout:.0f}s: waiting for {step.waiting}; done: {done}"
+                )
             if not step.changed:
                 time.sleep(0.2)
             step = self.certificate_step()
@@ -741,11 +743,9 @@ class LocalCluster:
         def presenting() -> bool:
             certs = read_broker_certs(self.data_dir, ids).certs
             reports = self.certificate_reports()
-            return all(
-                b.broker_id in reports and reports[b.broker_id].certificate == tls.fingerprint(certs[b.broker_id].cert_pem)
-                for b in self._brokers
-                if b.state == "running"
-            )
+            want = {i: tls.fingerprint(pair.cert_pem) for i, pair in certs.items()}
+            running = [b.broker_id for b in self._brokers if b.state == "running"]
+            return all(i in reports and reports[i].certificate == want.get(i) for i in running)
 
         if not poll_until(presenting, timeout=timeout):
             raise ClusterError(f"brokers did not load their renewed certificates within {timeout:.0f}s")

@@ -57,7 +57,9 @@ def events(logs: Path, copier: int) -> Counter[str]:
     """How many of each progress event copier ``copier`` wrote so far (its log spans every round)."""
     path = logs / f"copier-{copier}.log"
     text = path.read_text() if path.exists() else ""
-    return Counter(line.split('"event": "', 1)[1].split('"', 1)[0] for line in text.splitlines() if '"event": "' in line)
+    return Counter(
+        line.split('"event": "', 1)[1].split('"', 1)[0] for line in text.splitlines() if '"event": "' in line
+    )
 
 
 def peer_accepted(cluster: LocalCluster, broker: int, trust: bytes, pair: tls.KeyPair) -> bool | grpc.StatusCode:
@@ -129,7 +131,9 @@ def test_rotation_keeps_a_transactional_copy_exactly_once(tmp_path: Path) -> Non
             assert certs1[i].cert_pem != certs0[i].cert_pem
             assert tls.signed_by(certs1[i].cert_pem, ca0.current.cert_pem)
         reports = cluster.certificate_reports()
-        assert {i: reports[i].certificate for i in range(3)} == {i: tls.fingerprint(certs1[i].cert_pem) for i in range(3)}
+        assert {i: reports[i].certificate for i in range(3)} == {
+            i: tls.fingerprint(certs1[i].cert_pem) for i in range(3)
+        }
 
         # 2. a new CA trusted beside the old one; certificates still the old CA's
         done = copy_round("trust")
@@ -138,9 +142,7 @@ def test_rotation_keeps_a_transactional_copy_exactly_once(tmp_path: Path) -> Non
         assert ca1.phase == cert_rotation.REISSUE_CERTS and ca1.generation == 1
         both = frozenset({tls.fingerprint(ca0.current.cert_pem), tls.fingerprint(ca1.current.cert_pem)})
         assert all(r.trusted == both for r in cluster.certificate_reports().values())
-        overlap["old certificate, during the overlap"] = peer_accepted(
-            cluster, 0, ca1.trust_bundle(), certs1[1]
-        )
+        overlap["old certificate, during the overlap"] = peer_accepted(cluster, 0, ca1.trust_bundle(), certs1[1])
 
         # 3. every certificate re-issued by the new CA, the old one still trusted
         copy_round("reissue")

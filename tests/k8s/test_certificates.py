@@ -152,7 +152,9 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
     sok.start_operator()
 
     # 1. The Secrets, before any broker exists (the operator knows to expect three).
-    created = wait_for("the certificate Secrets", lambda: secret(sok, BROKER_SECRET) and secret(sok, CA_CERT_SECRET), sok)
+    created = wait_for(
+        "the certificate Secrets", lambda: secret(sok, BROKER_SECRET) and secret(sok, CA_CERT_SECRET), sok
+    )
     ca_data = data_of(secret(sok, CA_SECRET))
     ca0 = tls.KeyPair(ca_data["ca.crt"], ca_data["ca.key"])
     assert phase_of(sok) == (cert_rotation.READY, 0)
@@ -192,7 +194,9 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
             (c := data_of(secret(sok, BROKER_SECRET))["broker-1.crt"]) != short.cert_pem and c), sok)  # fmt: skip
         assert tls.not_after(renewed) > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
         assert tls.signed_by(renewed, ca0.cert_pem)
-        wait_for("broker 1 presenting the renewed certificate", lambda: reports(sok)[1][1] == tls.fingerprint(renewed), sok)
+        wait_for(
+            "broker 1 presenting the renewed certificate", lambda: reports(sok)[1][1] == tls.fingerprint(renewed), sok
+        )
 
         # 4. A CA rotation, the kubelet slow to deliver: the operator waits in TrustNewCa.
         kubelet.hold.set()
@@ -222,7 +226,12 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
             return phase == (cert_rotation.READY, 1)
 
         wait_for("the rotation to finish", finished, sok, timeout=120)
-        order = [cert_rotation.TRUST_NEW_CA, cert_rotation.REISSUE_CERTS, cert_rotation.DROP_OLD_CA, cert_rotation.READY]
+        order = [
+            cert_rotation.TRUST_NEW_CA,
+            cert_rotation.REISSUE_CERTS,
+            cert_rotation.DROP_OLD_CA,
+            cert_rotation.READY,
+        ]
         assert [p for p in order if p in seen] == seen, seen  # in order, none repeated, no second rotation
 
         final = data_of(secret(sok, BROKER_SECRET))
@@ -231,8 +240,8 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         assert "ca-previous.crt" not in data_of(secret(sok, CA_SECRET))
         for i in range(3):
             assert tls.signed_by(final[f"broker-{i}.crt"], ca1_cert)
-        wait_for("the brokers trusting the new CA only", lambda: all(
-            r == (frozenset({fp1}), tls.fingerprint(final[f"broker-{i}.crt"])) for i, r in reports(sok).items()), sok)  # fmt: skip
+        want = {i: (frozenset({fp1}), tls.fingerprint(final[f"broker-{i}.crt"])) for i in range(3)}
+        wait_for("the brokers trusting the new CA only", lambda: reports(sok) == want, sok)
         assert {i: p.pid for i, p in sok.brokers.items()} == pids, "a broker was restarted"
         assert kubelet.error is None, kubelet.error
         assert any("CA rotation to generation 1 complete" in str(e.get("message")) for e in sok.events())
@@ -252,14 +261,16 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
             got += [r.value for r in consumer.poll(timeout=0.5)]
         consumer.close()
         assert got == [b"after the rotation"]
-        state = wait_for("a whole ISR", lambda: (p := (sok.topic_doc("orders") or {"partitions": [{}]})["partitions"][0])
-                         and len(p.get("isr", [])) == 3 and p, sok)  # fmt: skip
-        assert sorted(state["isr"]) == [0, 1, 2]
+
+        def isr() -> list[int]:
+            doc = sok.topic_doc("orders") or {"partitions": [{}]}
+            return sorted(doc["partitions"][0].get("isr", []))
+
+        wait_for("a whole ISR", lambda: isr() == [0, 1, 2], sok)
         admin.close()
     finally:
         kubelet.stop.set()
         kubelet.join(5)
-
 
 
 def test_chart_lets_the_operator_own_the_certificates(k8s: KubeCluster) -> None:
@@ -272,7 +283,9 @@ def test_chart_lets_the_operator_own_the_certificates(k8s: KubeCluster) -> None:
     assert volume["secret"] == {"secretName": "sluice-broker-certs", "defaultMode": 0o400}
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "broker-tls")
     assert mount["readOnly"] is True
-    env = {e["name"]: e.get("value") for e in find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e.get("value") for e in find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["SLUICE_BROKER_CERTS_SECRET"] == "sluice-broker-certs"
     assert env["SLUICE_CA_SECRET"] == "sluice-cluster-ca" and env["SLUICE_CA_CERT_SECRET"] == "sluice-cluster-ca-cert"
     assert (env["SLUICE_CERT_VALIDITY_DAYS"], env["SLUICE_CERT_RENEWAL_DAYS"]) == ("365", "30")

@@ -24,7 +24,9 @@ def loaded(brokers: cr.BrokerCerts, ids: list[int] = IDS) -> dict[int, cr.Broker
     return {i: cr.BrokerReport(trusted, tls.fingerprint(brokers.certs[i].cert_pem)) for i in ids}
 
 
-def apply(ca: cr.ClusterCa | None, brokers: cr.BrokerCerts | None, step: cr.Step) -> tuple[cr.ClusterCa, cr.BrokerCerts]:
+def apply(
+    ca: cr.ClusterCa | None, brokers: cr.BrokerCerts | None, step: cr.Step
+) -> tuple[cr.ClusterCa, cr.BrokerCerts]:
     new_ca = step.ca or ca
     new_brokers = step.brokers or brokers
     assert new_ca is not None and new_brokers is not None
@@ -184,7 +186,7 @@ def test_load_dir_reads_the_operator_layout_and_refuses_a_mismatched_pair(tmp_pa
     tls.write_private(d / "broker-4.crt", a.cert_pem)
     tls.write_private(d / "broker-4.key", a.key_pem)
     assert tls.load_dir(d, 4).cert_pem == a.cert_pem
-    with pytest.raises(tls.TlsError, match="broker-5.crt"):
+    with pytest.raises(tls.TlsError, match=r"broker-5\.crt"):
         tls.load_dir(d, 5)
     tls.write_private(d / "broker-4.key", b.key_pem)
     with pytest.raises(tls.TlsError, match="not the certificate's"):

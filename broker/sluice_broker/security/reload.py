@@ -143,7 +143,8 @@ class TlsFiles:
             served[0] = loaded.version
             return build(loaded)
 
-        return grpc.dynamic_ssl_server_credentials(build(self.loaded), fetch, require_client_auth)
+        # gRPC documents None as "no change"; the type stubs only allow a configuration
+        return grpc.dynamic_ssl_server_credentials(build(self.loaded), fetch, require_client_auth)  # type: ignore[arg-type]
 
     def interbroker_credentials(self) -> grpc.ServerCredentials:
         """The inter-broker listener: this broker's certificate; peers need one from the cluster CA bundle."""
