@@ -93,6 +93,8 @@ class SecretStore:
             labels or {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/managed-by": "sluice-operator"}
         )
         self._versions: dict[str, str | None] = {}
+        # labels and annotations as last read: kept on every write (others' too), ours updated
+        self._meta: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._broker_data: dict[str, bytes] = {}  # as last read: entries of ids not asked for are kept
         self._ca_cert_bundle: bytes | None = None
 
@@ -107,20 +109,27 @@ class SecretStore:
                 return None
             raise
         self._versions[name] = secret.metadata.resource_version
+        self._meta[name] = (dict(secret.metadata.labels or {}), _annotations(secret))
         return secret
 
     def _write(self, name: str, data: Mapping[str, bytes], annotations: Mapping[str, str | None]) -> None:
-        """Create or replace ``name`` at the resourceVersion last read (Conflict if it moved)."""
+        """Create or replace ``name`` at the resourceVersion last read (Conflict if it moved).
+
+        ``annotations`` are set over the ones read (None removes one); sluice.dev/force-renew is
+        always removed, since every write acts on it.
+        """
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         version = self._versions.get(name)
+        labels, current = self._meta.get(name, ({}, {})) if version is not None else ({}, {})
+        merged = {**current, **annotations, ANNOTATION_FORCE_RENEW: None}
         body = client.V1Secret(
             metadata=client.V1ObjectMeta(
                 name=name,
                 namespace=self.namespace,
-                labels=self.labels,
-                annotations={k: v for k, v in annotations.items() if v is not None},
+                labels={**labels, **self.labels},
+                annotations={k: v for k, v in merged.items() if v is not None},
                 resource_version=version,
             ),
             type="Opaque",
@@ -171,7 +180,7 @@ class SecretStore:
         if ca.previous_pem:
             data[CA_PREVIOUS] = ca.previous_pem
         annotations = {ANNOTATION_GENERATION: str(ca.generation), ANNOTATION_PHASE: ca.phase}
-        self._write(self.names.ca, data, annotations)  # force-renew dropped: it was acted on
+        self._write(self.names.ca, data, annotations)
 
     def write_brokers(self, brokers: cert_rotation.BrokerCerts) -> None:
         data = dict(self._broker_data)
@@ -179,7 +188,7 @@ class SecretStore:
         for i, pair in brokers.certs.items():
             data[tls.broker_cert_file(i)] = pair.cert_pem
             data[tls.broker_key_file(i)] = pair.key_pem
-        self._write(self.names.brokers, data, {})  # force-renew dropped: it was acted on
+        self._write(self.names.brokers, data, {})
         self._broker_data = data
 
     def sync_ca_cert(self, bundle: bytes) -> bool:

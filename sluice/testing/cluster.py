@@ -25,6 +25,9 @@ gets a second, inter-broker port (``--inter-broker-listen``, kept across
 restarts) served with mutual TLS and certificates from the cluster CA in
 ``tls/``. Replication and transaction markers go there; the client port
 refuses them (see sluice.broker.server).
+``renew_certificates()`` and ``rotate_ca()`` take the operator's certificate
+steps (sluice.cert_rotation) over ``tls/``: the brokers reload the files, no
+process restarts (docs/security.md, "Certificate lifecycle").
 
 Broker ids are 0..N-1 and equal the index used by kill(i), restart(i) ...
 Each broker keeps its port across restarts, so clients reconnect to the same

@@ -200,13 +200,18 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
 
         # 4. A CA rotation, the kubelet slow to deliver: the operator waits in TrustNewCa.
         kubelet.hold.set()
+        time.sleep(1.0)  # a sync under way when it was set is over
         sok.core.patch_namespaced_secret(
             CA_SECRET, sok.namespace, {"metadata": {"annotations": {"sluice.dev/force-renew": "true"}}}
         )
         wait_for("the rotation started", lambda: phase_of(sok) == (cert_rotation.TRUST_NEW_CA, 1), sok)
         ca1_cert = data_of(secret(sok, CA_SECRET))["ca.crt"]
         fp1 = tls.fingerprint(ca1_cert)
-        assert tls.bundle_fingerprints(data_of(secret(sok, BROKER_SECRET))["ca.crt"]) == [fp0, fp1]
+        wait_for(
+            "old + new CA in the brokers' Secret",
+            lambda: tls.bundle_fingerprints(data_of(secret(sok, BROKER_SECRET))["ca.crt"]) == [fp0, fp1],
+            sok,
+        )
         assert "sluice.dev/force-renew" not in (secret(sok, CA_SECRET).metadata.annotations or {})
         time.sleep(3.0)
         assert phase_of(sok) == (cert_rotation.TRUST_NEW_CA, 1), "moved on before the brokers trusted the new CA"
@@ -244,7 +249,11 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         wait_for("the brokers trusting the new CA only", lambda: reports(sok) == want, sok)
         assert {i: p.pid for i, p in sok.brokers.items()} == pids, "a broker was restarted"
         assert kubelet.error is None, kubelet.error
-        assert any("CA rotation to generation 1 complete" in str(e.get("message")) for e in sok.events())
+        wait_for(
+            "an Event for the rotation",
+            lambda: any("CA rotation to generation 1 complete" in str(e.get("message")) for e in sok.events()),
+            sok,
+        )
 
         # Replication and transactions still run, over the new certificates.
         producer = Producer(bootstrap_servers=sok.bootstrap_servers, acks="all", transactional_id="after-rotation")
