@@ -27,8 +27,8 @@ import pytest
 from sluice import cert_rotation, tls
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc
-from sluice.client import Producer, TopicPartition
-from sluice.testing import LocalCluster
+from sluice.client import Admin, Producer, TopicPartition
+from sluice.testing import ClusterError, LocalCluster
 from sluice.testing.certs import read_broker_certs, read_cluster_ca
 
 from .helpers import OffsetMonitor, read_topic
@@ -78,8 +78,6 @@ def peer_accepted(cluster: LocalCluster, broker: int, trust: bytes, pair: tls.Ke
 
 def test_rotation_keeps_a_transactional_copy_exactly_once(tmp_path: Path) -> None:
     with LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=1000) as cluster:
-        from sluice.client import Admin
-
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("input", partitions=2, replication_factor=3)
         admin.create_topic("output", partitions=3, replication_factor=3)
@@ -207,5 +205,5 @@ def test_rotation_keeps_a_transactional_copy_exactly_once(tmp_path: Path) -> Non
 
 def test_rotate_ca_refuses_a_secure_cluster_for_now(tmp_path: Path) -> None:
     cluster = LocalCluster(brokers=1, data_dir=tmp_path, secure=True)
-    with pytest.raises(Exception, match="not supported on a secure LocalCluster"):
+    with pytest.raises(ClusterError, match="not supported on a secure LocalCluster"):
         cluster.rotate_ca()
