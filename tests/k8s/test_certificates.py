@@ -29,6 +29,7 @@ from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 from tests.support.k8s_env import KubeCluster
 
+from .crds import install_crds
 from .sluice_on_k8s import SluiceOnK8s
 
 CA_SECRET = "sluice-cluster-ca"
@@ -135,6 +136,7 @@ def phase_of(sok: SluiceOnK8s) -> tuple[str, int]:
 
 @pytest.fixture
 def sok(k8s: KubeCluster, k8s_namespace: str, tmp_path: Path) -> Iterator[SluiceOnK8s]:
+    install_crds(k8s)
     cluster = SluiceOnK8s(k8s, k8s_namespace, tmp_path)
     cluster.env.update(
         SLUICE_BROKER_CERTS_SECRET=BROKER_SECRET,
