@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from sluice import tls
+from sluice.broker.security.tokens import TOKEN_PRINCIPAL
 from sluice.tls import BROKER_CN_PREFIX
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -67,7 +68,12 @@ ANONYMOUS = "User:ANONYMOUS"
 
 
 def principal(ctx: Ctx) -> str:
-    """Kafka's principal of the caller: ``User:<CN>`` of its verified certificate, else ``User:ANONYMOUS``."""
+    """Kafka's principal of the caller: ``ServiceAccount:<ns>:<name>`` of the token it authenticated
+    with on a token listener (:mod:`sluice.broker.security.tokens`), else ``User:<CN>`` of its
+    verified certificate, else ``User:ANONYMOUS``."""
+    by_token = TOKEN_PRINCIPAL.get()
+    if by_token is not None:
+        return by_token
     name = peer_common_name(ctx)
     return f"User:{name}" if name else ANONYMOUS
 
@@ -80,7 +86,7 @@ def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca
     components authenticate the same way; they are principals like any other).
     """
     pair = [(material.key_pem, material.cert_pem)]
-    if mode == "tls":
+    if mode in ("tls", "token"):  # token: who the caller is comes from its token, not a certificate
         return grpc.ssl_server_credentials(pair)
     try:
         roots = open(clients_ca, "rb").read()  # noqa: SIM115 - read once at start-up

@@ -152,6 +152,12 @@ class OperatorRuntime:
             raise kopf.TemporaryError("the operator is starting", delay=1)
         return self.controller.custom
 
+    def core(self) -> Any:
+        """The API server's CoreV1Api (the controller's client)."""
+        if self.controller is None:
+            raise kopf.TemporaryError("the operator is starting", delay=1)
+        return self.controller.core
+
     def known_brokers(self) -> int:
         """The brokers a replication factor is checked against: registered ones, or the expected count if larger."""
         expected = self.controller.expected() if self.controller is not None else self.settings.expected_brokers
@@ -168,7 +174,12 @@ class OperatorRuntime:
                     self._admin[1].close()
                 self._admin = (
                     addresses,
-                    Admin(list(addresses), request_timeout_ms=10_000, client_id="sluice-operator"),
+                    Admin(
+                        list(addresses),
+                        request_timeout_ms=10_000,
+                        client_id="sluice-operator",
+                        **self.settings.broker_security(),
+                    ),
                 )
             return self._admin[1]
 

@@ -4,7 +4,8 @@
   status: UNAVAILABLE is :class:`~sluice.errors.BrokerNotAvailableError`
   (retriable: try another broker), DEADLINE_EXCEEDED is a retriable
   :class:`~sluice.errors.RequestTimedOutError`, INVALID_ARGUMENT is
-  :class:`~sluice.errors.InvalidArgumentError`.
+  :class:`~sluice.errors.InvalidArgumentError`, UNAUTHENTICATED (a token listener refused the
+  caller's token) is the final :class:`~sluice.errors.SaslAuthenticationFailedError`.
 * Error *codes* inside responses are turned into exceptions by the callers,
   with :func:`sluice.errors.error_for`; :func:`response_error` and
   :func:`first_error` pick the code to act on, and the two code sets say
@@ -47,6 +48,8 @@ def map_rpc_error(exc: grpc.RpcError, addr: str, method: str) -> errors.SluiceEr
         return errors.RequestTimedOutError(f"{where} timed out: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return errors.BrokerNotAvailableError(f"{where}: broker not available: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:  # a token listener refused the token (or there was none)
+        return errors.SaslAuthenticationFailedError(f"{where}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         return errors.MessageTooLargeError(f"{where}: {details}")
     return errors.UnknownServerError(f"{where} failed with gRPC {code.name}: {details}")
