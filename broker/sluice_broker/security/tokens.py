@@ -43,7 +43,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeAlias, cast
 
 import grpc
 
@@ -272,7 +272,7 @@ def _refusing(code: grpc.StatusCode, message: str) -> Behavior:
 _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 
 
-Handler = grpc.RpcMethodHandler[Any, Any]
+Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # subscriptable in the stubs only
 
 
 def _replace_behaviors(handler: Any, make: Callable[[Behavior], Behavior]) -> Handler:
@@ -280,7 +280,7 @@ def _replace_behaviors(handler: Any, make: Callable[[Behavior], Behavior]) -> Ha
     return cast(Handler, handler._replace(**changes))  # grpc's RpcMethodHandler is a namedtuple
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor[Any, Any]):
+class TokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]
     """Authenticates every call but the exempt ones by its bearer token (see the module docstring)."""
 
     def __init__(self, authenticator: TokenAuthenticator, exempt: tuple[str, ...] = EXEMPT_PREFIXES) -> None:
