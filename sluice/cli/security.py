@@ -125,6 +125,13 @@ def read_command_config(path: str) -> ClientSecurity:
         raise CliError(
             f"--command-config {path}: security.protocol={protocol} needs ssl.ca.location (the cluster CA)", USAGE
         )
+    mechanism = found.get("sasl_mechanism")
+    if mechanism is not None and mechanism.upper() != "OAUTHBEARER":
+        raise CliError(
+            f"--command-config {path}: sasl.mechanism={mechanism} is not supported (OAUTHBEARER: a ServiceAccount "
+            "token)",
+            USAGE,
+        )
     if (protocol == "SASL_SSL") != bool(found.get("sasl_oauthbearer_token_file")):
         raise CliError(
             f"--command-config {path}: sasl.oauthbearer.token.file goes with security.protocol=SASL_SSL, and only",
