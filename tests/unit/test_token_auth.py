@@ -163,3 +163,22 @@ def test_sasl_ssl_settings_are_checked_by_name(tmp_path: Path) -> None:
         ClientSecurity.build("SASL_SSL", sasl_mechanism="PLAIN", sasl_oauthbearer_token_file=str(token))
     sec = ClientSecurity.build("sasl_ssl", sasl_mechanism="oauthbearer", sasl_oauthbearer_token_file=str(token))
     assert sec.protocol == "SASL_SSL" and sec.token is not None and sec.token.token() == "x"
+
+
+def test_spark_options_take_the_token_file(tmp_path: Path) -> None:
+    from sluice.spark.security import parse_security_options
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("x")
+    ca.write_bytes(b"-----BEGIN CERTIFICATE-----\n")
+    opts = {
+        "kafka.security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(ca),
+        "sasl.oauthbearer.token.file": str(token),
+    }
+    settings = parse_security_options(opts, ValueError)
+    assert settings.client_kwargs()["sasl_oauthbearer_token_file"] == str(token)
+    with pytest.raises(ValueError, match=r"need 'security\.protocol' SASL_SSL"):
+        parse_security_options({"sasl.oauthbearer.token.file": str(token)}, ValueError)
+    with pytest.raises(ValueError, match="needs sasl_oauthbearer_token_file"):
+        parse_security_options({"security.protocol": "SASL_SSL", "ssl.ca.location": str(ca)}, ValueError)
