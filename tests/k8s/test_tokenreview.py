@@ -45,16 +45,19 @@ from tests.support.k8s_env import KubeCluster, TestControlPlane
 ACCOUNTS = ("admin", "app", "other")
 
 
-@pytest.fixture
-def token_cluster(k8s: KubeCluster, k8s_namespace: str, tmp_path: Path) -> Iterator[tuple[SluiceOnK8s, Path]]:
+@pytest.fixture(scope="module")
+def token_cluster(k8s: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SluiceOnK8s, Path]]:
+    """One broker serving a token listener (the authorizer on, ServiceAccount admin its super user)."""
     install_crds(k8s)
+    ns = k8s.create_namespace("sluice-tokens")
     for account in ACCOUNTS:
-        k8s.kubectl("create", "serviceaccount", account, "-n", k8s_namespace)
-    cluster, ca_file = start_token_cluster(k8s, k8s_namespace, tmp_path, f"ServiceAccount:{k8s_namespace}:admin")
+        k8s.kubectl("create", "serviceaccount", account, "-n", ns)
+    cluster, ca_file = start_token_cluster(k8s, ns, tmp_path_factory.mktemp("tokens"), f"ServiceAccount:{ns}:admin")
     try:
         yield cluster, ca_file
     finally:
         cluster.close()
+        k8s.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
 
 def client_kwargs(cluster: SluiceOnK8s, ca_file: Path, token_file: Path | None) -> dict[str, Any]:
@@ -80,10 +83,10 @@ def write_acl(who: str, op: AclOperation, name: str = "orders") -> AclBinding:
 
 
 def test_a_service_account_token_authenticates_a_producer_and_its_acls_apply(
-    k8s: KubeCluster, k8s_namespace: str, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
+    k8s: KubeCluster, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
 ) -> None:
     cluster, ca_file = token_cluster
-    ns = k8s_namespace
+    ns = cluster.namespace
     tokens = {a: write_token(tmp_path, a, request_token(k8s, ns, a)) for a in ACCOUNTS}
     with Admin(**client_kwargs(cluster, ca_file, tokens["admin"])) as admin:  # the super user
         admin.create_topic("orders", 1, 1)
@@ -103,14 +106,10 @@ def test_a_service_account_token_authenticates_a_producer_and_its_acls_apply(
 
 
 def test_missing_foreign_forged_and_expired_tokens_are_refused(
-    k8s: KubeCluster,
-    k8s_namespace: str,
-    control_plane: TestControlPlane,
-    token_cluster: tuple[SluiceOnK8s, Path],
-    tmp_path: Path,
+    k8s: KubeCluster, control_plane: TestControlPlane, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
 ) -> None:
     cluster, ca_file = token_cluster
-    ns = k8s_namespace
+    ns = cluster.namespace
 
     def describe_acls(token: Path | None) -> None:
         with Admin(**client_kwargs(cluster, ca_file, token), request_timeout_ms=10_000) as admin:
@@ -136,15 +135,16 @@ def test_missing_foreign_forged_and_expired_tokens_are_refused(
 
 
 def test_a_client_follows_its_token_file_when_it_is_rotated(
-    k8s: KubeCluster, k8s_namespace: str, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
+    k8s: KubeCluster, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
 ) -> None:
     cluster, ca_file = token_cluster
-    path = write_token(tmp_path, "rotating", request_token(k8s, k8s_namespace, "other"))
+    ns = cluster.namespace
+    path = write_token(tmp_path, "rotating", request_token(k8s, ns, "other"))
     with Admin(**client_kwargs(cluster, ca_file, path), request_timeout_ms=10_000) as admin:
         with pytest.raises(errors.ClusterAuthorizationFailedError):
             admin.describe_acls(AclBindingFilter())  # "other" is no super user
         # what the kubelet does: a new token swapped in by rename (here the super user's)
-        staged = write_token(tmp_path, "staged", request_token(k8s, k8s_namespace, "admin"))
+        staged = write_token(tmp_path, "staged", request_token(k8s, ns, "admin"))
         staged.replace(path)
         deadline = time.monotonic() + 30
         while True:  # bounded: the same client must succeed with the new token

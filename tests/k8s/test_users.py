@@ -39,6 +39,7 @@ from tests.k8s.tokens import request_token, start_token_cluster, write_token
 from tests.support.k8s_env import KubeCluster
 
 CLIENTS_CA_SECRET = "sluice-clients-ca"
+PEERING = Path(__file__).resolve().parents[2] / "manifests" / "operator" / "peering.yaml"
 PREFIXED_STAR = {"type": "topic", "name": "*", "patternType": "prefixed"}
 
 
@@ -66,12 +67,15 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0, logs: 
         time.sleep(0.3)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def secured(
-    k8s: KubeCluster, k8s_namespace: str, tmp_path: Path
+    k8s: KubeCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[SluiceOnK8s, Path, dict[str, Path]]]:
+    """One broker (token listener, authorizer on) and the operator, for the module's tests."""
     install_crds(k8s)
-    ns = k8s_namespace
+    ns = k8s.create_namespace("sluice-users")
+    tmp_path = tmp_path_factory.mktemp("sluice-users")
+    k8s.kubectl("apply", "-n", ns, "-f", str(PEERING))
     for account in ("sluice-operator", "app"):
         k8s.kubectl("create", "serviceaccount", account, "-n", ns)
     clients_ca = tls.generate_ca("sluice-clients-ca")
@@ -93,6 +97,7 @@ def secured(
         yield cluster, ca_file, tokens
     finally:
         cluster.close()
+        k8s.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -114,7 +119,7 @@ def can_produce(kwargs: dict[str, Any]) -> bool:
         with Producer(**kwargs, request_timeout_ms=10_000, max_block_ms=20_000) as producer:
             producer.send("orders", b"record", partition=0).get(timeout=30)
         return True
-    except errors.TopicAuthorizationFailedError:
+    except (errors.TopicAuthorizationFailedError, errors.ClusterAuthorizationFailedError):
         return False
 
 
@@ -134,10 +139,10 @@ def owned_acls(cluster: SluiceOnK8s, owner: str) -> list[AclBinding]:
 
 
 def test_a_sluice_user_is_reconciled_into_acls_the_broker_enforces(
-    k8s: KubeCluster, k8s_namespace: str, secured: tuple[SluiceOnK8s, Path, dict[str, Path]]
+    k8s: KubeCluster, secured: tuple[SluiceOnK8s, Path, dict[str, Path]]
 ) -> None:
     cluster, ca_file, tokens = secured
-    ns = k8s_namespace
+    ns = cluster.namespace
     app = client_kwargs(cluster, ca_file, tokens["app"])
     # The operator is a client of the token listener too: it creates the topic as a super user.
     cluster.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "orders"},
@@ -181,10 +186,10 @@ def test_a_sluice_user_is_reconciled_into_acls_the_broker_enforces(
 
 
 def test_invalid_users_are_refused_by_the_api_server_or_get_a_clear_condition(
-    k8s: KubeCluster, k8s_namespace: str, secured: tuple[SluiceOnK8s, Path, dict[str, Path]]
+    k8s: KubeCluster, secured: tuple[SluiceOnK8s, Path, dict[str, Path]]
 ) -> None:
     cluster, _, _ = secured
-    ns = k8s_namespace
+    ns = cluster.namespace
     refusals = {
         "a group's operations are All, Read, Delete, Describe": user(
             "bad1", "app", {"resource": {"type": "group", "name": "g"}, "operations": ["Write"]}
@@ -212,10 +217,10 @@ def test_invalid_users_are_refused_by_the_api_server_or_get_a_clear_condition(
 
 
 def test_a_tls_user_gets_a_client_certificate_from_the_clients_ca(
-    k8s: KubeCluster, k8s_namespace: str, secured: tuple[SluiceOnK8s, Path, dict[str, Path]]
+    secured: tuple[SluiceOnK8s, Path, dict[str, Path]],
 ) -> None:
     cluster, _, _ = secured
-    ns = k8s_namespace
+    ns = cluster.namespace
     cluster.apply(user("alice", None, topic_acl("orders", "Read")))
     wait_for("CertificateIssued", lambda: condition(cluster.get("sluiceusers", "alice"), "CertificateIssued")
              .get("status") == "True", logs=cluster.logs)  # fmt: skip
