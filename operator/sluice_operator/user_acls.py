@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,7 +196,7 @@ def orphaned(docs: Iterable[Document], live: Mapping[str, str]) -> list[Document
     return out
 
 
-def sweep(store: MetadataStore, list_owners: Any) -> int:
+def sweep(store: MetadataStore, list_owners: Callable[[], Mapping[str, str]]) -> int:
     """Delete documents of users that no longer exist; ``list_owners()`` -> {owner: uid} of live users.
 
     The documents are listed before the users, so a user created in between (whose documents the
