@@ -378,6 +378,7 @@ def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s
     monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert rules == {
         9092: None,  # clients: from everywhere (authentication and ACLs decide the rest)
+        9094: None,  # the health service alone, for the kubelet's probes (the client listener is TLS)
         9093: [{"podSelector": {"matchLabels": broker_pods}}],  # inter-broker: brokers only
         9404: monitoring,  # metrics: the monitoring namespace
     }
@@ -410,6 +411,7 @@ def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s
     ingress = find(docs, "NetworkPolicy", "sluice-broker")["spec"]["ingress"]
     assert {r["ports"][0]["port"]: r.get("from") for r in ingress} == {
         9092: [{"namespaceSelector": {"matchLabels": {"team": "payments"}}}],
+        9094: None,
         9093: [{"podSelector": {"matchLabels": broker_pods}}],
     }
     assert [r["ports"][0]["port"] for r in find(docs, "NetworkPolicy", "sluice-operator")["spec"]["ingress"]] == [8080]
