@@ -5,7 +5,7 @@
 # (tests/node/test_kafka_and_spark_on_a_node.py does the same from Python), and it works on any
 # cluster whose pods can reach the driver at DRIVER_HOST.
 #
-#   K8S_API=https://10.0.0.1:6443 DRIVER_HOST=10.0.0.5 IMAGE=registry.example.com/sluice-spark:0.1.0 \
+#   K8S_API=https://10.0.0.1:6443 DRIVER_HOST=10.0.0.5 IMAGE=registry.example.com/sluice-spark-executor:0.1.0 \
 #   BOOTSTRAP=10.0.0.7:9092 TOKEN_FILE=token CA_FILE=ca.crt bash manifests/spark/spark-submit-client.sh
 #
 # Needs: spark-submit from the same pyspark release as the image (pip install 'sluice[spark]'
@@ -25,7 +25,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 : "${DRIVER_HOST:?set DRIVER_HOST to this machine's address as the executor pods reach it}"
 : "${TOKEN_FILE:?set TOKEN_FILE to a token of the spark service account (manifests/spark/rbac.yaml)}"
 : "${CA_FILE:?set CA_FILE to the API server's CA certificate}"
-IMAGE="${IMAGE:-registry.example.com/sluice-spark:0.1.0}"
+IMAGE="${IMAGE:-registry.example.com/sluice-spark-executor:0.1.0}"
 NAMESPACE="${NAMESPACE:-sluice-jobs}"
 BOOTSTRAP="${BOOTSTRAP:-sluice.sluice.svc.cluster.local:9092}"
 template=()

@@ -4,7 +4,7 @@
 #   tools/k8s-node/build-image.sh [sluice]   the Sluice image (the repository's Dockerfile): brokers
 #                                            and operator, localhost/sluice:<chart appVersion>
 #   tools/k8s-node/build-image.sh spark      the Spark image (images/spark/Dockerfile): executor
-#                                            pods of Spark jobs, localhost/sluice-spark:<appVersion>
+#                                            pods of Spark jobs, localhost/sluice-spark-executor:<appVersion>
 #
 #   1. A minimal Debian base with python3, once: `mmdebstrap --variant=minbase` of the machine's
 #      own Debian release from its own apt sources (python3, python3-venv, passwd for useradd,
@@ -22,7 +22,7 @@
 #
 # Prints the image reference on stdout; progress and the measured times on stderr.
 # Environment: SLUICE_IMAGE / SLUICE_SPARK_IMAGE (default localhost/sluice:<appVersion>,
-# localhost/sluice-spark:<appVersion>), SLUICE_IMAGE_BASE (a base to use instead of building one,
+# localhost/sluice-spark-executor:<appVersion>), SLUICE_IMAGE_BASE (a base to use instead of building one,
 # e.g. python:3.11-slim where a registry is reachable), SLUICE_PYSPARK_VERSION.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -46,7 +46,7 @@ case "${1:-sluice}" in
         IMAGE="${SLUICE_IMAGE:-localhost/sluice:$version}"
         DOCKERFILE=Dockerfile ;;
     spark)
-        IMAGE="${SLUICE_SPARK_IMAGE:-localhost/sluice-spark:$version}"
+        IMAGE="${SLUICE_SPARK_IMAGE:-localhost/sluice-spark-executor:$version}"
         DOCKERFILE=images/spark/Dockerfile
         pyspark="${SLUICE_PYSPARK_VERSION:-$(python3 -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null || true)}"
         [[ -n "$pyspark" ]] || {
