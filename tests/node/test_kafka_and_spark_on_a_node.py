@@ -175,7 +175,7 @@ class PodWatcher:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        while not self.stop.wait(1.0):
+        while not self.stop.wait(2.0):
             try:
                 pods: Any = self.release.k8s.kubectl_json(
                     "get", "pods", "-n", SPARK_NAMESPACE, "-l", "spark-role=executor", timeout=20
@@ -231,7 +231,8 @@ def test_a_spark_job_with_executor_pods_copies_a_topic_exactly_once(
             "spark.executor.instances": "2",
             "spark.executor.cores": "1",
             "spark.executor.memory": "512m",
-            "spark.executor.memoryOverhead": "512m",
+            # The pod's memory limit is heap + overhead, and the Python workers count against it.
+            "spark.executor.memoryOverhead": "1g",
             # Requests small enough for two executors beside three brokers on 2 shared cores.
             "spark.kubernetes.executor.request.cores": "100m",
             # The driver on the host, at the node's address (where the executors on the host
@@ -258,7 +259,6 @@ def test_a_spark_job_with_executor_pods_copies_a_topic_exactly_once(
         # The executors run the driver's PYSPARK_PYTHON; "python3" is the right one on both sides.
         "PYSPARK_PYTHON": "python3",
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PYTHONPATH": str(ROOT),
     }
     started = time.monotonic()
     with PodWatcher(release) as pods, open(tmp_path / "driver.log", "wb") as log:
