@@ -4,6 +4,7 @@
     python bench/compare_kafka.py                 # 1 broker each, the set 3 times, medians (~15 min)
     python bench/compare_kafka.py --brokers 3     # 3 brokers each, replication factor 3, min.insync 2
     python bench/compare_kafka.py --smoke         # tiny counts, once: proves the harness end to end
+    python bench/compare_kafka.py --sluice-client kafka   # Kafka's own tools against both (issue 18)
 
 One system after the other (Sluice first, then Kafka), each on a fresh cluster of ``--brokers``
 (Sluice: ``sluice.testing.LocalCluster``; Kafka 4.3.1 in KRaft mode: ``bench/kafka``, jars fetched
@@ -17,7 +18,17 @@ idempotent, acks=all, linger 5 ms, batch 256 KiB, no compression, the same 64 re
 
 Sluice runs with its own Python client (``sluice.cli.engines.bench``, what ``sluice bench`` runs),
 Kafka with its own JVM tools (``ProducerPerformance``, ``ConsumerPerformance``). MB is 10^6 bytes for
-both. For every run the harness also records, from /proc:
+both.
+
+``--sluice-client kafka`` drives Sluice with the same JVM tools instead, through its Kafka-protocol
+listener (``LocalCluster(kafka_listener=True)``): the same client, the same parameters, the same
+topic creation (``TopicCommand``) against both systems, one after the other, so the client's cost
+is the same on both sides and the difference is the brokers. Its results are saved as
+``kafka-compare-<N>broker-kafka-tools.*``. ConsumerPerformance joins a consumer group through the
+classic protocol (JoinGroup/SyncGroup), which the listener serves; a broker without it fails that
+row and says so.
+
+For every run the harness also records, from /proc:
 
 * the CPU seconds of the broker processes (for Sluice the brokers and the local controller, for
   Kafka the broker JVMs, whose controller runs inside them) during the timed part, reported as
@@ -179,16 +190,36 @@ def _sluice_call(bootstrap: str, s: Spec) -> Callable[[], tuple[Any, float, floa
 
 def kafka_runs(specs: list[Spec], brokers: int, repeat: int, warmup: int, meter_limits: verdict.Limits,
                progress: Callable[[str], None], heap: str) -> list[sidebyside.Measured]:  # fmt: skip
-    out: list[sidebyside.Measured] = []
     with KafkaCluster(nodes=brokers, heap=heap) as kafka, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
-        tools = tools_for(kafka, Path(tmp))
-        tools.produce(name="warm-up", record_size=1024, count=warmup)
-        with Meter(kafka.pids(), meter_limits) as meter:
-            for i in range(repeat):
-                for s in specs:
-                    m = meter.measure("kafka", f"{i + 1}/{repeat}", _kafka_call(tools, s))
-                    out.append(m)
-                    progress(_line(m))
+        return tools_runs("kafka", tools_for(kafka, Path(tmp)), kafka.pids(), specs, repeat, warmup, meter_limits,
+                          progress)  # fmt: skip
+
+
+def sluice_tools_runs(specs: list[Spec], brokers: int, repeat: int, warmup: int, meter_limits: verdict.Limits,
+                      progress: Callable[[str], None], kafka_version: str) -> list[sidebyside.Measured]:  # fmt: skip
+    """The set on Sluice driven by Kafka's own tools through every broker's Kafka listener."""
+    from sluice.testing import LocalCluster
+
+    with LocalCluster(brokers=brokers, kafka_listener=True) as cluster, \
+            tempfile.TemporaryDirectory(prefix="sbench-") as tmp:  # fmt: skip
+        env = {"kafka_tools": kafka_version, "nodes": brokers, "client": "kafka-tools"}
+        tools = KafkaTools(ensure_jars(kafka_version), cluster.kafka_bootstrap_servers, Path(tmp),
+                           replication_factor=min(brokers, 3), environment={"system": "sluice", **env})  # fmt: skip
+        pids = [b.pid for b in cluster.brokers if b.pid] + [p for p in [cluster.controller.pid] if p]
+        return tools_runs("sluice", tools, pids, specs, repeat, warmup, meter_limits, progress)
+
+
+def tools_runs(system: str, tools: KafkaTools, pids: list[int], specs: list[Spec], repeat: int, warmup: int,
+               meter_limits: verdict.Limits, progress: Callable[[str], None]) -> list[sidebyside.Measured]:  # fmt: skip
+    """The set, driven by Kafka's tools against ``tools``' bootstrap servers, the brokers ``pids`` metered."""
+    out: list[sidebyside.Measured] = []
+    tools.produce(name="warm-up", record_size=1024, count=warmup)
+    with Meter(pids, meter_limits) as meter:
+        for i in range(repeat):
+            for s in specs:
+                m = meter.measure(system, f"{i + 1}/{repeat}", _kafka_call(tools, s))
+                out.append(m)
+                progress(_line(m))
     return out
 
 
@@ -238,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="smoke run: --scale 0.05 --repeat 1, 3 s of latency; saved as *-smoke.*")  # fmt: skip
     ap.add_argument("--only", choices=("sluice", "kafka"), help="run one system only (no ratios)")
+    ap.add_argument("--sluice-client", choices=("sluice", "kafka"), default="sluice",
+                    help="what drives Sluice: its own Python client (default) or Kafka's own tools through "
+                         "its Kafka listener, the same client as Kafka's side")  # fmt: skip
     ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
     ap.add_argument("--kafka-heap", default="1g", help="Kafka broker heap (-Xms = -Xmx; default 1g)")
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share,
@@ -260,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{' (SMOKE)' if args.smoke else ''}; load average before: {start_load[0]:.2f} on {cpus} CPUs "
           f"-> {start.text()}", flush=True)  # fmt: skip
     env = engine.environment()  # the commit measured: taken before the runs, not after
-    if args.only != "sluice":
+    tools_on_sluice = args.sluice_client == "kafka"
+    if args.only != "sluice" or tools_on_sluice:
         try:
             ensure_jars(args.kafka_version)  # before any clock runs
         except FetchError as exc:
@@ -271,24 +306,33 @@ def main(argv: list[str] | None = None) -> int:
         print(s, flush=True)
 
     runs: list[sidebyside.Measured] = []
-    if args.only != "kafka":
+    if args.only != "kafka" and tools_on_sluice:
+        say(f"Sluice {args.brokers} broker(s), Kafka {args.kafka_version}'s tools through the Kafka listener:")
+        runs += sluice_tools_runs(specs, args.brokers, repeat, warmup, limits, say, args.kafka_version)
+    elif args.only != "kafka":
         say(f"Sluice {args.brokers} broker(s):")
         runs += sluice_runs(specs, args.brokers, repeat, warmup, limits, say)
     if args.only != "sluice":
         say(f"Apache Kafka {args.kafka_version} {args.brokers} node(s):")
         runs += kafka_runs(specs, args.brokers, repeat, warmup, limits, say, args.kafka_heap)
-    comp = sidebyside.Comparison(args.brokers, runs, start.valid, start.reasons, "smoke" if args.smoke else "")
+    sluice_name = "Sluice (Kafka listener)" if tools_on_sluice else "Sluice"
+    comp = sidebyside.Comparison(args.brokers, runs, start.valid, start.reasons, "smoke" if args.smoke else "",
+                                 sluice_name)  # fmt: skip
     md = sidebyside.table(comp)
     vtext = sidebyside.verdict_text(comp)
-    stem = f"kafka-compare-{args.brokers}broker" + ("-smoke" if args.smoke else "")
+    stem = (f"kafka-compare-{args.brokers}broker" + ("-kafka-tools" if tools_on_sluice else "")
+            + ("-smoke" if args.smoke else ""))  # fmt: skip
     args.results.mkdir(parents=True, exist_ok=True)
+    both_tools = "both driven by Kafka's own tools, " if tools_on_sluice else ""
     header = (f"{'SMOKE RUN (tiny counts, not a measurement): ' if args.smoke else ''}"
-              f"Sluice vs Apache Kafka {args.kafka_version}, {args.brokers} broker(s), median of {repeat}, "
+              f"{sluice_name} vs Apache Kafka {args.kafka_version}, {args.brokers} broker(s), "
+              f"{both_tools}median of {repeat}, "
               f"scale {scale}, commit {env.get('git_commit', '')}, {cpus} CPUs, "
               f"load average before {start_load[0]:.2f}")  # fmt: skip
     (args.results / f"{stem}.md").write_text(f"{header}\n\n{md}\n\n{vtext}\n")
     record = {
         "header": header, "brokers": args.brokers, "repeat": repeat, "scale": scale, "smoke": args.smoke,
+        "sluice_client": args.sluice_client,
         "start_load_average": start_load, "environment": env, "valid": comp.valid,
         "reasons": comp.reasons(), "runs": [asdict(m) for m in runs],
     }  # fmt: skip

@@ -112,6 +112,7 @@ class Comparison:
     start_verdict_valid: bool = True
     start_reasons: list[str] = field(default_factory=list)
     label: str = ""  # "smoke" for a smoke run
+    sluice_name: str = "Sluice"  # "Sluice (Kafka listener)" when Kafka's tools drove Sluice too
 
     def names(self) -> list[str]:
         seen: list[str] = []
@@ -143,7 +144,8 @@ class Comparison:
 def table(c: Comparison) -> str:
     """The side-by-side markdown table of one comparison."""
     plural, rf = ("s", " RF3") if c.brokers > 1 else ("", "")
-    head = (f"| benchmark | figure | Kafka {c.brokers} node{plural}{rf} | Sluice {c.brokers} broker{plural}{rf} | "
+    head = (f"| benchmark | figure | Kafka {c.brokers} node{plural}{rf} | "
+            f"{c.sluice_name} {c.brokers} broker{plural}{rf} | "
             "Sluice/Kafka | "
             "broker CPU s/GB Kafka | broker CPU s/GB Sluice | load avg Kafka / Sluice | runs valid |")  # fmt: skip
     rows = [head, "|---|---|---:|---:|---:|---:|---:|---|---|"]
@@ -225,7 +227,7 @@ def chart(c: Comparison, path: Path) -> bool:
     ax2.legend()
     status = "valid" if c.valid else "NOT VALID (busy machine)"
     label = f"{c.label.upper()} run, " if c.label else ""
-    fig.suptitle(f"Sluice vs Apache Kafka, {c.brokers} broker(s): {label}{status}")
+    fig.suptitle(f"{c.sluice_name} vs Apache Kafka, {c.brokers} broker(s): {label}{status}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -102,6 +102,13 @@ class BrokerNotAvailableError(SluiceError):
     retriable = True
 
 
+class NoBrokersAvailableError(SluiceError):
+    """Nothing listens at any address the client knows (every connection refused) and it never reached
+    a broker: a wrong bootstrap address or a stopped cluster. Raised at once, naming the addresses."""
+
+    code = records_pb2.NONE
+
+
 class InvalidArgumentError(SluiceError):
     """The broker refused the request as malformed (gRPC INVALID_ARGUMENT)."""
 
@@ -251,6 +258,13 @@ class IllegalGenerationError(SluiceError):
     category = Category.ABORTABLE
 
 
+class InconsistentGroupProtocolError(SluiceError):
+    """No protocol every member of the classic group supports, or the group is of the other type."""
+
+    code = E.INCONSISTENT_GROUP_PROTOCOL
+    retriable = False
+
+
 class InvalidGroupIdError(SluiceError):
     """The group id is invalid."""
 
@@ -318,6 +332,14 @@ class InvalidRequestError(SluiceError):
     category = Category.ABORTABLE
 
 
+class PolicyViolationError(SluiceError):
+    """A configured cap is reached (producer states per partition, transactional ids); the message names its key."""
+
+    code = E.POLICY_VIOLATION
+    retriable = False
+    category = Category.ABORTABLE  # the record or call fails, the client goes on (as MESSAGE_TOO_LARGE)
+
+
 class OutOfOrderSequenceError(SluiceError):
     """The broker received a sequence number it did not expect: a gap in the producer's writes."""
 
@@ -377,6 +399,14 @@ class TransactionCoordinatorFencedError(SluiceError):
     code = E.TRANSACTION_COORDINATOR_FENCED
     retriable = False
     category = Category.APPLICATION_RECOVERABLE
+
+
+class RebalanceInProgressError(SluiceError):
+    """The classic group is rebalancing: rejoin."""
+
+    code = E.REBALANCE_IN_PROGRESS
+    retriable = False
+    category = Category.ABORTABLE
 
 
 class TopicAuthorizationFailedError(SluiceError):
@@ -476,6 +506,28 @@ class OffsetNotAvailableError(SluiceError):
     retriable = True
 
 
+class MemberIdRequiredError(SluiceError):
+    """Classic JoinGroup (KIP-394): join again with the member id the coordinator gave."""
+
+    code = E.MEMBER_ID_REQUIRED
+    retriable = False
+
+
+class GroupMaxSizeReachedError(SluiceError):
+    """The classic group has as many members as it may have."""
+
+    code = E.GROUP_MAX_SIZE_REACHED
+    retriable = False
+
+
+class FencedInstanceIdError(SluiceError):
+    """A newer member joined with this static member's group instance id (KIP-345)."""
+
+    code = E.FENCED_INSTANCE_ID
+    retriable = False
+    category = Category.ABORTABLE
+
+
 class UnsupportedCompressionTypeError(SluiceError):
     """Unsupported compression."""
 
@@ -558,9 +610,11 @@ ERRORS: tuple[type[SluiceError], ...] = (
     NotEnoughReplicasAfterAppendError,
     InvalidRequiredAcksError,
     IllegalGenerationError,
+    InconsistentGroupProtocolError,
     InvalidGroupIdError,
     UnknownMemberIdError,
     InvalidSessionTimeoutError,
+    RebalanceInProgressError,
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,
     ClusterAuthorizationFailedError,
@@ -570,6 +624,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     InvalidReplicationFactorError,
     InvalidConfigError,
     InvalidRequestError,
+    PolicyViolationError,
     OutOfOrderSequenceError,
     DuplicateSequenceNumberError,
     InvalidProducerEpochError,
@@ -588,6 +643,9 @@ ERRORS: tuple[type[SluiceError], ...] = (
     FencedLeaderEpochError,
     UnknownLeaderEpochError,
     OffsetNotAvailableError,
+    MemberIdRequiredError,
+    GroupMaxSizeReachedError,
+    FencedInstanceIdError,
     UnsupportedCompressionTypeError,
     InvalidRecordError,
     UnstableOffsetCommitError,

@@ -160,7 +160,7 @@ class KafkaTools:
 
     def _result(self, name: str, kind: str, params: dict[str, Any]) -> bench.BenchResult:
         env = bench.environment()
-        env.update(system="kafka", **self.extra_env)
+        env.update({"system": "kafka", **self.extra_env})  # extra_env may name the system (Sluice's listener)
         return bench.BenchResult(
             name=name, kind=kind, params=params, environment=env,
             started_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

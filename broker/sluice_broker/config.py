@@ -53,6 +53,12 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "group.consumer.min.session.timeout.ms": (int, 1_000),
     "group.consumer.max.session.timeout.ms": (int, 300_000),
     "group.consumer.heartbeat.interval.ms": (int, 5_000),
+    # the classic group protocol (Kafka listener's JoinGroup/SyncGroup): Kafka's keys and defaults, but
+    # a bounded group size (Kafka's is unbounded): members and pending member ids per group
+    "group.min.session.timeout.ms": (int, 6_000),
+    "group.max.session.timeout.ms": (int, 1_800_000),
+    "group.initial.rebalance.delay.ms": (int, 3_000),
+    "group.classic.max.size": (int, 1_000),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does
@@ -83,6 +89,22 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # responses held back by the throttle time, which the response reports (throttle_time_ms).
     "quota.producer.default": (int, 0),
     "quota.consumer.default": (int, 0),
+    # connections per client address, on the client and Kafka listeners together (Kafka's keys;
+    # security/connections.py): a connection beyond them is refused (the Kafka listener closes it,
+    # gRPC answers its calls RESOURCE_EXHAUSTED). Overrides: "host:count,host:count".
+    "max.connections.per.ip": (int, 1000),
+    "max.connections.per.ip.overrides": (str, ""),
+    "max.connections": (int, 2_147_483_647),
+    # idle producers (Kafka's KIP-854 keys and defaults): a partition forgets the state of a producer
+    # that wrote nothing for producer.id.expiration.ms and has no transaction open there, on every
+    # replica, checked every producer.id.expiration.check.interval.ms.
+    "producer.id.expiration.ms": (int, DAY_MS),
+    "producer.id.expiration.check.interval.ms": (int, 600_000),
+    # caps on what clients create (Sluice's own keys; Kafka has none): producer states one partition
+    # keeps, and transactional ids one broker's transaction coordinator holds. A new one beyond the
+    # cap is refused with POLICY_VIOLATION until expiry makes room.
+    "producer.id.max.count.per.partition": (int, 10_000),
+    "transactional.id.max.count": (int, 100_000),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }
@@ -128,7 +150,6 @@ UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
         "a write to an unknown topic is UNKNOWN_TOPIC_OR_PARTITION",
     ),
     "offsets.retention.minutes": (None, "committed offsets do not expire in Sluice yet"),
-    "producer.id.expiration.ms": (None, "idle producer ids do not expire in Sluice yet"),
 }
 
 
@@ -137,6 +158,19 @@ CLIENT_LISTENERS = ("plaintext", "tls", "mtls")
 
 class ConfigError(ValueError):
     """A configuration key is unknown or its value has the wrong type."""
+
+
+def parse_ip_overrides(text: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides``: ``"host:count,host:count"`` (Kafka's format) -> {host: count}."""
+    out: dict[str, int] = {}
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        host, sep, count = item.rpartition(":")
+        if not sep or not host or not count.strip().isdigit():
+            raise ConfigError(f"max.connections.per.ip.overrides: {item!r} is not host:count")
+        out[host.strip().strip("[]")] = int(count)
+    return out
 
 
 def parse_value(key: str, kind: type, raw: Any) -> Any:
@@ -235,6 +269,14 @@ class BrokerConfig:
                 raise ConfigError(f"{key} must be >= 0 bytes/s (0: unlimited)")
         if values["producer.id.rate.per.principal.per.minute"] < 0:
             raise ConfigError("producer.id.rate.per.principal.per.minute must be >= 0 (0: unlimited)")
+        for key in (
+            "max.connections.per.ip", "max.connections", "producer.id.expiration.ms",
+            "producer.id.expiration.check.interval.ms", "producer.id.max.count.per.partition",
+            "transactional.id.max.count",
+        ):  # fmt: skip
+            if values[key] < 1:
+                raise ConfigError(f"{key} must be positive, not {values[key]}")
+        parse_ip_overrides(values["max.connections.per.ip.overrides"])
         if bool(inter_broker_port) != bool(tls_dir):
             raise ConfigError(
                 "--inter-broker-listen and --broker-tls-dir go together: the inter-broker listener "

@@ -69,9 +69,7 @@ async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
     cluster.refresh()
     if all(name in cluster.topics for name in INTERNAL_TOPICS):
         return
-    wanted = max(
-        config.int("transaction.state.log.replication.factor"), config.int("offsets.topic.replication.factor")
-    )
+    wanted = max(config.int("transaction.state.log.replication.factor"), config.int("offsets.topic.replication.factor"))
     deadline = time.monotonic() + BROKERS_WAIT_S
     while len(cluster.brokers) < wanted and time.monotonic() < deadline:
         await asyncio.sleep(METADATA_POLL_S)
@@ -170,7 +168,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--kafka-listen",
         default=None,
         metavar="HOST:PORT",
-        help="also serve the Kafka protocol on HOST:PORT (default: off; see docs/kafka-compatibility.md)",
+        help="also serve the Kafka protocol on HOST:PORT, secured as --client-listener says (default: off; "
+        "see docs/kafka-compatibility.md)",
     )
     parser.add_argument(
         "--kafka-advertise",
@@ -276,7 +275,7 @@ async def serve(
             host, port = metrics_listen
             raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
-    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups)
+    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups, servicer.broker)
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -308,6 +307,7 @@ async def serve(
             try:
                 cluster.refresh()
                 servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
+                servicer.broker.user_quotas.refresh()  # client quotas: the quotas/users/ documents
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
@@ -322,6 +322,12 @@ async def serve(
         while True:
             await asyncio.sleep(interval)
             replicas.apply_retention()
+
+    async def producer_expiry() -> None:
+        interval = config.int("producer.id.expiration.check.interval.ms") / 1000
+        while True:
+            await asyncio.sleep(interval)
+            replicas.expire_producers()
 
     async def replication_housekeeping() -> None:
         interval = min(config.int("replica.lag.time.max.ms") / 4000, ISR_CHECK_S)
@@ -342,6 +348,7 @@ async def serve(
     tasks = [
         asyncio.create_task(watch_metadata()),
         asyncio.create_task(retention()),
+        asyncio.create_task(producer_expiry()),
         asyncio.create_task(replication_housekeeping()),
     ]
     await stopping.wait()
@@ -382,13 +389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if config.tls_dir:
             load_dir(config.tls_dir)  # unreadable material stops the broker here, with its name
         kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
-        if kafka is not None and (config.client_listener != "plaintext" or config.get("authorizer.enabled")):
-            # The Kafka listener has neither TLS nor ACL checks yet (issue 18): opened beside a
-            # secured gRPC listener it would be a door around them, so it is refused outright.
-            raise ConfigError(
-                "--kafka-listen cannot be combined with --client-listener tls/mtls or authorizer.enabled yet: "
-                "the Kafka listener has no TLS or ACL checks (docs/kafka-compatibility.md)"
-            )
     except (ConfigError, TlsError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2

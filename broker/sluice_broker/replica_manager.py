@@ -52,7 +52,7 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice import errors
@@ -85,6 +85,7 @@ from sluice.broker.replication.fetcher import (
     divergence,
 )
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
+from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import documents, keys
@@ -128,7 +129,10 @@ class ReplicaManager:
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
-        self._data_arrived = asyncio.Event()
+        # Long polls, woken per partition (replication/wakeups): followers' fetches by new batches,
+        # consumers' fetches and acks=all/coordinator writes by a moved high watermark.
+        self._appended = PartitionWaits()
+        self._advanced = PartitionWaits()
         # Stray partitions are looked for once the first full metadata read is done (main calls
         # delete_stray_partitions), then again after every topic change.
         self._stray_check_ready = False
@@ -149,7 +153,7 @@ class ReplicaManager:
             self.partitions,
             self.channels,
             config.int("replica.fetch.max.bytes"),
-            self._notify,
+            self._wake,
         )
         cluster.listeners.append(self._on_topic_change)
         storage.failure_listeners.append(self._on_storage_failure)
@@ -206,7 +210,8 @@ class ReplicaManager:
             self._tell_leadership(key[0], key[1], False, -1)
         for key in list(self.fetchers.followed):
             self.fetchers.unfollow(key)
-        self._notify()  # acks=all waits and long polls see the change at once
+        self._appended.wake_all()  # acks=all waits and long polls see the change at once
+        self._advanced.wake_all()
         self.report_storage_failure()
 
     def check_log_dir_space(self) -> None:
@@ -308,11 +313,13 @@ class ReplicaManager:
                     # Followers in the ISR get the lag time from now to show up, then leave it.
                     self.trackers[key] = FollowerTracker.starting(info.isr, me, monotonic_ms())
                     self._tell_leadership(new.name, p, True, info.leader_epoch)
-                self._maybe_advance_hw(key, part)
+                if self._maybe_advance_hw(key, part):  # the ISR may have shrunk to the replicas caught up
+                    self._advanced.wake(key)
             else:
                 if key in self.leader_of:
                     self.leader_of.discard(key)
                     self.trackers.pop(key, None)
+                    self._wake([key])  # its long polls and replication waits answer NOT_LEADER now
                     self._tell_leadership(new.name, p, False, info.leader_epoch)
                 part.leader_epoch = max(part.leader_epoch, info.leader_epoch)
                 if info.leader >= 0:
@@ -331,6 +338,7 @@ class ReplicaManager:
         self.trackers.pop(key, None)
         if key in self.leader_of:
             self.leader_of.discard(key)
+            self._wake([key])
             self._tell_leadership(key[0], key[1], False, -1)
         if part is None:
             return
@@ -444,10 +452,11 @@ class ReplicaManager:
             raise errors.NotLeaderOrFollowerError(f"broker {self.config.broker_id} does not lead {topic}-{partition}")
         return part
 
-    def _notify(self) -> None:
-        """Wake every long-polling fetch and every acks=all wait: data or a high watermark moved."""
-        self._data_arrived.set()
-        self._data_arrived = asyncio.Event()
+    def _wake(self, keys: Iterable[TopicPartition]) -> None:
+        """Wake every wait parked on ``keys``: their leadership, log or high watermark changed."""
+        for key in keys:
+            self._appended.wake(key)
+            self._advanced.wake(key)
 
     def isr(self, key: TopicPartition) -> list[int]:
         info = self.cluster.topics.get(key[0])
@@ -471,8 +480,10 @@ class ReplicaManager:
         return False
 
     def _after_append(self, part: PartitionLog) -> None:
-        self._maybe_advance_hw((part.topic, part.partition), part)
-        self._notify()
+        key = (part.topic, part.partition)
+        self._appended.wake(key)  # followers' fetches have something to copy
+        if self._maybe_advance_hw(key, part):  # no other in-sync replica: committed at once
+            self._advanced.wake(key)
 
     def _check_min_isr(self, key: TopicPartition, part: PartitionLog) -> None:
         min_isr = int(str(part.config("min.insync.replicas")))
@@ -486,29 +497,37 @@ class ReplicaManager:
         """Wait until the HW reaches ``end_offset`` (acks=all), as long as this broker leads the partition."""
         key = (topic, partition)
         deadline = time.monotonic() + timeout_s
-        while True:
-            self._check_storage()
-            part = self.partitions.get(key)
-            if part is None or key not in self.leader_of:
-                raise errors.NotLeaderOrFollowerError(
-                    f"broker {self.config.broker_id} lost the leadership of {topic}-{partition} before the write "
-                    "was replicated",
+        with self._advanced.watching([key]) as advanced:
+            while True:
+                advanced.clear()
+                if self._replicated(key, end_offset, deadline):
+                    return
+                # bounded, so a change nobody wakes us for (none is known) still ends the wait
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(advanced.wait(), min(deadline - time.monotonic(), 0.5))
+
+    def _replicated(self, key: TopicPartition, end_offset: int, deadline: float) -> bool:
+        """Whether the HW of ``key`` reached ``end_offset``; raises why the wait is over without it."""
+        topic, partition = key
+        self._check_storage()
+        part = self.partitions.get(key)
+        if part is None or key not in self.leader_of:
+            raise errors.NotLeaderOrFollowerError(
+                f"broker {self.config.broker_id} lost the leadership of {topic}-{partition} before the write "
+                "was replicated",
+            )
+        if part.high_watermark >= end_offset:
+            min_isr = int(str(part.config("min.insync.replicas")))
+            if len(self.isr(key)) < min_isr:
+                raise errors.NotEnoughReplicasAfterAppendError(
+                    f"stored, but the ISR of {topic}-{partition} shrank below min.insync.replicas={min_isr}",
                 )
-            if part.high_watermark >= end_offset:
-                min_isr = int(str(part.config("min.insync.replicas")))
-                if len(self.isr(key)) < min_isr:
-                    raise errors.NotEnoughReplicasAfterAppendError(
-                        f"stored, but the ISR of {topic}-{partition} shrank below min.insync.replicas={min_isr}",
-                    )
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise errors.RequestTimedOutError(
-                    f"{topic}-{partition}: the in-sync replicas did not acknowledge offset {end_offset - 1} in time",
-                )
-            waiter = self._data_arrived
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), min(remaining, 0.5))
+            return True
+        if deadline - time.monotonic() <= 0:
+            raise errors.RequestTimedOutError(
+                f"{topic}-{partition}: the in-sync replicas did not acknowledge offset {end_offset - 1} in time",
+            )
+        return False
 
     # -- produce ----------------------------------------------------------------------------------
 
@@ -646,20 +665,27 @@ class ReplicaManager:
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         budget = req.max_bytes or self.config.int("replica.fetch.max.bytes")
         first = True
-        while True:
-            waiter = self._data_arrived
-            resp, total, any_error = self._replica_fetch_once(req, budget, record=first)
-            first = False
-            if total or any_error or time.monotonic() >= deadline:
-                return resp
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), deadline - time.monotonic())
+        woken = False
+        # woken only by appends to the partitions of this fetch (see replication/wakeups)
+        with self._appended.watching((fp.topic, fp.partition) for fp in req.partitions) as appended:
+            while True:
+                appended.clear()
+                resp, total, any_error = self._replica_fetch_once(req, budget, record=first)
+                first = False
+                answered = bool(total or any_error or time.monotonic() >= deadline)
+                if woken:
+                    self.events.woke("replica_fetch", answered)
+                if answered:
+                    return resp
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(appended.wait(), deadline - time.monotonic())
+                woken = appended.is_set()
 
     def _replica_fetch_once(self, req: ipb.ReplicaFetchRequest, budget: int, record: bool) -> tuple[bytes, int, bool]:
         out = ReplicaFetchResponseWriter()
         total = 0
         any_error = False
-        hw_moved = False
+        hw_moved: list[TopicPartition] = []
         now = monotonic_ms()
         for fp in req.partitions:
             presp = ipb.ReplicaFetchPartitionResponse(topic=fp.topic, partition=fp.partition, high_watermark=-1)
@@ -694,7 +720,8 @@ class ReplicaManager:
                 if record:
                     tracker = self.trackers.setdefault(key, FollowerTracker())
                     tracker.fetched(req.replica_id, fp.fetch_offset, part.log_end_offset, now)
-                    hw_moved |= self._maybe_advance_hw(key, part)
+                    if self._maybe_advance_hw(key, part):
+                        hw_moved.append(key)
                 presp.high_watermark = part.high_watermark
                 upto = self._replica_fetch_limit(part, fp.fetch_offset)
                 if fp.fetch_offset < upto:
@@ -705,8 +732,8 @@ class ReplicaManager:
                 answer(presp, exc)
                 any_error = True
             out.partition(presp, raw)
-        if hw_moved:
-            self._notify()
+        for key in hw_moved:
+            self._advanced.wake(key)
         return out.getvalue(), total, any_error
 
     def _replica_fetch_limit(self, part: PartitionLog, fetch_offset: int) -> int:
@@ -759,8 +786,8 @@ class ReplicaManager:
             if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(key[0], key[1], me, part.leader_epoch, isr):
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
                 self.events.isr_changed(pinfo.isr, isr)
-                if self._maybe_advance_hw(key, part):
-                    self._notify()
+                self._maybe_advance_hw(key, part)
+                self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
 
     def checkpoint_high_watermarks(self) -> None:
         if self.storage.failure is not None:
@@ -783,16 +810,23 @@ class ReplicaManager:
         max_bytes = req.max_bytes or self.config.int("fetch.max.bytes")
         min_bytes = max(req.min_bytes, 0)
         read_committed = req.isolation_level == pb.READ_COMMITTED
-        while True:
-            waiter = self._data_arrived
-            tally = FetchTally()
-            resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally, client_filters_aborted)
-            remaining = deadline - time.monotonic()
-            if total >= max(min_bytes, 1) or any_error or remaining <= 0:
-                self.events.fetched(tally)
-                return resp
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter.wait(), remaining)
+        woken = False
+        # woken only by a moved high watermark of the partitions of this fetch (see replication/wakeups)
+        with self._advanced.watching((t.name, p.partition) for t in req.topics for p in t.partitions) as advanced:
+            while True:
+                advanced.clear()
+                tally = FetchTally()
+                resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally, client_filters_aborted)
+                remaining = deadline - time.monotonic()
+                answered = total >= max(min_bytes, 1) or any_error or remaining <= 0
+                if woken:
+                    self.events.woke("fetch", answered)
+                if answered:
+                    self.events.fetched(tally)
+                    return resp
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(advanced.wait(), remaining)
+                woken = advanced.is_set()
 
     def _fetch_once(
         self,
@@ -895,6 +929,21 @@ class ReplicaManager:
             )
 
     # -- housekeeping -----------------------------------------------------------------------------
+
+    def expire_producers(self) -> int:
+        """Forget idle producer states (producer.id.expiration.ms) on every replica; how many."""
+        if self.storage.failure is not None:
+            return 0
+        now = now_ms()
+        removed = 0
+        for key, part in list(self.partitions.items()):
+            try:
+                removed += part.remove_expired_producers(now)
+            except Exception:
+                log.exception("expiring producer states failed on %s-%d", *key)
+        if removed:
+            log.info("%d idle producer state(s) expired (producer.id.expiration.ms)", removed)
+        return removed
 
     def apply_retention(self) -> None:
         """Retention and compaction, on every replica (each cleans its own copy the same way)."""

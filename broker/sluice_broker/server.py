@@ -36,6 +36,7 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
 from sluice.broker.security.authorizer import Access
+from sluice.broker.security.connections import ConnectionLimitInterceptor, ConnectionQuotas, GrpcConnections
 from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.servicers.interbroker import refusing_handler
 from sluice.broker.txn import TransactionCoordinator
@@ -84,29 +85,48 @@ class Listeners:
         await self.client.stop(grace)
 
 
-def _server(max_bytes: int) -> grpc.aio.Server:
-    return grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_bytes),
-            ("grpc.max_send_message_length", max_bytes),
-            ("grpc.so_reuseport", 0),
-        ]
-    )
+def _server(
+    max_bytes: int, options: list[tuple[str, Any]] | None = None, interceptors: list[Any] | None = None
+) -> grpc.aio.Server:
+    base: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_bytes),
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    return grpc.aio.server(options=base + (options or []), interceptors=interceptors)
+
+
+def client_server(config: BrokerConfig) -> tuple[grpc.aio.Server, GrpcConnections | None]:
+    """The client listener's server: connections idle for connections.max.idle.ms are closed (as the
+    Kafka listener does), and calls from connections beyond max.connections.per.ip & co. are refused
+    (:mod:`sluice.broker.security.connections`; no interceptor at all when every cap is unlimited)."""
+    idle_ms = config.int("connections.max.idle.ms")
+    quotas = ConnectionQuotas.from_config(config)
+    if quotas.unlimited:
+        connections = None
+        interceptors = None
+    else:
+        connections = GrpcConnections(quotas, config.port, idle_ms / 1000)
+        interceptors = [ConnectionLimitInterceptor(connections)]
+    options: list[tuple[str, Any]] = [("grpc.max_connection_idle_ms", idle_ms)]
+    return _server(config.int("socket.request.max.bytes"), options, interceptors), connections
 
 
 def open_listeners(config: BrokerConfig, servicer: BrokerServicer, health: HealthServicer) -> Listeners:
     """Build both servers and bind their ports (not started yet); TlsError if the TLS material is bad."""
     max_bytes = config.int("socket.request.max.bytes")
-    client = _server(max_bytes)
+    client, connections = client_server(config)
     client.add_generic_rpc_handlers(servicer.client_handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health, client)
     material = tls.load_dir(config.tls_dir) if config.tls_dir else None
     address = target(config.host, config.port)
     if material is None or config.client_listener == "plaintext":
-        client.add_insecure_port(address)
+        bound = client.add_insecure_port(address)
     else:
         creds = peers.client_listener_credentials(config.client_listener, material, config.clients_ca)
-        client.add_secure_port(address, creds)
+        bound = client.add_secure_port(address, creds)
+    if connections is not None:
+        connections.port = bound  # the port the kernel's connection table is searched for
     interbroker: grpc.aio.Server | None = None
     if config.inter_broker_port and material is not None:
         interbroker = _server(max_bytes)

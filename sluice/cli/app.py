@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from sluice.cli import (
     acls,
     bench,
+    configs,
     consume,
     consumer_groups,
     demo,
@@ -37,6 +38,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "consumer-groups": consumer_groups.run,
     "top": top.run,
     "acls": acls.run,
+    "configs": configs.run,
     "bench": bench.run,
     "demo": demo.run,
 }

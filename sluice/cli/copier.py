@@ -1,7 +1,14 @@
 """An exactly-once copier process: our version of Kafka's TransactionalMessageCopier.
 
 ``python -m sluice.cli.copier --bootstrap-server ... --input in --output out
---transactional-id copier-0 (--partition 0 | --group-mode) --group copiers``
+--transactional-id copier-0 (--partition 0 | --group-mode) --group copiers
+[--command-config client.properties]``
+
+``--command-config`` takes the client security settings as every ``sluice`` client command does
+(``security.protocol=SSL``, ``ssl.ca.location``, ``ssl.certificate.location``,
+``ssl.key.location``: docs/cli.md), so the copier runs against a secure cluster as the
+principal of its certificate; its consumer, producer and admin client all use them. A bad file
+is refused before anything connects (exit 2, one line naming it).
 
 Consume-transform-produce: a read_committed consumer reads the input, a
 transactional producer writes each record to the output (same key and value),
@@ -33,8 +40,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sluice import errors
+from sluice.cli.exits import CliError
+from sluice.cli.security import read_command_config
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 
 FENCED_EXIT = 3
@@ -53,6 +63,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--transaction-size", type=int, default=750)
     p.add_argument("--transaction-timeout-ms", type=int, default=20_000)
     p.add_argument("--max-seconds", type=float, default=600.0, help="give up (exit 2) after this long")
+    p.add_argument(
+        "--command-config",
+        metavar="FILE",
+        help="client security settings (security.protocol=SSL, ssl.ca.location, ssl.certificate.location, "
+        "ssl.key.location), as the sluice commands take",
+    )
     return p.parse_args(argv)
 
 
@@ -67,7 +83,9 @@ def committed_offsets(consumer: Consumer, tps: list[TopicPartition]) -> dict[Top
 
 def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.max_seconds
+    security = read_command_config(args.command_config).kwargs() if args.command_config else {}
     consumer = Consumer(
+        **security,
         bootstrap_servers=args.bootstrap_server,
         group_id=args.group,
         isolation_level="read_committed",
@@ -76,13 +94,14 @@ def run(args: argparse.Namespace) -> int:
         max_poll_records=args.transaction_size,
     )
     producer = Producer(
+        **security,
         bootstrap_servers=args.bootstrap_server,
         transactional_id=args.transactional_id,
         transaction_timeout_ms=args.transaction_timeout_ms,
         linger_ms=5,
     )
     producer.init_transactions()
-    all_input = [TopicPartition(args.input, p) for p in range(_partitions(args.bootstrap_server, args.input))]
+    all_input = [TopicPartition(args.input, p) for p in range(_partitions(args.bootstrap_server, args.input, security))]
     ends = consumer.end_offsets(all_input)
     if args.group_mode:
         consumer.subscribe([args.input])
@@ -172,8 +191,8 @@ def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5)
 
 
 
-def _partitions(bootstrap: str, topic: str) -> int:
-    admin = Admin(bootstrap_servers=bootstrap)
+def _partitions(bootstrap: str, topic: str, security: dict[str, Any]) -> int:
+    admin = Admin(bootstrap_servers=bootstrap, **security)
     try:
         return len(admin.describe_topic(topic).partitions)
     finally:
@@ -181,7 +200,14 @@ def _partitions(bootstrap: str, topic: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        if args.command_config:
+            read_command_config(args.command_config)  # refused before anything connects
+        return run(args)
+    except CliError as exc:  # a bad --command-config: one line, usage exit status
+        print(f"copier: {exc}", file=sys.stderr)
+        return exc.code
 
 
 if __name__ == "__main__":

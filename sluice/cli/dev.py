@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.cli.argtypes import key_value, non_negative_int, positive_float, positive_int
-from sluice.cli.exits import CliError
+from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import err, print_json, table
 
 if TYPE_CHECKING:
@@ -40,6 +40,18 @@ def register(sub: Subcommands) -> None:
         action="store_true",
         help="clients need a certificate (mutual TLS) and ACLs (the authorizer is on); User:admin's "
         "settings are written to DATA/admin.properties for `sluice acls --command-config` (docs/security.md)",
+    )
+    up.add_argument(
+        "--kafka-listener",
+        action="store_true",
+        help="also open a Kafka-protocol listener on every broker, for Kafka's own clients "
+        "(plaintext, no ACLs: not with --secure yet; docs/kafka-compatibility.md)",
+    )
+    up.add_argument(
+        "--kafka-port",
+        type=non_negative_int,
+        help="Kafka port of broker 0 with --kafka-listener; broker N gets KAFKA_PORT+N "
+        "(default PORT+10000: 19092 beside 9092; 0: any free ports)",
     )
     down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
     down.add_argument("--data", metavar="DIR")
@@ -75,15 +87,24 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
             last[0] = elapsed
             err(f"waiting for {args.brokers} broker(s) to be ready... {elapsed:.0f}s")
 
+    if args.kafka_port is not None and not args.kafka_listener:
+        raise CliError("--kafka-port needs --kafka-listener", USAGE)
+    if args.kafka_listener and args.secure:
+        # The broker refuses the combination too: the Kafka listener has no TLS or ACL checks yet.
+        raise CliError("--kafka-listener cannot be combined with --secure yet (the Kafka listener has no TLS "
+                       "or ACL checks: docs/kafka-compatibility.md)", USAGE)  # fmt: skip
+    kafka_port: int | None = None
+    if args.kafka_listener:
+        kafka_port = args.kafka_port if args.kafka_port is not None else dev_cluster.default_kafka_port(args.port)
     if dev_cluster.running_state(data_dir) is None:
         err(f"starting a dev cluster of {args.brokers} broker(s) in {data_dir} ...")
     try:
         state, started = dev_cluster.up(
             data_dir, args.brokers, args.port, dict(args.config), timeout=args.timeout, on_wait=waiting,
-            secure=args.secure,
+            secure=args.secure, kafka_port=kafka_port,
         )  # fmt: skip
     except dev_cluster.DevClusterError as exc:
-        hint = " (use --port to pick other ports, or --port 0 for any free ones)" if "in use" in str(exc) else ""
+        hint = " (use --port/--kafka-port to pick other ports, or 0 for any free ones)" if "in use" in str(exc) else ""
         raise CliError(f"the dev cluster failed to start{hint}: {exc}") from None
     if not started:
         err(f"a dev cluster is already running (supervisor pid {state.supervisor_pid}, data {state.data_dir})")
@@ -93,6 +114,10 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
             err(f"secure: mutual TLS and ACLs; the super user's settings are in {state.admin_config} "
                 "(sluice acls ... --command-config FILE; docs/security.md)")  # fmt: skip
         err("stop it with `sluice dev down`")
+    if state.kafka_bootstrap_servers:
+        err(f"Kafka listeners (bootstrap.servers for Kafka clients): {state.kafka_bootstrap_servers}")
+    elif args.kafka_listener:
+        err("this dev cluster was started without --kafka-listener: `sluice dev down`, then up again with it")
     print(state.bootstrap_servers)
     return 0
 
@@ -128,9 +153,12 @@ def _status(args: argparse.Namespace, data_dir: Path) -> int:
     else:
         print(f"dev cluster: supervisor pid {current.supervisor_pid}, data {current.data_dir}")
         print(f"bootstrap servers: {current.bootstrap_servers}")
+        if current.kafka_bootstrap_servers:
+            print(f"Kafka bootstrap servers: {current.kafka_bootstrap_servers}")
         rows = [
-            [b["id"], b["address"], b.get("pid"), b["health"], b.get("metrics_url") or "-", b.get("log", "")]
+            [b["id"], b["address"], b.get("kafka_address") or "-", b.get("pid"), b["health"],
+             b.get("metrics_url") or "-", b.get("log", "")]
             for b in brokers
-        ]
-        print(table(rows, ["BROKER", "ADDRESS", "PID", "HEALTH", "METRICS", "LOG"]))
+        ]  # fmt: skip
+        print(table(rows, ["BROKER", "ADDRESS", "KAFKA", "PID", "HEALTH", "METRICS", "LOG"]))
     return 0 if healthy else 1

@@ -21,6 +21,7 @@ import sluice
 from sluice.cli import (
     acls,
     bench,
+    configs,
     consume,
     consumer_groups,
     demo,
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     consumer_groups.register(sub, client)
     top.register(sub, client)
     acls.register(sub, client)
+    configs.register(sub, client)
     bench.register(sub)
     demo.register(sub)
     return parser

@@ -61,6 +61,7 @@ from sluice.client.producer import Producer
 from sluice.client.producer.partitioner import partition_for_key
 from sluice.client.producer.sender import ProducerClosedError, TransactionAbortedError
 from sluice.client.producer.transaction_manager import TransactionState
+from sluice.client.quotas import ClientQuotaAlteration, ClientQuotaEntity, ClientQuotaFilter, ClientQuotaFilterComponent
 from sluice.client.types import (
     ConsumerRecord,
     FutureRecordMetadata,
@@ -78,6 +79,10 @@ __all__ = [
     "AclPermissionType",
     "Admin",
     "BrokerDescription",
+    "ClientQuotaAlteration",
+    "ClientQuotaEntity",
+    "ClientQuotaFilter",
+    "ClientQuotaFilterComponent",
     "ClusterDescription",
     "Consumer",
     "ConsumerGroupDescription",

@@ -33,6 +33,7 @@ from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadlin
 from sluice.client._network import rpc as rpcs
 from sluice.client._network.security import ClientSecurity
 from sluice.client.consumer.fetcher import list_offsets_at
+from sluice.client.quotas import ClientQuotaAlteration, ClientQuotaEntity, ClientQuotaFilter
 from sluice.client.types import PreparedTransaction, TopicPartition
 
 RequestT = TypeVar("RequestT")
@@ -235,6 +236,39 @@ class Admin:
 
         response = self._any(rpcs.DELETE_ACLS, request, error_of, self._deadline(timeout))
         return [_acl_binding(a) for result in response.results for a in result.deleted]
+
+    # ------------------------------------------------------------------ client quotas (Kafka's shape)
+
+    def alter_client_quotas(
+        self, alterations: Iterable[ClientQuotaAlteration], *, validate_only: bool = False, timeout: float | None = None
+    ) -> None:
+        """Set or remove quotas of entities (``user`` entities: producer_byte_rate, consumer_byte_rate).
+        Raises the first refusal: InvalidRequestError (an entity or key Sluice does not keep, a value
+        that is not positive), ClusterAuthorizationFailedError (no AlterConfigs on the cluster)."""
+        request = broker_pb2.AlterClientQuotasRequest(
+            entries=[a.to_proto() for a in alterations], validate_only=validate_only
+        )
+        if not request.entries:
+            return
+
+        def error_of(r: broker_pb2.AlterClientQuotasResponse) -> tuple[int, str]:
+            return next(((x.error_code, x.error_message) for x in r.results if x.error_code), (0, ""))
+
+        self._any(rpcs.ALTER_CLIENT_QUOTAS, request, error_of, self._deadline(timeout))
+
+    def describe_client_quotas(
+        self, quota_filter: ClientQuotaFilter | None = None, timeout: float | None = None
+    ) -> dict[ClientQuotaEntity, dict[str, float]]:
+        """The quotas of the entities ``quota_filter`` matches (default: every entity)."""
+        response = self._any(
+            rpcs.DESCRIBE_CLIENT_QUOTAS,
+            (quota_filter or ClientQuotaFilter.all()).to_proto(),
+            lambda r: (r.error_code, r.error_message),
+            self._deadline(timeout),
+        )
+        return {
+            ClientQuotaEntity.from_proto(e.entity): {v.key: v.value for v in e.values} for e in response.entries
+        }
 
     # ------------------------------------------------------------------ topics
 

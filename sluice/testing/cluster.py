@@ -160,6 +160,13 @@ class BrokerProcess(ManagedProcess):
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     @property
+    def kafka_address(self) -> str | None:
+        """``HOST:PORT`` of this broker's Kafka-protocol listener (None if it has none)."""
+        if self.kafka_port is None:
+            return None
+        return f"[{self.host}]:{self.kafka_port}" if ":" in self.host else f"{self.host}:{self.kafka_port}"
+
+    @property
     def metrics_url(self) -> str | None:
         """``http://HOST:PORT/metrics`` of this broker's Prometheus endpoint (None if it has none)."""
         if self.metrics_port is None:
@@ -245,7 +252,10 @@ class LocalCluster:
     is removed on exit; a given ``data_dir`` is kept, and a cluster started on
     it again finds its data. ``ports`` fixes the brokers' ports (default: free
     ports picked by the kernel). ``kafka_listener=True`` opens a Kafka-protocol
-    listener on every broker (``kafka_bootstrap_servers``). ``failure_timeout_ms`` is how long the
+    listener on every broker (``kafka_bootstrap_servers``), on free ports unless ``kafka_ports``
+    fixes them (``kafka_ports`` implies ``kafka_listener``; a 0 entry is a free port), secured as
+    the gRPC port is: with ``secure=True`` it requires client certificates too
+    (``kafka_client_config(name)``, ``kafka_client_properties(name)``). ``failure_timeout_ms`` is how long the
     controller lets a broker fail its health checks before it moves that
     broker's leaderships (tests use about 1000; Kafka-like default 5000).
     """
@@ -265,6 +275,7 @@ class LocalCluster:
         failure_timeout_ms: int = DEFAULT_FAILURE_TIMEOUT_MS,
         secure: bool = False,
         kafka_listener: bool = False,
+        kafka_ports: Sequence[int] | None = None,
     ) -> None:
         if brokers < 1:
             raise ValueError(f"brokers must be >= 1, not {brokers}")
@@ -272,6 +283,9 @@ class LocalCluster:
             raise ValueError(f"failure_timeout_ms must be positive, not {failure_timeout_ms}")
         if ports is not None and len(ports) != brokers:
             raise ValueError(f"ports gives {len(ports)} ports for {brokers} brokers")
+        if kafka_ports is not None and len(kafka_ports) != brokers:
+            raise ValueError(f"kafka_ports gives {len(kafka_ports)} ports for {brokers} brokers")
+        kafka_listener = kafka_listener or kafka_ports is not None
         self.host = host
         self.startup_timeout = startup_timeout
         self._python = python
@@ -309,6 +323,9 @@ class LocalCluster:
             cfg = dict(common)
             cfg.update({k: _config_str(v) for k, v in per_broker.get(i, {}).items()})
             port = ports[i] if ports is not None and ports[i] else free_port(host)
+            kafka_port = (kafka_ports[i] or free_port(host)) if kafka_ports is not None else None
+            if kafka_listener and kafka_port is None:
+                kafka_port = free_port(host)
             self._brokers.append(
                 BrokerProcess(
                     i,
@@ -325,7 +342,7 @@ class LocalCluster:
                     tls_dir=tls_dirs[i],
                     clients_ca=clients_ca,
                     health_credentials=health_credentials,
-                    kafka_port=free_port(host) if kafka_listener else None,
+                    kafka_port=kafka_port,
                 )
             )
         if common.get("unclean.leader.election.enable", "").lower() == "true":
@@ -363,9 +380,7 @@ class LocalCluster:
         """Every broker's Kafka-protocol address, comma-separated (``LocalCluster(kafka_listener=True)``)."""
         if any(b.kafka_port is None for b in self._brokers):
             raise ClusterError("this cluster was started without kafka_listener=True")
-        return ",".join(
-            f"[{b.host}]:{b.kafka_port}" if ":" in b.host else f"{b.host}:{b.kafka_port}" for b in self._brokers
-        )
+        return ",".join(str(b.kafka_address) for b in self._brokers)
 
     def start(self) -> LocalCluster:
         """Start every process and wait until every broker is healthy (or raise ClusterError)."""
@@ -378,6 +393,11 @@ class LocalCluster:
             f"{b.host}:{b.inter_broker_port}"
             for b in self._brokers
             if b.inter_broker_port is not None and not port_is_free(b.host, b.inter_broker_port)
+        ]
+        busy += [
+            str(b.kafka_address)
+            for b in self._brokers
+            if b.kafka_port is not None and not port_is_free(b.host, b.kafka_port)
         ]
         if busy:
             raise ClusterError(f"port(s) already in use: {', '.join(busy)}")
@@ -459,6 +479,39 @@ class LocalCluster:
             "ssl_cafile": str(d / tls.CA_FILE),
             "ssl_certfile": str(d / tls.CERT_FILE),
             "ssl_keyfile": str(d / tls.KEY_FILE),
+        }
+
+    def kafka_client_config(self, name: str | None = None) -> dict[str, Any]:
+        """Keyword arguments with which kafka-python's clients connect to the Kafka listener as ``User:<name>``.
+
+        ``KafkaProducer(**cluster.kafka_client_config("alice"))``: the Kafka bootstrap servers and,
+        for a secure cluster, the same TLS files as :meth:`client_config` (kafka-python's
+        ``security_protocol``/``ssl_*`` names are Sluice's), so one certificate is one principal
+        on both protocols. A plaintext cluster needs no name.
+        """
+        config = self.client_config(name or "") if self.secure else {}
+        return {**config, "bootstrap_servers": self.kafka_bootstrap_servers}
+
+    def kafka_client_properties(self, name: str | None = None) -> dict[str, str]:
+        """Apache Kafka's (Java) client settings for the Kafka listener as ``User:<name>``.
+
+        For a secure cluster: SSL with PEM stores (``ssl.keystore.type=PEM``), the keystore being
+        ``keystore.pem`` (key and certificate, mode 0600) beside the client's certificate.
+        """
+        props = {"bootstrap.servers": self.kafka_bootstrap_servers}
+        if not self.secure:
+            return props
+        d = client_tls_dir(self.data_dir, name or "")
+        keystore = d / "keystore.pem"
+        if not keystore.exists():
+            tls.write_private(keystore, (d / tls.KEY_FILE).read_bytes() + (d / tls.CERT_FILE).read_bytes())
+        return {
+            **props,
+            "security.protocol": "SSL",
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(d / tls.CA_FILE),
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(keystore),
         }
 
     def interbroker_channel(self, i: int) -> grpc.Channel:
@@ -697,6 +750,7 @@ class LocalCluster:
                     "data": str(b.data_path),
                     "metrics_url": b.metrics_url,
                     "inter_broker_port": b.inter_broker_port,
+                    "kafka_address": b.kafka_address,
                 }
                 for b in self._brokers
             ],

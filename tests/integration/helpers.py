@@ -108,6 +108,7 @@ class OffsetMonitor:
         }
         self.failed_samples = 0
         self.rounds = 0
+        self.completed_rounds = 0
 
     def start(self) -> OffsetMonitor:
         self._thread.start()
@@ -139,7 +140,21 @@ class OffsetMonitor:
                 now = time.monotonic()
                 for tp, info in found.items():
                     self.samples[level][tp].append((now, info.offset))
+            self.completed_rounds += 1
             self._stop.wait(self.interval)
+
+    def wait_rounds(self, rounds: int = 1, timeout: float = 60.0) -> None:
+        """Wait (bounded) until ``rounds`` more rounds are complete.
+
+        A fault test calls it before its fault and after its repair, so samples are taken on both
+        sides: a sample that meets a paused or dead broker runs to its timeout, and a short fault
+        window can otherwise pass within one round."""
+        target = self.completed_rounds + rounds
+        wait_for(
+            lambda: self.completed_rounds >= target or not self._thread.is_alive(),
+            timeout=timeout,
+            what=f"{rounds} more round(s) of the offset monitor",
+        )
 
     def regressions(self) -> list[str]:
         out = []

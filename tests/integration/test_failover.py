@@ -123,6 +123,7 @@ def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
         old_leader, old_epoch = leader_of(admin, "zombie")
         old_wire = Wire(cluster.bootstrap_servers.split(",")[old_leader])
         monitor = OffsetMonitor(cluster.bootstrap_servers, [TopicPartition("zombie", 0)]).start()
+        monitor.wait_rounds(1)  # samples before the pause ...
         cluster.pause(old_leader)
         try:
             wait_for(
@@ -141,7 +142,7 @@ def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
         finally:
             cluster.resume(old_leader)
         sender.join(60)
-        time.sleep(0.5)  # samples after the deposed leader woke up
+        monitor.wait_rounds(2)  # ... and after the deposed leader woke up (a round may have begun before)
         monitor.stop()
         monitor.check()  # no HW or LSO a client was told goes back across the pause (issue 19)
         assert result and result[0].error_code != pb.NONE, "the deposed leader acknowledged a write"

@@ -5,7 +5,7 @@ The jars come from Maven Central through ``bench.kafka.fetch.ensure_jars`` (cach
 VerifiableProducer (idempotent, acks=all) must see every record acknowledged at the offsets the gRPC
 consumer then reads; ProducerPerformance drives the Java transactional producer (TV1: no
 ``transaction.version`` is advertised); ConsoleConsumer (read_committed, an assigned partition, no
-group: the classic group protocol is not served yet) reads everything back.
+group; groups are test_kafka_groups_java.py's) reads everything back.
 """
 
 from __future__ import annotations
@@ -102,3 +102,26 @@ def test_java_transactional_producer_then_console_consumer_read_committed(jars: 
     assert len(offsets) == 3000
     # the same records at the same offsets as the gRPC read_committed consumer sees (markers in between)
     assert offsets == [o for o, _ in grpc_values(jcluster, topic, 3000)]
+
+
+def test_topic_command_create_and_describe(jars: Path, jcluster: LocalCluster) -> None:
+    """kafka-topics.sh --create: the Java AdminClient reads the created topic's configs (CreateTopics v5+)."""
+    topic = "java-topic-command"
+    out = run_tool(
+        jars,
+        "org.apache.kafka.tools.TopicCommand",
+        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--create", "--topic", topic, "--partitions", "3",
+         "--replication-factor", "1", "--config", "retention.ms=3600000"],
+    )  # fmt: skip
+    assert f"Created topic {topic}." in out
+    admin = Admin(bootstrap_servers=jcluster.bootstrap_servers)
+    try:
+        assert len(admin.describe_topics([topic])[0].partitions) == 3
+    finally:
+        admin.close()
+    described = run_tool(
+        jars,
+        "org.apache.kafka.tools.TopicCommand",
+        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--describe", "--topic", topic],
+    )
+    assert "PartitionCount: 3" in described and "retention.ms=3600000" in described

@@ -4,6 +4,10 @@
   source registered (``sluice.spark.register``), shared by every Spark test:
   starting the JVM costs seconds. Python workers run this interpreter (so
   they import this tree's ``sluice``), shuffles use 2 partitions, no UI.
+  Spark's own Kafka connector (spark-sql-kafka-0-10 for this pyspark, fetched
+  once from Maven Central: tests/support/spark_kafka, which says which version)
+  is on ``spark.jars`` for test_kafka_connector.py; a session's jars are fixed
+  when it starts.
 * ``cluster``, ``fresh_cluster``, ``unique_topic``: the integration tests'
   fixtures (:mod:`tests.integration.conftest`): a shared single-broker
   :class:`~sluice.testing.LocalCluster` brought back to health before each
@@ -33,6 +37,7 @@ from tests.integration.conftest import (  # noqa: F401  (fixtures and the report
     pytest_runtest_makereport,
     unique_topic,
 )
+from tests.support.spark_kafka import connector_jars
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +57,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.streaming.stopTimeout", "30s")
+        .config("spark.jars", ",".join(str(j) for j in connector_jars()))
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

@@ -22,7 +22,7 @@ from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.main import parse_metrics_listen
-from sluice.broker.metrics.collectors import ReplicaCollector, stall_seconds
+from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats, stall_seconds
 from sluice.broker.metrics.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
@@ -266,6 +266,22 @@ def test_stall_time_is_read_from_rocksdb_stats() -> None:
     stats = "Cumulative stall: 01:02:3.500 H:M:S, 0.1 percent\nInterval stall: 00:00:1.000 H:M:S, 0.0 percent"
     assert stall_seconds(stats) == 3723.5
     assert stall_seconds("no stats") is None
+
+
+def test_compaction_bytes_and_stall_causes_are_read_from_cfstats() -> None:
+    stats = (
+        "Cumulative compaction: 1.25 GB write, 3.10 MB/s write, 1.00 GB read, 2.50 MB/s read, 10.2 seconds\n"
+        "Write Stall (count): cf-l0-file-count-limit-delays-with-ongoing-compaction: 0, l0-file-count-limit-delays: 4, "
+        "memtable-limit-stops: 2, total-delays: 4, total-stops: 2\n"
+    )
+    written, causes = compaction_stats(stats) or (0.0, {})
+    assert written == 1.25e9
+    assert causes == {
+        "cf-l0-file-count-limit-delays-with-ongoing-compaction": 0,
+        "l0-file-count-limit-delays": 4,
+        "memtable-limit-stops": 2,
+    }
+    assert compaction_stats("no stats") is None
 
 
 def test_metrics_listen_is_parsed_or_refused() -> None:

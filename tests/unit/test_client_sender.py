@@ -175,11 +175,17 @@ class FakeCluster:
     def leader(self, topic: str, partition: int) -> tuple[str, int] | None:
         return ("fake:1", 0)
 
-    def refresh_if_stale(self, topics: Any, min_age: float | None = None) -> None:
+    def refresh_if_stale(self, topics: Any, min_age: float | None = None, timeout: float | None = None) -> None:
         pass
 
     def forget_leader(self, topic: str, partition: int) -> None:
         self.forgotten += 1
+
+    def throttle(self, addr: str, throttle_time_ms: int) -> None:
+        pass
+
+    def throttled_for(self, addr: str) -> float:
+        return 0.0
 
     def call_any(self, rpc: Rpc[Any, Any], request: Any, timeout: float | None = None) -> Any:
         assert rpc is rpcs.INIT_PRODUCER_ID

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import struct
+from pathlib import Path
 
 import pytest
 
-from sluice.broker.config import ConfigError
-from sluice.broker.kafka import codec
+from sluice.broker.config import BrokerConfig, ConfigError
+from sluice.broker.kafka import codec, transport
 from sluice.broker.kafka.framing import FrameError, parse_request, read_frame, request_header_version, response_frame
 from sluice.broker.kafka.messages.api_versions_response import ApiVersionsResponse
 from sluice.broker.kafka.messages.metadata_response import MetadataResponse
 from sluice.broker.kafka.options import KafkaOptions
 from sluice.broker.main import main
+from sluice.testing.certs import broker_tls_dirs, clients_ca_file
+from sluice.tls import TlsError
 
 
 def frames(data: bytes, limit: int = 1024) -> list[bytes | None]:
@@ -89,10 +93,26 @@ def test_broker_refuses_a_bad_kafka_listen(tmp_path: object, capsys: pytest.Capt
     assert "--kafka-listen" in capsys.readouterr().err
 
 
-def test_broker_refuses_a_kafka_listener_beside_the_authorizer(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The Kafka listener checks no ACLs yet: it must not open a door around a secured broker."""
-    argv = ["--id", "0", "--listen", "127.0.0.1:1", "--data", str(tmp_path), "--kafka-listen", "127.0.0.1:2"]
-    assert main([*argv, "--config", "authorizer.enabled=true"]) == 2
-    assert "no TLS or ACL checks" in capsys.readouterr().err
+def test_the_kafka_listener_takes_the_client_listeners_tls(tmp_path: Path) -> None:
+    """No separate setting: plaintext, tls or mtls as --client-listener, with the same files."""
+    tls_dir = broker_tls_dirs(tmp_path, [0], "127.0.0.1")[0]
+    clients_ca = clients_ca_file(tmp_path)
+
+    def config(mode: str, ca: str = "") -> BrokerConfig:
+        return BrokerConfig.build(
+            0, "127.0.0.1", 1, str(tmp_path), str(tmp_path / "m.sqlite"), {},
+            inter_broker_port=2, tls_dir=str(tls_dir), client_listener=mode, clients_ca=ca,
+        )  # fmt: skip
+
+    assert transport.server_context(config("plaintext")) is None
+    one_way = transport.server_context(config("tls"))
+    assert one_way is not None and one_way.verify_mode == ssl.CERT_NONE
+    mutual = transport.server_context(config("mtls", str(clients_ca)))
+    assert mutual is not None and mutual.verify_mode == ssl.CERT_REQUIRED
+    # the clients CA and the cluster CA, as on the gRPC client listener
+    assert {c["subject"][0][0][1] for c in mutual.get_ca_certs()} == {
+        "sluice-local-clients-ca",
+        "sluice-local-cluster-ca",
+    }
+    with pytest.raises(TlsError, match="clients-ca"):
+        transport.server_context(config("mtls", str(tmp_path / "missing.crt")))

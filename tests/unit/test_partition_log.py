@@ -131,3 +131,32 @@ def test_retention_never_passes_an_open_transaction(storage: RocksStorage) -> No
     append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
     append(p, 1)
     assert p.apply_retention(10**15) == 0
+
+
+def test_idle_producers_expire_persistently_but_not_with_a_transaction_open(tmp_path: Path) -> None:
+    s = RocksStorage(str(tmp_path / "db"))
+    p = PartitionLog(s, "t", 0, TOPIC_ID, config({"producer.id.expiration.ms": 1000}))
+    p.append(build_batch([(None, b"a", None, 5_000)], producer_id=7, producer_epoch=0, base_sequence=0))
+    txn = build_batch([(None, b"b", None, 5_000)], producer_id=8, producer_epoch=0, base_sequence=0, transactional=True)
+    p.append(txn, verified_txn=True)
+    p.high_watermark = p.log_end_offset
+    assert p.remove_expired_producers(5_500) == 0  # not idle long enough
+    assert p.remove_expired_producers(6_000) == 1  # 7 goes; 8 has its transaction open
+    assert set(p.producers) == {8}
+    with pytest.raises(SluiceError) as info:  # 7 is a stranger now: its sequence must start again
+        p.append(build_batch([(None, b"c", None, 6_000)], producer_id=7, producer_epoch=0, base_sequence=1))
+    assert info.value.code == pb.UNKNOWN_PRODUCER_ID
+    s.close()
+    s = RocksStorage(str(tmp_path / "db"))  # the removal was written, not only forgotten
+    assert set(PartitionLog(s, "t", 0, TOPIC_ID, config()).producers) == {8}
+    s.close()
+
+
+def test_a_new_producer_is_refused_once_the_partition_holds_the_cap(storage: RocksStorage) -> None:
+    p = PartitionLog(storage, "t", 0, TOPIC_ID, config({"producer.id.max.count.per.partition": 2}))
+    for pid in (1, 2):
+        p.append(build_batch([(None, b"x")], producer_id=pid, producer_epoch=0, base_sequence=0))
+    with pytest.raises(SluiceError) as info:
+        p.append(build_batch([(None, b"x")], producer_id=3, producer_epoch=0, base_sequence=0))
+    assert info.value.code == pb.POLICY_VIOLATION and "producer.id.max.count.per.partition=2" in str(info.value)
+    p.append(build_batch([(None, b"y")], producer_id=1, producer_epoch=0, base_sequence=1))  # known ones go on

@@ -5,6 +5,9 @@
 ``membership``  members, epochs, sessions and hand-over, KIP-848 shaped (pure, clock injected)
 ``group_records`` membership as records of ``__consumer_offsets``, and their reload (pure)
 ``coordinator`` orchestration: leadership, loading, appends, the RPCs the servicer calls
+``classic``     Kafka's classic protocol (JoinGroup/SyncGroup) for the Kafka listener: the state machine (pure)
+``classic_coordinator`` its parked requests, writes and expiry
+``classic_records`` classic groups as Kafka's GroupMetadataValue records of ``__consumer_offsets`` (pure)
 """
 
 from sluice.broker.group.coordinator import GroupCoordinator

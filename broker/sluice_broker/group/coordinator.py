@@ -38,6 +38,13 @@ assignment). Everything here is I/O and routing:
   keep their ids, epochs and partitions, and their sessions restart at the load.
 * Sessions. A periodic task removes members whose session expired, and writes
   their tombstones the same way.
+* Kafka's classic protocol (JoinGroup/SyncGroup over the Kafka listener) is
+  :mod:`.classic` (the state machine) and :mod:`.classic_coordinator` (parked
+  requests, writes); its groups live next to the KIP-848 ones in the same
+  partition state, share the offsets, and a group is one type at a time: a
+  KIP-848 heartbeat for a group with classic members is GROUP_ID_NOT_FOUND,
+  as Kafka 4 answers when the online upgrade is off. Commits from classic
+  members follow Kafka's ClassicGroup rule (:meth:`ClassicGroup.check_commit`).
 
 Concurrency: one asyncio loop. The only await inside a request is the
 verifier's; all state changes happen in synchronous stretches after it.
@@ -61,6 +68,9 @@ from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
 from sluice.broker.errors import answer
+from sluice.broker.group.classic import ClassicGroup
+from sluice.broker.group.classic_coordinator import ClassicCoordinator
+from sluice.broker.group.classic_records import ClassicRecordLog
 from sluice.broker.group.group_records import GroupRecordError, GroupRecordLog, changed_records, group_records
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
 from sluice.broker.group.offsets import (
@@ -98,6 +108,8 @@ class OffsetsPartitionState:
     offsets: OffsetStore = field(default_factory=OffsetStore)
     groups: dict[str, ConsumerGroup] = field(default_factory=dict)
     group_log: GroupRecordLog = field(default_factory=GroupRecordLog)  # group records, while loading
+    classic: dict[str, ClassicGroup] = field(default_factory=dict)  # Kafka classic-protocol groups
+    classic_log: ClassicRecordLog = field(default_factory=ClassicRecordLog)  # their records, while loading
     log: PartitionLog | None = None  # where the marker listener is registered, once loaded
     marker_listener: MarkerListener | None = None
 
@@ -141,6 +153,7 @@ class GroupCoordinator:
         )
         self._running = False
         self._expiry_task: asyncio.Task[None] | None = None
+        self.classic = ClassicCoordinator(self)
 
     # -- life cycle -----------------------------------------------------------------------------
 
@@ -184,6 +197,16 @@ class GroupCoordinator:
                 exc,
             )
         try:
+            state.classic_log.replay(batch)
+        except RecordDecodeError as exc:
+            log.error(
+                "group coordinator: skipping classic group records of the batch at offset %d of %s-%d: %s",
+                batch.base_offset,
+                CONSUMER_OFFSETS_TOPIC,
+                partition,
+                exc,
+            )
+        try:
             state.offsets.replay(batch)
         except (OffsetRecordError, RecordDecodeError) as exc:
             # One bad batch must not keep every group of the partition unavailable.
@@ -208,6 +231,16 @@ class GroupCoordinator:
         state = loaded.state
         state.groups = state.group_log.groups(self.settings, self.clock())
         state.group_log = GroupRecordLog()  # only needed for the load
+        state.classic = state.classic_log.groups(self.classic.settings, self.clock())
+        state.classic_log = ClassicRecordLog()
+        if state.classic:
+            log.info(
+                "group coordinator: %s-%d restored %d classic group(s): %s",
+                CONSUMER_OFFSETS_TOPIC,
+                loaded.partition,
+                len(state.classic),
+                ", ".join(f"{gid}@{g.generation}" for gid, g in sorted(state.classic.items())),
+            )
         if state.groups:
             log.info(
                 "group coordinator: %s-%d restored %d group(s) with %d member(s): %s",
@@ -225,6 +258,7 @@ class GroupCoordinator:
             with contextlib.suppress(ValueError):
                 state.log.marker_listeners.remove(state.marker_listener)
         state.groups.clear()
+        self.classic.on_unloaded(state)
 
     def summary(self, state: OffsetsPartitionState) -> str:
         return (
@@ -243,6 +277,10 @@ class GroupCoordinator:
                 producer_id,
                 groups,
             )
+
+    def locate(self, group_id: str) -> OffsetsPartitionState:
+        """The loaded state of the group's partition, or the error a client should see (raised)."""
+        return self._locate(group_id)
 
     def _locate(self, group_id: str) -> OffsetsPartitionState:
         """The loaded state of the group's partition, or the error a client should see."""
@@ -327,7 +365,12 @@ class GroupCoordinator:
         try:
             state = self._locate(req.group_id)
             group = state.groups.get(req.group_id)
-            if req.member_id:
+            classic = state.classic.get(req.group_id)
+            if classic is not None and not classic.is_empty:
+                code, message = classic.check_commit(req.member_id, req.member_epoch, transactional=False)
+                if code != pb.NONE:
+                    raise errors.error_for(code, message)
+            elif req.member_id:
                 if group is None:
                     raise errors.UnknownMemberIdError(
                         f"member {req.member_id!r} is not in group {req.group_id!r}"
@@ -388,7 +431,12 @@ class GroupCoordinator:
         # The await may have seen leadership or membership change: check again from here on, synchronously.
         if self._locate(req.group_id) is not state:
             raise errors.NotCoordinatorError(f"the coordinator of group {req.group_id!r} moved")
-        if req.member_id:
+        classic = state.classic.get(req.group_id)
+        if classic is not None and not classic.is_empty:
+            code, message = classic.check_commit(req.member_id, req.member_epoch, transactional=True)
+            if code != pb.NONE:
+                raise errors.error_for(code, message)
+        elif req.member_id:
             group = state.groups.get(req.group_id)
             if group is None:
                 raise errors.UnknownMemberIdError(
@@ -465,16 +513,6 @@ class GroupCoordinator:
         return {name: len(info.partitions) for name, info in self.cluster.topics.items()}
 
     async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest) -> bpb.ConsumerGroupHeartbeatResponse:
-        resp = bpb.ConsumerGroupHeartbeatResponse(
-            member_id=req.member_id,
-            member_epoch=req.member_epoch,
-            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
-        )
-        try:
-            state = self._locate(req.group_id)
-        except SluiceError as exc:
-            answer(resp, exc)
-            return resp
         names = tuple(req.subscribed_topic_names)
         hb = HeartbeatInput(
             member_id=req.member_id,
@@ -484,8 +522,30 @@ class GroupCoordinator:
             session_timeout_ms=req.session_timeout_ms,
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )
-        current = state.groups.get(req.group_id)
-        group = current.clone() if current is not None else ConsumerGroup(req.group_id, self.settings)
+        return await self.member_heartbeat(req.group_id, hb)
+
+    async def member_heartbeat(self, group_id: str, hb: HeartbeatInput) -> bpb.ConsumerGroupHeartbeatResponse:
+        """One KIP-848 heartbeat, whichever protocol carried it (gRPC, or the Kafka listener's)."""
+        resp = bpb.ConsumerGroupHeartbeatResponse(
+            member_id=hb.member_id,
+            member_epoch=hb.member_epoch,
+            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
+        )
+        try:
+            state = self._locate(group_id)
+        except SluiceError as exc:
+            answer(resp, exc)
+            return resp
+        classic = state.classic.get(group_id)
+        if classic is not None and not classic.is_empty:
+            resp.error_code = pb.GROUP_ID_NOT_FOUND
+            resp.error_message = (
+                f"group {group_id!r} is a classic group with members (JoinGroup/SyncGroup): "
+                "it becomes a consumer group only once empty"
+            )
+            return resp
+        current = state.groups.get(group_id)
+        group = current.clone() if current is not None else ConsumerGroup(group_id, self.settings)
         before = group.epoch
         result = group.heartbeat(hb, self._topic_sizes(), self.clock())
         try:
@@ -497,11 +557,11 @@ class GroupCoordinator:
             self.replicas.events.group_epochs_bumped(group.epoch - before)
             log.info(
                 "group %r: epoch %d -> %d (member %s, epoch %d: %s), %d members",
-                req.group_id,
+                group_id,
                 before,
                 group.epoch,
                 result.member_id or "-",
-                req.member_epoch,
+                hb.member_epoch,
                 pb.ErrorCode.Name(result.error),
                 len(group.members),
             )
@@ -538,6 +598,22 @@ class GroupCoordinator:
         else:
             state.groups[gid] = changed
 
+    def append_group_records(
+        self, state: OffsetsPartitionState, group_id: str, records: list[tuple[bytes, bytes | None]]
+    ) -> None:
+        """Append records of a group (synchronously); a failure is raised as the coordinator error."""
+        try:
+            self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records))
+        except SluiceError as exc:
+            raise _coordinator_error(exc) from exc
+        except Exception as exc:
+            log.exception("group coordinator: writing the state of group %r failed", group_id)
+            raise errors.KafkaStorageError(f"writing the state of group {group_id!r} failed: {exc}") from exc
+
+    async def await_committed(self, state: OffsetsPartitionState) -> None:
+        """Wait until the ISR has everything appended to the partition (raises the coordinator error)."""
+        await self._await_committed(state)
+
     async def _await_committed(self, state: OffsetsPartitionState) -> None:
         """Wait until the high watermark covers the log end: the state an answer reflects is replicated."""
         key = (CONSUMER_OFFSETS_TOPIC, state.partition)
@@ -566,6 +642,7 @@ class GroupCoordinator:
         takes effect; a failed write leaves the group as it was, for the next round.
         """
         now = self.clock()
+        self.classic.expire(now)
         sizes: dict[str, int] | None = None
         for cpart in self.runtime.active_partitions():
             state = cpart.state

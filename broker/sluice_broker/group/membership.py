@@ -92,7 +92,8 @@ class HeartbeatInput:
     member_id: str
     member_epoch: int
     subscription: tuple[str, ...] | None  # None: unchanged since the last heartbeat
-    owned: frozenset[TopicPartition] = frozenset()
+    # None: as last reported (Kafka's client sends null when unchanged); never "owns nothing"
+    owned: frozenset[TopicPartition] | None = frozenset()
     session_timeout_ms: int = 0  # 0: the broker default (or unchanged)
     rebalance_timeout_ms: int = 0
 
@@ -258,7 +259,8 @@ class ConsumerGroup:
             if hb.rebalance_timeout_ms > 0:
                 member.rebalance_timeout_ms = hb.rebalance_timeout_ms
         member.last_seen_ms = now
-        member.owned = hb.owned
+        if hb.owned is not None:
+            member.owned = hb.owned
         if changed or self._sizes != self._subscribed_sizes(topics):
             self._bump(topics)
         return self._reconcile(member, now, hb.member_epoch)
@@ -268,7 +270,8 @@ class ConsumerGroup:
         if hb.member_epoch == member.epoch:
             return True
         # The answer that moved the member to its current epoch may have been lost.
-        return hb.member_epoch == member.previous_epoch and hb.owned <= set(member.assigned)
+        owned = member.owned if hb.owned is None else hb.owned
+        return hb.member_epoch == member.previous_epoch and owned <= set(member.assigned)
 
     def _reconcile(self, member: Member, now: float, request_epoch: int) -> HeartbeatResult:
         target = self.target.get(member.member_id, frozenset())

@@ -4,22 +4,42 @@ The Kafka listener is a second protocol over one broker, not a second broker:
 handlers read the cluster view and call the replica manager and the
 coordinators exactly as :mod:`sluice.broker.servicers` does, so a record, a
 group or a transaction is one object whichever protocol touches it.
+
+The same holds for security: ``access`` is the gRPC servicer's own
+:class:`~sluice.broker.security.authorizer.Access` (one ACL set, one watch)
+and ``limits`` its own quota and rate buckets, so a principal's bytes and
+producer ids count once per broker whichever protocol it uses, as Kafka counts
+them across its listeners. ``caller`` is per connection: the listener hands
+each connection its own copy of the context with the principal its TLS
+handshake proved (:mod:`sluice.broker.kafka.transport`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security.authorizer import Access
+from sluice.broker.security.limits import ByteRateQuota, RateLimit
+from sluice.broker.security.peers import ANONYMOUS, Caller
 from sluice.broker.txn import TransactionCoordinator
 
 # The key of a broker's Kafka address ("host:port") in its brokers/<id> document: written by the
 # broker when its listener opens, read by every broker to answer Metadata (a broker without one
 # has no Kafka listener and is left out of Kafka clients' view of the cluster).
 KAFKA_ADDRESS_FIELD = "kafka_address"
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """The per-principal limits both protocols share (docs/security.md, "Limits")."""
+
+    producer_ids: RateLimit  # producer.id.rate.per.principal.per.minute
+    produce: ByteRateQuota  # quota.producer.default
+    fetch: ByteRateQuota  # quota.consumer.default
 
 
 @dataclass
@@ -29,6 +49,10 @@ class KafkaContext:
     replicas: ReplicaManager
     txn: TransactionCoordinator
     groups: GroupCoordinator
+    access: Access
+    limits: ClientLimits
+    # the connection's caller; the listener's own context (before any connection) is anonymous
+    caller: Caller = field(default_factory=lambda: Caller(ANONYMOUS, ""))
 
 
 def split_host_port(value: str) -> tuple[str, int]:

@@ -21,6 +21,17 @@ exception is logged once): the client reconnects and retries.
 The listener advertises its address in this broker's ``brokers/<id>`` document
 (:data:`~sluice.broker.kafka.context.KAFKA_ADDRESS_FIELD`) so that every broker
 can name it in Metadata.
+
+Security follows the broker's ``--client-listener`` (:mod:`~sluice.broker.kafka.transport`):
+with TLS a connection's first step is the handshake, and a connection whose
+handshake fails is closed before any request is read. Each connection then gets
+its own copy of the context carrying its caller (``User:<CN>`` of its client
+certificate), which every handler's authorization asks about
+(:mod:`~sluice.broker.kafka.authorization`). Produce and Fetch are counted
+against the caller's byte-rate quotas after the handler answered
+(:mod:`~sluice.broker.kafka.quotas`): the throttle time goes into the response,
+and the connection is muted (or, for clients older than KIP-219, the response
+held) for that long.
 """
 
 from __future__ import annotations
@@ -28,14 +39,23 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.codec import DecodeError
+from sluice.broker.kafka import codec, quotas, transport
+from sluice.broker.kafka.codec import DecodeError, Message
 from sluice.broker.kafka.context import KAFKA_ADDRESS_FIELD, KafkaContext
-from sluice.broker.kafka.framing import API_VERSIONS_KEY, FrameError, parse_request, read_frame, response_frame
+from sluice.broker.kafka.framing import (
+    API_VERSIONS_KEY,
+    FrameError,
+    Request,
+    parse_request,
+    read_frame,
+    response_frame,
+)
 from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.messages import APIS
+from sluice.broker.security.connections import ConnectionQuotas
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 
@@ -48,8 +68,11 @@ class KafkaListener:
         self.handlers: dict[int, Handler] = build_handlers()
         self.max_bytes = ctx.config.int("socket.request.max.bytes")
         self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
+        self.tls: ssl.SSLContext | None = transport.server_context(ctx.config)  # None: plaintext
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        # max.connections.per.ip & co. (sluice.broker.security.connections), counted at accept and close
+        self.connection_quotas = ConnectionQuotas.from_config(ctx.config)
         self.address: tuple[str, int] | None = None
 
     async def start(self, host: str, port: int, advertised: tuple[str, int] | None = None) -> None:
@@ -62,8 +85,9 @@ class KafkaListener:
             adv_host = self.ctx.config.host
         address = f"[{adv_host}]:{adv_port}" if ":" in adv_host else f"{adv_host}:{adv_port}"
         self._advertise(address)
-        log.info("broker %d serves the Kafka protocol on %s:%d (advertised as %s)",
-                 self.ctx.config.broker_id, host, self.address[1], address)  # fmt: skip
+        cfg = self.ctx.config
+        log.info("broker %d serves the Kafka protocol on %s:%d (advertised as %s, %s)",
+                 cfg.broker_id, host, self.address[1], address, cfg.client_listener)  # fmt: skip
 
     def _advertise(self, address: str) -> None:
         def change(doc: BrokerDocument | None) -> BrokerDocument | None:
@@ -89,8 +113,19 @@ class KafkaListener:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        host = str(peer[0]) if isinstance(peer, tuple) else ""
+        refused = self.connection_quotas.open(host)
+        if refused is not None:  # as Kafka: the new connection is closed at once, with a log line
+            self._connections.discard(task)
+            log.warning("kafka listener: closing the connection from %s: %s", peer, refused)
+            writer.close()
+            return
         try:
-            await self._connection(reader, writer)
+            # the handshake is the first await (transport.handshake): nothing may be read before it
+            if self.tls is not None and not await transport.handshake(writer, self.tls):
+                return
+            conn = dataclasses.replace(self.ctx, caller=transport.connection_caller(writer))
+            await self._connection(conn, reader, writer)
         except FrameError as exc:
             log.warning("kafka listener: closing the connection from %s: %s", peer, exc)
         except (ConnectionError, asyncio.CancelledError):
@@ -98,10 +133,11 @@ class KafkaListener:
         except Exception:
             log.exception("kafka listener: closing the connection from %s after an internal error", peer)
         finally:
+            self.connection_quotas.close(host)
             self._connections.discard(task)
             writer.close()
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(self, conn: KafkaContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
                 frame = await asyncio.wait_for(read_frame(reader, self.max_bytes), self.idle_s)
@@ -110,13 +146,28 @@ class KafkaListener:
                 raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
             if frame is None:
                 return
-            answer = await self._answer(frame)
+            answer, throttle = await self._answer(conn, frame)
+            if throttle is not None and throttle.hold_response:
+                await asyncio.sleep(throttle.ms / 1000)  # a client older than KIP-219: the response waits
             if answer is not None:  # None: a request Kafka does not answer (Produce with acks=0)
                 writer.write(answer)
                 await writer.drain()
+            if throttle is not None and not throttle.hold_response:
+                await asyncio.sleep(throttle.ms / 1000)  # muted: no request is read meanwhile (KIP-219)
 
-    async def _answer(self, frame: bytes) -> bytes | None:
+    async def _answer(self, conn: KafkaContext, frame: bytes) -> tuple[bytes | None, quotas.Throttle | None]:
         request = parse_request(frame)
+        response, version = await self._respond(conn, request)
+        key, correlation_id = request.header.request_api_key, request.header.correlation_id
+        out = None if response is None else response_frame(key, correlation_id, response, version)
+        throttle = quotas.throttle(conn, key, version, len(frame) + 4, 0 if out is None else len(out))
+        if throttle is not None and quotas.report(response, throttle.ms):
+            assert response is not None
+            out = response_frame(key, correlation_id, response, version)  # again, with the throttle time
+        return out, throttle
+
+    async def _respond(self, conn: KafkaContext, request: Request) -> tuple[Message | None, int]:
+        """The handler's response to ``request`` and the version to encode it at."""
         header = request.header
         key, version = header.request_api_key, header.request_api_version
         handler = self.handlers.get(key)
@@ -126,7 +177,7 @@ class KafkaListener:
         if version not in handler.versions:
             if key == API_VERSIONS_KEY and version > handler.versions.hi:
                 assert isinstance(handler, ApiVersionsHandler)
-                return response_frame(key, header.correlation_id, handler.unsupported(), 0)
+                return handler.unsupported(), 0
             raise FrameError(
                 f"{api.name} v{version} is not served (versions {handler.versions.lo}-{handler.versions.hi})"
             )
@@ -134,7 +185,4 @@ class KafkaListener:
             body = codec.decode(api.request, request.body, version)
         except DecodeError as exc:
             raise FrameError(f"undecodable {api.name} v{version} body: {exc}") from None
-        response = await handler.handle(self.ctx, header, body)
-        if response is None:
-            return None
-        return response_frame(key, header.correlation_id, response, version)
+        return await handler.handle(conn, header, body), version

@@ -2,8 +2,10 @@
 
 Kept here rather than in main.py so the broker's start-up gains two lines, not
 the listener's details. The listener is off unless ``--kafka-listen`` is given:
-a second, unauthenticated port is opened only on purpose (issue 12 adds TLS and
-client certificates to it).
+a second client port is opened only on purpose. Its security is the gRPC client
+listener's (``--client-listener``: plaintext, tls or mtls, with the same
+certificates), its authorization and quotas the gRPC servicer's own objects
+(:class:`~sluice.broker.kafka.context.KafkaContext`).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ from dataclasses import dataclass
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
-from sluice.broker.kafka.context import KafkaContext, split_host_port
+from sluice.broker.kafka.context import ClientLimits, KafkaContext, split_host_port
 from sluice.broker.kafka.listener import KafkaListener
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.servicers import BrokerService
 from sluice.broker.txn import TransactionCoordinator
+from sluice.tls import TlsError
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,16 @@ async def start_kafka_listener(
     replicas: ReplicaManager,
     txn: TransactionCoordinator,
     groups: GroupCoordinator,
+    service: BrokerService,
 ) -> KafkaListener | None:
+    """Open the listener (None when not configured); ``service``'s ACLs and limits are shared with it."""
     if options is None:
         return None
-    listener = KafkaListener(KafkaContext(config, cluster, replicas, txn, groups))
+    limits = ClientLimits(service.producer_ids, service.produce_quota, service.fetch_quota)
+    try:
+        listener = KafkaListener(KafkaContext(config, cluster, replicas, txn, groups, service.access, limits))
+    except TlsError as exc:
+        raise SystemExit(f"sluice broker: {exc}") from None
     try:
         await listener.start(*options.listen, options.advertise)
     except OSError as exc:  # before the gRPC port opens: a broker that cannot serve what was asked stops

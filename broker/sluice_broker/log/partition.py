@@ -42,6 +42,7 @@ from sluice.broker.log.producer_state import (
     ProducerEntry,
     check_append,
     check_marker,
+    is_expired,
 )
 from sluice.broker.log.storage import Storage, WriteSet
 from sluice.records import (
@@ -54,6 +55,8 @@ from sluice.records import (
     verify_crc,
 )
 
+PRODUCER_CAP_KEY = "producer.id.max.count.per.partition"
+PRODUCER_EXPIRATION_KEY = "producer.id.expiration.ms"
 _OFFSET = struct.Struct(">q")
 _PID = struct.Struct(">q")
 _ABORTED = struct.Struct(">qq")  # producer id, last offset (the ABORT marker)
@@ -296,6 +299,8 @@ class PartitionLog:
         pid = batch.producer_id
         if pid > 0:
             entry = self.producers.get(pid)
+            if entry is None:
+                self._check_producer_room(pid)
             verdict = check_append(
                 entry, pid, batch.producer_epoch, batch.base_sequence, batch.record_count, batch.transactional
             )
@@ -317,6 +322,42 @@ class PartitionLog:
             batch.crc = compute_crc(batch)
         self._write_staged(batch)
         return offset, False
+
+    def _check_producer_room(self, producer_id: int) -> None:
+        """A new producer on this partition: refused once it holds producer.id.max.count.per.partition."""
+        cap = int(self.config(PRODUCER_CAP_KEY))
+        if len(self.producers) >= cap:
+            raise errors.PolicyViolationError(
+                f"partition {self.topic}-{self.partition} already keeps the state of {len(self.producers)} "
+                f"producers ({PRODUCER_CAP_KEY}={cap}); producer {producer_id} is refused until idle ones expire "
+                "(producer.id.expiration.ms)"
+            )
+
+    def remove_expired_producers(self, now: int) -> int:
+        """Forget producers idle for producer.id.expiration.ms (Kafka's rule); how many were removed.
+
+        Idle: the newest record timestamp it wrote is that old, and it has no transaction open here
+        and none whose marker may still be above the HW. Every replica applies the same rule to
+        its own copy, as Kafka's do. A producer that writes again after its state expired is new
+        to the partition: its sequence must start at 0 (UNKNOWN_PRODUCER_ID otherwise), which the
+        client answers by starting a new epoch (KIP-360).
+        """
+        expiration = int(self.config(PRODUCER_EXPIRATION_KEY))
+        hw = self.high_watermark
+        expired = [
+            pid
+            for pid, entry in self.producers.items()
+            if is_expired(entry, now, expiration, hw, pid in self.open_txns)
+        ]
+        if not expired:
+            return 0
+        ws = WriteSet()
+        for pid in expired:
+            ws.delete("producers", self.prefix + _PID.pack(pid))
+        self.storage.write(ws)
+        for pid in expired:
+            del self.producers[pid]
+        return len(expired)
 
     def write_marker(self, producer_id: int, epoch: int, committed: bool, coordinator_epoch: int) -> int | None:
         """Write a COMMIT/ABORT marker for ``producer_id`` as leader; returns its offset.

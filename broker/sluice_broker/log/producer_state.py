@@ -115,6 +115,15 @@ class ProducerEntry:
         return entry
 
 
+def is_expired(entry: ProducerEntry, now_ms: int, expiration_ms: int, high_watermark: int, open_txn: bool) -> bool:
+    """Kafka's rule for forgetting an idle producer (producer.id.expiration.ms): its newest record
+    timestamp is that old and it has no transaction open here, nor one whose marker may still be
+    above the HW (its entry keeps that transaction unstable across a restart)."""
+    if open_txn or any(marker >= high_watermark for _first, marker in entry.completed):
+        return False
+    return now_ms - entry.last_timestamp >= expiration_ms
+
+
 class Action(Enum):
     APPEND = "append"
     DUPLICATE = "duplicate"

@@ -363,6 +363,12 @@ _ROCKSDB: tuple[tuple[str, str, bool, str], ...] = (
     ),
     ("sluice_rocksdb_running_compactions", "rocksdb.num-running-compactions", False, "Compactions running now"),
     (
+        "sluice_rocksdb_level0_files",
+        "rocksdb.num-files-at-level0",
+        True,
+        "SST files in level 0 (all column families); writes slow down, then stop, as they pile up",
+    ),
+    (
         "sluice_rocksdb_write_stopped",
         "rocksdb.is-write-stopped",
         False,
@@ -381,6 +387,26 @@ _ROCKSDB: tuple[tuple[str, str, bool, str], ...] = (
 _CUMULATIVE_STALL = re.compile(r"Cumulative stall: (\d+):(\d+):([\d.]+) H:M:S")
 
 
+# In rocksdb.cfstats (per column family): "Cumulative compaction: 1.23 GB write, ..." and
+# "Write Stall (count): cf-l0-file-count-limit-delays-with-ongoing-compaction: 0, ..., memtable-limit-stops: 2, ..."
+_CUMULATIVE_COMPACTION = re.compile(r"Cumulative compaction: ([\d.]+) GB write")
+_WRITE_STALL_LINE = re.compile(r"Write Stall \(count\): (.*)")
+_STALL_CAUSE = re.compile(r"([a-z0-9-]+): (\d+)")
+
+
+def compaction_stats(cfstats: str) -> tuple[float, dict[str, int]] | None:
+    """(bytes written by compactions, write stalls by cause) from one column family's ``rocksdb.cfstats``
+    text; None when the text has neither line. RocksDB prints the bytes in GB with two decimals, so the
+    figure moves in 10 MB steps. Causes are RocksDB's names (``memtable-limit-stops``,
+    ``l0-file-count-limit-delays`` ...); the ``total-*`` sums are left out."""
+    written = _CUMULATIVE_COMPACTION.search(cfstats)
+    stalls = _WRITE_STALL_LINE.search(cfstats)
+    if written is None or stalls is None:
+        return None
+    causes = {name: int(n) for name, n in _STALL_CAUSE.findall(stalls.group(1)) if not name.startswith("total-")}
+    return float(written.group(1)) * 1e9, causes
+
+
 def stall_seconds(dbstats: str) -> float | None:
     """The cumulative write-stall time in RocksDB's ``rocksdb.dbstats`` text, in seconds."""
     found = _CUMULATIVE_STALL.search(dbstats)
@@ -397,6 +423,30 @@ class StorageCollector(_SafeCollector):
         self.storage = storage
         self.data_dir = data_dir
 
+    def _compaction_families(self) -> Iterator[Metric]:
+        """Compaction bytes and write-stall counts per column family (write amplification, stalls)."""
+        assert isinstance(self.storage, RocksStorage)
+        written = CounterMetricFamily(
+            "sluice_rocksdb_compaction_written_bytes",
+            "Bytes written by RocksDB compactions since the broker started (10 MB steps)",
+            labels=["column_family"],
+        )
+        stalls = CounterMetricFamily(
+            "sluice_rocksdb_write_stalls",
+            "Writes RocksDB delayed or stopped since the broker started, by cause (RocksDB's names: "
+            "memtable-limit-stops, l0-file-count-limit-delays, pending-compaction-bytes-stops ...)",
+            labels=["column_family", "cause"],
+        )
+        for cf, text in sorted(self.storage.cf_str_properties("rocksdb.cfstats").items()):
+            parsed = compaction_stats(text)
+            if parsed is None:
+                continue
+            written.add_metric([cf], parsed[0])
+            for cause, n in sorted(parsed[1].items()):
+                stalls.add_metric([cf, cause], n)
+        yield written
+        yield stalls
+
     def families(self) -> Iterator[Metric]:
         if isinstance(self.storage, RocksStorage):
             for name, prop, per_cf, doc in _ROCKSDB:
@@ -410,6 +460,7 @@ class StorageCollector(_SafeCollector):
                     "Time writes spent stalled (delayed or stopped by RocksDB) since the broker started",
                     stalled,
                 )
+            yield from self._compaction_families()
         st = os.statvfs(self.data_dir)
         yield GaugeMetricFamily(
             "sluice_data_volume_free_bytes",
@@ -506,6 +557,16 @@ class EventsCollector(_SafeCollector):
             [],
             [([], ev.marker_latency)],
         )
+        wakeups = CounterMetricFamily(
+            "sluice_long_poll_wakeups",
+            "Parked long polls woken by a change to one of their partitions (wait: replica_fetch, fetch): "
+            "answered, or idle (nothing to answer, parked again)",
+            labels=["wait", "result"],
+        )
+        for wait, (answered, idle) in sorted(ev.wakeups.items()):
+            wakeups.add_metric([wait, "answered"], answered)
+            wakeups.add_metric([wait, "idle"], idle)
+        yield wakeups
         yield CounterMetricFamily(
             "sluice_group_coordinator_rebalances",
             "Group epoch bumps on this coordinator (each recomputes the group's target assignment)",

@@ -112,6 +112,8 @@ class BrokerEvents:
     txn_timeouts: int = 0  # transactions aborted by the timeout scan
     marker_latency: Histogram = field(default_factory=lambda: Histogram(MARKER_BUCKETS_S))
     rebalances: int = 0  # group epoch bumps (each recomputes the target assignment)
+    # long-poll wake-ups by wait ("replica_fetch", "fetch"): [answered, idle (woken for nothing)]
+    wakeups: dict[str, list[int]] = field(default_factory=dict)
 
     def _topic(self, topic: str) -> TopicCounters:
         counters = self.topics.get(topic)
@@ -194,6 +196,13 @@ class BrokerEvents:
 
     def markers_sent(self, seconds: float) -> None:
         self.marker_latency.observe(seconds)
+
+    def woke(self, wait: str, answered: bool) -> None:
+        """A parked long poll was woken: it answered, or found nothing and parked again (idle)."""
+        counts = self.wakeups.get(wait)
+        if counts is None:
+            counts = self.wakeups[wait] = [0, 0]
+        counts[0 if answered else 1] += 1
 
     def group_epochs_bumped(self, n: int) -> None:
         if n > 0:

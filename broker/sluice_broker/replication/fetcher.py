@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -96,7 +96,7 @@ class ReplicaFetcherManager:
         partitions: dict[TopicPartition, PartitionLog],
         channels: BrokerChannels,
         max_bytes: int,
-        on_change: Callable[[], None],
+        on_change: Callable[[Iterable[TopicPartition]], None],
     ) -> None:
         self.broker_id = broker_id
         self.partitions = partitions
@@ -182,7 +182,7 @@ class ReplicaFetcherManager:
                 topic_id=sent.topic_id,
             )
         resp = await stub.ReplicaFetch(req, timeout=FETCH_MAX_WAIT_MS / 1000 + 10)
-        changed = False
+        changed: list[TopicPartition] = []
         backoff = False
         for presp in resp.partitions:
             key = (presp.topic, presp.partition)
@@ -193,10 +193,11 @@ class ReplicaFetcherManager:
             if part is not sent_logs.get(key):
                 continue  # the topic was deleted (and maybe created again) while the fetch was out
             if presp.error_code == pb.OFFSET_OUT_OF_RANGE and presp.log_start_offset > part.log_end_offset:
-                log.warning("%s-%d: the leader's log starts at %d, past ours: starting over there", *key,
-                            presp.log_start_offset)
+                log.warning(
+                    "%s-%d: the leader's log starts at %d, past ours: starting over there", *key, presp.log_start_offset
+                )
                 part.reset_to(presp.log_start_offset)
-                changed = True
+                changed.append(key)
                 continue
             if presp.error_code != pb.NONE:
                 # NOT_LEADER / FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH: metadata is about to change
@@ -204,19 +205,23 @@ class ReplicaFetcherManager:
                 continue
             if presp.HasField("diverging_epoch") and presp.diverging_epoch.end_offset >= 0:
                 self._truncate(part, presp.diverging_epoch)
-                changed = True
+                changed.append(key)
                 continue
+            end = part.log_end_offset
             for batch in presp.batches:
                 if batch.base_offset < part.log_end_offset:
                     continue
                 part.append_replica(batch)
-                changed = True
             new_hw = min(presp.high_watermark, part.log_end_offset)
             if new_hw > part.high_watermark:
                 part.high_watermark = new_hw
-                changed = True
+                changed.append(key)
+            elif part.log_end_offset != end:
+                changed.append(key)
         if changed:
-            self.on_change()
+            # Nothing waits on a partition this broker follows (those waits need its leader);
+            # the call only matters when leadership moves in between.
+            self.on_change(changed)
         if backoff:
             await asyncio.sleep(RETRY_BACKOFF_S)
 

@@ -22,9 +22,10 @@ fields (or without a document) the id is governed by ACLs alone, as in Kafka.
 
 The decision is pure: the ACLs are handed over (:meth:`Authorizer.set_acls`) by
 :class:`AclWatch`, which follows the ``acls/`` documents of the metadata store (a watch by
-revision, polled with the rest of the metadata). :class:`Access` is what the servicers ask:
-the caller's principal and host from the call, and the answer (everything is allowed when the
-authorizer is off).
+revision, polled with the rest of the metadata). :class:`Access` is what the servicers and the
+Kafka listener's handlers ask: the caller's principal and host (from a gRPC call, or the
+:class:`~sluice.broker.security.peers.Caller` of a Kafka connection), and the answer (everything
+is allowed when the authorizer is off).
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ import grpc
 
 from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
 from sluice.broker.config import BrokerConfig
-from sluice.broker.security.peers import is_broker_name, peer_common_name
+from sluice.broker.security.peers import Caller, peer_common_name
 from sluice.broker.security.peers import principal as principal_of
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument
 from sluice.metadata.store import MetadataStore
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
+# Who asks: a gRPC call (its TLS auth context and peer), or a Kafka connection's Caller.
+Who = Ctx | Caller
 CLUSTER_NAME = "kafka-cluster"
 # What a principal listed by a TransactionalId resource may do on the id without an ACL.
 _LISTED_MAY = frozenset({AclOperation.WRITE, AclOperation.DESCRIBE})
@@ -169,8 +172,15 @@ def peer_host(ctx: Ctx) -> str:
     return peer
 
 
+def caller_of(who: Who) -> Caller:
+    """The :class:`Caller` behind a gRPC call (or the Caller itself)."""
+    if isinstance(who, Caller):
+        return who
+    return Caller(principal_of(who), peer_host(who), peer_common_name(who))
+
+
 class Access:
-    """What the servicers ask: may the caller of ``ctx`` do ``operation`` on a resource?"""
+    """What the servicers and the Kafka handlers ask: may ``who`` do ``operation`` on a resource?"""
 
     def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
         self.enabled = bool(config.get("authorizer.enabled"))
@@ -182,18 +192,22 @@ class Access:
         if self.watch is not None:
             self.watch.refresh()
 
-    def allowed(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+    def allowed(self, who: Who, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
         if not self.enabled:
             return True
-        if is_broker_name(peer_common_name(ctx)):
+        caller = caller_of(who)
+        if caller.is_broker:
             return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
-        return self.authorizer.authorize(principal_of(ctx), peer_host(ctx), operation, resource_type, name)
+        return self.authorizer.authorize(caller.principal, caller.host, operation, resource_type, name)
 
-    def allowed_on_some(self, ctx: Ctx, operation: AclOperation, resource_type: ResourceType) -> bool:
+    def allowed_on_some(self, who: Who, operation: AclOperation, resource_type: ResourceType) -> bool:
         """Whether some resource of the type allows ``operation`` (KIP-679's test for idempotent producers)."""
-        if not self.enabled or is_broker_name(peer_common_name(ctx)):
+        if not self.enabled:
             return True
-        return self.authorizer.allows_some(principal_of(ctx), peer_host(ctx), operation, resource_type)
+        caller = caller_of(who)
+        if caller.is_broker:
+            return True
+        return self.authorizer.allows_some(caller.principal, caller.host, operation, resource_type)
 
-    def cluster(self, ctx: Ctx, operation: AclOperation) -> bool:
-        return self.allowed(ctx, operation, ResourceType.CLUSTER, CLUSTER_NAME)
+    def cluster(self, who: Who, operation: AclOperation) -> bool:
+        return self.allowed(who, operation, ResourceType.CLUSTER, CLUSTER_NAME)

@@ -1,8 +1,10 @@
 """What Kafka checks before the transaction and group coordinators act, and the refusals.
 
-Each ``check_*`` function takes the caller's :class:`Access`, the call and the request, and
-returns the refusal to answer (the RPC's own response type, with Kafka's error codes) or None
-when the request may go to the coordinator. All are None while the authorizer is off.
+Each ``check_*`` function takes the broker's :class:`Access`, the caller (a gRPC call, or the
+:class:`~sluice.broker.security.peers.Caller` of a Kafka-listener connection: both protocols
+ask these same functions) and the request, and returns the refusal to answer (the RPC's own
+response type, with Kafka's error codes) or None when the request may go to the coordinator.
+All are None while the authorizer is off.
 
 The rules (Kafka's KafkaApis): FindCoordinator needs Describe on the group or transactional id;
 InitProducerId Write on the transactional id, or without one IdempotentWrite on the cluster or
@@ -22,7 +24,7 @@ from collections.abc import Iterable
 from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.security.authorizer import Access, Ctx
+from sluice.broker.security.authorizer import Access, Who
 
 R, W, D = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
@@ -41,7 +43,7 @@ def _topic_refusal(op: AclOperation, topic: str) -> str:
     return f"not authorized to {op.name.title()} topic {topic!r} (no ACL allows it)"
 
 
-def _denied_topics(access: Access, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
+def _denied_topics(access: Access, ctx: Who, op: AclOperation, names: Iterable[str]) -> set[str]:
     return {n for n in set(names) if not access.allowed(ctx, op, TOPIC, n)}
 
 
@@ -67,7 +69,7 @@ def _all_results(pairs: Iterable[tuple[str, int]], code: pb.ErrorCode, message: 
 
 
 def check_find_coordinator(
-    access: Access, ctx: Ctx, req: bpb.FindCoordinatorRequest
+    access: Access, ctx: Who, req: bpb.FindCoordinatorRequest
 ) -> bpb.FindCoordinatorResponse | None:
     if req.key_type == bpb.TRANSACTION:
         if not access.allowed(ctx, D, TXN, req.key):
@@ -82,7 +84,7 @@ def check_find_coordinator(
 
 
 def check_init_producer_id(
-    access: Access, ctx: Ctx, req: bpb.InitProducerIdRequest
+    access: Access, ctx: Who, req: bpb.InitProducerIdRequest
 ) -> bpb.InitProducerIdResponse | None:
     if not access.enabled:
         return None
@@ -98,21 +100,21 @@ def check_init_producer_id(
     return bpb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1, error_code=code, error_message=message)
 
 
-def check_txn_id(access: Access, ctx: Ctx, txn_id: str) -> tuple[pb.ErrorCode, str] | None:
+def check_txn_id(access: Access, ctx: Who, txn_id: str) -> tuple[pb.ErrorCode, str] | None:
     """Write on the transactional id (AddOffsetsToTxn, EndTxn, PrepareTxn)."""
     if access.allowed(ctx, W, TXN, txn_id):
         return None
     return pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(W, txn_id)
 
 
-def check_group(access: Access, ctx: Ctx, op: AclOperation, group: str) -> tuple[pb.ErrorCode, str] | None:
+def check_group(access: Access, ctx: Who, op: AclOperation, group: str) -> tuple[pb.ErrorCode, str] | None:
     if access.allowed(ctx, op, GROUP, group):
         return None
     return pb.GROUP_AUTHORIZATION_FAILED, _group_refusal(op, group)
 
 
 def check_add_partitions(
-    access: Access, ctx: Ctx, req: bpb.AddPartitionsToTxnRequest
+    access: Access, ctx: Who, req: bpb.AddPartitionsToTxnRequest
 ) -> bpb.AddPartitionsToTxnResponse | None:
     pairs = [(t.name, p) for t in req.topics for p in t.partitions]
     refused = check_txn_id(access, ctx, req.transactional_id)
@@ -125,7 +127,7 @@ def check_add_partitions(
 
 
 def _commit_refusal(
-    access: Access, ctx: Ctx, group: str, topics: Iterable[bpb.OffsetCommitTopic], txn_id: str | None
+    access: Access, ctx: Who, group: str, topics: Iterable[bpb.OffsetCommitTopic], txn_id: str | None
 ) -> list[bpb.TxnPartitionResult] | None:
     topics = list(topics)
     pairs = [(t.name, p.partition) for t in topics for p in t.partitions]
@@ -138,25 +140,25 @@ def _commit_refusal(
 
 
 def check_txn_offset_commit(
-    access: Access, ctx: Ctx, req: bpb.TxnOffsetCommitRequest
+    access: Access, ctx: Who, req: bpb.TxnOffsetCommitRequest
 ) -> bpb.TxnOffsetCommitResponse | None:
     results = _commit_refusal(access, ctx, req.group_id, req.topics, req.transactional_id)
     return None if results is None else bpb.TxnOffsetCommitResponse(results=results)
 
 
-def check_offset_commit(access: Access, ctx: Ctx, req: bpb.OffsetCommitRequest) -> bpb.OffsetCommitResponse | None:
+def check_offset_commit(access: Access, ctx: Who, req: bpb.OffsetCommitRequest) -> bpb.OffsetCommitResponse | None:
     results = _commit_refusal(access, ctx, req.group_id, req.topics, None)
     return None if results is None else bpb.OffsetCommitResponse(results=results)
 
 
-def check_offset_fetch(access: Access, ctx: Ctx, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse | None:
+def check_offset_fetch(access: Access, ctx: Who, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse | None:
     refused = check_group(access, ctx, D, req.group_id)
     if refused is not None:
         return bpb.OffsetFetchResponse(error_code=refused[0], error_message=refused[1])
     return None
 
 
-def filter_offset_fetch(access: Access, ctx: Ctx, resp: bpb.OffsetFetchResponse) -> bpb.OffsetFetchResponse:
+def filter_offset_fetch(access: Access, ctx: Who, resp: bpb.OffsetFetchResponse) -> bpb.OffsetFetchResponse:
     """Partitions of topics the caller may not Describe: TOPIC_AUTHORIZATION_FAILED, no offset."""
     denied = _denied_topics(access, ctx, D, (p.topic for p in resp.partitions)) if access.enabled else set()
     for p in resp.partitions:
@@ -167,7 +169,7 @@ def filter_offset_fetch(access: Access, ctx: Ctx, resp: bpb.OffsetFetchResponse)
 
 
 def check_heartbeat(
-    access: Access, ctx: Ctx, req: bpb.ConsumerGroupHeartbeatRequest
+    access: Access, ctx: Who, req: bpb.ConsumerGroupHeartbeatRequest
 ) -> bpb.ConsumerGroupHeartbeatResponse | None:
     refused = check_group(access, ctx, R, req.group_id)
     if refused is None:
@@ -183,7 +185,7 @@ def check_heartbeat(
 
 
 def filter_describe_transactions(
-    access: Access, ctx: Ctx, req: bpb.DescribeTransactionsRequest
+    access: Access, ctx: Who, req: bpb.DescribeTransactionsRequest
 ) -> tuple[bpb.DescribeTransactionsRequest, list[bpb.TransactionState]]:
     """(the ids the caller may Describe, the refusals of the others)."""
     allowed = bpb.DescribeTransactionsRequest()
@@ -200,7 +202,7 @@ def filter_describe_transactions(
 
 
 def filter_list_transactions(
-    access: Access, ctx: Ctx, resp: bpb.ListTransactionsResponse
+    access: Access, ctx: Who, resp: bpb.ListTransactionsResponse
 ) -> bpb.ListTransactionsResponse:
     """Only the transactional ids the caller may Describe (Kafka's ListTransactions)."""
     if not access.enabled:

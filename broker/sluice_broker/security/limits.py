@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 KEY = "producer.id.rate.per.principal.per.minute"
 MAX_PRINCIPALS = 100_000
@@ -52,36 +53,78 @@ class RateLimit:
         return f"{principal} obtained {self.per_minute} new producer ids in the last minute ({KEY}); retry later"
 
 
+class RateOverrides(Protocol):
+    """Per-principal rates of one quota key (sluice.broker.security.quota_watch.QuotaRates)."""
+
+    def any(self) -> bool: ...
+
+    def rate(self, principal: str) -> int | None: ...
+
+
 MAX_THROTTLE_MS = 10_000  # one response is never held back longer (Kafka bounds it by its quota window)
 
 
 class ByteRateQuota:
     """Bytes per second per principal (Kafka's producer_byte_rate / consumer_byte_rate).
 
-    A bucket per principal holds up to one second of the rate and refills at the rate; each
+    A bucket per principal holds up to one second of its rate and refills at the rate; each
     request takes its bytes, and may take it below zero. The throttle time is how long the
-    bucket needs to be back at zero: the broker holds the response that long and reports it, so
-    a principal's long-run rate converges to the quota whatever its client does.
+    bucket needs to be back at zero. As Kafka since KIP-219, the response goes out at once and
+    reports it (``throttle_time_ms``); the client waits that long before its next request to
+    this broker, and a client that does not is held back by the broker at the start of its next
+    request (:meth:`delay`), the way Kafka mutes the channel. So a principal's long-run rate
+    converges to its quota whatever its client does.
+
+    The rate of a principal is its override (``rates``: Kafka's client quota of user entities,
+    followed from the metadata store by :mod:`sluice.broker.security.quota_watch`), else the
+    default for all users there, else the broker's ``key`` (0: unlimited).
     """
 
-    def __init__(self, key: str, bytes_per_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        key: str,
+        bytes_per_s: int,
+        clock: Callable[[], float] = time.monotonic,
+        rates: RateOverrides | None = None,
+    ) -> None:
         if bytes_per_s < 0:
             raise ValueError(f"{key} must be >= 0 bytes/s (0: unlimited), not {bytes_per_s}")
         self.key = key
         self.rate = bytes_per_s
         self.clock = clock
+        self.rates = rates
         self._buckets: dict[str, tuple[float, float]] = {}  # principal -> (bytes left, at)
+
+    def rate_of(self, principal: str) -> int:
+        override = self.rates.rate(principal) if self.rates is not None and self.rates.any() else None
+        return self.rate if override is None else override
+
+    @property
+    def active(self) -> bool:
+        """Whether any principal may have a quota (else the data path skips the accounting)."""
+        return self.rate > 0 or (self.rates is not None and self.rates.any())
+
+    def delay(self, principal: str) -> float:
+        """Seconds until ``principal``'s bucket is back at zero (0.0 when it is not below)."""
+        rate = self.rate_of(principal)
+        found = self._buckets.get(principal)
+        if rate == 0 or found is None:
+            return 0.0
+        left, at = found
+        left += (self.clock() - at) * rate
+        return 0.0 if left >= 0 else min(MAX_THROTTLE_MS / 1000, -left / rate)
 
     def record(self, principal: str, nbytes: int) -> int:
         """Count ``nbytes`` for ``principal``; the throttle time in ms (0 when within the quota)."""
-        if self.rate == 0:
+        rate = self.rate_of(principal)
+        if rate == 0:
             return 0
         now = self.clock()
-        left, at = self._buckets.get(principal, (float(self.rate), now))
-        left = min(float(self.rate), left + (now - at) * self.rate) - nbytes
+        left, at = self._buckets.get(principal, (float(rate), now))
+        left = min(float(rate), left + (now - at) * rate) - nbytes
         self._buckets[principal] = (left, now)
         if len(self._buckets) > MAX_PRINCIPALS:
-            self._buckets = {p: v for p, v in self._buckets.items() if v[0] < self.rate}
+            self._buckets = {p: v for p, v in self._buckets.items() if v[0] < self.rate_of(p)}
         if left >= 0:
             return 0
-        return min(MAX_THROTTLE_MS, int(-left * 1000 / self.rate) + 1)
+        return min(MAX_THROTTLE_MS, int(-left * 1000 / rate) + 1)

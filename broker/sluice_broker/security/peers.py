@@ -10,13 +10,22 @@ also signs clients still refuses clients.
 On the client listener the inter-broker methods exist only to refuse:
 :data:`CLIENT_LISTENER_REFUSAL` is what a caller gets there (PERMISSION_DENIED), whatever it
 sent and whoever it is; nothing is decoded.
+
+One mapping from certificate to principal serves both protocols: :func:`principal_of_name`
+turns the verified certificate's CN into ``User:<CN>`` (``User:ANONYMOUS`` without one) for a
+gRPC call (:func:`principal`) and for a Kafka-listener connection
+(:func:`certificate_common_name` reads the CN of the certificate the TLS handshake verified),
+and :class:`Caller` carries the result to the authorizer whichever protocol asked.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from sluice import tls
 from sluice.tls import BROKER_CN_PREFIX
@@ -66,10 +75,46 @@ async def require_broker(ctx: Ctx) -> str:
 ANONYMOUS = "User:ANONYMOUS"
 
 
+def principal_of_name(common_name: str | None) -> str:
+    """Kafka's principal for a verified certificate's CN: ``User:<CN>``, or ``User:ANONYMOUS`` without one."""
+    return f"User:{common_name}" if common_name else ANONYMOUS
+
+
 def principal(ctx: Ctx) -> str:
     """Kafka's principal of the caller: ``User:<CN>`` of its verified certificate, else ``User:ANONYMOUS``."""
-    name = peer_common_name(ctx)
-    return f"User:{name}" if name else ANONYMOUS
+    return principal_of_name(peer_common_name(ctx))
+
+
+def certificate_common_name(der: bytes | None) -> str | None:
+    """The CN of a DER certificate (the first, as gRPC reports it), or None (no certificate, no CN)."""
+    if not der:
+        return None
+    attrs = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not attrs:
+        return None
+    return str(attrs[0].value) or None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling, whichever protocol carried the request: what the authorizer decides on.
+
+    ``common_name`` is the CN of the certificate the TLS handshake verified (None: plaintext, or
+    TLS without a client certificate); ``principal`` follows from it (:func:`principal_of_name`).
+    """
+
+    principal: str
+    host: str
+    common_name: str | None = None
+
+    @classmethod
+    def of_certificate(cls, common_name: str | None, host: str) -> Caller:
+        return cls(principal_of_name(common_name), host, common_name)
+
+    @property
+    def is_broker(self) -> bool:
+        """A broker of this cluster (a cluster-CA certificate with a broker's CN): a super user, as in Kafka."""
+        return is_broker_name(self.common_name)
 
 
 def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca: str) -> grpc.ServerCredentials:
@@ -82,11 +127,19 @@ def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca
     pair = [(material.key_pem, material.cert_pem)]
     if mode == "tls":
         return grpc.ssl_server_credentials(pair)
+    return grpc.ssl_server_credentials(
+        pair, root_certificates=client_roots(material, clients_ca), require_client_auth=True
+    )
+
+
+def client_roots(material: tls.TlsMaterial, clients_ca: str) -> bytes:
+    """The CAs client certificates are verified against on every client listener (gRPC and Kafka):
+    the clients CA file, and the cluster CA (cluster components authenticate like clients)."""
     try:
         roots = open(clients_ca, "rb").read()  # noqa: SIM115 - read once at start-up
     except OSError as exc:
         raise tls.TlsError(f"cannot read --clients-ca {clients_ca}: {exc.strerror or exc}") from None
-    return grpc.ssl_server_credentials(pair, root_certificates=roots + material.ca_pem, require_client_auth=True)
+    return roots + material.ca_pem
 
 
 def server_credentials(ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> grpc.ServerCredentials:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -44,12 +46,17 @@ from sluice.broker.security.authorizer import Access
 from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
 from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import principal
+from sluice.broker.security.quota_watch import UserQuotas
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.group_admin import GroupAdmin
+from sluice.broker.servicers.quotas import QuotaHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator
 
 MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
+HELD_LOG_EVERY_S = 60.0
+
+log = logging.getLogger(__name__)
 
 
 def admin_result(result: Any, action: Callable[[], str]) -> None:
@@ -90,15 +97,38 @@ class BrokerService:
         self.access = access or Access(cluster.config)
         self.acls = AclHandlers(cluster.store, self.access)
         self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
-        self.produce_quota = ByteRateQuota("quota.producer.default", cluster.config.int("quota.producer.default"))
-        self.fetch_quota = ByteRateQuota("quota.consumer.default", cluster.config.int("quota.consumer.default"))
+        # per-user overrides (Kafka's client quotas), followed from the store with the ACLs
+        self.user_quotas = UserQuotas(cluster.store)
+        self.quotas = QuotaHandlers(cluster.store, self.access, self.user_quotas)
+        self.produce_quota = ByteRateQuota(
+            "quota.producer.default",
+            cluster.config.int("quota.producer.default"),
+            rates=self.user_quotas.rates("producer_byte_rate"),
+        )
+        self.fetch_quota = ByteRateQuota(
+            "quota.consumer.default",
+            cluster.config.int("quota.consumer.default"),
+            rates=self.user_quotas.rates("consumer_byte_rate"),
+        )
+        self._held_logged: dict[str, float] = {}  # principal -> when a held-back request was last logged
 
-    async def _throttle(self, quota: ByteRateQuota, ctx: Ctx, nbytes: int) -> int:
-        """Count the bytes against the caller's quota; hold the response back as long as it is over."""
-        delay_ms = quota.record(principal(ctx), nbytes)
-        if delay_ms:
-            await asyncio.sleep(delay_ms / 1000)
-        return delay_ms
+    async def _wait_quota(self, quota: ByteRateQuota, ctx: Ctx, what: str) -> None:
+        """A request from a principal still over its quota waits until it is not (Kafka's muted
+        channel, for clients that do not wait out the throttle time they were told, KIP-219)."""
+        who = principal(ctx)
+        delay = quota.delay(who)
+        if delay <= 0:
+            return
+        now = time.monotonic()
+        if now - self._held_logged.get(who, -HELD_LOG_EVERY_S) >= HELD_LOG_EVERY_S:  # once a minute per principal
+            if len(self._held_logged) >= 10_000:  # bounded, whatever the number of principals
+                self._held_logged.clear()
+            self._held_logged[who] = now
+            log.info(
+                "held a %s of %s back %.0f ms: its client did not wait out its throttle time (%s)",
+                what, who, delay * 1000, quota.key,
+            )  # fmt: skip
+        await asyncio.sleep(delay)
 
     def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
         """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
@@ -134,6 +164,8 @@ class BrokerService:
                 "CreateAcls": (self.acls.create_acls, b.CreateAclsRequest),
                 "DescribeAcls": (self.acls.describe_acls, b.DescribeAclsRequest),
                 "DeleteAcls": (self.acls.delete_acls, b.DeleteAclsRequest),
+                "DescribeClientQuotas": (self.quotas.describe_client_quotas, b.DescribeClientQuotasRequest),
+                "AlterClientQuotas": (self.quotas.alter_client_quotas, b.AlterClientQuotasRequest),
                 "ListGroups": (self.list_groups, b.ListGroupsRequest),
                 "DescribeGroups": (self.describe_groups, b.DescribeGroupsRequest),
                 "DeleteGroups": (self.delete_groups, b.DeleteGroupsRequest),
@@ -188,9 +220,11 @@ class BrokerService:
     # -- data path --------------------------------------------------------------------------------
 
     async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
+        if not self.produce_quota.active:
+            return await self._produce(req, ctx)
+        await self._wait_quota(self.produce_quota, ctx, "Produce")
         resp = await self._produce(req, ctx)
-        if self.produce_quota.rate:
-            resp.throttle_time_ms = await self._throttle(self.produce_quota, ctx, req.ByteSize())
+        resp.throttle_time_ms = self.produce_quota.record(principal(ctx), req.ByteSize())
         return resp
 
     async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
@@ -220,10 +254,11 @@ class BrokerService:
         return resp
 
     async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
+        if not self.fetch_quota.active:
+            return await self._fetch(req, ctx)
+        await self._wait_quota(self.fetch_quota, ctx, "Fetch")
         body = await self._fetch(req, ctx)
-        if not self.fetch_quota.rate:
-            return body
-        delay_ms = await self._throttle(self.fetch_quota, ctx, len(body))
+        delay_ms = self.fetch_quota.record(principal(ctx), len(body))
         # a serialized message and a second one concatenate as their merge: the field is added
         return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
 

@@ -72,8 +72,9 @@ class GroupAdmin:
                 resp.error_message = f"{CONSUMER_OFFSETS_TOPIC}-{cpart.partition} is still loading"
                 continue
             state = cpart.state
-            for group_id in sorted(set(state.groups) | set(state.offsets.groups)):
-                name = group_state(state.groups.get(group_id))
+            classic = {gid: g.state.value for gid, g in state.classic.items() if not g.is_empty}  # Kafka listener's
+            for group_id in sorted(set(state.groups) | set(state.offsets.groups) | set(classic)):
+                name = classic.get(group_id) or group_state(state.groups.get(group_id))
                 if wanted and name.lower() not in wanted:
                     continue
                 resp.groups.add(group_id=group_id, state=name, coordinator_id=self.broker_id)
@@ -123,6 +124,11 @@ class GroupAdmin:
         if group is not None and not group.is_empty:
             raise errors.NonEmptyGroupError(
                 f"group {group_id!r} has {len(group.members)} active members: stop them first"
+            )
+        classic = state.classic.get(group_id)
+        if classic is not None and not classic.is_empty:
+            raise errors.NonEmptyGroupError(
+                f"group {group_id!r} has {len(classic.members)} active (classic) members: stop them first"
             )
         offsets = state.offsets.groups.get(group_id)
         if offsets is None:

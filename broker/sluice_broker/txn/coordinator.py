@@ -26,7 +26,11 @@ transaction) is two logged steps with markers in between::
             markers to every partition (MarkerSender), __consumer_offsets included
     --> CompleteCommit/CompleteAbort                 logged; partitions cleared
 
-While an id is in Prepare* its requests get CONCURRENT_TRANSACTIONS. A broker
+While an id is in Prepare* its requests get CONCURRENT_TRANSACTIONS, except
+AddPartitionsToTxn and AddOffsetsToTxn: the producer's next transaction starts
+as soon as EndTxn answers, so they wait (up to :data:`COMPLETION_WAIT_S`) for
+the completion and then go on, instead of sending the producer into a retry
+loop with a backoff on every replicated transaction. A broker
 that becomes leader of a partition loads it (the runtime answers
 COORDINATOR_LOAD_IN_PROGRESS meanwhile, and retries a load that fails) and
 completes every Prepare* it finds by sending the markers again; duplicates are
@@ -77,6 +81,7 @@ after loading a partition, so the broker that takes over completes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -116,6 +121,10 @@ log = logging.getLogger(__name__)
 S = TxnState
 HOOK_STOP_BEFORE_COMPLETE_COMMIT = "txn.stop_before_complete_commit"
 STATE_REPLICATION_TIMEOUT_S = 30.0
+# How long AddPartitionsToTxn / AddOffsetsToTxn wait for the id's previous transaction to complete
+# (markers written, Complete* logged) before answering CONCURRENT_TRANSACTIONS; see _await_completion.
+COMPLETION_WAIT_S = 5.0
+_ENDING = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT, TxnState.PREPARE_EPOCH_FENCE})
 VERIFY_RPC_TIMEOUT_S = 5.0
 
 
@@ -125,6 +134,20 @@ class TxnEntry:
 
     meta: TxnMetadata | None  # None only until the first write of a new id lands
     pending: TxnMetadata | None = None  # the state being written right now
+    _written: asyncio.Event | None = None  # set when the write in flight ends (see wait_written)
+
+    async def wait_written(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until the next write of this id ends, logged or failed."""
+        if self._written is None:
+            self._written = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._written.wait(), timeout_s)
+
+    def written(self) -> None:
+        """A write of this id ended: wake whoever waits for it."""
+        if self._written is not None:
+            self._written.set()
+            self._written = None
 
 
 @dataclass(eq=False)
@@ -161,12 +184,7 @@ def verdict(
         )
     if pid == producer_id and epoch < producer_epoch:
         return pb.PRODUCER_FENCED, f"producer {pid} epoch {epoch} was fenced by epoch {producer_epoch}"
-    if (
-        state == S.ONGOING
-        and pid == producer_id
-        and epoch == producer_epoch
-        and topic_partition in set(partitions)
-    ):
+    if state == S.ONGOING and pid == producer_id and epoch == producer_epoch and topic_partition in set(partitions):
         return pb.NONE, ""
     topic, partition = topic_partition
     return pb.INVALID_TXN_STATE, (
@@ -184,6 +202,9 @@ def _resume_message(meta: TxnMetadata, producer_id: int, producer_epoch: int) ->
         f"the id is at producer {pid} epoch {epoch} now: abort the transaction (abort_transaction()) and "
         "begin a new one"
     )
+
+
+TXN_ID_CAP_KEY = "transactional.id.max.count"
 
 
 class TransactionCoordinator:
@@ -268,7 +289,10 @@ class TransactionCoordinator:
                 )
 
     def on_unloaded(self, unloaded: TxnPartition) -> None:
-        pass  # the runtime cancels the partition's tasks (completions in flight stop there)
+        # The runtime cancels the partition's tasks (completions in flight stop there); requests
+        # waiting for a completion (_await_completion) stop waiting and answer NOT_COORDINATOR.
+        for entry in unloaded.state.txns.values():
+            entry.written()
 
     def summary(self, state: TxnPartitionState) -> str:
         return f"{len(state.txns)} transactional id(s)"
@@ -309,8 +333,7 @@ class TransactionCoordinator:
             raise errors.InvalidProducerEpochError(_resume_message(meta, producer_id, producer_epoch))
         if producer_id not in (pid, meta.producer_id):
             raise errors.InvalidProducerIdMappingError(
-                f"producer id {producer_id} does not belong to {meta.transactional_id!r} "
-                f"(its producer id is {pid})",
+                f"producer id {producer_id} does not belong to {meta.transactional_id!r} (its producer id is {pid})",
             )
         if producer_id != pid or producer_epoch < epoch:  # an older epoch, or the id an exhausted epoch left
             raise errors.ProducerFencedError(
@@ -337,6 +360,7 @@ class TransactionCoordinator:
             )
         except Exception as exc:
             entry.pending = None
+            entry.written()
             if entry.meta is None and cpart.state.txns.get(transactional_id) is entry:
                 del cpart.state.txns[transactional_id]  # the first write of a new id failed: forget it
             if isinstance(exc, SluiceError):
@@ -354,6 +378,7 @@ class TransactionCoordinator:
                 del cpart.state.txns[transactional_id]
         else:
             entry.meta = new
+        entry.written()
 
     # -- InitProducerId ---------------------------------------------------------------------------
 
@@ -365,6 +390,17 @@ class TransactionCoordinator:
         except SluiceError as exc:
             answer(resp, exc)
         return resp
+
+    def _check_room(self, transactional_id: str) -> None:
+        """A new id: refused once this coordinator holds transactional.id.max.count ids (idle ones
+        expire after transactional.id.expiration.ms and make room)."""
+        cap = self.config.int(TXN_ID_CAP_KEY)
+        held = sum(len(cpart.state.txns) for cpart in self.runtime.active_partitions())
+        if held >= cap:
+            raise errors.PolicyViolationError(
+                f"this transaction coordinator already holds {held} transactional ids ({TXN_ID_CAP_KEY}={cap}); "
+                f"{transactional_id!r} is refused until idle ids expire (transactional.id.expiration.ms)"
+            )
 
     def _new_producer_id(self) -> int:
         try:
@@ -395,6 +431,7 @@ class TransactionCoordinator:
         cpart = self._partition_for(tid)
         now = self.clock()
         if tid not in cpart.state.txns:
+            self._check_room(tid)
             new = TxnMetadata.new(tid, self._new_producer_id(), req.transaction_timeout_ms, now)
             entry = TxnEntry(None)
             cpart.state.txns[tid] = entry
@@ -502,6 +539,7 @@ class TransactionCoordinator:
         results: dict[TopicPartition, tuple[pb.ErrorCode, str]] = {}
         try:
             cpart = self._partition_for(tid)
+            await self._await_completion(cpart, tid)
             entry, meta = self._entry(cpart, tid)
             resuming = meta.is_resume_handle(producer_id, producer_epoch)
             if not resuming:
@@ -536,6 +574,30 @@ class TransactionCoordinator:
         except SluiceError as exc:
             return {key: (exc.code, exc.message) for key in wanted}
         return {key: results[key] for key in wanted}  # in the order asked
+
+    async def _await_completion(self, cpart: TxnPartition, tid: str) -> None:
+        """Wait, bounded, while the id's previous transaction is being completed.
+
+        A producer begins its next transaction as soon as EndTxn answers, which is
+        after PrepareCommit/PrepareAbort is logged but before the markers are written
+        and Complete* is logged; its first AddPartitionsToTxn then used to get
+        CONCURRENT_TRANSACTIONS and retry after a backoff, about two round trips per
+        replicated transaction (docs/performance.md). Waiting here for the completion
+        answers it at once when the id is free. After :data:`COMPLETION_WAIT_S`, or
+        when this broker stops coordinating the id, the caller checks as before
+        (CONCURRENT_TRANSACTIONS if still busy, retriable).
+        """
+        deadline = time.monotonic() + COMPLETION_WAIT_S
+        while self.runtime.is_current(cpart):
+            entry = cpart.state.txns.get(tid)
+            if entry is None or entry.meta is None:
+                return
+            if entry.pending is None and entry.meta.state not in _ENDING:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            await entry.wait_written(remaining)
 
     # -- EndTxn -----------------------------------------------------------------------------------
 

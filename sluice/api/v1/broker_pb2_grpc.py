@@ -165,6 +165,16 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/sluice.v1.Broker/DescribeClientQuotas',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/sluice.v1.Broker/AlterClientQuotas',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -339,6 +349,21 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeClientQuotas(self, request, context):
+        """Client quotas (Kafka's DescribeClientQuotas, AlterClientQuotas; docs/security.md, "Limits"):
+        byte rates of user entities. DescribeConfigs / AlterConfigs on the cluster when the
+        authorizer is on (CLUSTER_AUTHORIZATION_FAILED otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -471,6 +496,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1175,6 +1210,60 @@ class Broker:
             '/sluice.v1.Broker/DeleteAcls',
             sluice_dot_v1_dot_broker__pb2.DeleteAclsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DescribeClientQuotas',
+            sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DescribeClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/AlterClientQuotas',
+            sluice_dot_v1_dot_broker__pb2.AlterClientQuotasRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.AlterClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,13 @@ pid, bootstrap servers, brokers' pids and ports, status) next to the brokers'
 data and logs. ``$SLUICE_HOME/dev-current`` names the data directory of the
 last ``dev up``, so ``dev down``/``status`` and the client commands find a
 cluster started with ``--data`` elsewhere.
+
+``--kafka-listener`` opens a Kafka-protocol listener on every broker
+(``LocalCluster(kafka_ports=...)``). Its ports follow the gRPC ones at a fixed
+distance, ``KAFKA_PORT_OFFSET`` (broker N: gRPC 9092+N, Kafka 19092+N), rather
+than Kafka's customary 9093 right after 9092: a dev cluster of several brokers
+already uses 9093, 9094 ... for gRPC. The state file records each broker's
+``kafka_address`` and the Kafka bootstrap servers.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from sluice.testing import poll_until
 STATE_FILE = "dev-cluster.json"
 ADMIN_CONFIG = "admin.properties"  # of a --secure dev cluster: the super user's client settings
 SUPERVISOR_LOG = "dev-supervisor.log"
+KAFKA_PORT_OFFSET = 10000  # broker N's Kafka port is its gRPC port + this (19092 beside 9092)
 _SUPERVISOR_MODULE = "sluice.cli.engines.dev_cluster"
 
 
@@ -51,6 +59,11 @@ def sluice_home() -> Path:
 
 def default_data_dir() -> Path:
     return sluice_home() / "dev"
+
+
+def default_kafka_port(port: int) -> int:
+    """Broker 0's Kafka port for a dev cluster whose broker 0 has gRPC ``port`` (0: free ports)."""
+    return port + KAFKA_PORT_OFFSET if port else 0
 
 
 def _pointer() -> Path:
@@ -82,6 +95,8 @@ class DevState:
     # is the properties file (security.protocol=SSL, ssl.*) of the super user User:admin.
     secure: bool = False
     admin_config: str = ""
+    # --kafka-listener: every broker's Kafka address, comma-separated ("" without a Kafka listener)
+    kafka_bootstrap_servers: str = ""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> DevState:
@@ -157,12 +172,14 @@ def up(
     on_wait: Callable[[float], None] | None = None,
     python: str = sys.executable,
     secure: bool = False,
+    kafka_port: int | None = None,
 ) -> tuple[DevState, bool]:
     """Start the dev cluster in the background; returns (state, started_now).
 
     An already running dev cluster in ``data_dir`` is returned as it is
     (``started_now`` False). ``port`` is broker 0's port, the others follow;
-    0 picks free ports.
+    0 picks free ports. ``kafka_port`` (not None) opens a Kafka listener on
+    every broker, broker 0 on that port and the others following (0: free ports).
     """
     existing = running_state(data_dir)
     if existing is not None:
@@ -173,6 +190,8 @@ def up(
     argv += ["--port", str(port), "--startup-timeout", str(timeout), "--python", python]
     if secure:
         argv.append("--secure")
+    if kafka_port is not None:
+        argv += ["--kafka-port", str(kafka_port)]
     for key, value in (config or {}).items():
         argv += ["--config", f"{key}={value}"]
     log_path = data_dir / SUPERVISOR_LOG
@@ -269,6 +288,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", action="append", default=[])
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the brokers")
     ap.add_argument("--secure", action="store_true", help="mTLS client listeners and the authorizer")
+    ap.add_argument("--kafka-port", type=int, help="open Kafka listeners: broker 0's port, the others follow (0: free)")
     args = ap.parse_args(argv)
     data_dir = Path(args.data)
     stop = threading.Event()
@@ -277,6 +297,9 @@ def serve(argv: Sequence[str] | None = None) -> int:
     state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure)
     write_state(data_dir, state)
     ports = [args.port + i for i in range(args.brokers)] if args.port else None
+    kafka_ports: list[int] | None = None
+    if args.kafka_port is not None:
+        kafka_ports = [args.kafka_port + i if args.kafka_port else 0 for i in range(args.brokers)]
     try:
         cluster = LocalCluster(
             brokers=args.brokers,
@@ -286,8 +309,11 @@ def serve(argv: Sequence[str] | None = None) -> int:
             startup_timeout=args.startup_timeout,
             python=args.python,
             secure=args.secure,
+            kafka_ports=kafka_ports,
         )
         cluster.start()
+        if kafka_ports is not None:
+            state.kafka_bootstrap_servers = cluster.kafka_bootstrap_servers
         if args.secure:
             state.admin_config = str(write_client_properties(cluster.client_config("admin"), data_dir / ADMIN_CONFIG))
     except Exception as exc:

@@ -27,6 +27,27 @@ Design:
   read the error out of its response.
 * Retries wait with :class:`~sluice.client._network.retry.Backoff` until a
   :class:`~sluice.client._network.retry.Deadline`.
+* Every call is bounded by a deadline, metadata refreshes and bootstrap calls
+  included, and no lock is held while a call waits: a broker that stopped
+  answering (a paused process, a partition) costs a caller at most its own
+  timeout and never blocks another thread. A request any broker can answer
+  (:meth:`Cluster.call_any`) tries the brokers in order of health, as Kafka's
+  least-loaded-node choice does: one that did not answer lately (a timeout or
+  an unavailable connection) is tried last for :data:`UNRESPONSIVE_PENALTY_S`.
+  A read-only one (Metadata, FindCoordinator, describes) is also sent to the
+  next broker when the first has not answered within :data:`HEDGE_AFTER_S`,
+  and the first answer wins, so one paused broker costs a metadata refresh
+  about a second, not the request timeout. Requests that change something
+  (InitProducerId, CreateTopics ...) go to one broker at a time.
+* When nothing listens at any address the client knows (every connection
+  refused) and it never reached a broker, :meth:`Cluster.call_any` raises
+  :class:`~sluice.errors.NoBrokersAvailableError` at once, naming the
+  addresses: a wrong address or a stopped cluster, which waiting cannot fix.
+  Once a broker answered, the same failure is a retriable
+  BrokerNotAvailableError (brokers restart).
+* A response's ``throttle_time_ms`` (a quota, KIP-219) is recorded per broker
+  (:meth:`Cluster.throttle`); the producer and the consumer send that broker
+  nothing more until it is over (:meth:`Cluster.throttled_for`).
 """
 
 from __future__ import annotations
@@ -67,6 +88,25 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 
 GROUP = broker_pb2.GROUP
 TRANSACTION = broker_pb2.TRANSACTION
+
+# A broker that timed out or could not be reached is tried last for this long.
+UNRESPONSIVE_PENALTY_S = 10.0
+# A read-only request any broker can answer goes to the next broker too when unanswered this long.
+HEDGE_AFTER_S = 1.0
+# Requests that only read, safe to send to two brokers at once (the first answer is used).
+READ_ONLY: frozenset[Rpc[Any, Any]] = frozenset(
+    {
+        rpcs.METADATA,
+        rpcs.DESCRIBE_TOPICS,
+        rpcs.FIND_COORDINATOR,
+        rpcs.DESCRIBE_ACLS,
+        rpcs.LIST_TRANSACTIONS,
+        rpcs.LIST_GROUPS,
+        rpcs.DESCRIBE_CLIENT_QUOTAS,
+    }
+)
+# What gRPC says when nothing listens at an address (or the name does not resolve).
+_NOTHING_LISTENS = ("connection refused", "dns resolution failed", "name or service not known", "no address")
 
 
 def parse_bootstrap(servers: str | Sequence[str]) -> list[str]:
@@ -126,7 +166,9 @@ class Cluster:
         self.metadata_max_age = metadata_max_age_ms / 1000.0
         self.retry_backoff = retry_backoff_ms / 1000.0
         self._lock = threading.RLock()
-        self._refresh_lock = threading.Lock()
+        self._unresponsive: dict[str, float] = {}  # address -> until when it is tried last
+        self._throttled: dict[str, float] = {}  # address -> until when it asked not to be sent to
+        self._reached = False  # some broker answered once: later failures are retriable
         self._channels: dict[str, grpc.Channel] = {}
         # address -> descriptor -> the channel's callable for it; read without the lock (see _callable)
         self._callables: dict[str, dict[Rpc[Any, Any], grpc.UnaryUnaryMultiCallable[Any, Any]]] = {}
@@ -181,9 +223,13 @@ class Cluster:
         """One unary RPC to ``addr``; gRPC failures raise :mod:`sluice.errors` exceptions."""
         fn = self._callable(addr, rpc)
         try:
-            return fn(request, timeout=self.request_timeout if timeout is None else timeout)
+            response = fn(request, timeout=self.request_timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
-            raise map_rpc_error(exc, addr, rpc.name) from None
+            err = map_rpc_error(exc, addr, rpc.name)
+            self._note_failure(addr, err)
+            raise err from None
+        self._note_answer(addr)
+        return response
 
     def call_future(
         self, addr: str, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
@@ -195,10 +241,46 @@ class Cluster:
         """
         return self._callable(addr, rpc).future(request, timeout=self.request_timeout if timeout is None else timeout)
 
+    # ------------------------------------------------------------------ broker health and throttling
+
+    def _note_answer(self, addr: str) -> None:
+        self._reached = True
+        if addr in self._unresponsive:  # read without the lock: the common case costs nothing
+            with self._lock:
+                self._unresponsive.pop(addr, None)
+
+    def _note_failure(self, addr: str, exc: errors.SluiceError) -> None:
+        if isinstance(exc, errors.BrokerNotAvailableError | errors.RequestTimedOutError):
+            with self._lock:
+                self._unresponsive[addr] = time.monotonic() + UNRESPONSIVE_PENALTY_S
+
+    def throttle(self, addr: str, throttle_time_ms: int) -> None:
+        """``addr`` answered with a throttle time (it is over a quota): send it nothing until it is over."""
+        until = time.monotonic() + throttle_time_ms / 1000.0
+        with self._lock:
+            if until > self._throttled.get(addr, 0.0):
+                self._throttled[addr] = until
+
+    def throttled_for(self, addr: str) -> float:
+        """Seconds until ``addr`` may be sent to again (0.0: now)."""
+        until = self._throttled.get(addr)
+        if until is None:
+            return 0.0
+        left = until - time.monotonic()
+        if left <= 0:
+            with self._lock:
+                if self._throttled.get(addr) == until:
+                    del self._throttled[addr]
+            return 0.0
+        return left
+
     def candidates(self) -> list[str]:
-        """Addresses to try for a request any broker can answer: known brokers, then bootstrap."""
+        """Addresses to try for a request any broker can answer: known brokers, then bootstrap, in
+        random order, except that those that did not answer lately come last (longest ago first)."""
+        now = time.monotonic()
         with self._lock:
             known = list(self.brokers.values())
+            penalized = {a: t for a, t in self._unresponsive.items() if t > now}
         random.shuffle(known)
         boot = list(self.bootstrap)
         random.shuffle(boot)
@@ -208,32 +290,119 @@ class Cluster:
             if addr not in seen:
                 seen.add(addr)
                 out.append(addr)
+        out.sort(key=lambda a: penalized.get(a, 0.0))  # stable: the healthy keep their random order
         return out
 
     def call_any(self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None) -> ResponseT:
-        """An RPC any broker can answer: try each broker until one responds."""
-        last: errors.SluiceError | None = None
-        for addr in self.candidates():
+        """An RPC any broker can answer, within ``timeout`` (default: the request timeout) in all.
+
+        Brokers are tried in :meth:`candidates` order, one at a time, each for at most half of
+        what is left of the timeout while others remain; a read-only RPC is also sent to the
+        next broker when the first has not answered within :data:`HEDGE_AFTER_S` (see the
+        module docstring).
+        """
+        deadline = Deadline(self.request_timeout if timeout is None else timeout)
+        addrs = self.candidates()
+        if rpc in READ_ONLY and len(addrs) > 1:
+            return self._hedged(addrs, rpc, request, deadline)
+        failures: list[tuple[str, errors.SluiceError]] = []
+        for i, addr in enumerate(addrs):
+            if failures and deadline.expired():
+                break
+            # one at a time (it changes something); while others are left, at most half of what
+            # remains, so a broker that does not answer leaves the next one a chance
+            cap = self.request_timeout if i == len(addrs) - 1 else max(1.0, deadline.remaining() / 2)
             try:
-                return self.call(addr, rpc, request, timeout)
+                return self.call(addr, rpc, request, deadline.timeout(min(self.request_timeout, cap)))
             except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
-                last = exc
-        raise errors.BrokerNotAvailableError(f"no broker answered {rpc.name}: {last}")
+                failures.append((addr, exc))
+        raise self._none_answered(rpc, addrs, failures)
+
+    def _hedged(
+        self, addrs: list[str], rpc: Rpc[RequestT, ResponseT], request: RequestT, deadline: Deadline
+    ) -> ResponseT:
+        """Send to ``addrs[0]``, then to each next one when nothing answered for HEDGE_AFTER_S or the
+        previous failed; the first answer wins. Waits on futures with timeouts only: no lock held."""
+        done = threading.Event()
+        pending: list[tuple[str, grpc.Future[ResponseT]]] = []
+        failures: list[tuple[str, errors.SluiceError]] = []
+        waiting = list(addrs)
+        next_at = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if waiting and (now >= next_at or not pending) and not deadline.expired():
+                    addr = waiting.pop(0)
+                    future = self.call_future(addr, rpc, request, deadline.timeout(self.request_timeout))
+                    future.add_done_callback(lambda _f: done.set())
+                    pending.append((addr, future))
+                    next_at = now + HEDGE_AFTER_S
+                for addr, future in [p for p in pending if p[1].done()]:
+                    pending.remove((addr, future))
+                    try:
+                        response = future.result()
+                    except grpc.RpcError as exc:
+                        err = map_rpc_error(exc, addr, rpc.name)
+                        self._note_failure(addr, err)
+                        if not isinstance(err, errors.BrokerNotAvailableError | errors.RequestTimedOutError):
+                            raise err from None
+                        failures.append((addr, err))
+                        continue
+                    self._note_answer(addr)
+                    return response
+                if not pending and (not waiting or deadline.expired()):
+                    raise self._none_answered(rpc, addrs, failures)
+                wait = deadline.remaining() if not waiting else min(deadline.remaining(), max(0.0, next_at - now))
+                done.wait(max(wait, 0.001))
+                done.clear()
+        finally:
+            for _addr, future in pending:
+                future.cancel()
+
+    def _none_answered(
+        self, rpc: Rpc[Any, Any], addrs: list[str], failures: list[tuple[str, errors.SluiceError]]
+    ) -> errors.SluiceError:
+        """The error of a call no broker answered: NoBrokersAvailableError when nothing listens anywhere."""
+        tried = [addr for addr, _exc in failures]
+        nothing_listens = (
+            bool(failures)
+            and len(tried) == len(addrs)
+            and all(any(text in str(exc).lower() for text in _NOTHING_LISTENS) for _addr, exc in failures)
+        )
+        if nothing_listens and not self._reached:
+            return errors.NoBrokersAvailableError(
+                f"no broker listens at {', '.join(tried)} (connection refused at every address): "
+                "is the cluster running, and are these its client addresses (bootstrap_servers)?"
+            )
+        detail = "; ".join(f"{addr}: {exc}" for addr, exc in failures[-3:]) or "no broker to ask"
+        untried = len(addrs) - len(tried)
+        more = f" ({untried} not tried before the deadline)" if untried else ""
+        return errors.BrokerNotAvailableError(f"no broker answered {rpc.name}{more}: {detail}")
 
     def call_all(
         self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
     ) -> list[tuple[int, ResponseT]]:
-        """The same RPC to every known broker (after a metadata refresh); (broker id, response) pairs."""
-        self.refresh()
+        """The same RPC to every known broker (after a metadata refresh), all at once, within
+        ``timeout``; (broker id, response) pairs of those that answered."""
+        deadline = Deadline(self.request_timeout if timeout is None else timeout)
+        self.refresh(timeout=deadline.timeout(self.request_timeout))
         with self._lock:
             brokers = dict(self.brokers)
+        futures = [
+            (broker_id, addr, self.call_future(addr, rpc, request, deadline.timeout(self.request_timeout)))
+            for broker_id, addr in sorted(brokers.items())
+        ]
         out: list[tuple[int, ResponseT]] = []
         last: errors.SluiceError | None = None
-        for broker_id, addr in sorted(brokers.items()):
+        for broker_id, addr, future in futures:
             try:
-                out.append((broker_id, self.call(addr, rpc, request, timeout)))
-            except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
-                last = exc
+                out.append((broker_id, future.result()))
+                self._note_answer(addr)
+            except grpc.RpcError as exc:
+                last = map_rpc_error(exc, addr, rpc.name)
+                self._note_failure(addr, last)
+                if not isinstance(last, errors.BrokerNotAvailableError | errors.RequestTimedOutError):
+                    raise last from None
         if not out:
             raise errors.BrokerNotAvailableError(f"no broker answered {rpc.name}: {last}")
         return out
@@ -249,13 +418,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ metadata
 
-    def refresh(self, topics: Iterable[str] | None = None) -> broker_pb2.MetadataResponse:
-        """Fetch metadata (for ``topics``, or every topic) from any broker and update the cache."""
+    def refresh(self, topics: Iterable[str] | None = None, timeout: float | None = None) -> broker_pb2.MetadataResponse:
+        """Fetch metadata (for ``topics``, or every topic) from any broker, within ``timeout``
+        (default: the request timeout), and update the cache. No lock is held while it waits."""
         wanted = sorted(set(topics)) if topics is not None else []
         request = broker_pb2.MetadataRequest(topics=wanted)
-        with self._refresh_lock:
-            response = self.call_any(rpcs.METADATA, request)
-            self._apply_metadata(response, wanted)
+        response = self.call_any(rpcs.METADATA, request, timeout)
+        self._apply_metadata(response, wanted)
         return response
 
     def _apply_metadata(self, response: broker_pb2.MetadataResponse, wanted: list[str]) -> None:
@@ -280,7 +449,13 @@ class Cluster:
                     config=dict(t.config),
                     replication_factor=t.replication_factor,
                 )
+                old = self._topics.get(t.name)
                 for p in t.partitions:
+                    known = old.partitions.get(p.partition) if old is not None and old.topic_id == t.topic_id else None
+                    if known is not None and known.leader_epoch > p.leader_epoch:
+                        # an answer older than what is cached (refreshes run concurrently): keep the newer
+                        info.partitions[p.partition] = known
+                        continue
                     info.partitions[p.partition] = PartitionInfo(
                         topic=t.name,
                         partition=p.partition,
@@ -301,18 +476,24 @@ class Cluster:
                     if name not in seen:
                         del self._topics[name]
 
-    def refresh_if_stale(self, topics: Iterable[str], min_age: float | None = None) -> None:
-        """Refresh ``topics`` unless they were refreshed less than ``min_age`` seconds ago.
+    def refresh_if_stale(
+        self, topics: Iterable[str], min_age: float | None = None, timeout: float | None = None
+    ) -> None:
+        """Refresh ``topics`` (within ``timeout``) unless they were refreshed less than ``min_age`` s ago.
 
-        Many threads hitting NOT_LEADER_OR_FOLLOWER at once cause one refresh, not many.
+        Many threads hitting NOT_LEADER_OR_FOLLOWER at once cause one refresh, not many: the
+        topics count as refreshed from the moment one starts, so the others go on with what is
+        cached and look again after ``min_age``, rather than queue behind a slow broker.
         """
         min_age = self.retry_backoff if min_age is None else min_age
         now = time.monotonic()
         with self._lock:
             stale = [t for t in topics if now - self._topic_refreshed.get(t, 0.0) >= min_age]
+            for t in stale:
+                self._topic_refreshed[t] = now
         if stale:
             try:
-                self.refresh(stale)
+                self.refresh(stale, timeout)
             except errors.SluiceError as exc:
                 log.debug("metadata refresh failed: %s", exc)
 
@@ -363,7 +544,7 @@ class Cluster:
         last: Exception | None = None
         while True:
             try:
-                response = self.refresh([name])
+                response = self.refresh([name], deadline.timeout(self.request_timeout))
                 last = None
             except errors.SluiceError as exc:
                 if not exc.retriable:

@@ -4,7 +4,10 @@
   status: UNAVAILABLE is :class:`~sluice.errors.BrokerNotAvailableError`
   (retriable: try another broker), DEADLINE_EXCEEDED is a retriable
   :class:`~sluice.errors.RequestTimedOutError`, INVALID_ARGUMENT is
-  :class:`~sluice.errors.InvalidArgumentError`.
+  :class:`~sluice.errors.InvalidArgumentError`. RESOURCE_EXHAUSTED is a message
+  too large, or, when it names ``max.connections``, a connection the broker
+  refused (a retriable BrokerNotAvailableError, as Kafka clients take a
+  connection the broker closed).
 * Error *codes* inside responses are turned into exceptions by the callers,
   with :func:`sluice.errors.error_for`; :func:`response_error` and
   :func:`first_error` pick the code to act on, and the two code sets say
@@ -48,6 +51,8 @@ def map_rpc_error(exc: grpc.RpcError, addr: str, method: str) -> errors.SluiceEr
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return errors.BrokerNotAvailableError(f"{where}: broker not available: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if "max.connections" in details:  # the broker refused this connection: as a closed one, retriable
+            return errors.BrokerNotAvailableError(f"{where}: the broker refused the connection: {details}")
         return errors.MessageTooLargeError(f"{where}: {details}")
     return errors.UnknownServerError(f"{where} failed with gRPC {code.name}: {details}")
 

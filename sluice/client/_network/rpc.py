@@ -100,3 +100,9 @@ DELETE_GROUPS = _rpc("DeleteGroups", broker_pb2.DeleteGroupsRequest, broker_pb2.
 CREATE_ACLS = _rpc("CreateAcls", broker_pb2.CreateAclsRequest, broker_pb2.CreateAclsResponse)
 DESCRIBE_ACLS = _rpc("DescribeAcls", broker_pb2.DescribeAclsRequest, broker_pb2.DescribeAclsResponse)
 DELETE_ACLS = _rpc("DeleteAcls", broker_pb2.DeleteAclsRequest, broker_pb2.DeleteAclsResponse)
+DESCRIBE_CLIENT_QUOTAS = _rpc(
+    "DescribeClientQuotas", broker_pb2.DescribeClientQuotasRequest, broker_pb2.DescribeClientQuotasResponse
+)
+ALTER_CLIENT_QUOTAS = _rpc(
+    "AlterClientQuotas", broker_pb2.AlterClientQuotasRequest, broker_pb2.AlterClientQuotasResponse
+)

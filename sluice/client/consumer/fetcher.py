@@ -182,10 +182,12 @@ class Fetcher:
                     continue
                 addr, epoch = leader
                 by_leader.setdefault(addr, {})[tp] = (offset, epoch)
-        if unknown:
-            self._cluster.refresh_if_stale(unknown, min_age=0.1)
+        if unknown:  # bounded: a poll must not outlive its timeout on a broker that does not answer
+            self._cluster.refresh_if_stale(unknown, min_age=0.1, timeout=deadline.timeout(self._config.request_timeout))
         max_wait = int(min(self._config.fetch_max_wait_ms, deadline.remaining() * 1000))
         for addr, parts in by_leader.items():
+            if self._cluster.throttled_for(addr) > 0:
+                continue  # the broker's last answer said to wait (throttle_time_ms, KIP-219)
             topics: dict[str, list[broker_pb2.FetchPartition]] = {}
             for tp, (offset, epoch) in parts.items():
                 topics.setdefault(tp.topic, []).append(
@@ -256,6 +258,8 @@ class Fetcher:
                     if st is not None:
                         st.retry_at = retry_at
             return
+        if response.throttle_time_ms > 0:  # over its quota: no fetch to this broker until it is over
+            self._cluster.throttle(fetch.addr, response.throttle_time_ms)
         now = time.monotonic()
         for topic in response.topics:
             for p in topic.partitions:
@@ -387,7 +391,7 @@ def list_offsets_at(
                 for topic in unknown:
                     cluster.wait_for_topic(topic, Deadline(min(deadline.remaining(), 1.0)))
                 # known topics whose partition (added since) or leader (moved) the cache lacks
-                cluster.refresh_if_stale(unknown, min_age=0.1)
+                cluster.refresh_if_stale(unknown, min_age=0.1, timeout=deadline.timeout(request_timeout))
             except errors.SluiceError as exc:
                 last = exc
                 if not exc.retriable and not isinstance(exc, errors.UnknownTopicOrPartitionError):

@@ -55,6 +55,7 @@ from sluice.client._network import (
 from sluice.client._network import rpc as rpcs
 from sluice.client.producer.accumulator import ProducerBatch, RecordAccumulator
 from sluice.client.producer.transaction_manager import (
+    CONCURRENT_TRANSACTIONS_RETRY_S,
     TransactionManager,
     TransactionState,
     ends_the_producer,
@@ -262,10 +263,16 @@ class Sender(threading.Thread):
                 unknown.add(tp.topic)
             else:
                 by_leader[leader[0]].append(tp)
-        if unknown:
-            self.cluster.refresh_if_stale(unknown, min_age=0.1)
+        if unknown:  # bounded: the sender thread also expires batches and handles responses
+            self.cluster.refresh_if_stale(
+                unknown, min_age=0.1, timeout=min(self.config.request_timeout_ms / 1000.0, 5.0)
+            )
             wait = min(wait, 0.05)
         for addr, tps in by_leader.items():
+            throttled = self.cluster.throttled_for(addr)
+            if throttled > 0:  # the broker said how long to wait (KIP-219): its batches keep until then
+                wait = min(wait, throttled)
+                continue
             batches = self.accumulator.drain(tps, now, producer_id, producer_epoch, self.config.max_request_size)
             if batches:
                 self._send(addr, batches)
@@ -451,8 +458,17 @@ class Sender(threading.Thread):
             self._txn_error(fatal)
         elif retry:
             self.txn.partitions_add_failed(retry, retry=True)
-            self._add_retry_at = time.monotonic() + self._add_backoff.next()
+            self._add_retry_at = time.monotonic() + self._add_retry_delay(retry, results)
         self.wakeup()
+
+    def _add_retry_delay(
+        self, retry: list[TopicPartition], results: dict[TopicPartition, broker_pb2.TxnPartitionResult]
+    ) -> float:
+        """A short flat delay while the previous transaction completes; the growing backoff otherwise."""
+        codes = {r.error_code for r in (results.get(tp) for tp in retry) if r is not None}
+        if codes == {records_pb2.CONCURRENT_TRANSACTIONS}:
+            return CONCURRENT_TRANSACTIONS_RETRY_S
+        return self._add_backoff.next()
 
     def _add_failed(self, tps: list[TopicPartition], exc: errors.SluiceError) -> None:
         if exc.retriable:
@@ -522,6 +538,8 @@ class Sender(threading.Thread):
             response: broker_pb2.ProduceResponse = req.future.result(timeout=0)
         except Exception:
             return False
+        if response.throttle_time_ms > 0:  # KIP-219: nothing more to this broker until it is over
+            self.cluster.throttle(req.addr, response.throttle_time_ms)
         answered: dict[TopicPartition, broker_pb2.ProducePartitionResponse] = {}
         for topic in response.topics:
             for p in topic.partitions:
@@ -560,6 +578,8 @@ class Sender(threading.Thread):
             for batch in req.batches.values():
                 self._retry_or_fail(batch, errors.BrokerNotAvailableError(str(other)), maybe_stored=True)
             return
+        if response.throttle_time_ms > 0:
+            self.cluster.throttle(req.addr, response.throttle_time_ms)
         if self.config.acks == 0:
             for batch in req.batches.values():
                 self.accumulator.complete(batch, -1)
@@ -585,6 +605,15 @@ class Sender(threading.Thread):
         if code in METADATA_REFRESH_CODES:
             self.cluster.forget_leader(tp.topic, tp.partition)
         if code in _SEQUENCE_BREAKING and self.config.idempotent:
+            first_unacked = tp not in self._broken and not self.accumulator.earlier_unacknowledged(batch)
+            if code == records_pb2.UNKNOWN_PRODUCER_ID and first_unacked and not self.txn.is_transactional:
+                # The partition forgot this producer (its state expired: producer.id.expiration.ms), so
+                # the batch was not stored. As Kafka's producer (KIP-360): a new epoch starts the
+                # partition again at sequence 0 and the batch is sent again, not failed.
+                log.info("%s forgot producer %d: bumping the epoch and sending again", tp, batch.producer_id)
+                self._broken.add(tp)
+                self.accumulator.requeue(batch, time.monotonic(), exc)
+                return
             if tp in self._broken or self.accumulator.earlier_unacknowledged(batch):
                 # the broker saw the gap left by an earlier batch: this one was not stored, resend it in order
                 self._retry_or_fail(batch, exc, maybe_stored=False)

@@ -58,6 +58,13 @@ from sluice.client.types import TopicPartition
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
+# AddPartitionsToTxn answered CONCURRENT_TRANSACTIONS (the previous transaction is still being
+# completed): retry after this short, flat delay rather than the growing backoff of other
+# retriable errors, as Kafka's producer does (its ADD_PARTITIONS_RETRY_BACKOFF_MS, 20 ms). The
+# completion takes a few replication round trips; a backoff grown to half a second would leave
+# the producer idle long after it. The coordinator also waits for the completion before it
+# answers this (broker/sluice_broker/txn/coordinator.py), so the retry is rare.
+CONCURRENT_TRANSACTIONS_RETRY_S = 0.02
 # The transaction protocol this client speaks (Kafka's clientTransactionVersion, KIP-890 part 2):
 # the coordinator bumps the epoch at every end and answers it in EndTxn, and a transaction it
 # timed out is an abortable error, not a fence. Sent in AddPartitionsToTxn, AddOffsetsToTxn, EndTxn.

@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.handlers.base import Handler
+from sluice.broker.kafka.handlers.classic_groups import (
+    HeartbeatHandler,
+    JoinGroupHandler,
+    LeaveGroupHandler,
+    SyncGroupHandler,
+)
+from sluice.broker.kafka.handlers.consumer_group_heartbeat import ConsumerGroupHeartbeatHandler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
 from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
@@ -19,7 +26,12 @@ from sluice.broker.kafka.handlers.describe_transactions import (
 )
 from sluice.broker.kafka.handlers.fetch import FetchHandler
 from sluice.broker.kafka.handlers.find_coordinator import FindCoordinatorHandler
-from sluice.broker.kafka.handlers.groups import DeleteGroupsHandler, ListGroupsHandler
+from sluice.broker.kafka.handlers.groups import (
+    ConsumerGroupDescribeHandler,
+    DeleteGroupsHandler,
+    DescribeGroupsHandler,
+    ListGroupsHandler,
+)
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
@@ -59,6 +71,13 @@ def build_handlers() -> dict[int, Handler]:
         DescribeConfigsHandler(),
         ListGroupsHandler(),
         DeleteGroupsHandler(),
+        DescribeGroupsHandler(),
+        JoinGroupHandler(),
+        SyncGroupHandler(),
+        HeartbeatHandler(),
+        LeaveGroupHandler(),
+        ConsumerGroupHeartbeatHandler(),
+        ConsumerGroupDescribeHandler(),
         DescribeProducersHandler(),
     ]
     for handler in served:

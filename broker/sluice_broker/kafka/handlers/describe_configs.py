@@ -8,14 +8,20 @@ when the broker was started with it, DEFAULT_CONFIG otherwise). A broker
 configuration; another broker's id is INVALID_REQUEST (Kafka clients send it
 to that broker). Other resource types (loggers, client metrics, groups) are
 INVALID_REQUEST. Synonyms are the broker value under a topic override.
+
+Authorization (Kafka's): DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED,
+whether it exists or not), on the cluster for a broker
+(CLUSTER_AUTHORIZATION_FAILED); a refused resource lists no configs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import DEFAULTS, TOPIC_KEYS
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.describe_configs_request import DescribeConfigsRequest, DescribeConfigsResource
@@ -53,7 +59,10 @@ class DescribeConfigsHandler:
             result = DescribeConfigsResult(
                 error_message=None, resource_type=resource.resource_type, resource_name=resource.resource_name
             )
-            if resource.resource_type == TOPIC:
+            refusal = self._refusal(ctx, resource)
+            if refusal is not None:
+                result.error_code, result.error_message = refusal
+            elif resource.resource_type == TOPIC:
                 self._topic(ctx, resource, result, request.include_synonyms)
             elif resource.resource_type == BROKER and resource.resource_name in ("", str(ctx.config.broker_id)):
                 self._broker(ctx, resource, result)
@@ -66,6 +75,16 @@ class DescribeConfigsHandler:
                 )
             resp.results.append(result)
         return resp
+
+    @staticmethod
+    def _refusal(ctx: KafkaContext, resource: DescribeConfigsResource) -> tuple[int, str] | None:
+        op = AclOperation.DESCRIBE_CONFIGS
+        if resource.resource_type == TOPIC:
+            if not authorization.allowed(ctx, op, ResourceType.TOPIC, resource.resource_name):
+                return pb.TOPIC_AUTHORIZATION_FAILED, authorization.topic_refusal(op, resource.resource_name)
+        elif resource.resource_type == BROKER and not authorization.cluster_allowed(ctx, op):
+            return pb.CLUSTER_AUTHORIZATION_FAILED, authorization.cluster_refusal(op)
+        return None
 
     @staticmethod
     def _wanted(resource: DescribeConfigsResource, keys: list[str]) -> list[str]:
@@ -103,3 +122,15 @@ class DescribeConfigsHandler:
             entry.config_type = _TYPES.get(DEFAULTS[key][0], 0)
             entry.documentation = None
             out.configs.append(entry)
+
+
+def topic_config_entries(ctx: KafkaContext, overrides: dict[str, str]) -> list[tuple[str, str, int]]:
+    """(key, value, Kafka config source) of every topic key for a topic with ``overrides``:
+    what CreateTopics v5+ answers for a created topic (the Java AdminClient reads it)."""
+    out = []
+    for key in sorted(TOPIC_KEYS):
+        if key in overrides:
+            out.append((key, overrides[key], DYNAMIC_TOPIC_CONFIG))
+        else:
+            out.append((key, _text(ctx.config.values[key]), _broker_source(ctx, key)))
+    return out

@@ -7,10 +7,15 @@ partition, that transaction's first offset (Kafka's
 ``current_txn_start_offset``: what an operator uses to find a hanging
 transaction). As in Kafka the leader answers; another broker answers
 NOT_LEADER_OR_FOLLOWER, an unknown partition UNKNOWN_TOPIC_OR_PARTITION.
+Authorization (Kafka's): Read on the topic, else its partitions answer
+TOPIC_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.describe_producers_request import DescribeProducersRequest
@@ -31,10 +36,16 @@ class DescribeProducersHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, DescribeProducersRequest)
         resp = DescribeProducersResponse()
+        denied = authorization.denied_topics(ctx, AclOperation.READ, (t.name for t in request.topics))
         for topic in request.topics:
             out = TopicResponse(name=topic.name)
             for index in topic.partition_indexes:
                 part = PartitionResponse(partition_index=index)
+                if topic.name in denied:
+                    part.error_code = pb.TOPIC_AUTHORIZATION_FAILED
+                    part.error_message = authorization.topic_refusal(AclOperation.READ, topic.name)
+                    out.partitions.append(part)
+                    continue
                 try:
                     log = ctx.replicas.leader_partition(topic.name, index)
                 except SluiceError as exc:

@@ -10,13 +10,20 @@ ListTransactions is served at v0: v1's duration filter needs each
 transaction's start time in the coordinator's list answer, and v2's id pattern
 a regular-expression filter (next steps); a client that sees v0 advertised
 sends neither.
+
+Authorization is the gRPC servicer's: Describe on each transactional id
+(DescribeTransactions answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the
+others; ListTransactions leaves them out). As in Kafka, a described
+transaction lists only the partitions of topics the caller may Describe.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages import describe_transactions_response as dtr
@@ -24,6 +31,7 @@ from sluice.broker.kafka.messages import list_transactions_response as ltr
 from sluice.broker.kafka.messages.describe_transactions_request import DescribeTransactionsRequest
 from sluice.broker.kafka.messages.list_transactions_request import ListTransactionsRequest
 from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.security import coordinator_checks as checks
 
 STATES = {
     "Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
@@ -37,14 +45,21 @@ class DescribeTransactionsHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, DescribeTransactionsRequest)
-        answer = ctx.txn.describe_transactions(
-            bpb.DescribeTransactionsRequest(transactional_ids=request.transactional_ids)
+        asked = bpb.DescribeTransactionsRequest(transactional_ids=request.transactional_ids)
+        allowed, refused = checks.filter_describe_transactions(ctx.access, ctx.caller, asked)
+        answer = (
+            ctx.txn.describe_transactions(allowed) if allowed.transactional_ids else bpb.DescribeTransactionsResponse()
+        )
+        answer.transactions.extend(refused)
+        hidden = authorization.denied_topics(
+            ctx, AclOperation.DESCRIBE, (tp.topic for t in answer.transactions for tp in t.partitions)
         )
         resp = dtr.DescribeTransactionsResponse()
         for t in answer.transactions:
             by_topic: dict[str, list[int]] = defaultdict(list)
             for tp in t.partitions:
-                by_topic[tp.topic].append(tp.partition)
+                if tp.topic not in hidden:
+                    by_topic[tp.topic].append(tp.partition)
             resp.transaction_states.append(
                 dtr.TransactionState(
                     error_code=int(t.error_code),
@@ -67,8 +82,12 @@ class ListTransactionsHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, ListTransactionsRequest)
         known = [s for s in request.state_filters if s in STATES]
-        answer = ctx.txn.list_transactions(
-            bpb.ListTransactionsRequest(state_filters=known, producer_id_filters=request.producer_id_filters)
+        answer = checks.filter_list_transactions(
+            ctx.access,
+            ctx.caller,
+            ctx.txn.list_transactions(
+                bpb.ListTransactionsRequest(state_filters=known, producer_id_filters=request.producer_id_filters)
+            ),
         )
         resp = ltr.ListTransactionsResponse(
             error_code=int(answer.error_code),

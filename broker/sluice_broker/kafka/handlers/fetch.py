@@ -24,13 +24,19 @@ the client no session was created, so it sends full requests; a request
 naming a session id is answered FETCH_SESSION_ID_NOT_FOUND, as Kafka answers
 a session it no longer has. ``forgotten_topics_data`` only matters inside a
 session and is ignored. Followers of a Sluice cluster replicate over gRPC, so a
-replica id in a Kafka fetch is not acted on: the fetch is served as a consumer's.
+replica id in a Kafka fetch is not acted on: the fetch is served as a consumer's,
+and authorized as one: each topic needs Read, else its partitions answer
+TOPIC_AUTHORIZATION_FAILED and are not read (a topic id no topic has is
+UNKNOWN_TOPIC_ID first, as in Kafka). The byte-rate quota is the listener's
+(:mod:`~sluice.broker.kafka.quotas`).
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
@@ -75,14 +81,17 @@ class FetchHandler:
             max_bytes=max(request.max_bytes, 1),
             isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
         )
-        unknown_ids: set[int] = set()  # topic indexes of the request whose id names no topic
-        for t, topic in enumerate(request.topics):
-            name = topic.topic
-            if version >= TOPIC_IDS_FROM:
-                name = by_id.get(topic.topic_id, "")
-                if not name:
-                    unknown_ids.add(t)
-                    continue
+        names = [by_id.get(t.topic_id, "") if version >= TOPIC_IDS_FROM else t.topic for t in request.topics]
+        denied = authorization.denied_topics(ctx, AclOperation.READ, (n for n in names if n))
+        # topic indexes of the request not read: their id names no topic, or the caller may not Read them
+        refused: dict[int, int] = {}
+        for t, (topic, name) in enumerate(zip(request.topics, names, strict=True)):
+            if version >= TOPIC_IDS_FROM and not name:
+                refused[t] = UNKNOWN_TOPIC_ID
+                continue
+            if name in denied:
+                refused[t] = pb.TOPIC_AUTHORIZATION_FAILED
+                continue
             ct = core.topics.add(name=name)
             for p in topic.partitions:
                 ct.partitions.add(
@@ -101,10 +110,10 @@ class FetchHandler:
         hints: dict[int, LeaderHint] = {}
         for t, topic in enumerate(request.topics):
             out = FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id)
-            if t in unknown_ids:
+            if t in refused:
                 for p in topic.partitions:
                     out.partitions.append(
-                        PartitionData(partition_index=p.partition, error_code=UNKNOWN_TOPIC_ID, high_watermark=-1)
+                        PartitionData(partition_index=p.partition, error_code=refused[t], high_watermark=-1)
                     )
                 resp.responses.append(out)
                 continue

@@ -4,11 +4,14 @@ The same rule as the gRPC FindCoordinator (the key's hash picks a partition of
 ``__consumer_offsets`` or ``__transaction_state``; its leader coordinates), with
 the coordinator's Kafka address. v0-3 ask for one key; v4+ batch keys and
 answer per key. No leader, or a leader without a Kafka listener, is
-COORDINATOR_NOT_AVAILABLE (retriable: the client asks again).
+COORDINATOR_NOT_AVAILABLE (retriable: the client asks again). Authorization is
+the gRPC FindCoordinator's check (Describe on the group or the transactional
+id), per key: GROUP_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
 
+from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from sluice.broker.kafka.codec import Message, Versions
@@ -16,6 +19,7 @@ from sluice.broker.kafka.context import KafkaContext, kafka_endpoint
 from sluice.broker.kafka.messages.find_coordinator_request import FindCoordinatorRequest
 from sluice.broker.kafka.messages.find_coordinator_response import Coordinator, FindCoordinatorResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.security import coordinator_checks as checks
 
 KEY_TYPES = {0: CONSUMER_OFFSETS_TOPIC, 1: TRANSACTION_STATE_TOPIC}  # 2 (share groups) is not served
 
@@ -26,6 +30,11 @@ def find(ctx: KafkaContext, key: str, key_type: int) -> Coordinator:
     if topic is None or not key:
         out.error_code = pb.INVALID_REQUEST
         out.error_message = f"key type {key_type} is not served" if topic is None else "the key must not be empty"
+        return out
+    asked = bpb.FindCoordinatorRequest(key=key, key_type=bpb.TRANSACTION if key_type == 1 else bpb.GROUP)
+    refused = checks.check_find_coordinator(ctx.access, ctx.caller, asked)
+    if refused is not None:
+        out.error_code, out.error_message = int(refused.error_code), refused.error_message
         return out
     info = ctx.cluster.topics.get(topic)
     leader = -1 if info is None else info.partitions[coordinator_partition(key, len(info.partitions))].leader

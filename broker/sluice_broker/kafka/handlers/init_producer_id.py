@@ -10,17 +10,29 @@ the producer's current id and epoch for KIP-360's re-initialisation.
 Served 0-5. v6 (KIP-939's two-phase commit: ``enable2_pc``,
 ``keep_prepared_txn``) maps onto Sluice's prepared transactions but is not
 wired yet, so it is not advertised.
+
+Before the coordinator, the gRPC InitProducerId's own checks, in its order:
+authorization (Write on the transactional id, TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+without one IdempotentWrite on the cluster or Write on some topic, KIP-679:
+CLUSTER_AUTHORIZATION_FAILED), then the caller's producer-id rate
+(``producer.id.rate.per.principal.per.minute``, the same bucket as over gRPC):
+a new producer id beyond it is THROTTLING_QUOTA_EXCEEDED with ``throttle_time_ms``
+set to when the next one can be had.
 """
 
 from __future__ import annotations
 
+import math
+
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.transactions import kafka_error
 from sluice.broker.kafka.messages.init_producer_id_request import InitProducerIdRequest
 from sluice.broker.kafka.messages.init_producer_id_response import InitProducerIdResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.security import coordinator_checks as checks
 
 
 class InitProducerIdHandler:
@@ -29,14 +41,24 @@ class InitProducerIdHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, InitProducerIdRequest)
-        answer = await ctx.txn.init_producer_id(
-            bpb.InitProducerIdRequest(
-                transactional_id=request.transactional_id or "",
-                transaction_timeout_ms=request.transaction_timeout_ms,
-                producer_id=request.producer_id,
-                producer_epoch=request.producer_epoch,
-            )
+        core = bpb.InitProducerIdRequest(
+            transactional_id=request.transactional_id or "",
+            transaction_timeout_ms=request.transaction_timeout_ms,
+            producer_id=request.producer_id,
+            producer_epoch=request.producer_epoch,
         )
+        refused = checks.check_init_producer_id(ctx.access, ctx.caller, core)
+        if refused is not None:
+            return InitProducerIdResponse(error_code=int(refused.error_code), producer_id=-1, producer_epoch=-1)
+        rate = ctx.limits.producer_ids
+        if core.producer_id < 0 and not rate.take(ctx.caller.principal):
+            return InitProducerIdResponse(
+                throttle_time_ms=math.ceil(60_000 / rate.per_minute),  # one token's refill time
+                error_code=pb.THROTTLING_QUOTA_EXCEEDED,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        answer = await ctx.txn.init_producer_id(core)
         return InitProducerIdResponse(
             error_code=kafka_error(answer.error_code, header.request_api_version, 4),
             producer_id=answer.producer_id,

@@ -11,12 +11,17 @@ Specs: -1 latest, -2 earliest, -3 max timestamp (v7+), -4 earliest local (v8+;
 Sluice has no tiered storage, so it is the log start), a timestamp >= 0. The
 tiered-storage specs (-5 latest tiered, -6 earliest pending upload) are
 INVALID_REQUEST per partition.
+
+Authorization: Describe on each topic, else its partitions answer
+TOPIC_AUTHORIZATION_FAILED and are not looked up.
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages.list_offsets_request import ListOffsetsRequest
@@ -40,7 +45,10 @@ class ListOffsetsHandler:
         isolation = pb.READ_COMMITTED if request.isolation_level == KAFKA_READ_COMMITTED else pb.READ_UNCOMMITTED
         core = bpb.ListOffsetsRequest(isolation_level=isolation)
         refused: set[tuple[int, int]] = set()  # (topic index, partition index) in the request
+        denied = authorization.denied_topics(ctx, AclOperation.DESCRIBE, (t.name for t in request.topics))
         for t, topic in enumerate(request.topics):
+            if topic.name in denied:
+                continue
             ct = core.topics.add(name=topic.name)
             for i, p in enumerate(topic.partitions):
                 spec = EARLIEST if p.timestamp == EARLIEST_LOCAL else p.timestamp
@@ -48,10 +56,22 @@ class ListOffsetsHandler:
                     refused.add((t, i))
                     spec = EARLIEST  # asked anyway so the partition keeps its place; the answer is replaced
                 ct.partitions.add(partition=p.partition_index, timestamp=spec)
-        answer = ctx.replicas.list_offsets(core)
+        answer = ctx.replicas.list_offsets(core) if core.topics else bpb.ListOffsetsResponse()
+        answered_topics = iter(answer.topics)
         resp = ListOffsetsResponse()
-        for t, (topic, answered) in enumerate(zip(request.topics, answer.topics, strict=True)):
+        for t, topic in enumerate(request.topics):
             out = ListOffsetsTopicResponse(name=topic.name)
+            resp.topics.append(out)
+            if topic.name in denied:
+                out.partitions = [
+                    ListOffsetsPartitionResponse(
+                        partition_index=p.partition_index, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                        timestamp=-1, offset=-1, leader_epoch=-1,
+                    )
+                    for p in topic.partitions
+                ]  # fmt: skip
+                continue
+            answered = next(answered_topics)
             for i, (p, a) in enumerate(zip(topic.partitions, answered.partitions, strict=True)):
                 part = ListOffsetsPartitionResponse(
                     partition_index=p.partition_index,
@@ -69,5 +89,4 @@ class ListOffsetsHandler:
                 if error is not None:
                     part.error_code, part.offset, part.timestamp, part.leader_epoch = error, -1, -1, -1
                 out.partitions.append(part)
-            resp.topics.append(out)
         return resp

@@ -7,17 +7,30 @@ transactional commit (``send_offsets_to_transaction``) obeys the same markers.
 Served: OffsetCommit 2-9 and OffsetFetch 1-9 (v10 of both names topics by id:
 next), TxnOffsetCommit 0-4 (v5 belongs to transaction.version 2). A commit
 from outside the group (generation -1, empty member id: assign() consumers)
-is accepted as over gRPC. Classic-protocol generations are passed on as the
-member epoch; until JoinGroup/SyncGroup are served the only members are those
-of the coordinator's KIP-848 groups.
+is accepted while the group has no members, as over gRPC. The generation (or
+KIP-848 member epoch) is passed on as the member epoch; the coordinator checks
+it by the group's kind: a classic group's current generation (Kafka's
+ClassicGroup rule), a KIP-848 member's epoch.
+
+Authorization is the gRPC servicer's (:mod:`sluice.broker.security.coordinator_checks`):
+the commits need (Write on the transactional id,) Read on the group and Read on
+each topic; a refusal commits nothing (GROUP_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+on every partition, or TOPIC_AUTHORIZATION_FAILED on the refused topics'
+partitions and OPERATION_NOT_ATTEMPTED on the others). OffsetFetch needs
+Describe on the group (GROUP_AUTHORIZATION_FAILED, per group from v8; on each
+partition at v1, which has no group-level error) and Describe on each topic:
+a topic asked for by name answers TOPIC_AUTHORIZATION_FAILED with no offset,
+and an all-topics fetch leaves the others out, as Kafka does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.messages import offset_commit_response as ocr
@@ -27,6 +40,7 @@ from sluice.broker.kafka.messages.offset_commit_request import OffsetCommitReque
 from sluice.broker.kafka.messages.offset_fetch_request import OffsetFetchRequest
 from sluice.broker.kafka.messages.request_header import RequestHeader
 from sluice.broker.kafka.messages.txn_offset_commit_request import TxnOffsetCommitRequest, TxnOffsetCommitRequestTopic
+from sluice.broker.security import coordinator_checks as checks
 
 
 def _topics(topics: Iterable[OffsetCommitRequestTopic | TxnOffsetCommitRequestTopic]) -> list[bpb.OffsetCommitTopic]:
@@ -62,14 +76,14 @@ class OffsetCommitHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, OffsetCommitRequest)
-        answer = await ctx.groups.offset_commit(
-            bpb.OffsetCommitRequest(
-                group_id=request.group_id,
-                member_id=request.member_id,
-                member_epoch=request.generation_id_or_member_epoch,
-                topics=_topics(request.topics),
-            )
+        core = bpb.OffsetCommitRequest(
+            group_id=request.group_id,
+            member_id=request.member_id,
+            member_epoch=request.generation_id_or_member_epoch,
+            topics=_topics(request.topics),
         )
+        refused = checks.check_offset_commit(ctx.access, ctx.caller, core)
+        answer = refused if refused is not None else await ctx.groups.offset_commit(core)
         return ocr.OffsetCommitResponse(
             topics=[
                 ocr.OffsetCommitResponseTopic(
@@ -86,17 +100,17 @@ class TxnOffsetCommitHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, TxnOffsetCommitRequest)
-        answer = await ctx.groups.txn_offset_commit(
-            bpb.TxnOffsetCommitRequest(
-                transactional_id=request.transactional_id,
-                group_id=request.group_id,
-                producer_id=request.producer_id,
-                producer_epoch=request.producer_epoch,
-                member_id=request.member_id,
-                member_epoch=request.generation_id,
-                topics=_topics(request.topics),
-            )
+        core = bpb.TxnOffsetCommitRequest(
+            transactional_id=request.transactional_id,
+            group_id=request.group_id,
+            producer_id=request.producer_id,
+            producer_epoch=request.producer_epoch,
+            member_id=request.member_id,
+            member_epoch=request.generation_id,
+            topics=_topics(request.topics),
         )
+        refused = checks.check_txn_offset_commit(ctx.access, ctx.caller, core)
+        answer = refused if refused is not None else await ctx.groups.txn_offset_commit(core)
         return tcr.TxnOffsetCommitResponse(
             topics=[
                 tcr.TxnOffsetCommitResponseTopic(
@@ -115,7 +129,9 @@ class OffsetFetchHandler:
         assert isinstance(request, OffsetFetchRequest)
         if header.request_api_version < 8:
             wanted = None if request.topics is None else [(t.name, t.partition_indexes) for t in request.topics]
-            code, topics = await self._fetch(ctx, request.group_id, wanted, request.require_stable)
+            code, topics = await self._fetch(
+                ctx, header.request_api_version, request.group_id, wanted, request.require_stable
+            )
             return ofr.OffsetFetchResponse(
                 error_code=code,
                 topics=[
@@ -134,7 +150,9 @@ class OffsetFetchHandler:
         resp = ofr.OffsetFetchResponse()
         for group in request.groups:
             wanted = None if group.topics is None else [(t.name or "", t.partition_indexes) for t in group.topics]
-            code, topics = await self._fetch(ctx, group.group_id, wanted, request.require_stable)
+            code, topics = await self._fetch(
+                ctx, header.request_api_version, group.group_id, wanted, request.require_stable
+            )
             resp.groups.append(
                 ofr.OffsetFetchResponseGroup(
                     group_id=group.group_id,
@@ -161,15 +179,48 @@ class OffsetFetchHandler:
 
     @staticmethod
     async def _fetch(
-        ctx: KafkaContext, group_id: str, wanted: list[tuple[str, list[int]]] | None, require_stable: bool
+        ctx: KafkaContext,
+        version: int,
+        group_id: str,
+        wanted: list[tuple[str, list[int]]] | None,
+        require_stable: bool,
     ) -> tuple[int, dict[str, list[bpb.OffsetFetchPartition]]]:
         request = bpb.OffsetFetchRequest(group_id=group_id, require_stable=require_stable)
-        for name, partitions in wanted or []:
-            request.partitions.extend(pb.TopicPartition(topic=name, partition=p) for p in partitions)
-        answer = await ctx.groups.offset_fetch(request)
         topics: dict[str, list[bpb.OffsetFetchPartition]] = {}
-        if wanted is not None and not wanted:  # an empty list asks for nothing (null asks for everything)
-            return int(answer.error_code), topics
-        for p in answer.partitions:
-            topics.setdefault(p.topic, []).append(p)
-        return int(answer.error_code), topics
+        refused = checks.check_offset_fetch(ctx.access, ctx.caller, request)
+        if refused is not None:
+            for name, partitions in wanted if version < 2 and wanted else []:  # v1: no group-level error
+                topics.setdefault(name, []).extend(
+                    bpb.OffsetFetchPartition(
+                        topic=name, partition=p, committed_offset=-1, committed_leader_epoch=-1,
+                        error_code=refused.error_code,
+                    )
+                    for p in partitions
+                )  # fmt: skip
+            return int(refused.error_code), topics
+        denied = authorization.denied_topics(ctx, AclOperation.DESCRIBE, (n for n, _ in wanted or []))
+        for name, partitions in wanted or []:
+            if name not in denied:
+                request.partitions.extend(pb.TopicPartition(topic=name, partition=p) for p in partitions)
+        # The coordinator reads every partition of the group when none is named: asked only when that
+        # is what the client asked for (null), or for the group's error (an empty list asks for nothing).
+        answer = await ctx.groups.offset_fetch(request) if request.partitions or not wanted else None
+        code = 0 if answer is None else int(answer.error_code)
+        if answer is not None and wanted != []:
+            # in an all-topics answer the topics the caller may not Describe are left out, as Kafka does
+            hidden = set() if wanted else authorization.denied_topics(
+                ctx, AclOperation.DESCRIBE, (p.topic for p in answer.partitions)
+            )  # fmt: skip
+            for p in answer.partitions:
+                if p.topic not in hidden:
+                    topics.setdefault(p.topic, []).append(p)
+        for name, partitions in wanted or []:
+            if name in denied:
+                topics.setdefault(name, []).extend(
+                    bpb.OffsetFetchPartition(
+                        topic=name, partition=index, committed_offset=-1, committed_leader_epoch=-1,
+                        error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                    )
+                    for index in partitions
+                )  # fmt: skip
+        return code, topics

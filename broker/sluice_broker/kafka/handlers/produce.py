@@ -24,12 +24,26 @@ Kafka's own rules on the request, which the gRPC API does not have to spell:
 * v13 names topics by id: an id no topic has is UNKNOWN_TOPIC_ID.
 * v10+: NOT_LEADER_OR_FOLLOWER comes with KIP-951's leader hint
   (:mod:`~sluice.broker.kafka.handlers.leader_hint`).
+* A transactional batch from a fenced (older) epoch is INVALID_PRODUCER_EPOCH, never
+  PRODUCER_FENCED, as Kafka answers Produce since 2.7 (KIP-588): for the client it is
+  abortable; the fatal fencing comes from the coordinator when it aborts (EndTxn). librdkafka
+  and the Java client rely on that order. (The gRPC path keeps PRODUCER_FENCED.)
+
+Authorization, before anything is converted (Kafka's order): a request carrying
+transactional batches needs Write on its transactional id, else every partition
+answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED and nothing is appended; each
+topic needs Write, else its partitions answer TOPIC_AUTHORIZATION_FAILED and the
+rest of the request is served. The byte-rate quota is the listener's
+(:mod:`~sluice.broker.kafka.quotas`).
 """
 
 from __future__ import annotations
 
 from sluice import errors
+from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
@@ -49,6 +63,27 @@ from sluice.records import RecordBatch
 
 TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)
 LEADER_HINTS_FROM = 10  # KIP-951
+_MAGIC, _ATTRIBUTES_LOW = 16, 22  # offsets in a v2 batch: magic, the low byte of attributes
+_TRANSACTIONAL = 0x10
+
+
+def has_transactional_batch(records: bytes | None) -> bool:
+    """Whether a partition's records start with a transactional v2 batch (read before any validation)."""
+    if records is None or len(records) <= _ATTRIBUTES_LOW or records[_MAGIC] != 2:
+        return False
+    return bool(records[_ATTRIBUTES_LOW] & _TRANSACTIONAL)
+
+
+def _txn_refused(ctx: KafkaContext, request: ProduceRequest) -> str | None:
+    """Why a request with transactional batches may not be appended (Kafka checks this first), or None."""
+    if not any(has_transactional_batch(p.records) for t in request.topic_data for p in t.partition_data):
+        return None
+    txn_id = request.transactional_id
+    if txn_id is None:
+        return "transactional batches need a transactional id"
+    if not authorization.allowed(ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, txn_id):
+        return f"not authorized to Write transactional id {txn_id!r} (no ACL allows it)"
+    return None
 
 
 def convert(records: bytes | None) -> RecordBatch:
@@ -75,15 +110,23 @@ class ProduceHandler:
         core = bpb.ProduceRequest(
             transactional_id=request.transactional_id or "", acks=request.acks, timeout_ms=request.timeout_ms
         )
+        names = [by_id.get(t.topic_id, "") if version >= TOPIC_IDS_FROM else t.name for t in request.topic_data]
+        txn_refused = _txn_refused(ctx, request)
+        denied = authorization.denied_topics(ctx, AclOperation.WRITE, (n for n in names if n))
         # Per partition of the request, in order: the refusal found here, or None (the core answers).
         refusals: list[list[tuple[int, str] | None]] = []
-        for topic in request.topic_data:
-            name = by_id.get(topic.topic_id, "") if version >= TOPIC_IDS_FROM else topic.name
+        for topic, name in zip(request.topic_data, names, strict=True):
             ct = core.topics.add(name=name)
             mine: list[tuple[int, str] | None] = []
             for p in topic.partition_data:
+                if txn_refused is not None:
+                    mine.append((pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, txn_refused))
+                    continue
                 if version >= TOPIC_IDS_FROM and not name:
                     mine.append((UNKNOWN_TOPIC_ID, f"no topic has id {topic.topic_id}"))
+                    continue
+                if name in denied:
+                    mine.append((pb.TOPIC_AUTHORIZATION_FAILED, authorization.topic_refusal(AclOperation.WRITE, name)))
                     continue
                 try:
                     batch = convert(p.records)
@@ -106,6 +149,8 @@ class ProduceHandler:
                 else:
                     a = next(answered)
                     part.error_code = int(a.error_code)
+                    if part.error_code == pb.PRODUCER_FENCED:  # KIP-588: Produce says INVALID_PRODUCER_EPOCH
+                        part.error_code = int(pb.INVALID_PRODUCER_EPOCH)
                     part.error_message = a.error_message or None
                     part.base_offset = a.base_offset
                     part.log_append_time_ms = a.log_append_time

@@ -11,10 +11,19 @@ and timeouts. Versions served are the client ones without KIP-890 part 2
 librdkafka sends AddPartitionsToTxn and AddOffsetsToTxn at v0 only, EndTxn at 0-1.
 PRODUCER_FENCED exists from v2 of these APIs (KIP-588); older versions get
 INVALID_PRODUCER_EPOCH for it, as Kafka answers them.
+
+Authorization is the gRPC servicer's (:mod:`sluice.broker.security.coordinator_checks`),
+answered in Kafka's shape: Write on the transactional id for all three
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, on every partition for
+AddPartitionsToTxn), Write on each added topic (TOPIC_AUTHORIZATION_FAILED, the
+other partitions OPERATION_NOT_ATTEMPTED: none is added) and Read on the group
+of AddOffsetsToTxn (GROUP_AUTHORIZATION_FAILED). A refused call leaves the
+transaction as it was.
 """
 
 from __future__ import annotations
 
+from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
@@ -30,6 +39,7 @@ from sluice.broker.kafka.messages.add_partitions_to_txn_response import (
 from sluice.broker.kafka.messages.end_txn_request import EndTxnRequest
 from sluice.broker.kafka.messages.end_txn_response import EndTxnResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.security import coordinator_checks as checks
 
 
 def kafka_error(code: int, version: int, fenced_from: int) -> int:
@@ -46,14 +56,14 @@ class AddPartitionsToTxnHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, AddPartitionsToTxnRequest)
         version = header.request_api_version
-        answer = await ctx.txn.add_partitions_to_txn(
-            bpb.AddPartitionsToTxnRequest(
-                transactional_id=request.v3_and_below_transactional_id,
-                producer_id=request.v3_and_below_producer_id,
-                producer_epoch=request.v3_and_below_producer_epoch,
-                topics=[bpb.TxnTopic(name=t.name, partitions=t.partitions) for t in request.v3_and_below_topics],
-            )
+        core = bpb.AddPartitionsToTxnRequest(
+            transactional_id=request.v3_and_below_transactional_id,
+            producer_id=request.v3_and_below_producer_id,
+            producer_epoch=request.v3_and_below_producer_epoch,
+            topics=[bpb.TxnTopic(name=t.name, partitions=t.partitions) for t in request.v3_and_below_topics],
         )
+        refused = checks.check_add_partitions(ctx.access, ctx.caller, core)
+        answer = refused if refused is not None else await ctx.txn.add_partitions_to_txn(core)
         by_topic: dict[str, AddPartitionsToTxnTopicResult] = {}
         for r in answer.results:
             topic = by_topic.setdefault(r.topic, AddPartitionsToTxnTopicResult(name=r.topic))
@@ -69,6 +79,11 @@ class AddOffsetsToTxnHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, AddOffsetsToTxnRequest)
+        refused = checks.check_txn_id(ctx.access, ctx.caller, request.transactional_id) or checks.check_group(
+            ctx.access, ctx.caller, AclOperation.READ, request.group_id
+        )
+        if refused is not None:
+            return AddOffsetsToTxnResponse(error_code=int(refused[0]))
         answer = await ctx.txn.add_offsets_to_txn(
             bpb.AddOffsetsToTxnRequest(
                 transactional_id=request.transactional_id,
@@ -86,6 +101,9 @@ class EndTxnHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, EndTxnRequest)
+        refused = checks.check_txn_id(ctx.access, ctx.caller, request.transactional_id)
+        if refused is not None:
+            return EndTxnResponse(error_code=int(refused[0]))
         answer = await ctx.txn.end_txn(
             bpb.EndTxnRequest(
                 transactional_id=request.transactional_id,
