@@ -24,8 +24,8 @@ from tests.k8s.test_helm import CHART, find, install_crds, render
 from tests.support.k8s_env import KubeCluster
 
 NODE_VALUES = Path(__file__).resolve().parents[2] / "tools" / "k8s-node" / "values.yaml"
-# The listener on, and the client listener plaintext without the authorizer, which it needs (keys
-# of the client-security values; set explicitly so these renders do not depend on their defaults).
+# The listener on, with a plaintext client listener and no authorizer (keys of the client-security
+# values; set explicitly so these renders do not depend on their defaults).
 ON = ("--set", "kafka.enabled=true", "--set", "broker.clientAuth.listener=plaintext",
       "--set", "broker.authorizer.enabled=false")  # fmt: skip
 
@@ -119,17 +119,14 @@ def test_on_the_host_network_broker_n_listens_and_advertises_node_address_at_the
 
 def test_values_that_cannot_work_are_refused_with_a_message_naming_them(k8s: KubeCluster) -> None:
     on = ON
-    # The broker refuses --kafka-listen beside the authorizer or a TLS client listener (that
-    # listener has no ACL checks or TLS yet): refused here rather than crash-looping every broker.
-    # broker.clientAuth / broker.authorizer are the client-security values (read where they exist).
-    assert "kafka.enabled cannot be combined with the authorizer yet" in refusal(
-        k8s, *on, "--set-string", "broker.config.authorizer\\.enabled=true"
+    # The Kafka listener is secured as the client listener is (plaintext, tls, mtls; the same
+    # ACLs), but a Kafka client cannot present a ServiceAccount token: refused here rather than
+    # brokers that no Kafka client can use. broker.clientAuth: the client-security values.
+    assert 'kafka.enabled needs broker.clientAuth.listener "plaintext", "tls" or "mtls", not "token"' in refusal(
+        k8s, *on, "--set", "broker.clientAuth.listener=token"
     )
-    assert "authorizer" in refusal(k8s, *on, "--set", "broker.authorizer.enabled=true")
-    assert 'kafka.enabled needs broker.clientAuth.listener "plaintext" for now, not "tls"' in refusal(
-        k8s, *on, "--set", "broker.clientAuth.listener=tls"
-    )
-    render(k8s, *on, "--set-string", "broker.config.authorizer\\.enabled=false")
+    render(k8s, *on, "--set", "broker.clientAuth.listener=tls")
+    render(k8s, *on, "--set-string", "broker.config.authorizer\\.enabled=true")
     # A pod's ports: the Kafka port must be none of the others.
     assert "kafka.port 9093 is broker.interBroker.port too" in refusal(k8s, *on, "--set", "kafka.port=9093")
     assert "kafka.port 9404 is broker.metrics.port too" in refusal(k8s, *on, "--set", "kafka.port=9404")

@@ -3,9 +3,9 @@ The Kafka-protocol listener of the brokers (kafka.enabled; docs/kafka-compatibil
 docs/kubernetes.md, "Kafka clients"). The StatefulSet renders its flags; these helpers refuse
 values that would start brokers that cannot work, with a message naming the values:
 
-- the authorizer or a TLS client listener beside it: the broker itself refuses --kafka-listen
-  with either (the Kafka listener has no TLS or ACL checks yet), so every broker would crash-loop
-  (broker.clientAuth and broker.authorizer are read only where they exist);
+- a client listener mode the Kafka listener cannot follow: it is secured as the gRPC client port
+  is (plaintext, tls, mtls: the same certificate, clients CA and ACLs), but a Kafka client has no
+  way to present a ServiceAccount token (broker.clientAuth is read only where it exists);
 - a port another listener of the release already holds. On a pod network every pod has its own
   ports, so kafka.port must differ from the broker's client, inter-broker and metrics ports. On
   the host network broker N takes hostNetwork.kafkaPortBase + N on its node, so that range must
@@ -15,17 +15,13 @@ values that would start brokers that cannot work, with a message naming the valu
 {{- define "sluice.kafka.check" -}}
 {{- if .Values.kafka.enabled }}
 {{- $b := .Values.broker }}
-{{- /* Read defensively: broker.clientAuth and broker.authorizer are the TLS/ACL values' keys. */}}
+{{- /* Read defensively: broker.clientAuth is the client-security values' key. */}}
 {{- $listener := "plaintext" }}
 {{- if and (hasKey $b "clientAuth") (kindIs "map" $b.clientAuth) $b.clientAuth.listener }}
 {{- $listener = toString $b.clientAuth.listener }}
 {{- end }}
-{{- if ne $listener "plaintext" }}
-{{- fail (printf "kafka.enabled needs broker.clientAuth.listener \"plaintext\" for now, not %q: the Kafka listener has no TLS yet, and the broker refuses it beside a TLS client listener (docs/kafka-compatibility.md)" $listener) }}
-{{- end }}
-{{- $authorizer := and (hasKey $b "authorizer") (kindIs "map" $b.authorizer) $b.authorizer.enabled }}
-{{- if or $authorizer (eq (toString (index $b.config "authorizer.enabled" | default "false")) "true") }}
-{{- fail "kafka.enabled cannot be combined with the authorizer yet (broker.authorizer.enabled or broker.config authorizer.enabled): the Kafka listener has no ACL checks (docs/kafka-compatibility.md)" }}
+{{- if not (has $listener (list "plaintext" "tls" "mtls")) }}
+{{- fail (printf "kafka.enabled needs broker.clientAuth.listener \"plaintext\", \"tls\" or \"mtls\", not %q: the Kafka listener is secured as the client listener is, and Kafka clients cannot present ServiceAccount tokens (docs/kafka-compatibility.md)" $listener) }}
 {{- end }}
 {{- $n := int .Values.broker.replicas }}
 {{- if .Values.hostNetwork.enabled }}
