@@ -40,9 +40,17 @@ def produce_request(topic: str, partition: int, size: int) -> bpb.ProduceRequest
 
 
 def throttle_of(cluster: Cluster, addr: str, topic: str, partition: int, size: int) -> int:
-    resp = cluster.call(addr, rpcs.PRODUCE, produce_request(topic, partition, size), 60)
-    assert resp.topics[0].partitions[0].error_code == pb.NONE, resp
-    return resp.throttle_time_ms
+    """One raw Produce's throttle time. Like a client, it retries while the leader has not yet
+    learned of a topic just created (each broker polls the metadata; CreateTopics does not wait)."""
+    deadline = time.monotonic() + 10
+    while True:
+        resp = cluster.call(addr, rpcs.PRODUCE, produce_request(topic, partition, size), 60)
+        code = resp.topics[0].partitions[0].error_code
+        if code in (pb.UNKNOWN_TOPIC_OR_PARTITION, pb.NOT_LEADER_OR_FOLLOWER) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            continue
+        assert code == pb.NONE, resp
+        return int(resp.throttle_time_ms)
 
 
 def test_producer_and_consumer_wait_out_the_throttle_time(tmp_path: Path) -> None:
