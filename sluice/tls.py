@@ -8,7 +8,11 @@ EC P-256 (small and fast to generate: a local cluster makes its own at every fir
 A broker reads its material from one directory in the layout of a Kubernetes TLS Secret
 (``ca.crt``, ``tls.crt``, ``tls.key``), so the same files come from a LocalCluster's data
 directory or a mounted Secret. ``ca.crt`` may hold several CA certificates (a rotation overlap:
-the old and the new CA are trusted together until every certificate is re-issued).
+the old and the new CA are trusted together until every certificate is re-issued). The
+operator's broker Secret holds every broker's pair in one Secret (``broker-<id>.crt``,
+``broker-<id>.key`` beside ``ca.crt``): :func:`load_dir` with a broker id reads that layout
+when there is no ``tls.crt``. A pair whose key does not match its certificate is refused, so
+a reload that catches a directory half-written (one file new, the other old) is told to wait.
 
 Every file written here is created mode 0600 (private keys and certificates alike: nothing in a
 data directory is for other users).
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -82,6 +87,53 @@ _CA_KEY_USAGE = x509.KeyUsage(
 )
 
 
+def fingerprint(cert_pem: bytes) -> str:
+    """SHA-256 of the (first) certificate's DER, hex: how brokers report what they loaded."""
+    return x509.load_pem_x509_certificate(cert_pem).fingerprint(hashes.SHA256()).hex()
+
+
+def bundle_fingerprints(bundle_pem: bytes) -> list[str]:
+    """The fingerprints of every certificate in a PEM bundle (``ca.crt`` during an overlap holds two)."""
+    return [c.fingerprint(hashes.SHA256()).hex() for c in x509.load_pem_x509_certificates(bundle_pem)]
+
+
+def join_bundle(*pems: bytes) -> bytes:
+    """One PEM bundle of the certificates in ``pems``, in order, each once."""
+    seen: set[str] = set()
+    out: list[bytes] = []
+    for pem in pems:
+        if not pem.strip():
+            continue
+        for cert in x509.load_pem_x509_certificates(pem):
+            fp = cert.fingerprint(hashes.SHA256()).hex()
+            if fp not in seen:
+                seen.add(fp)
+                out.append(cert.public_bytes(serialization.Encoding.PEM))
+    return b"".join(out)
+
+
+def not_after(cert_pem: bytes) -> datetime.datetime:
+    """When the certificate expires (UTC)."""
+    return x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+
+
+def signed_by(cert_pem: bytes, ca_pem: bytes) -> bool:
+    """Whether ``ca_pem``'s key signed ``cert_pem`` (names and signature checked, not dates)."""
+    try:
+        x509.load_pem_x509_certificate(cert_pem).verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
+    """Whether ``key_pem`` is the private key of ``cert_pem``."""
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    public = x509.load_pem_x509_certificate(cert_pem).public_key()
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return key.public_key().public_bytes(*fmt) == public.public_bytes(*fmt)
+
+
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     fmt = serialization.PrivateFormat.PKCS8
     return key.private_bytes(serialization.Encoding.PEM, fmt, serialization.NoEncryption())
@@ -91,7 +143,7 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def generate_ca(name: str, validity_days: int = DEFAULT_VALIDITY_DAYS) -> KeyPair:
+def generate_ca(name: str, validity_days: float = DEFAULT_VALIDITY_DAYS) -> KeyPair:
     """A new self-signed CA named ``name`` (its CN)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
@@ -118,7 +170,7 @@ def issue(
     *,
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
-    validity_days: int = DEFAULT_VALIDITY_DAYS,
+    validity_days: float = DEFAULT_VALIDITY_DAYS,
 ) -> KeyPair:
     """A certificate for ``common_name`` signed by ``ca``, good for both TLS server and client use."""
     ca_cert = ca.certificate
@@ -156,7 +208,9 @@ def broker_common_name(broker_id: int) -> str:
     return f"{BROKER_CN_PREFIX}-{broker_id}"
 
 
-def issue_broker(ca: KeyPair, broker_id: int, hosts: Sequence[str] = ()) -> KeyPair:
+def issue_broker(
+    ca: KeyPair, broker_id: int, hosts: Sequence[str] = (), validity_days: float = DEFAULT_VALIDITY_DAYS
+) -> KeyPair:
     """Broker ``broker_id``'s certificate: CN ``sluice-broker-<id>``, SAN ``sluice-broker`` plus ``hosts``."""
     ips, dns = [], [BROKER_SERVER_NAME]
     for h in hosts:
@@ -165,7 +219,7 @@ def issue_broker(ca: KeyPair, broker_id: int, hosts: Sequence[str] = ()) -> KeyP
             ips.append(h)
         except ValueError:
             dns.append(h)
-    return issue(ca, broker_common_name(broker_id), dns_names=dns, ip_addresses=ips)
+    return issue(ca, broker_common_name(broker_id), dns_names=dns, ip_addresses=ips, validity_days=validity_days)
 
 
 def write_private(path: Path, data: bytes) -> None:
@@ -190,20 +244,47 @@ def write_dir(directory: Path, ca_pem: bytes, pair: KeyPair) -> None:
     write_private(directory / KEY_FILE, pair.key_pem)
 
 
-def load_dir(directory: str | os.PathLike[str]) -> TlsMaterial:
-    """Read ``ca.crt``, ``tls.crt`` and ``tls.key`` from ``directory`` (TlsError naming what is wrong)."""
+def broker_cert_file(broker_id: int) -> str:
+    """The key of broker ``broker_id``'s certificate in the operator's broker Secret."""
+    return f"broker-{broker_id}.crt"
+
+
+def broker_key_file(broker_id: int) -> str:
+    return f"broker-{broker_id}.key"
+
+
+def material_files(directory: str | os.PathLike[str], broker_id: int | None = None) -> tuple[Path, Path, Path]:
+    """The CA bundle, certificate and key files a process reads from ``directory``.
+
+    ``tls.crt``/``tls.key`` when ``tls.crt`` exists (a TLS Secret's layout, a LocalCluster's
+    broker directory), else ``broker-<id>.crt``/``.key`` (the operator's broker Secret).
+    """
+    d = Path(directory)
+    if broker_id is None or (d / CERT_FILE).exists():
+        return d / CA_FILE, d / CERT_FILE, d / KEY_FILE
+    return d / CA_FILE, d / broker_cert_file(broker_id), d / broker_key_file(broker_id)
+
+
+def load_dir(directory: str | os.PathLike[str], broker_id: int | None = None) -> TlsMaterial:
+    """Read the CA bundle, certificate and key from ``directory`` (TlsError naming what is wrong).
+
+    With ``broker_id``, a directory without ``tls.crt`` is read as the operator's broker Secret
+    (``broker-<id>.crt``, ``broker-<id>.key``). The key must be the certificate's.
+    """
     d = Path(directory)
     out: list[bytes] = []
-    for name in (CA_FILE, CERT_FILE, KEY_FILE):
+    for path in material_files(d, broker_id):
         try:
-            out.append((d / name).read_bytes())
+            out.append(path.read_bytes())
         except OSError as exc:
-            raise TlsError(f"cannot read {d / name}: {exc.strerror or exc}") from None
+            raise TlsError(f"cannot read {path}: {exc.strerror or exc}") from None
     material = TlsMaterial(*out)
     try:
         x509.load_pem_x509_certificates(material.ca_pem)
         x509.load_pem_x509_certificate(material.cert_pem)
-        serialization.load_pem_private_key(material.key_pem, password=None)
+        matches = key_matches(material.cert_pem, material.key_pem)
     except ValueError as exc:
         raise TlsError(f"{d}: not PEM certificates and key: {exc}") from None
+    if not matches:
+        raise TlsError(f"{d}: the private key is not the certificate's (a directory being rewritten?)")
     return material

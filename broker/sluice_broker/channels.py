@@ -17,6 +17,11 @@ are reached by pod IP or loopback address, and what proves a broker is the CA
 that signed it. A broker without TLS material (or a peer without an
 inter-broker listener) gets no channel: ``get`` answers None, which callers
 treat as a broker they cannot reach.
+
+Certificates are reloaded while the broker runs (sluice.broker.security.reload): when the
+material's version changes, ``get`` makes new credentials and a new channel, so the next
+handshake presents the new certificate and trusts the new bundle; the old channel is closed
+after a grace period, so calls on it (a replica fetch's long poll) finish rather than fail.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ import grpc
 from sluice import tls
 from sluice.broker.cluster import ClusterView
 from sluice.broker.security import peers
+from sluice.broker.security.reload import TlsFiles, files_for
 
 _OPTIONS = [
     ("grpc.max_receive_message_length", 100 * 1024 * 1024),
     ("grpc.max_send_message_length", 100 * 1024 * 1024),
     ("grpc.ssl_target_name_override", tls.BROKER_SERVER_NAME),
 ]
+# How long a channel replaced by new credentials keeps serving the calls already on it.
+REPLACED_CHANNEL_GRACE_S = 10.0
 
 
 def target(host: str, port: int) -> str:
@@ -44,35 +52,50 @@ def target(host: str, port: int) -> str:
 class BrokerChannels:
     def __init__(self, cluster: ClusterView) -> None:
         self.cluster = cluster
+        self._files: TlsFiles | None = files_for(cluster.config) if cluster.config.tls_dir else None
+        self._version = 0
         self._credentials: grpc.ChannelCredentials | None = None
-        if cluster.config.tls_dir:
-            material = tls.load_dir(cluster.config.tls_dir)
-            self._credentials = peers.channel_credentials(material.ca_pem, material.cert_pem, material.key_pem)
-        self._channels: dict[int, tuple[str, grpc.aio.Channel]] = {}
+        self._channels: dict[int, tuple[str, int, grpc.aio.Channel]] = {}
         self._closing: set[asyncio.Task[None]] = set()
+        self._retired: set[grpc.aio.Channel] = set()  # replaced, closing after their grace
 
     def get(self, broker_id: int) -> grpc.aio.Channel | None:
         """A channel to ``broker_id``'s inter-broker listener, or None when there is none to reach."""
         endpoint = self.cluster.brokers.get(broker_id)
-        if endpoint is None or not endpoint.inter_broker_port or self._credentials is None:
+        credentials = self._current_credentials()
+        if endpoint is None or not endpoint.inter_broker_port or credentials is None:
             return None
         address = target(endpoint.host, endpoint.inter_broker_port)
         cached = self._channels.get(broker_id)
         if cached is not None:
-            if cached[0] == address:
-                return cached[1]
-            self._close_later(cached[1])
-        channel = grpc.aio.secure_channel(address, self._credentials, options=_OPTIONS)
-        self._channels[broker_id] = (address, channel)
+            if cached[0] == address and cached[1] == self._version:
+                return cached[2]
+            # a new address closes at once; new credentials let the calls on the old channel finish
+            self._close_later(cached[2], None if cached[0] != address else REPLACED_CHANNEL_GRACE_S)
+        channel = grpc.aio.secure_channel(address, credentials, options=_OPTIONS)
+        self._channels[broker_id] = (address, self._version, channel)
         return channel
 
-    def _close_later(self, channel: grpc.aio.Channel) -> None:
-        task = asyncio.get_running_loop().create_task(channel.close(None))
+    def _current_credentials(self) -> grpc.ChannelCredentials | None:
+        """Credentials of the loaded material, made again after a reload (None without TLS)."""
+        if self._files is None:
+            return None
+        loaded = self._files.loaded
+        if self._credentials is None or loaded.version != self._version:
+            m = loaded.material
+            self._credentials = peers.channel_credentials(m.ca_pem, m.cert_pem, m.key_pem)
+            self._version = loaded.version
+        return self._credentials
+
+    def _close_later(self, channel: grpc.aio.Channel, grace: float | None) -> None:
+        self._retired.add(channel)
+        task = asyncio.get_running_loop().create_task(channel.close(grace))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+        task.add_done_callback(lambda _t: self._retired.discard(channel))
 
     async def close(self) -> None:
-        channels = [ch for _addr, ch in self._channels.values()]
+        channels = [ch for _addr, _version, ch in self._channels.values()] + list(self._retired)
         self._channels.clear()
         for channel in channels:
             with contextlib.suppress(Exception):

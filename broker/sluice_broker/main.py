@@ -17,7 +17,9 @@ loading its coordinator partitions can still be looked at.
 Inter-broker listener (``--inter-broker-listen HOST:PORT`` with ``--broker-tls-dir DIR``):
 the only place where other brokers replicate from this one and send it transaction markers,
 mutual TLS with the cluster CA (:mod:`sluice.broker.server`). Without it the broker runs
-alone: it serves no inter-broker RPC, on any port.
+alone: it serves no inter-broker RPC, on any port. The TLS files are checked every second and
+reloaded when they change (renewed certificates, a CA rotation: :mod:`sluice.broker.security.reload`);
+what was loaded is reported in the broker's ``brokers/<id>`` document.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from sluice.broker.kafka.options import KafkaOptions, start_kafka_listener
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security import reload
 from sluice.broker.server import BrokerServicer, open_listeners
 from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
@@ -345,12 +348,27 @@ async def serve(
             except Exception:
                 log.exception("replication housekeeping failed")
 
+    async def follow_tls_files() -> None:
+        files = reload.files_for(config)
+        reported = 0
+        while True:
+            try:
+                files.check()
+                if files.loaded.version != reported:  # also the first report, after register()
+                    files.report(store)
+                    reported = files.loaded.version
+            except Exception:
+                log.exception("checking the TLS files failed")
+            await asyncio.sleep(reload.CHECK_INTERVAL_S)
+
     tasks = [
         asyncio.create_task(watch_metadata()),
         asyncio.create_task(retention()),
         asyncio.create_task(producer_expiry()),
         asyncio.create_task(replication_housekeeping()),
     ]
+    if config.tls_dir:
+        tasks.append(asyncio.create_task(follow_tls_files()))
     await stopping.wait()
     log.info("broker %d shutting down", config.broker_id)
     if config.get("controlled.shutdown.enable"):
@@ -387,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.tracing:
             tracing.configure(args.tracing, config.broker_id)
         if config.tls_dir:
-            load_dir(config.tls_dir)  # unreadable material stops the broker here, with its name
+            load_dir(config.tls_dir, config.broker_id)  # unreadable material stops the broker here, with its name
         kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
     except (ConfigError, TlsError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)

@@ -3,7 +3,7 @@
 Two listeners, as Kafka separates its inter.broker.listener from client listeners:
 
 * the **client listener** (``--listen``; ``--client-listener`` plaintext, tls or mtls, see
-  :func:`sluice.broker.security.peers.client_listener_credentials`) serves sluice.v1.Broker and
+  :meth:`sluice.broker.security.reload.TlsFiles.client_listener_credentials`) serves sluice.v1.Broker and
   the health service. The
   inter-broker methods are registered there only to be refused (PERMISSION_DENIED, nothing
   decoded): a client never needs them, and a forged WriteTxnMarkers or ReplicaFetch must not
@@ -15,7 +15,11 @@ Two listeners, as Kafka separates its inter.broker.listener from client listener
   transactional write, ListOffsets for the lag metrics).
 
 A broker started without an inter-broker listener serves no inter-broker RPC at all: it runs
-alone (single-broker clusters), and no other broker can replicate from it. gRPC Python binds
+alone (single-broker clusters), and no other broker can replicate from it.
+
+Both listeners' TLS is gRPC's dynamic server credentials over the broker's reloaded files
+(:mod:`sluice.broker.security.reload`): a renewed certificate or a new trust bundle is served
+to every new connection without a restart. gRPC Python binds
 handlers per server, not per port, hence two ``grpc.aio`` servers on one event loop.
 """
 
@@ -28,15 +32,14 @@ import grpc
 from grpc_health.v1 import health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 
-from sluice import tls
 from sluice.broker.channels import target
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.security import peers
 from sluice.broker.security.authorizer import Access
 from sluice.broker.security.connections import ConnectionLimitInterceptor, ConnectionQuotas, GrpcConnections
+from sluice.broker.security.reload import files_for
 from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.servicers.interbroker import refusing_handler
 from sluice.broker.txn import TransactionCoordinator
@@ -118,19 +121,17 @@ def open_listeners(config: BrokerConfig, servicer: BrokerServicer, health: Healt
     client, connections = client_server(config)
     client.add_generic_rpc_handlers(servicer.client_handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health, client)
-    material = tls.load_dir(config.tls_dir) if config.tls_dir else None
+    files = files_for(config) if config.tls_dir else None
     address = target(config.host, config.port)
-    if material is None or config.client_listener == "plaintext":
+    if files is None or config.client_listener == "plaintext":
         bound = client.add_insecure_port(address)
     else:
-        creds = peers.client_listener_credentials(config.client_listener, material, config.clients_ca)
-        bound = client.add_secure_port(address, creds)
+        bound = client.add_secure_port(address, files.client_listener_credentials(config.client_listener))
     if connections is not None:
         connections.port = bound  # the port the kernel's connection table is searched for
     interbroker: grpc.aio.Server | None = None
-    if config.inter_broker_port and material is not None:
+    if config.inter_broker_port and files is not None:
         interbroker = _server(max_bytes)
         interbroker.add_generic_rpc_handlers(servicer.interbroker_handlers())
-        creds = peers.server_credentials(material.ca_pem, material.cert_pem, material.key_pem)
-        interbroker.add_secure_port(target(config.host, config.inter_broker_port), creds)
+        interbroker.add_secure_port(target(config.host, config.inter_broker_port), files.interbroker_credentials())
     return Listeners(client, interbroker)

@@ -33,6 +33,15 @@ SLUICE_STATUS_INTERVAL_S            TransactionalId status period               
 SLUICE_PEERING                      the KopfPeering object's name                         sluice
 SLUICE_PEERING_PRIORITY             this replica's peering priority                       random
 HOSTNAME                            this replica's identity (controller Lease holder)     host name
+SLUICE_BROKER_CERTS_SECRET          the operator owns the certificates: the brokers'      none (off)
+                                    Secret (sluice.operator.certificates)
+SLUICE_CA_SECRET                    the cluster CA's Secret (with its key)                sluice-cluster-ca
+SLUICE_CA_CERT_SECRET               the trust bundle for clients ('' for none)            none
+SLUICE_CERT_VALIDITY_DAYS           broker certificates' validity                         365
+SLUICE_CERT_RENEWAL_DAYS            renewed this many days before they expire             30
+SLUICE_CA_VALIDITY_DAYS             the cluster CA's validity                             1825
+SLUICE_CA_RENEWAL_DAYS              the CA rotated this many days before it expires       30
+SLUICE_CERT_INTERVAL_S              how often the certificates are checked                30
 ==================================  ====================================================  =========
 
 Each replica takes a random peering priority unless one is set, because Kopf
@@ -43,8 +52,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from sluice import cert_rotation
 from sluice.metadata.kubernetes import KubernetesStoreError, parse_url
 
 __all__ = ["DEFAULT_BROKER_SELECTOR", "OperatorSettings", "SettingsError"]
@@ -73,6 +83,11 @@ class OperatorSettings:
     peering_name: str = "sluice"
     peering_priority: int | None = None
     identity: str | None = None
+    broker_certs_secret: str | None = None
+    ca_secret: str = "sluice-cluster-ca"
+    ca_cert_secret: str | None = None
+    cert_policy: cert_rotation.Policy = field(default_factory=cert_rotation.Policy)
+    cert_interval_s: float = 30.0
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -98,7 +113,26 @@ class OperatorSettings:
             peering_name=_text(env, "SLUICE_PEERING") or "sluice",
             peering_priority=_optional_integer(env, "SLUICE_PEERING_PRIORITY"),
             identity=_text(env, "HOSTNAME"),
+            broker_certs_secret=_text(env, "SLUICE_BROKER_CERTS_SECRET"),
+            ca_secret=_text(env, "SLUICE_CA_SECRET") or "sluice-cluster-ca",
+            ca_cert_secret=_text(env, "SLUICE_CA_CERT_SECRET"),
+            cert_policy=_cert_policy(env),
+            cert_interval_s=_number(env, "SLUICE_CERT_INTERVAL_S", 30.0, positive=True),
         )
+
+
+def _cert_policy(env: Mapping[str, str]) -> cert_rotation.Policy:
+    policy = cert_rotation.Policy(
+        validity_days=_number(env, "SLUICE_CERT_VALIDITY_DAYS", 365.0, positive=True),
+        renewal_days=_number(env, "SLUICE_CERT_RENEWAL_DAYS", 30.0, positive=True),
+        ca_validity_days=_number(env, "SLUICE_CA_VALIDITY_DAYS", 1825.0, positive=True),
+        ca_renewal_days=_number(env, "SLUICE_CA_RENEWAL_DAYS", 30.0, positive=True),
+    )
+    try:
+        policy.check()
+    except ValueError as exc:
+        raise SettingsError(f"SLUICE_CERT_*/SLUICE_CA_* days: {exc}") from None
+    return policy
 
 
 def _text(env: Mapping[str, str], name: str) -> str | None:

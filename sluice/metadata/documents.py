@@ -124,6 +124,11 @@ class BrokerDocument:
     # The port of the broker's inter-broker listener (mutual TLS with the cluster CA, same host);
     # 0: the broker has none, so no other broker can replicate from it or send it markers.
     inter_broker_port: int = 0
+    # What the broker's TLS files held when it last loaded them (sluice.broker.security.reload):
+    # SHA-256 fingerprints of the CAs it trusts and of the certificate it presents. A CA rotation
+    # (sluice.cert_rotation) moves on when every live broker reports the previous phase.
+    tls_trusted: tuple[str, ...] = ()
+    tls_certificate: str = ""
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -137,6 +142,8 @@ class BrokerDocument:
         "log_dir_free_bytes",
         "log_dir_size_bytes",
         "inter_broker_port",
+        "tls_trusted",
+        "tls_certificate",
     )
 
     @classmethod
@@ -152,6 +159,8 @@ class BrokerDocument:
             log_dir_free_bytes=int(value.get("log_dir_free_bytes", -1)),
             log_dir_size_bytes=int(value.get("log_dir_size_bytes", -1)),
             inter_broker_port=int(value.get("inter_broker_port", 0)),
+            tls_trusted=tuple(str(fp) for fp in value.get("tls_trusted") or ()),
+            tls_certificate=str(value.get("tls_certificate") or ""),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -168,6 +177,9 @@ class BrokerDocument:
         }
         if self.inter_broker_port:  # written only when there is one: older readers see what they knew
             out["inter_broker_port"] = self.inter_broker_port
+        if self.tls_certificate:
+            out["tls_trusted"] = list(self.tls_trusted)
+            out["tls_certificate"] = self.tls_certificate
         return out
 
     def _low_space_json(self) -> dict[str, Any]:

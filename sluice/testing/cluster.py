@@ -25,6 +25,9 @@ gets a second, inter-broker port (``--inter-broker-listen``, kept across
 restarts) served with mutual TLS and certificates from the cluster CA in
 ``tls/``. Replication and transaction markers go there; the client port
 refuses them (see sluice.broker.server).
+``renew_certificates()`` and ``rotate_ca()`` take the operator's certificate
+steps (sluice.cert_rotation) over ``tls/``: the brokers reload the files, no
+process restarts (docs/security.md, "Certificate lifecycle").
 
 Broker ids are 0..N-1 and equal the index used by kill(i), restart(i) ...
 Each broker keeps its port across restarts, so clients reconnect to the same
@@ -71,13 +74,22 @@ from typing import Any
 
 import grpc
 
-from sluice import tls
+from sluice import cert_rotation, tls
 from sluice.metadata import documents, keys, open_store
-from sluice.metadata.documents import NO_LEADER, ControllerDocument, TopicDocument
+from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument, TopicDocument
 from sluice.metadata.store import MetadataStore
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
-from sluice.testing.certs import broker_tls_dirs, client_tls_dir, clients_ca_file, controller_tls_dir
+from sluice.testing.certs import (
+    broker_tls_dirs,
+    client_tls_dir,
+    clients_ca_file,
+    controller_tls_dir,
+    read_broker_certs,
+    read_cluster_ca,
+    write_broker_certs,
+    write_cluster_ca,
+)
 
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
@@ -725,6 +737,100 @@ class LocalCluster:
             timeout=timeout,
             what=f"a leader at an epoch above {after_epoch}",
         )
+
+    # -- certificates: renewal and CA rotation, the operator's steps over tls/ ----------------------
+
+    def certificate_reports(self) -> dict[int, cert_rotation.BrokerReport]:
+        """What each broker says it loaded (its ``brokers/<id>`` document): trusted CAs, its certificate."""
+        reports = {}
+        for d in documents.list_documents(self.metadata, keys.BROKERS, BrokerDocument):
+            if d.value.tls_certificate:
+                reports[d.value.broker_id] = cert_rotation.BrokerReport(
+                    frozenset(d.value.tls_trusted), d.value.tls_certificate
+                )
+        return reports
+
+    def certificate_step(
+        self, *, renew_certificates: bool = False, rotate_ca: bool = False, policy: cert_rotation.Policy | None = None
+    ) -> cert_rotation.Step:
+        """One step of :func:`sluice.cert_rotation.reconcile` over ``data_dir/tls``, applied (CA first).
+
+        Waits for the running brokers (a stopped one loads the current files when it starts).
+        """
+        ids = range(len(self._brokers))
+        ca = read_cluster_ca(self.data_dir, force_renew=rotate_ca)
+        brokers = read_broker_certs(self.data_dir, ids, force_renew=renew_certificates)
+        running = [b.broker_id for b in self._brokers if b.state == "running"]
+        step = cert_rotation.reconcile(
+            ca, brokers, ids, self.certificate_reports(), running, policy or cert_rotation.Policy(),
+            hosts={i: [self.host] for i in ids},
+        )  # fmt: skip
+        if step.ca is not None:
+            write_cluster_ca(self.data_dir, step.ca)
+        if step.brokers is not None:
+            write_broker_certs(self.data_dir, step.brokers)
+        return step
+
+    def _certificate_steps(
+        self, first: Callable[[], cert_rotation.Step], timeout: float, stop_at: str | None = None
+    ) -> list[str]:
+        """Steps until there is nothing to do or wait for (or the CA phase is ``stop_at``); what was done."""
+        done: list[str] = []
+        step = first()
+        deadline = time.monotonic() + timeout
+        while step.changed or step.waiting:
+            if step.done:
+                done.append(step.done)
+            if stop_at is not None and step.ca is not None and step.ca.phase == stop_at:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"certificate rotation stuck after {timeout:.0f}s: waiting for {step.waiting}; done: {done}"
+                )
+            if not step.changed:
+                time.sleep(0.2)
+            step = self.certificate_step()
+        return done
+
+    def _wait_presenting(self, timeout: float) -> None:
+        """Until every running broker reports the certificate its files hold."""
+        ids = range(len(self._brokers))
+
+        def presenting() -> bool:
+            certs = read_broker_certs(self.data_dir, ids).certs
+            reports = self.certificate_reports()
+            want = {i: tls.fingerprint(pair.cert_pem) for i, pair in certs.items()}
+            running = [b.broker_id for b in self._brokers if b.state == "running"]
+            return all(i in reports and reports[i].certificate == want.get(i) for i in running)
+
+        if not poll_until(presenting, timeout=timeout):
+            raise ClusterError(f"brokers did not load their renewed certificates within {timeout:.0f}s")
+
+    def renew_certificates(self, timeout: float = 60.0) -> list[str]:
+        """Re-issue every broker's certificate from the current CA now, as the operator does before
+        expiry; returns once every running broker presents its new one (they reload, no restart)."""
+        if read_cluster_ca(self.data_dir).phase != cert_rotation.READY:
+            raise ClusterError("a CA rotation is under way: finish it first (rotate_ca)")
+        done = self._certificate_steps(lambda: self.certificate_step(renew_certificates=True), timeout)
+        self._wait_presenting(timeout)
+        return done
+
+    def rotate_ca(self, timeout: float = 120.0, *, stop_at: str | None = None) -> list[str]:
+        """Rotate the cluster CA with an overlap, the operator's phases (:mod:`sluice.cert_rotation`):
+        trust old + new, re-issue every broker certificate from the new CA, drop the old one, each
+        step once every running broker reported the previous. Returns what was done, in order.
+
+        ``stop_at`` (a phase) returns as soon as the rotation entered it; calling again continues
+        where it stopped (it starts a new rotation only from Ready). Not for a ``secure`` cluster
+        yet: its controller and clients load their CA once.
+        """
+        if self.secure:
+            raise ClusterError(
+                "rotate_ca is not supported on a secure LocalCluster yet: the local controller and the clients "
+                "load the cluster CA once (renew_certificates works)"
+            )
+        start = read_cluster_ca(self.data_dir).phase == cert_rotation.READY
+        return self._certificate_steps(lambda: self.certificate_step(rotate_ca=start), timeout, stop_at)
 
     # -- introspection ---------------------------------------------------------------------------
 

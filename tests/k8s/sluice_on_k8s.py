@@ -69,6 +69,9 @@ class SluiceOnK8s:
         self.brokers: dict[int, ManagedProcess] = {}
         self.operator: ManagedProcess | None = None
         self.extra_operators: list[ManagedProcess] = []
+        # each broker's --broker-tls-dir: by default a certificate of a local CA (sluice.testing.certs);
+        # tests of the operator's certificates point it at a projection of the operator's Secret
+        self.tls_dirs: dict[int, Path] = {}
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -129,7 +132,7 @@ class SluiceOnK8s:
             "--metadata", self.url,
             # brokers reach each other only on the inter-broker port, mutual TLS with the cluster CA
             "--inter-broker-listen", f"{HOSTS[i]}:{self.inter_broker_port}",
-            "--broker-tls-dir", str(broker_tls_dirs(self.workdir, [i], HOSTS[i])[i]),
+            "--broker-tls-dir", str(self.tls_dirs.get(i) or broker_tls_dirs(self.workdir, [i], HOSTS[i])[i]),
         ]  # fmt: skip
         for key, value in settings.items():
             argv += ["--config", f"{key}={value}"]

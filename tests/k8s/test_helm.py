@@ -99,7 +99,7 @@ def test_brokers_get_an_inter_broker_listener_with_the_cluster_ca(k8s: KubeClust
 
     from sluice import tls
 
-    docs = render(k8s)
+    docs = render(k8s, "--set", "certificates.managedBy=helm")  # the operator's Secrets: test_certificates.py
     sts = find(docs, "StatefulSet")
     config = broker_config(sts, broker_id=0, namespace="sluice")
     assert config.inter_broker_port == 9093 and config.tls_dir == "/etc/sluice/broker-tls"
@@ -123,7 +123,7 @@ def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespac
     kinds = sorted({d["kind"] for d in docs})
     assert kinds == sorted({
         "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "KopfPeering", "PodDisruptionBudget", "Role",
-        "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
+        "RoleBinding", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     })
     manifest = yaml.safe_dump_all(docs)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import ssl
 
 from sluice.broker.kafka import codec, quotas, transport
 from sluice.broker.kafka.codec import DecodeError, Message
@@ -68,7 +67,7 @@ class KafkaListener:
         self.handlers: dict[int, Handler] = build_handlers()
         self.max_bytes = ctx.config.int("socket.request.max.bytes")
         self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
-        self.tls: ssl.SSLContext | None = transport.server_context(ctx.config)  # None: plaintext
+        self.tls = transport.ServerContexts(ctx.config)  # follows reloaded certificates
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         # max.connections.per.ip & co. (sluice.broker.security.connections), counted at accept and close
@@ -122,7 +121,8 @@ class KafkaListener:
             return
         try:
             # the handshake is the first await (transport.handshake): nothing may be read before it
-            if self.tls is not None and not await transport.handshake(writer, self.tls):
+            context = self.tls.current()  # None: plaintext
+            if context is not None and not await transport.handshake(writer, context):
                 return
             conn = dataclasses.replace(self.ctx, caller=transport.connection_caller(writer))
             await self._connection(conn, reader, writer)

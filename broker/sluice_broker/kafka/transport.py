@@ -20,6 +20,11 @@ the server, so a failed one is logged once with the peer and the reason (a plain
 no certificate, a certificate from another CA) and is bounded by :data:`HANDSHAKE_TIMEOUT_S`.
 It must be the connection's first await: bytes read from the socket before it would be lost
 to the TLS layer.
+
+Certificates renewed or a CA rotated while the broker runs (sluice.broker.security.reload):
+:class:`ServerContexts` makes a new context when the broker's TLS files were reloaded, so new
+connections get the new certificate and trust (open ones keep theirs), as on the gRPC listeners.
+The material is read as the broker reads it (``broker-<id>.crt`` in the operator's Secret).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from sluice import tls
 from sluice.broker.config import BrokerConfig
 from sluice.broker.security.peers import Caller, certificate_common_name, client_roots
+from sluice.broker.security.reload import files_for
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +51,48 @@ _NOT_TLS = {
 }
 
 
-def server_context(config: BrokerConfig) -> ssl.SSLContext | None:
+def server_context(config: BrokerConfig, material: tls.TlsMaterial | None = None) -> ssl.SSLContext | None:
     """The listener's TLS context for the broker's ``--client-listener`` mode (None: plaintext).
 
     TlsError when the material cannot be read (the broker stops at start, naming the file).
     """
     if config.client_listener == "plaintext":
         return None
-    material = tls.load_dir(config.tls_dir)
+    material = material or tls.load_dir(config.tls_dir, config.broker_id)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     directory = Path(config.tls_dir)
+    _ca_file, cert_file, key_file = tls.material_files(config.tls_dir, config.broker_id)
     try:
-        context.load_cert_chain(directory / tls.CERT_FILE, directory / tls.KEY_FILE)
+        context.load_cert_chain(cert_file, key_file)
         if config.client_listener == "mtls":
             context.verify_mode = ssl.CERT_REQUIRED
             context.load_verify_locations(cadata=client_roots(material, config.clients_ca).decode("ascii"))
     except (ssl.SSLError, ValueError) as exc:
         raise tls.TlsError(f"the Kafka listener cannot use the TLS material of {directory}: {exc}") from None
     return context
+
+
+class ServerContexts:
+    """The listener's TLS context, made again after the broker reloaded its TLS files."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self._files = files_for(config) if config.client_listener != "plaintext" else None
+        self._version = self._files.loaded.version if self._files is not None else 0
+        self._context = server_context(config, self._files.material if self._files is not None else None)
+
+    def current(self) -> ssl.SSLContext | None:
+        """The context for a new connection (None: plaintext)."""
+        if self._files is not None and self._files.loaded.version != self._version:
+            loaded = self._files.loaded
+            try:
+                self._context = server_context(self.config, loaded.material)
+            except tls.TlsError as exc:  # files moving again under us: keep the current context, try later
+                log.warning("kafka listener: keeping its TLS context for now: %s", exc)
+                return self._context
+            self._version = loaded.version
+        return self._context
 
 
 def _reason(exc: BaseException) -> str:

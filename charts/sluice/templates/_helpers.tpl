@@ -107,3 +107,39 @@ exec:
       sys.exit(0 if reply.status == pb.HealthCheckResponse.SERVING else 1)
     - {{ . | quote }}
 {{- end }}
+
+{{- /*
+Certificates (docs/security.md, "Certificate lifecycle"): who makes the cluster CA and the broker
+certificates. "operator" (the default): the operator creates and renews them in Secrets; "helm":
+Helm generates a CA and one broker certificate once (no renewal). broker.interBroker.tlsSecret,
+when set, is a Secret of your own and wins over both.
+*/ -}}
+{{- define "sluice.certificates.operator" -}}
+{{- if and (not .Values.broker.interBroker.tlsSecret) (eq .Values.certificates.managedBy "operator") -}}
+{{- if not .Values.operator.enabled -}}
+{{- fail "certificates.managedBy=operator needs operator.enabled (or set certificates.managedBy=helm, or broker.interBroker.tlsSecret)" -}}
+{{- end -}}
+true
+{{- else if not (has .Values.certificates.managedBy (list "operator" "helm")) -}}
+{{- fail (printf "certificates.managedBy must be operator or helm, not %q" .Values.certificates.managedBy) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.certificates.caSecret" -}}
+{{- printf "%s-cluster-ca" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- define "sluice.certificates.caCertSecret" -}}
+{{- printf "%s-cluster-ca-cert" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- /* The Secret mounted into the brokers at /etc/sluice/broker-tls. */ -}}
+{{- define "sluice.certificates.brokerSecret" -}}
+{{- if .Values.broker.interBroker.tlsSecret -}}
+{{- .Values.broker.interBroker.tlsSecret -}}
+{{- else if eq (include "sluice.certificates.operator" .) "true" -}}
+{{- printf "%s-certs" (include "sluice.broker.fullname" .) -}}
+{{- else -}}
+{{- printf "%s-tls" (include "sluice.broker.fullname" .) -}}
+{{- end -}}
+{{- end -}}

@@ -6,6 +6,7 @@
 ``lifecycle``          start-up (Kopf settings, the runtime into ``memo``), clean-up, the probe
 ``runtime``            what the handlers share: settings, store, admin client, controller
 ``status``             conditions, the pause annotation, reasons
+``certificates``       the cluster CA and broker certificates in Secrets (a thread, when on)
 
 Handlers are registered by :func:`register` rather than by decorators at
 import: a timer's interval is fixed when it is registered, and it comes from
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import kopf
 
-from sluice.operator.handlers import coordinators, lifecycle, topics, transactional_ids
+from sluice.operator.handlers import certificates, coordinators, lifecycle, topics, transactional_ids
 from sluice.operator.settings import OperatorSettings
 
 __all__ = ["register"]
@@ -38,3 +39,4 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     topics.register(registry, settings)
     coordinators.register(registry, settings)
     transactional_ids.register(registry, settings)
+    certificates.register(registry, settings)
