@@ -8,7 +8,8 @@ killed with SIGKILL, the brokers' PersistentVolume directories on the host's dis
 
 Brokers run on the host network (the chart's hostNetwork option): broker N listens on
 NODE_IP:9092+N, which is also the address it registers, so the test process on the host reaches
-them as any client would.
+them as any client would; its Kafka-protocol listener (the node's values turn it on) is on
+NODE_IP:9292+N, the address it advertises to Kafka clients.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sluice.client import Consumer, TopicPartition
 from tests.support.k8s_env import ExistingCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,6 +31,8 @@ NODE_SH = ROOT / "tools" / "k8s-node" / "node.sh"
 VALUES = ROOT / "tools" / "k8s-node" / "values.yaml"
 CHART = ROOT / "charts" / "sluice"
 MACHINE_CANNOT = 3  # node.sh check's exit status when the machine itself lacks something
+GRPC_PORT_BASE = 9092  # the chart's broker.port: broker N on NODE_IP:9092+N
+KAFKA_PORT_BASE = 9292  # the chart's hostNetwork.kafkaPortBase
 
 T = TypeVar("T")
 
@@ -37,10 +41,11 @@ class NodeUnavailable(RuntimeError):
     """The machine cannot run the node (no root, or the kernel lacks a feature): the tests skip."""
 
 
-def node_sh(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+def node_sh(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(NODE_SH), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+        ["bash", str(NODE_SH), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
@@ -80,6 +85,16 @@ class Node:
         self.up_seconds = time.monotonic() - started
         self.cluster = ExistingCluster(Path(result.stdout.strip().splitlines()[-1]), self.workdir)
         return self.cluster
+
+    def image(self, name: str, env: dict[str, str] | None = None) -> tuple[str, float]:
+        """``node.sh image NAME``: the image built if not current and in the node's containerd;
+        its reference and how long that took."""
+        started = time.monotonic()
+        result = node_sh("image", name, timeout=1500, env=env)
+        (self.workdir / f"image-{name}.log").write_text(result.stderr)
+        if result.returncode != 0:
+            raise RuntimeError(f"tools/k8s-node/node.sh image {name} failed:\n{result.stderr[-4000:]}")
+        return result.stdout.strip().splitlines()[-1], time.monotonic() - started
 
     def down(self) -> None:
         result = node_sh("down", timeout=300)
@@ -142,6 +157,25 @@ class Release:
         port = os.environ.get("SLUICE_NODE_PORT", "16443")
         return ["-f", str(VALUES), "--set", f"hostNetwork.apiServer.port={port}"]
 
+    def install(self, brokers: int = 3) -> float:
+        """``helm install`` with the node's values, until every broker pod and the operator are
+        Ready; returns the seconds that took."""
+        started = time.monotonic()
+        self.helm("install", self.name, str(CHART), *self.values_args())
+        wait_for(lambda: len(self.brokers()) == brokers and all(self.ready(p) for p in self.brokers()), 300,
+                 f"{brokers} broker pods Ready")  # fmt: skip
+        operator = ("pods", "-l", "app.kubernetes.io/component=operator")
+        wait_for(lambda: (pods := self.items(*operator)) and all(self.ready(p) for p in pods), 120,
+                 "the operator pod Ready")  # fmt: skip
+        self.install_seconds = time.monotonic() - started
+        return self.install_seconds
+
+    def uninstall(self) -> None:
+        """``helm uninstall`` and, bounded, until no pod of the release is left (their host ports
+        are free again for the next release on this node)."""
+        self.helm("uninstall", self.name, "--wait", "--timeout", "180s", timeout=200)
+        wait_for(lambda: self.items("pods") == [], 180, "every pod of the release gone")
+
     # -- brokers ---------------------------------------------------------------------------------
 
     def broker_pod(self, broker: int) -> dict[str, Any]:
@@ -158,10 +192,14 @@ class Release:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def address(self, broker: int) -> str:
-        return f"{self.node_ip}:{9092 + broker}"
+        return f"{self.node_ip}:{GRPC_PORT_BASE + broker}"
 
     def bootstrap(self, brokers: int = 3) -> str:
         return ",".join(self.address(b) for b in range(brokers))
+
+    def kafka_address(self, broker: int) -> str:
+        """Where broker ``broker``'s Kafka-protocol listener is, and what it advertises."""
+        return f"{self.node_ip}:{KAFKA_PORT_BASE + broker}"
 
     def broker_pid(self, broker: int) -> int:
         """The host PID of broker ``broker``'s process (its command line names its listen port)."""
@@ -201,3 +239,19 @@ class Release:
             got = self.k8s.kubectl("logs", "-n", self.namespace, name, f"--tail={tail}", check=False, timeout=20)
             out.append(f"--- {name}\n{got.stdout}{got.stderr}")
         return "\n".join(out)
+
+
+def read_committed(release: Release, topic: str, partitions: int = 3) -> list[bytes]:
+    """Every committed value of ``topic``, read from the beginning to the end of each partition
+    (bounded: 120 s) through the gRPC client."""
+    consumer = Consumer(release.bootstrap(), group_id=None, isolation_level="read_committed")
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    consumer.seek_to_beginning()
+    ends = consumer.end_offsets(tps)
+    out: list[bytes] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(consumer.position(tp) >= ends[tp] for tp in tps):
+        out.extend(r.value for r in consumer.poll(timeout=0.5) if r.value is not None)
+    consumer.close()
+    return out

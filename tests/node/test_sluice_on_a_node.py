@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from sluice import errors
-from sluice.client import Admin, Consumer, Producer, TopicPartition
-from tests.node.node_cluster import CHART, Node, Release, wait_for
+from sluice.client import Admin, Producer
+from tests.node.node_cluster import CHART, Node, Release, read_committed, wait_for
 from tests.support.k8s_env import ExistingCluster
 
 # The first test also starts the node (a cold image build); `pytest -m node` selects these.
@@ -65,13 +65,7 @@ def resource(kind: str, name: str, **spec: object) -> dict[str, Any]:
 def release(node: Node, node_cluster: ExistingCluster) -> Iterator[Release]:
     namespace = node_cluster.create_namespace("sluice-node")
     rel = Release(node_cluster, namespace)
-    started = time.monotonic()
-    rel.helm("install", rel.name, str(CHART), *rel.values_args())
-    wait_for(lambda: len(rel.brokers()) == 3 and all(rel.ready(p) for p in rel.brokers()), 300,
-             "three broker pods Ready")  # fmt: skip
-    wait_for(lambda: all(rel.ready(p) for p in rel.items("pods", "-l", "app.kubernetes.io/component=operator")),
-             120, "the operator pod Ready")  # fmt: skip
-    rel.install_seconds = time.monotonic() - started
+    rel.install()
     print(f"\nnode up in {node.up_seconds:.1f} s; helm install to all pods Ready: {rel.install_seconds:.1f} s")
     yield rel
     rel.k8s.helm("uninstall", rel.name, "--namespace", namespace, check=False, timeout=120)
@@ -211,20 +205,6 @@ def identity(release: Release, broker: int) -> str:
     found = list(release.volume_dir(broker).rglob("IDENTITY"))
     assert found, f"no RocksDB in broker {broker}'s volume {release.volume_dir(broker)}"
     return found[0].read_text()
-
-
-def read_committed(release: Release, topic: str) -> list[bytes]:
-    consumer = Consumer(release.bootstrap(), group_id=None, isolation_level="read_committed")
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    consumer.assign(tps)
-    consumer.seek_to_beginning()
-    ends = consumer.end_offsets(tps)
-    out: list[bytes] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(consumer.position(tp) >= ends[tp] for tp in tps):
-        out.extend(r.value for r in consumer.poll(timeout=0.5) if r.value is not None)
-    consumer.close()
-    return out
 
 
 def test_exactly_once_copy_while_a_broker_pod_is_deleted_and_another_is_killed(

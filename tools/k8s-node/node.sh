@@ -10,6 +10,10 @@
 #                                   the machine cannot, e.g. no root or kernel features; 1: an
 #                                   install step is missing)
 #   tools/k8s-node/node.sh kubeconfig  print the admin kubeconfig's path
+#   tools/k8s-node/node.sh image NAME  build one of build-image.sh's images (NAME: sluice, spark) if
+#                                   it is not current and import it into the running node's
+#                                   containerd; prints its reference (the Spark image is only
+#                                   needed by Spark jobs, so `up` leaves it to this command)
 #
 # What `up` runs, each a process of its own with a pid file in $STATE (default
 # /var/lib/sluice-node/run) and its log beside it:
@@ -34,7 +38,8 @@
 #
 # Environment: SLUICE_NODE_DIR (state root, default /var/lib/sluice-node), SLUICE_NODE_PORT
 # (API server port, default 16443), SLUICE_NODE_ETCD_PORT (default 16379), SLUICE_NODE_IP,
-# SLUICE_NODE_PVS (default 6), SLUICE_K8S_BIN / SLUICE_K8S_CACHE (where build.sh put the binaries).
+# SLUICE_NODE_PVS (default 9: the node tests install two releases of three brokers, and a
+# release's volumes outlive it), SLUICE_K8S_BIN / SLUICE_K8S_CACHE (where build.sh put the binaries).
 # Needs root (containerd, kubelet, mounts).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -44,7 +49,7 @@ STATE="$NODE_DIR/run"
 IMAGES="$NODE_DIR/containerd"            # containerd's root: images survive `down`
 PORT="${SLUICE_NODE_PORT:-16443}"
 ETCD_PORT="${SLUICE_NODE_ETCD_PORT:-16379}"
-PVS="${SLUICE_NODE_PVS:-6}"
+PVS="${SLUICE_NODE_PVS:-9}"
 BIN="${SLUICE_K8S_BIN:-${SLUICE_K8S_CACHE:-$HOME/.cache/sluice-k8s}/bin}"
 SOCK="$STATE/containerd/containerd.sock"
 PAUSE_IMAGE="localhost/pause:3.10"
@@ -406,11 +411,21 @@ status() {
     alive kubelet && alive kube-apiserver && node_ready
 }
 
+image() { # image NAME: build-image.sh NAME, then into the node's containerd
+    [[ -n "${1:-}" ]] || { echo "usage: $0 image sluice|spark" >&2; exit 2; }
+    status 2>/dev/null || die "the node is not up (tools/k8s-node/node.sh up)"
+    local ref
+    ref="$(bash "$HERE/build-image.sh" "$1")"
+    import_image "$ref"
+    echo "$ref"
+}
+
 case "${1:-}" in
     up) up ;;
     down) down ;;
     status) status ;;
     check) check ;;
     kubeconfig) echo "$KUBECONFIG_FILE" ;;
-    *) echo "usage: $0 up|down|status|check" >&2; exit 2 ;;
+    image) image "${2:-}" ;;
+    *) echo "usage: $0 up|down|status|check|kubeconfig|image NAME" >&2; exit 2 ;;
 esac
