@@ -39,6 +39,7 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security.authorizer import Access
 from sluice.broker.security.connections import ConnectionLimitInterceptor, ConnectionQuotas, GrpcConnections
+from sluice.broker.security.peers import ClusterIdentity
 from sluice.broker.security.reload import files_for
 from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.servicers.interbroker import refusing_handler
@@ -57,7 +58,9 @@ class BrokerServicer:
         groups: GroupCoordinator,
     ) -> None:
         self.config = config
-        self.access = Access(config, cluster.store)
+        files = files_for(config) if config.tls_dir else None
+        identity = ClusterIdentity(None if files is None else lambda: files.material.ca_pem)
+        self.access = Access(config, cluster.store, identity)
         self.broker = BrokerService(cluster, replicas, txn, groups, self.access)
         self.interbroker = InterBrokerService(replicas)
 

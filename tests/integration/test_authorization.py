@@ -115,6 +115,29 @@ def test_internal_topics_stay_closed_even_to_the_super_user(cluster: LocalCluste
         producer.send("__consumer_offsets", b"forged", partition=0).get(timeout=30)
 
 
+def test_a_broker_name_is_a_super_user_only_on_a_certificate_of_the_cluster_ca(
+    cluster: LocalCluster, admin: Admin
+) -> None:
+    admin.create_topic("guarded", 1, 1)
+    # A clients-CA certificate that calls itself broker 0 passes the mtls handshake (the clients CA
+    # is trusted there), but it is an ordinary principal: refused without an ACL.
+    impostor = Producer(**cluster.client_config("sluice-broker-0"), request_timeout_ms=10_000)
+    with impostor, pytest.raises(errors.TopicAuthorizationFailedError):
+        impostor.send("guarded", b"forged", partition=0).get(timeout=30)
+    # Broker 0's own certificate, which the cluster CA signed, is a super user, as in Kafka.
+    d = cluster.data_dir / "tls" / "broker-0"
+    broker = {
+        "bootstrap_servers": cluster.bootstrap_servers,
+        "security_protocol": "SSL",
+        "ssl_cafile": str(d / "ca.crt"),
+        "ssl_certfile": str(d / "tls.crt"),
+        "ssl_keyfile": str(d / "tls.key"),
+    }
+    with Producer(**broker) as producer:
+        producer.send("guarded", b"by a broker", partition=0).get(timeout=30)
+    assert read(cluster, "admin", "guarded") == [b"by a broker"]
+
+
 def test_without_the_authorizer_acls_are_security_disabled(tmp_path: Path) -> None:
     plain = LocalCluster(brokers=1, data_dir=tmp_path / "plain")
     with plain, Admin(bootstrap_servers=plain.bootstrap_servers) as a, pytest.raises(errors.SecurityDisabledError):

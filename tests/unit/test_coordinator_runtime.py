@@ -25,8 +25,7 @@ from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
-from sluice.metadata import MetadataStore, open_store
-from sluice.metadata import documents, keys
+from sluice.metadata import MetadataStore, documents, keys, open_store
 from sluice.metadata.documents import NO_LEADER, TopicDocument
 from sluice.records import RecordBatch
 

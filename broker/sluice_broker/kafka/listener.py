@@ -124,7 +124,7 @@ class KafkaListener:
             context = self.tls.current()  # None: plaintext
             if context is not None and not await transport.handshake(writer, context):
                 return
-            conn = dataclasses.replace(self.ctx, caller=transport.connection_caller(writer))
+            conn = dataclasses.replace(self.ctx, caller=transport.connection_caller(writer, self.ctx.access.identity))
             await self._connection(conn, reader, writer)
         except FrameError as exc:
             log.warning("kafka listener: closing the connection from %s: %s", peer, exc)

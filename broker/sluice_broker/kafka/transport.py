@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sluice import tls
 from sluice.broker.config import BrokerConfig
-from sluice.broker.security.peers import Caller, certificate_common_name, client_roots
+from sluice.broker.security.peers import Caller, ClusterIdentity, certificate_common_name, client_roots
 from sluice.broker.security.reload import files_for
 
 log = logging.getLogger(__name__)
@@ -117,10 +117,11 @@ async def handshake(writer: asyncio.StreamWriter, context: ssl.SSLContext) -> bo
     return True
 
 
-def connection_caller(writer: asyncio.StreamWriter) -> Caller:
+def connection_caller(writer: asyncio.StreamWriter, identity: ClusterIdentity) -> Caller:
     """Who is at the other end: ``User:<CN>`` of the certificate the handshake verified, else anonymous."""
     peer = writer.get_extra_info("peername")
     host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
     ssl_object = writer.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if isinstance(ssl_object, ssl.SSLObject) else None
-    return Caller.of_certificate(certificate_common_name(der), host)
+    name = certificate_common_name(der)
+    return Caller.of_certificate(name, host, is_broker=identity.is_broker(name, der))

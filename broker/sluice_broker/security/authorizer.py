@@ -37,7 +37,7 @@ import grpc
 
 from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
 from sluice.broker.config import BrokerConfig
-from sluice.broker.security.peers import Caller, peer_common_name
+from sluice.broker.security.peers import Caller, ClusterIdentity, peer_certificate, peer_common_name
 from sluice.broker.security.peers import principal as principal_of
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument
@@ -172,17 +172,13 @@ def peer_host(ctx: Ctx) -> str:
     return peer
 
 
-def caller_of(who: Who) -> Caller:
-    """The :class:`Caller` behind a gRPC call (or the Caller itself)."""
-    if isinstance(who, Caller):
-        return who
-    return Caller(principal_of(who), peer_host(who), peer_common_name(who))
-
-
 class Access:
     """What the servicers and the Kafka handlers ask: may ``who`` do ``operation`` on a resource?"""
 
-    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, store: MetadataStore | None = None, identity: ClusterIdentity | None = None
+    ) -> None:
+        self.identity = identity or ClusterIdentity(None)
         self.enabled = bool(config.get("authorizer.enabled"))
         supers = [s.strip() for s in str(config.get("super.users")).split(";") if s.strip()]
         self.authorizer = Authorizer(supers, bool(config.get("allow.everyone.if.no.acl.found")))
@@ -192,10 +188,17 @@ class Access:
         if self.watch is not None:
             self.watch.refresh()
 
+    def caller(self, who: Who) -> Caller:
+        """The :class:`Caller` behind a gRPC call (or the Caller itself)."""
+        if isinstance(who, Caller):
+            return who
+        name = peer_common_name(who)
+        return Caller(principal_of(who), peer_host(who), name, self.identity.is_broker(name, peer_certificate(who)))
+
     def allowed(self, who: Who, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
         if not self.enabled:
             return True
-        caller = caller_of(who)
+        caller = self.caller(who)
         if caller.is_broker:
             return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
         return self.authorizer.authorize(caller.principal, caller.host, operation, resource_type, name)
@@ -204,7 +207,7 @@ class Access:
         """Whether some resource of the type allows ``operation`` (KIP-679's test for idempotent producers)."""
         if not self.enabled:
             return True
-        caller = caller_of(who)
+        caller = self.caller(who)
         if caller.is_broker:
             return True
         return self.authorizer.allows_some(caller.principal, caller.host, operation, resource_type)

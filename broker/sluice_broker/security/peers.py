@@ -16,15 +16,23 @@ turns the verified certificate's CN into ``User:<CN>`` (``User:ANONYMOUS`` witho
 gRPC call (:func:`principal`) and for a Kafka-listener connection
 (:func:`certificate_common_name` reads the CN of the certificate the TLS handshake verified),
 and :class:`Caller` carries the result to the authorizer whichever protocol asked.
+
+A broker of this cluster is a super user (as in Kafka). On the client listener a broker's CN is
+not proof of that: with ``mtls`` the clients CA is trusted there too, and whoever may get a
+client certificate could have one named ``sluice-broker-0``. :class:`ClusterIdentity` therefore
+also checks that one of the cluster CA's certificates (the current bundle: two during a CA
+rotation) signed the certificate.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from sluice import tls
@@ -106,15 +114,64 @@ class Caller:
     principal: str
     host: str
     common_name: str | None = None
+    # a broker of this cluster (a broker's CN on a certificate the cluster CA signed:
+    # ClusterIdentity): a super user, as in Kafka
+    is_broker: bool = False
 
     @classmethod
-    def of_certificate(cls, common_name: str | None, host: str) -> Caller:
-        return cls(principal_of_name(common_name), host, common_name)
+    def of_certificate(cls, common_name: str | None, host: str, *, is_broker: bool = False) -> Caller:
+        return cls(principal_of_name(common_name), host, common_name, is_broker)
 
-    @property
-    def is_broker(self) -> bool:
-        """A broker of this cluster (a cluster-CA certificate with a broker's CN): a super user, as in Kafka."""
-        return is_broker_name(self.common_name)
+
+class ClusterIdentity:
+    """Whether a verified peer certificate is a broker's: a broker's CN, signed by the cluster CA.
+
+    ``cluster_ca`` returns the cluster CA bundle in force (PEM; it changes when the certificates
+    are reloaded); None (no TLS material) means no caller is a broker. Verdicts are cached per
+    (certificate, bundle): a signature check per request would cost more than the request.
+    """
+
+    CACHE_SIZE = 1024
+
+    def __init__(self, cluster_ca: Callable[[], bytes] | None) -> None:
+        self._cluster_ca = cluster_ca
+        self._verdicts: dict[tuple[bytes, bytes], bool] = {}
+
+    def is_broker(self, common_name: str | None, certificate: bytes | None) -> bool:
+        """``certificate``: the peer's verified certificate, DER or PEM."""
+        if not is_broker_name(common_name) or not certificate or self._cluster_ca is None:
+            return False
+        bundle = self._cluster_ca()
+        key = (certificate, bundle)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = _signed_by_one_of(certificate, bundle)
+            if len(self._verdicts) >= self.CACHE_SIZE:
+                self._verdicts.clear()
+            self._verdicts[key] = verdict
+        return verdict
+
+
+def _signed_by_one_of(certificate: bytes, bundle: bytes) -> bool:
+    try:
+        pem = (
+            certificate
+            if certificate.lstrip().startswith(b"-----BEGIN")
+            else x509.load_der_x509_certificate(certificate).public_bytes(serialization.Encoding.PEM)
+        )
+        cas = x509.load_pem_x509_certificates(bundle)
+    except ValueError:
+        return False
+    return any(tls.signed_by(pem, ca.public_bytes(serialization.Encoding.PEM)) for ca in cas)
+
+
+def peer_certificate(ctx: Ctx) -> bytes | None:
+    """The PEM of the verified certificate the caller presented, or None."""
+    if _first(ctx, "transport_security_type") != "ssl":
+        return None
+    for value in ctx.auth_context().get("x509_pem_cert") or ():
+        return bytes(value)
+    return None
 
 
 def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca: str) -> grpc.ServerCredentials:
