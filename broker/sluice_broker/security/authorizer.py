@@ -39,6 +39,7 @@ from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermi
 from sluice.broker.config import BrokerConfig
 from sluice.broker.security.peers import Caller, ClusterIdentity, peer_certificate, peer_common_name
 from sluice.broker.security.peers import principal as principal_of
+from sluice.broker.security.tokens import TOKEN_PRINCIPAL
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument
 from sluice.metadata.store import MetadataStore
@@ -192,6 +193,9 @@ class Access:
         """The :class:`Caller` behind a gRPC call (or the Caller itself)."""
         if isinstance(who, Caller):
             return who
+        by_token = TOKEN_PRINCIPAL.get()
+        if by_token is not None:  # a token listener's caller: its ServiceAccount, never a broker
+            return Caller.of_token(by_token, peer_host(who))
         name = peer_common_name(who)
         return Caller(principal_of(who), peer_host(who), name, self.identity.is_broker(name, peer_certificate(who)))
 
