@@ -42,7 +42,9 @@ from tests.k8s.tokens import (
 )
 from tests.support.k8s_env import KubeCluster, TestControlPlane
 
-ACCOUNTS = ("admin", "app", "other")
+# "sluice-broker-0": a ServiceAccount named like a broker (brokers are super users, but only by a
+# cluster-CA certificate: peers.ClusterIdentity)
+ACCOUNTS = ("admin", "app", "other", "sluice-broker-0")
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +157,21 @@ def test_a_client_follows_its_token_file_when_it_is_rotated(
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def test_a_token_named_like_a_broker_is_an_ordinary_principal(
+    k8s: KubeCluster, token_cluster: tuple[SluiceOnK8s, Path], tmp_path: Path
+) -> None:
+    cluster, ca_file = token_cluster
+    ns = cluster.namespace
+    token = write_token(tmp_path, "broker-named", request_token(k8s, ns, "sluice-broker-0"))
+    admin_token = write_token(tmp_path, "admin", request_token(k8s, ns, "admin"))
+    with Admin(**client_kwargs(cluster, ca_file, admin_token)) as admin:  # the super user
+        admin.create_topic("broker-named", 1, 1)
+    with Admin(**client_kwargs(cluster, ca_file, token), request_timeout_ms=10_000) as admin:
+        # authenticated (ServiceAccount:<ns>:sluice-broker-0), but no super user: brokers are known
+        # by cluster-CA certificates only, never by a token
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            admin.describe_acls(AclBindingFilter())
+        with pytest.raises(errors.TopicAuthorizationFailedError):
+            produce(client_kwargs(cluster, ca_file, token), topic="broker-named")

@@ -92,7 +92,7 @@ kubectl -n "$NAMESPACE" wait --for=jsonpath='{.status.conditions[?(@.type=="Read
 overrides='{"spec": {"serviceAccountName": "e2e-client",
   "volumes": [
     {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"audience": "sluice", "path": "token"}}]}},
-    {"name": "ca", "secret": {"secretName": "sluice-broker-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}],
+    {"name": "ca", "secret": {"secretName": "sluice-cluster-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}],
   "containers": [{"name": "client", "image": "'"$IMAGE"'", "imagePullPolicy": "Never", "stdin": true,
     "env": [{"name": "SLUICE_BOOTSTRAP_SERVERS", "value": "sluice:9092"}],
     "volumeMounts": [{"name": "token", "mountPath": "/var/run/secrets/sluice"}, {"name": "ca", "mountPath": "/etc/sluice/ca"}],

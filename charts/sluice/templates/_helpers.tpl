@@ -148,6 +148,17 @@ true
 {{- printf "%s-cluster-ca-cert" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{- /* The Secret whose ca.crt clients (the operator too) verify the brokers with: the CA
+certificate Secret (the trust bundle, no key) when the operator makes the certificates, else
+the brokers' Secret. */ -}}
+{{- define "sluice.certificates.clientCaSecret" -}}
+{{- if eq (include "sluice.certificates.operator" .) "true" -}}
+{{- include "sluice.certificates.caCertSecret" . -}}
+{{- else -}}
+{{- include "sluice.certificates.brokerSecret" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* The Secret mounted into the brokers at /etc/sluice/broker-tls. */ -}}
 {{- define "sluice.certificates.brokerSecret" -}}
 {{- if .Values.broker.interBroker.tlsSecret -}}
