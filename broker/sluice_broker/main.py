@@ -421,12 +421,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = build_config(args)
         metrics_listen = parse_metrics_listen(args.metrics_listen)
         health_listen = parse_metrics_listen(args.health_listen, "--health-listen")
-        # the API server client of the token listener's TokenReviews: missing credentials stop the start here
-        reviewer = tokens.reviewer_for(config.metadata_url) if config.client_listener == "token" else None
-        if args.tracing:
-            tracing.configure(args.tracing, config.broker_id)
-        if config.tls_dir:
-            load_dir(config.tls_dir, config.broker_id)  # unreadable material stops the broker here, with its name
         kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
         if kafka is not None and config.client_listener == "token":
             # The Kafka listener follows --client-listener, but Kafka clients cannot present a
@@ -436,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "--kafka-listen cannot be combined with --client-listener token: the Kafka listener has no "
                 "token (SASL) authentication (docs/kafka-compatibility.md)"
             )
+        # the API server client of the token listener's TokenReviews: missing credentials stop the start here
+        reviewer = tokens.reviewer_for(config.metadata_url) if config.client_listener == "token" else None
+        if args.tracing:
+            tracing.configure(args.tracing, config.broker_id)
+        if config.tls_dir:
+            load_dir(config.tls_dir, config.broker_id)  # unreadable material stops the broker here, with its name
     except (ConfigError, TlsError, KubernetesStoreError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
