@@ -8,7 +8,9 @@ view holds are :class:`~sluice.metadata.documents.TopicDocument` values.
 
 This module also holds the writes a broker makes to cluster metadata: its own
 registration, topic creation and deletion (with replica placement while there
-is no controller yet: see docs/architecture.md), and producer-id blocks.
+is no controller yet: see docs/architecture.md), topic config alterations
+(Kafka's incremental operations, :mod:`sluice.broker.topic_config_ops`), and
+producer-id blocks.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import logging
 import re
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
+from sluice.broker.topic_config_ops import ConfigChange, apply_changes
 from sluice.errors import SluiceError
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC as CONSUMER_OFFSETS_TOPIC
@@ -280,6 +283,48 @@ class ClusterView:
             self.refresh()
             return value.topic_id
         raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
+
+    def alter_topic_config(
+        self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool = False
+    ) -> dict[str, str]:
+        """Apply Kafka's incremental config operations to a topic's overrides; returns the overrides after.
+
+        The rules are :func:`sluice.broker.topic_config_ops.apply_changes`'s (all or
+        nothing); the write is a compare-and-set on the topic document's version,
+        retried on a concurrent change (an ISR update, another alteration), so a
+        change is never lost or applied to a stale document. ``validate_only``
+        checks everything and writes nothing. Internal topics are refused as
+        CreatePartitions and DeleteTopics refuse them: the coordinators depend
+        on their compaction and unlimited retention. Every broker reads topic
+        settings from its metadata view at each use (the replica manager's
+        per-topic lookup, the partition log, the controller), so the change
+        applies on each broker at its next metadata refresh, without a restart.
+        """
+        self.refresh()
+        for _ in range(20):
+            doc = documents.read(self.store, keys.topic(name), TopicDocument)
+            if doc is None:
+                raise errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            value = doc.value
+            if value.internal:
+                raise errors.InvalidTopicError(f"internal topic {name!r} cannot be changed")
+            overrides = apply_changes(value.config, changes, self._broker_value_text)
+            if validate_only or overrides == value.config:
+                return overrides
+            try:
+                documents.replace(
+                    self.store, keys.topic(name), dataclasses.replace(value, config=overrides), doc.version
+                )
+            except VersionConflict:
+                continue
+            self.refresh()
+            log.info("topic %s config overrides set to %s", name, overrides)
+            return overrides
+        raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
+
+    def _broker_value_text(self, key: str) -> str:
+        value = self.config.values[key]
+        return str(value).lower() if isinstance(value, bool) else str(value)
 
     def update_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> bool:
         """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.

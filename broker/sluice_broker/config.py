@@ -124,6 +124,10 @@ TOPIC_KEYS = {
     "min.compaction.lag.ms",
 }
 
+# Topic keys whose value is a comma-separated list (Kafka's ConfigDef type LIST): the only keys
+# IncrementalAlterConfigs may APPEND to or SUBTRACT from (sluice.broker.topic_config_ops).
+LIST_TOPIC_KEYS = frozenset({"cleanup.policy"})
+
 # Kafka topic keys that have no meaning in Sluice, and why: refused by name, never silently ignored.
 _NO_SEGMENTS = (
     "Sluice's log has no segments (each batch is its own RocksDB key, and retention and compaction "
@@ -189,14 +193,19 @@ def parse_value(key: str, kind: type, raw: Any) -> Any:
         raise ConfigError(f"{key}: {raw!r} is not a valid {kind.__name__}") from None
 
 
+def check_topic_key(key: str) -> None:
+    """Refuse a key a topic cannot override: unknown, or a Kafka key with no meaning here (the reason)."""
+    if key in UNSUPPORTED_TOPIC_KEYS:
+        raise ConfigError(f"topic config {key!r} is not supported: {UNSUPPORTED_TOPIC_KEYS[key]}")
+    if key not in TOPIC_KEYS:
+        raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_KEYS))}")
+
+
 def validate_topic_config(config: Mapping[str, str]) -> dict[str, str]:
     """Check a topic's config overrides; returns them normalised as strings."""
     out: dict[str, str] = {}
     for key, raw in config.items():
-        if key in UNSUPPORTED_TOPIC_KEYS:
-            raise ConfigError(f"topic config {key!r} is not supported: {UNSUPPORTED_TOPIC_KEYS[key]}")
-        if key not in TOPIC_KEYS:
-            raise ConfigError(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_KEYS))}")
+        check_topic_key(key)
         kind = DEFAULTS[key][0]
         value = parse_value(key, kind, raw)
         if key == "cleanup.policy" and not set(str(value).split(",")) <= {"delete", "compact"}:

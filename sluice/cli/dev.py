@@ -45,7 +45,8 @@ def register(sub: Subcommands) -> None:
         "--kafka-listener",
         action="store_true",
         help="also open a Kafka-protocol listener on every broker, for Kafka's own clients "
-        "(plaintext, no ACLs: not with --secure yet; docs/kafka-compatibility.md)",
+        "(with --secure: TLS with client certificates and ACLs, the super user's settings for Kafka's "
+        "tools in DATA/admin-kafka.properties; docs/kafka-compatibility.md)",
     )
     up.add_argument(
         "--kafka-port",
@@ -89,10 +90,6 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
 
     if args.kafka_port is not None and not args.kafka_listener:
         raise CliError("--kafka-port needs --kafka-listener", USAGE)
-    if args.kafka_listener and args.secure:
-        # The broker refuses the combination too: the Kafka listener has no TLS or ACL checks yet.
-        raise CliError("--kafka-listener cannot be combined with --secure yet (the Kafka listener has no TLS "
-                       "or ACL checks: docs/kafka-compatibility.md)", USAGE)  # fmt: skip
     kafka_port: int | None = None
     if args.kafka_listener:
         kafka_port = args.kafka_port if args.kafka_port is not None else dev_cluster.default_kafka_port(args.port)
@@ -116,6 +113,9 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
         err("stop it with `sluice dev down`")
     if state.kafka_bootstrap_servers:
         err(f"Kafka listeners (bootstrap.servers for Kafka clients): {state.kafka_bootstrap_servers}")
+        if state.admin_kafka_config:
+            err(f"secure Kafka listeners (TLS, ACLs): the super user's settings for Kafka's tools are in "
+                f"{state.admin_kafka_config} (--command-config FILE)")  # fmt: skip
     elif args.kafka_listener:
         err("this dev cluster was started without --kafka-listener: `sluice dev down`, then up again with it")
     print(state.bootstrap_servers)

@@ -38,12 +38,15 @@ def rcluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]
 class RdMember(threading.Thread):
     """A confluent-kafka Consumer polling in its own thread, committing what it read."""
 
-    def __init__(self, cluster: LocalCluster, group: str, topic: str, strategy: str, name: str) -> None:
+    def __init__(
+        self, cluster: LocalCluster, group: str, topic: str, strategy: str, name: str, instance: str | None = None
+    ) -> None:
         super().__init__(daemon=True)
+        static = {"group.instance.id": instance} if instance is not None else {}
         self.consumer = ck.Consumer({
             "bootstrap.servers": cluster.kafka_bootstrap_servers, "group.id": group, "client.id": name,
             "partition.assignment.strategy": strategy, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
+            "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500, **static,
         })  # fmt: skip
         self.assigned: frozenset[int] = frozenset()
         self.revoked: list[list[int]] = []  # each revocation's partitions (incremental with cooperative-sticky)
@@ -79,7 +82,7 @@ class RdMember(threading.Thread):
         except BaseException as exc:
             self.error = exc
         finally:
-            self.consumer.close()  # LeaveGroup
+            self.consumer.close()  # LeaveGroup (none for a static member: KIP-345)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -108,3 +111,23 @@ def test_librdkafka_members_share_rebalance_and_commit(rcluster: LocalCluster, s
     admin = Admin(bootstrap_servers=rcluster.bootstrap_servers)
     assert {tp.partition: o for tp, o in admin.list_consumer_group_offsets(group).items()} == {p: 100 for p in range(4)}
     admin.close()
+
+
+def test_a_static_member_restarting_takes_its_partitions_back_without_a_rebalance(rcluster: LocalCluster) -> None:
+    """KIP-345: a member with group.instance.id that restarts within its session gets its own
+    partitions back, and the other members never rebalance (no revocation, same assignment)."""
+    topic, group = "rdk-static", "rdk-static-group"
+    create(rcluster, topic, partitions=4, records=40)
+    a = RdMember(rcluster, group, topic, "range", "rdk-static-a", instance="a")
+    wait_for(lambda: a.assigned == frozenset(range(4)), timeout=60, what="member a owns every partition")
+    b = RdMember(rcluster, group, topic, "range", "rdk-static-b", instance="b")
+    wait_for(lambda: len(a.assigned) == 2 and len(b.assigned) == 2 and not a.assigned & b.assigned,
+             timeout=90, what="two members with two partitions each")  # fmt: skip
+    mine, theirs, b_revocations = a.assigned, b.assigned, len(b.revoked)
+    a.stop()  # a static member leaves no LeaveGroup behind: its session (6 s) keeps its place
+    a2 = RdMember(rcluster, group, topic, "range", "rdk-static-a2", instance="a")
+    wait_for(lambda: a2.assigned == mine, timeout=30, what="the restarted member to get its partitions back")
+    time.sleep(3)  # six of b's heartbeat intervals: a rebalance would have reached it
+    assert len(b.revoked) == b_revocations and b.assigned == theirs, "the other member rebalanced"
+    a2.stop()
+    b.stop()

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 from kafka.errors import KafkaTimeoutError
 from kafka.errors import TransactionalIdAuthorizationFailedError as KafkaTxnIdAuthorizationFailed
 from kafka.protocol.admin import (
@@ -35,6 +36,7 @@ from kafka.protocol.admin import (
     DescribeConfigsRequest,
     DescribeProducersRequest,
     DescribeTransactionsRequest,
+    IncrementalAlterConfigsRequest,
     ListGroupsRequest,
     ListTransactionsRequest,
 )
@@ -57,14 +59,14 @@ from kafka.protocol.producer import (
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from sluice import errors, tls
-from sluice.acls import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sluice.client import Admin, Producer, TopicPartition
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument, update_document
 from sluice.testing import LocalCluster
 
 TOPIC_AUTH, GROUP_AUTH, CLUSTER_AUTH, TXN_AUTH = 29, 30, 31, 53
-INVALID_TOPIC, OPERATION_NOT_ATTEMPTED, UNKNOWN_TOPIC = 17, 55, 3
+INVALID_TOPIC, OPERATION_NOT_ATTEMPTED, UNKNOWN_TOPIC, INVALID_REQUEST = 17, 55, 3, 42
 TS = 1_700_000_000_000
 OP, RT = AclOperation, ResourceType
 
@@ -426,6 +428,60 @@ def test_describe_configs_needs_describe_configs(cluster: LocalCluster, admin: A
     allow(admin, "User:frank", RT.CLUSTER, "kafka-cluster", OP.DESCRIBE_CONFIGS)
     got = answer("frank")
     assert [code for code, _ in got] == [0, 0] and all(n > 0 for _, n in got)
+
+
+def test_incremental_alter_configs_needs_alter_configs(cluster: LocalCluster, admin: Admin) -> None:
+    topic = "sec-alter-configs"
+    admin.create_topic(topic, partitions=1, replication_factor=1, config={"retention.ms": "60000"})
+    r = IncrementalAlterConfigsRequest.AlterConfigsResource
+    resources = [
+        r(resource_type=2, resource_name=topic,
+          configs=[r.AlterableConfig(name="retention.ms", config_operation=0, value="1000")]),
+        r(resource_type=2, resource_name="sec-no-such-topic",  # refused whether it exists or not
+          configs=[r.AlterableConfig(name="retention.ms", config_operation=0, value="1000")]),
+        r(resource_type=4, resource_name="0",
+          configs=[r.AlterableConfig(name="num.partitions", config_operation=0, value="3")]),
+    ]  # fmt: skip
+    request = IncrementalAlterConfigsRequest[1](resources=resources, validate_only=False)
+
+    def answer(who: str) -> list[int]:
+        return [resp.error_code for resp in ask(cluster, who, request).responses]
+
+    assert answer("grace") == [TOPIC_AUTH, TOPIC_AUTH, CLUSTER_AUTH]
+    assert admin.describe_topic(topic).config == {"retention.ms": "60000"}
+    # kafka-python's admin client over TLS as grace: refused, then (below) served
+    kafka_admin = KafkaAdminClient(**cluster.kafka_client_config("grace"), request_timeout_ms=30000)
+
+    def kafka_python_alter(value: str) -> str:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": value})
+        return str(kafka_admin.alter_configs([resource], raise_on_unknown=False, incremental=True)["topic"][topic])
+
+    try:
+        assert kafka_python_alter("4096").startswith("[Error 29] TopicAuthorizationFailedError")
+        assert admin.describe_topic(topic).config == {"retention.ms": "60000"}
+        allow(admin, "User:grace", RT.TOPIC, topic, OP.ALTER_CONFIGS)
+        assert kafka_python_alter("4096") == "OK"
+        assert admin.describe_topic(topic).config == {"retention.ms": "60000", "max.message.bytes": "4096"}
+    finally:
+        kafka_admin.close()
+    # ALTER_CONFIGS on another topic does not cover this one
+    assert len(admin.delete_acls([AclBindingFilter(RT.TOPIC, topic, principal="User:grace")])) == 1
+    allow(admin, "User:grace", RT.TOPIC, "sec-other-topic", OP.ALTER_CONFIGS)
+    allow(admin, "User:grace", RT.TOPIC, topic, OP.DESCRIBE_CONFIGS)  # describing is not altering
+    assert answer("grace") == [TOPIC_AUTH, TOPIC_AUTH, CLUSTER_AUTH]
+    assert admin.describe_topic(topic).config == {"retention.ms": "60000", "max.message.bytes": "4096"}
+    allow(admin, "User:grace", RT.TOPIC, topic, OP.ALTER_CONFIGS)
+    allow(admin, "User:grace", RT.CLUSTER, "kafka-cluster", OP.ALTER_CONFIGS)
+    # the topic altered; the broker resource authorized, then refused: Sluice has no dynamic broker config
+    assert answer("grace") == [0, TOPIC_AUTH, INVALID_REQUEST]
+    assert admin.describe_topic(topic).config == {"retention.ms": "1000", "max.message.bytes": "4096"}
+    # nobody alters an internal topic, the super user included
+    internal = IncrementalAlterConfigsRequest[1](
+        resources=[r(resource_type=2, resource_name="__transaction_state",
+                     configs=[r.AlterableConfig(name="cleanup.policy", config_operation=0, value="delete")])],
+        validate_only=False,
+    )  # fmt: skip
+    assert [resp.error_code for resp in ask(cluster, "admin", internal).responses] == [INVALID_TOPIC]
 
 
 # -- transactions --------------------------------------------------------------------------------

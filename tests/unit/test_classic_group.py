@@ -130,10 +130,31 @@ def test_a_static_member_restarting_fences_its_old_member_id() -> None:
     g.expire(100)
     g.sync(mid, "i-1", 1, None, None, {mid: b"x"}, 100)
     g.assignment_written(1, 100)
-    new, result, _ = g.join(join_input(instance="i-1"), 200)
-    assert new != mid and result is None
+    # Back with the same protocols in a Stable group (KIP-345): its assignment, no rebalance
+    new, result, fx = g.join(join_input(instance="i-1"), 200)
+    assert new != mid and result is not None and result.error == pb.NONE
+    assert (result.generation, result.leader, result.skip_assignment) == (1, new, True)  # KIP-814
+    assert fx.store and g.state is ClassicState.STABLE and g.generation == 1
     assert g.heartbeat(mid, "i-1", 1, 201) == pb.FENCED_INSTANCE_ID
     assert g.members[new].assignment == b"x" and g.leader == new
+    synced, write = g.sync(new, "i-1", 1, "consumer", "range", {new: b"ignored"}, 202)
+    assert synced is not None and synced.assignment == b"x" and not write
+    # the zombie's offset commits are fenced by its instance id; the new member's are not
+    assert g.check_commit(mid, 1, transactional=False, instance_id="i-1")[0] == pb.FENCED_INSTANCE_ID
+    assert g.check_commit(new, 1, transactional=False, instance_id="i-1")[0] == pb.NONE
+    assert g.check_commit(new, 1, transactional=True, instance_id="i-2")[0] == pb.UNKNOWN_MEMBER_ID
+
+
+def test_a_static_member_back_with_other_protocols_rebalances() -> None:
+    g = group()
+    mid, _, _ = g.join(join_input(instance="i-1"), 0)
+    g.expire(100)
+    g.sync(mid, "i-1", 1, None, None, {mid: b"x"}, 100)
+    g.assignment_written(1, 100)
+    new, result, fx = g.join(join_input(instance="i-1", protocols=(("range", b"new topics"),)), 200)
+    assert result is None and not fx.store  # it parks: a rebalance, which its join alone completes
+    assert fx.joins[new].generation == 2 and fx.joins[new].members == ((new, "i-1", b"new topics"),)
+    assert g.heartbeat(mid, "i-1", 1, 201) == pb.FENCED_INSTANCE_ID
 
 
 def test_the_record_round_trips_kafkas_group_metadata_value() -> None:

@@ -42,7 +42,12 @@ States, as Kafka's ``ClassicGroup``::
   session timeout. A ``group_instance_id`` (KIP-345 static membership) maps to
   one member id: a new join with the instance id replaces the old member (its
   parked requests answered FENCED_INSTANCE_ID), and a request naming the
-  instance with another member id is fenced.
+  instance with another member id is fenced (offset commits included). In a
+  Stable group, a static member that comes back with the same protocols takes
+  its assignment back without a rebalance (KIP-345's point: a rolling restart
+  of static members moves no partition); the group record is written with the
+  new member id before the JoinGroup is answered (``Effects.store``), and a
+  static leader is told to skip the assignment (KIP-814).
 * **Offsets** (:meth:`ClassicGroup.check_commit`): Kafka's rule, a member of the
   current generation commits; the group being mid-rebalance refuses plain
   commits (REBALANCE_IN_PROGRESS) but not transactional ones (KIP-447: the
@@ -124,6 +129,8 @@ class JoinResult:
     protocol_name: str | None = None
     leader: str = ""
     members: tuple[tuple[str, str | None, bytes], ...] = ()  # the leader's: (member id, instance id, metadata)
+    # a static leader back in a Stable group (KIP-814, JoinGroup v9+): the assignment stands, compute none
+    skip_assignment: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class Effects:
     syncs: dict[str, SyncResult] = field(default_factory=dict)  # member id -> answer of its parked SyncGroup
     removed: list[tuple[str, str]] = field(default_factory=list)  # (member id, why)
     emptied: bool = False  # the group lost its last member: delete its record
+    store: bool = False  # the members changed without a rebalance (a static member's new id): write the record
 
 
 @dataclass
@@ -251,7 +259,8 @@ class ClassicGroup:
     def _leader_members(self) -> tuple[tuple[str, str | None, bytes], ...]:
         return tuple((m.member_id, m.group_instance_id, m.metadata(self.protocol_name)) for m in self.members.values())
 
-    def _answer(self, member_id: str) -> JoinResult:
+    def _answer(self, member_id: str, *, skip_assignment: bool = False) -> JoinResult:
+        leader = member_id == self.leader
         return JoinResult(
             pb.NONE,
             member_id,
@@ -259,7 +268,8 @@ class ClassicGroup:
             self.protocol_type,
             self.protocol_name,
             self.leader or "",
-            self._leader_members() if member_id == self.leader else (),
+            self._leader_members() if leader else (),
+            skip_assignment=skip_assignment and leader,
         )
 
     def _set_state(self, state: ClassicState, now: float) -> None:
@@ -287,7 +297,15 @@ class ClassicGroup:
                 return "", _refusal(pb.GROUP_MAX_SIZE_REACHED, ""), fx
             member_id = self._new_member_id(instance if instance is not None else join.client_id)
             if existing is not None:
+                old = self.members[existing]
+                unchanged = old.protocols == join.protocols and old.protocol_type == join.protocol_type
                 self._replace_static(existing, member_id, join, now, fx)
+                if self.state is ClassicState.STABLE and unchanged:
+                    # KIP-345: a restarted static member takes its old assignment back without a
+                    # rebalance; the group record names the new member id before it is answered.
+                    self.members[member_id].awaiting_join = False
+                    fx.store = True
+                    return member_id, self._answer(member_id, skip_assignment=True), fx
             elif instance is None and join.require_known_member_id:
                 self.pending[member_id] = now + join.session_timeout_ms
                 return member_id, _refusal(pb.MEMBER_ID_REQUIRED, member_id), fx
@@ -594,10 +612,20 @@ class ClassicGroup:
 
     # -- offsets --------------------------------------------------------------------------------
 
-    def check_commit(self, member_id: str, generation: int, *, transactional: bool) -> tuple[int, str]:
-        """Kafka's ClassicGroup offset-commit rule (KIP-447 for transactional ones); (NONE, "") if allowed."""
+    def check_commit(
+        self, member_id: str, generation: int, *, transactional: bool, instance_id: str | None = None
+    ) -> tuple[int, str]:
+        """Kafka's ClassicGroup offset-commit rule (KIP-447 for transactional ones); (NONE, "") if allowed.
+
+        A static member's commit names its instance id: one another member id holds now is a
+        zombie's (its instance restarted and replaced it): FENCED_INSTANCE_ID, as Kafka answers.
+        """
         if not member_id and self.is_empty:
             return pb.NONE, ""  # from outside the group (assign(), admin tools): only while it has no members
+        if member_id and instance_id is not None:
+            error = self._validate_member(member_id, instance_id)
+            if error != pb.NONE:
+                return error, f"group {self.group_id!r}: member {member_id!r} does not hold instance {instance_id!r}"
         if member_id:
             if member_id not in self.members:
                 return pb.UNKNOWN_MEMBER_ID, f"member {member_id!r} is not in group {self.group_id!r}"

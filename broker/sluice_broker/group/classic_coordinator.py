@@ -129,6 +129,8 @@ class ClassicCoordinator:
             waiter = self._joins[(group_id, member_id)] = asyncio.get_running_loop().create_future()
         self._apply(state, group, fx)
         if result is not None:
+            if fx.store:
+                return await self._store_members(state, group, result)
             return result
         assert waiter is not None
         bound = (join.rebalance_timeout_ms + self.settings.initial_rebalance_delay_ms) / 1000 + _WAIT_MARGIN_S
@@ -194,6 +196,23 @@ class ClassicCoordinator:
             self._apply(state, group, group.assignment_failed(generation, _code(exc), self._now()))
             return
         self._apply(state, group, group.assignment_written(generation, self._now()))
+
+    async def _store_members(self, state: OffsetsPartitionState, group: ClassicGroup, answer: JoinResult) -> JoinResult:
+        """Write the group with a static member's new id (no rebalance), then answer its JoinGroup.
+
+        Until the record is in the ISR a coordinator failover would restore the old member id;
+        the member's answer waits for it, as Kafka's does. A failed write answers the error
+        (retriable: the member joins again, with its instance id, and replaces itself again).
+        """
+        assignments = {mid: m.assignment for mid, m in group.members.items()}
+        try:
+            self._append(state, group.group_id, encode_value(group, assignments, now_ms()))
+            await self.coordinator.await_committed(state)
+        except SluiceError as exc:
+            log.warning("group %r: writing static member %s failed (%s)", group.group_id, answer.member_id, exc)
+            return JoinResult(_code(exc), answer.member_id)
+        log.info("group %r: static member %s rejoined without a rebalance", group.group_id, answer.member_id)
+        return answer
 
     def _append(self, state: OffsetsPartitionState, group_id: str, value: bytes | None) -> None:
         self.coordinator.append_group_records(state, group_id, [(encode_key(group_id), value)])

@@ -367,7 +367,10 @@ class GroupCoordinator:
             group = state.groups.get(req.group_id)
             classic = state.classic.get(req.group_id)
             if classic is not None and not classic.is_empty:
-                code, message = classic.check_commit(req.member_id, req.member_epoch, transactional=False)
+                code, message = classic.check_commit(
+                    req.member_id, req.member_epoch, transactional=False,
+                    instance_id=req.group_instance_id if req.HasField("group_instance_id") else None,
+                )  # fmt: skip
                 if code != pb.NONE:
                     raise errors.error_for(code, message)
             elif req.member_id:
@@ -433,7 +436,10 @@ class GroupCoordinator:
             raise errors.NotCoordinatorError(f"the coordinator of group {req.group_id!r} moved")
         classic = state.classic.get(req.group_id)
         if classic is not None and not classic.is_empty:
-            code, message = classic.check_commit(req.member_id, req.member_epoch, transactional=True)
+            code, message = classic.check_commit(
+                req.member_id, req.member_epoch, transactional=True,
+                instance_id=req.group_instance_id if req.HasField("group_instance_id") else None,
+            )  # fmt: skip
             if code != pb.NONE:
                 raise errors.error_for(code, message)
         elif req.member_id:

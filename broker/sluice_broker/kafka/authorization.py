@@ -19,7 +19,8 @@ a refusal answers (every code non-retriable):
 * CreateTopics: Create on the cluster or the topic; DeleteTopics: Delete (and Describe for a
   topic named by id, else no name is returned); CreatePartitions: Alter (per topic).
 * DescribeConfigs: DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED), on the cluster for
-  a broker (CLUSTER_AUTHORIZATION_FAILED), per resource.
+  a broker (CLUSTER_AUTHORIZATION_FAILED), per resource; IncrementalAlterConfigs: AlterConfigs,
+  the same way.
 * FindCoordinator: Describe on the group / transactional id (GROUP_ / TRANSACTIONAL_ID_
   AUTHORIZATION_FAILED, per key).
 * InitProducerId: Write on the transactional id; without one IdempotentWrite on the cluster or

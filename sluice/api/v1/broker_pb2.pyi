@@ -625,7 +625,7 @@ class OffsetCommitTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[OffsetCommitPartition, _Mapping]]] = ...) -> None: ...
 
 class TxnOffsetCommitRequest(_message.Message):
-    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "member_id", "member_epoch", "topics")
+    __slots__ = ("transactional_id", "group_id", "producer_id", "producer_epoch", "member_id", "member_epoch", "topics", "group_instance_id")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -633,6 +633,7 @@ class TxnOffsetCommitRequest(_message.Message):
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     group_id: str
     producer_id: int
@@ -640,7 +641,8 @@ class TxnOffsetCommitRequest(_message.Message):
     member_id: str
     member_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[OffsetCommitTopic]
-    def __init__(self, transactional_id: _Optional[str] = ..., group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, transactional_id: _Optional[str] = ..., group_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class TxnOffsetCommitResponse(_message.Message):
     __slots__ = ("results",)
@@ -649,16 +651,18 @@ class TxnOffsetCommitResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[TxnPartitionResult, _Mapping]]] = ...) -> None: ...
 
 class OffsetCommitRequest(_message.Message):
-    __slots__ = ("group_id", "member_id", "member_epoch", "topics")
+    __slots__ = ("group_id", "member_id", "member_epoch", "topics", "group_instance_id")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MEMBER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     member_id: str
     member_epoch: int
     topics: _containers.RepeatedCompositeFieldContainer[OffsetCommitTopic]
-    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ...) -> None: ...
+    group_instance_id: str
+    def __init__(self, group_id: _Optional[str] = ..., member_id: _Optional[str] = ..., member_epoch: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[OffsetCommitTopic, _Mapping]]] = ..., group_instance_id: _Optional[str] = ...) -> None: ...
 
 class OffsetCommitResponse(_message.Message):
     __slots__ = ("results",)

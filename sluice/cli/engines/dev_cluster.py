@@ -48,6 +48,7 @@ from sluice.testing import poll_until
 
 STATE_FILE = "dev-cluster.json"
 ADMIN_CONFIG = "admin.properties"  # of a --secure dev cluster: the super user's client settings
+ADMIN_KAFKA_CONFIG = "admin-kafka.properties"  # ... and with --kafka-listener, the same for Kafka's tools
 SUPERVISOR_LOG = "dev-supervisor.log"
 KAFKA_PORT_OFFSET = 10000  # broker N's Kafka port is its gRPC port + this (19092 beside 9092)
 _SUPERVISOR_MODULE = "sluice.cli.engines.dev_cluster"
@@ -97,6 +98,9 @@ class DevState:
     admin_config: str = ""
     # --kafka-listener: every broker's Kafka address, comma-separated ("" without a Kafka listener)
     kafka_bootstrap_servers: str = ""
+    # both: the super user's settings for Kafka's own tools and clients (Java property names, PEM
+    # stores: kafka-topics.sh --command-config FILE)
+    admin_kafka_config: str = ""
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> DevState:
@@ -253,15 +257,22 @@ def down(data_dir: Path, timeout: float = 30.0) -> DevState | None:
 
 def write_client_properties(client_config: Mapping[str, Any], path: Path) -> Path:
     """Kafka-style client properties (``--command-config``) from LocalCluster.client_config, mode 0600."""
-    lines = [
-        f"security.protocol={client_config['security_protocol']}",
-        f"ssl.cafile={client_config['ssl_cafile']}",
-        f"ssl.certfile={client_config['ssl_certfile']}",
-        f"ssl.keyfile={client_config['ssl_keyfile']}",
-    ]
+    return write_properties(
+        {
+            "security.protocol": client_config["security_protocol"],
+            "ssl.cafile": client_config["ssl_cafile"],
+            "ssl.certfile": client_config["ssl_certfile"],
+            "ssl.keyfile": client_config["ssl_keyfile"],
+        },
+        path,
+    )
+
+
+def write_properties(properties: Mapping[str, str], path: Path) -> Path:
+    """A ``KEY=VALUE`` properties file, mode 0600 (it names a private key)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("".join(f"{k}={v}\n" for k, v in properties.items()))
     os.chmod(path, 0o600)
     return path
 
@@ -316,6 +327,10 @@ def serve(argv: Sequence[str] | None = None) -> int:
             state.kafka_bootstrap_servers = cluster.kafka_bootstrap_servers
         if args.secure:
             state.admin_config = str(write_client_properties(cluster.client_config("admin"), data_dir / ADMIN_CONFIG))
+        if args.secure and kafka_ports is not None:
+            state.admin_kafka_config = str(
+                write_properties(cluster.kafka_client_properties("admin"), data_dir / ADMIN_KAFKA_CONFIG)
+            )
     except Exception as exc:
         state.status, state.error = "failed", str(exc)
         write_state(data_dir, state)

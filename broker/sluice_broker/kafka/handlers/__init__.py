@@ -32,6 +32,7 @@ from sluice.broker.kafka.handlers.groups import (
     DescribeGroupsHandler,
     ListGroupsHandler,
 )
+from sluice.broker.kafka.handlers.incremental_alter_configs import IncrementalAlterConfigsHandler
 from sluice.broker.kafka.handlers.init_producer_id import InitProducerIdHandler
 from sluice.broker.kafka.handlers.list_offsets import ListOffsetsHandler
 from sluice.broker.kafka.handlers.metadata import MetadataHandler
@@ -69,6 +70,7 @@ def build_handlers() -> dict[int, Handler]:
         TxnOffsetCommitHandler(),
         OffsetForLeaderEpochHandler(),
         DescribeConfigsHandler(),
+        IncrementalAlterConfigsHandler(),
         ListGroupsHandler(),
         DeleteGroupsHandler(),
         DescribeGroupsHandler(),

@@ -81,6 +81,7 @@ class JoinGroupHandler:
                 JoinGroupResponseMember(member_id=mid, group_instance_id=instance, metadata=meta)
                 for mid, instance, meta in result.members
             ],
+            skip_assignment=result.skip_assignment and version >= 9,
         )
 
 

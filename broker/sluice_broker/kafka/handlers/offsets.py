@@ -81,6 +81,7 @@ class OffsetCommitHandler:
             member_id=request.member_id,
             member_epoch=request.generation_id_or_member_epoch,
             topics=_topics(request.topics),
+            group_instance_id=request.group_instance_id,
         )
         refused = checks.check_offset_commit(ctx.access, ctx.caller, core)
         answer = refused if refused is not None else await ctx.groups.offset_commit(core)
@@ -108,6 +109,7 @@ class TxnOffsetCommitHandler:
             member_id=request.member_id,
             member_epoch=request.generation_id,
             topics=_topics(request.topics),
+            group_instance_id=request.group_instance_id,
         )
         refused = checks.check_txn_offset_commit(ctx.access, ctx.caller, core)
         answer = refused if refused is not None else await ctx.groups.txn_offset_commit(core)
