@@ -234,9 +234,11 @@ def eos_cost(runs: Sequence[Run]) -> list[str]:
     return out
 
 
-def verdict_line(start: verdict.Verdict, runs: Sequence[Run]) -> str:
+def verdict_line(start: verdict.Verdict, runs: Sequence[Run], failures: Sequence[str] = ()) -> str:
     errors = [r for r in runs if r.error]
     busy = [r for r in runs if not r.valid]
+    if failures:
+        return "VERDICT: ERRORS: " + "; ".join(failures) + "; the figures are incomplete"
     if errors:
         return (f"VERDICT: ERRORS: {len(errors)} of {len(runs)} runs failed or read back the wrong rows "
                 "(see the table and the JSON); the figures are incomplete")  # fmt: skip
@@ -417,24 +419,23 @@ class Jobs:
 
 def run_system(
     target: Target, spark_jobs: Jobs, *, rows: int, runs: int, sizes: Sequence[int], partitions: int, warmup: int,
-    limits: verdict.Limits, say: Callable[[str], None],
-) -> list[Run]:  # fmt: skip
-    """Warm-up, then ``runs`` rounds of: per value size and route, a write and a read back of its topic."""
-    out: list[Run] = []
+    limits: verdict.Limits, say: Callable[[str], None], out: list[Run],
+) -> None:  # fmt: skip
+    """Warm-up, then ``runs`` rounds of: per value size and route, a write and a read back of its topic;
+    the runs are appended to ``out`` as they finish (so a failure later keeps them)."""
     say(f"  warm-up: {warmup:,} rows written and read through {', '.join(target.routes)} (not recorded)")
     for route in target.routes:
         topic = target.create(f"warmup-{route}", partitions)
         spark_jobs.write(route, target, topic, warmup, sizes[0])
         back = spark_jobs.read(route, target, topic)
         if back[0] != warmup:
-            raise SystemExit(f"warm-up through {route}: read {back[0]:,} rows back, wrote {warmup:,}")
+            raise RuntimeError(f"warm-up through {route}: read {back[0]:,} rows back, wrote {warmup:,}")
         target.delete(topic)
     with Meter(target.pids, limits) as meter:
         for i in range(runs):
             for size in sizes:
                 for route in target.routes:
                     out += one_round(meter, target, spark_jobs, route, size, i + 1, runs, rows, partitions, say)
-    return out
 
 
 def one_round(
@@ -560,32 +561,38 @@ def main(argv: list[str] | None = None) -> int:
 
     say(f"Spark {pyspark.__version__} with spark-sql-kafka-0-10 {spark_kafka.chosen}; starting the SparkSession")
     runs: list[Run] = []
+    failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="spark-vs-kafka-") as warehouse:
         spark = start_spark(args.master, jars, warehouse)
         spark_jobs = Jobs(spark, args.spark_partitions)
 
-        def go(target: Target) -> list[Run]:
-            return run_system(target, spark_jobs, rows=args.rows, runs=args.runs, sizes=sizes,
-                              partitions=args.topic_partitions, warmup=min(args.warmup_rows, args.rows),
-                              limits=limits, say=say)  # fmt: skip
+        def go(target: Target) -> None:
+            run_system(target, spark_jobs, rows=args.rows, runs=args.runs, sizes=sizes,
+                       partitions=args.topic_partitions, warmup=min(args.warmup_rows, args.rows),
+                       limits=limits, say=say, out=runs)  # fmt: skip
 
         order = ["kafka", "sluice"] if args.kafka_first else ["sluice", "kafka"]
         try:
             for system in order:
                 if args.only and args.only != system:
                     continue
-                if system == "sluice":
-                    say("Sluice: a fresh single-broker LocalCluster with its Kafka listener")
-                    with sluice_target(args.topic_partitions) as target:
-                        runs += go(target)
-                else:
-                    say(f"Apache Kafka {args.kafka_version}: one KRaft node")
-                    with kafka_target(args.kafka_version, args.kafka_heap) as target:
-                        runs += go(target)
+                try:
+                    if system == "sluice":
+                        say("Sluice: a fresh single-broker LocalCluster with its Kafka listener")
+                        with sluice_target(args.topic_partitions) as target:
+                            go(target)
+                    else:
+                        say(f"Apache Kafka {args.kafka_version}: one KRaft node")
+                        with kafka_target(args.kafka_version, args.kafka_heap) as target:
+                            go(target)
+                except Exception as exc:  # the other system still runs, and what ran is still saved
+                    text = " | ".join(ln.strip() for ln in str(exc).strip().splitlines() if ln.strip())
+                    failures.append(f"{system} stopped early: {type(exc).__name__}: {text[:400]}")
+                    say(f"  {system}: FAILED: {failures[-1]}")
         finally:
             spark.stop()
 
-    vline = verdict_line(start, runs)
+    vline = verdict_line(start, runs, failures)
     header = (f"{'SMOKE RUN (tiny counts, not a measurement): ' if args.smoke else ''}"
               f"Spark {pyspark.__version__} ({args.master}) through format(\"sluice\") and spark-sql-kafka-0-10 "
               f"{spark_kafka.chosen}, Sluice (1 broker) and Apache Kafka {args.kafka_version} (1 node), "
@@ -604,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         "master": args.master, "pyspark": pyspark.__version__, "spark_sql_kafka": spark_kafka.chosen,
         "kafka_version": args.kafka_version, "kafka_sink_options": KAFKA_SINK_OPTIONS,
         "start_load_average": start_load, "start_valid": start.valid, "start_reasons": start.reasons,
-        "verdict": vline, "environment": env, "wall_s": round(time.monotonic() - wall0, 1),
+        "verdict": vline, "failures": failures, "environment": env, "wall_s": round(time.monotonic() - wall0, 1),
         "runs": [r.record() for r in runs],
     }  # fmt: skip
     (args.results / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -624,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n(no chart: matplotlib is not installed; pip install -e '.[bench]')")
     print(f"results: {args.results / f'{stem}.md'}, {args.results / f'{stem}.json'}; total {record['wall_s']} s")
     print(vline)
-    return 1 if any(r.error for r in runs) else 0
+    return 1 if failures or any(r.error for r in runs) else 0
 
 
 if __name__ == "__main__":

@@ -60,3 +60,8 @@ def test_rising_counts_increases_only() -> None:
     # 10 s of CPU, then a process leaves the tree with 4 s of it, then 1 s more
     assert svk.rising([10.0, 12.0, 8.0, 9.0]) == 3.0
     assert svk.rising([5.0]) == 0.0 and svk.rising([]) == 0.0
+
+
+def test_a_system_that_stopped_early_is_an_error() -> None:
+    line = svk.verdict_line(verdict.Verdict(), [run("sluice", "write", 1.0)], ["kafka stopped early: KafkaError: x"])
+    assert line.startswith("VERDICT: ERRORS: kafka stopped early")
