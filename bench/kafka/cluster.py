@@ -167,7 +167,10 @@ class KafkaCluster:
             # Kafka's cluster ids are 16 random bytes in URL-safe base64 without padding.
             import base64
 
-            self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            # As Kafka's own Uuid.randomUuid(), never one that starts with "-": the storage tool would
+            # take it for an option ("--cluster-id: expected one argument"), one start in 64.
+            while not self.cluster_id or self.cluster_id.startswith("-"):
+                self.cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             for i in range(1, self.nodes + 1):
                 self._write_config(i)
                 self._format(i)

@@ -117,7 +117,7 @@ class ConsumerGroupListing:
     """A group as ListGroups names it (Kafka's ConsumerGroupListing)."""
 
     group_id: str
-    state: str  # Empty, Stable, Reconciling
+    state: str  # Empty, Stable, Reconciling; a classic group's (Kafka clients): PreparingRebalance ...
     coordinator_id: int
 
 

@@ -124,6 +124,14 @@ def test_a_static_member_restarting_takes_its_partitions_back_without_a_rebalanc
     wait_for(lambda: len(a.assigned) == 2 and len(b.assigned) == 2 and not a.assigned & b.assigned,
              timeout=90, what="two members with two partitions each")  # fmt: skip
     mine, theirs, b_revocations = a.assigned, b.assigned, len(b.revoked)
+    # Sluice's Admin (gRPC) describes the Kafka clients' classic group: members, subscriptions and
+    # assignments read from the consumer protocol's bytes, the generation as the epoch
+    with Admin(bootstrap_servers=rcluster.bootstrap_servers) as admin:
+        described = admin.describe_consumer_groups([group])[group]
+    assert described.state == "Stable" and len(described.members) == 2
+    assert {m.member_epoch for m in described.members} == {described.group_epoch}
+    assert all(m.subscribed_topic_names == [topic] for m in described.members)
+    assert {frozenset(tp.partition for tp in m.assignment) for m in described.members} == {mine, theirs}
     a.stop()  # a static member leaves no LeaveGroup behind: its session (6 s) keeps its place
     a2 = RdMember(rcluster, group, topic, "range", "rdk-static-a2", instance="a")
     wait_for(lambda: a2.assigned == mine, timeout=30, what="the restarted member to get its partitions back")

@@ -146,8 +146,8 @@ def test_values_that_cannot_work_are_refused_with_a_message_naming_them(k8s: Kub
     assert "overlap the operator's health port (operator.healthPort), 18080" in refusal(
         k8s, *host, "--set", "hostNetwork.kafkaPortBase=18079", "--set", "operator.healthPort=18080"
     )
-    # The default base fits beside everything else, with or without the operator (without it,
-    # Helm makes the certificates: certificates.managedBy=operator needs the operator).
+    # The default base fits beside everything else, with or without the operator.
     render(k8s, *host)
+    # (without the operator, Helm makes the certificates: the chart's default has the operator own them)
     render(k8s, *host, "--set", "operator.enabled=false", "--set", "certificates.managedBy=helm",
            "--set", "hostNetwork.kafkaPortBase=18079", "--set", "operator.healthPort=18080")  # fmt: skip

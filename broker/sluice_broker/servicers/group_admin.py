@@ -10,7 +10,8 @@ offsets, the replica manager's internal append), so the coordinator itself gains
 * **DescribeGroups** (asked of the group's coordinator) gives the group's state and epoch and,
   per member, its epoch, subscription, current and target assignment. The state follows
   KIP-848's names: Empty (no members), Stable (every member at the group epoch, owning its
-  target) or Reconciling.
+  target) or Reconciling. A group of Kafka clients on the classic protocol is described in the
+  same shape, with the classic states and its generation as the epoch (:func:`_describe_classic`).
 * **DeleteGroups** (asked of the group's coordinator) writes a tombstone per committed
   partition of the group to its ``__consumer_offsets`` partition, drops the offsets from memory
   once the append succeeded, and answers once the ISR has the tombstones (as a commit does).
@@ -26,9 +27,11 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC
 from sluice.broker.errors import answer
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.classic import ClassicGroup
 from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.group.membership import ConsumerGroup
 from sluice.broker.group.offsets import encode_key
+from sluice.broker.kafka import consumer_protocol
 from sluice.errors import SluiceError
 from sluice.records import build_batch
 
@@ -45,6 +48,28 @@ def group_state(group: ConsumerGroup | None) -> str:
         if member.epoch != group.epoch or frozenset(member.assigned) != group.target.get(member_id, frozenset()):
             return RECONCILING
     return STABLE
+
+
+def _describe_classic(group: ClassicGroup, out: bpb.DescribedGroup) -> None:
+    """A group of Kafka clients (the classic protocol, over the Kafka listener) in the same shape.
+
+    The state is the classic one (Stable, PreparingRebalance, CompletingRebalance), the epoch the
+    generation, every member's epoch the generation too. Subscriptions and assignments are read
+    from the consumer protocol's bytes when the group's protocol type is ``consumer``; another
+    type's bytes are opaque, so its members are listed without them.
+    """
+    out.state = group.state.value
+    out.group_epoch = group.generation
+    consumer = group.protocol_type == consumer_protocol.CONSUMER
+    for member_id, member in sorted(group.members.items()):
+        m = out.members.add(member_id=member_id, member_epoch=group.generation)
+        if not consumer:
+            continue
+        topics = consumer_protocol.subscribed_topics(member.metadata(group.protocol_name))
+        m.subscribed_topic_names.extend(sorted(topics or ()))
+        for topic, partition in consumer_protocol.assigned_partitions(member.assignment) or ():
+            m.assignment.add(topic=topic, partition=partition)
+            m.target_assignment.add(topic=topic, partition=partition)  # the classic protocol has no target
 
 
 class GroupAdmin:
@@ -92,6 +117,10 @@ class GroupAdmin:
 
     def _describe(self, group_id: str, out: bpb.DescribedGroup) -> None:
         state = self._locate(group_id)
+        classic = state.classic.get(group_id)
+        if classic is not None and not classic.is_empty:
+            _describe_classic(classic, out)
+            return
         group = state.groups.get(group_id)
         if group is None and group_id not in state.offsets.groups:
             raise errors.GroupIdNotFoundError(f"group {group_id!r} does not exist")
