@@ -323,7 +323,17 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
 
+    # Readiness waits for the coordinator partitions this broker leads when it starts to be loaded,
+    # once. Leaderships gained later (a failover, or the election of partitions that were waiting
+    # for this broker as their last in-sync replica) load while it stays ready: those partitions
+    # answer COORDINATOR_LOAD_IN_PROGRESS (retriable) meanwhile, and readiness never depends on
+    # an election. It must not: on Kubernetes the operator counts only Ready pods as live, so a
+    # broker that waited to be elected before turning Ready would never be elected, and a long
+    # load after a failover would make a healthy broker look dead (docs/architecture.md).
+    started_up = False
+
     async def watch_metadata() -> None:
+        nonlocal started_up
         while True:
             try:
                 cluster.refresh()
@@ -332,7 +342,8 @@ async def serve(
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
-            serving = txn.is_ready() and groups.is_ready() and not stopping.is_set() and not replicas.storage_failure
+            started_up = started_up or (txn.is_ready() and groups.is_ready())
+            serving = started_up and not stopping.is_set() and not replicas.storage_failure
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await health.set("", status)
             await health.set("sluice.v1.Broker", status)

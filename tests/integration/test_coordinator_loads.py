@@ -127,3 +127,47 @@ def test_a_slow_load_answers_load_in_progress_and_its_time_is_reported(tmp_path:
         p = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id="after-slow-load", linger_ms=0)
         p.init_transactions()
         p.close()
+
+
+def test_a_broker_elected_after_it_started_stays_ready_while_it_loads(tmp_path: Path) -> None:
+    """Readiness never waits for an election (on Kubernetes only Ready pods get elected).
+
+    The broker stops; the controller sees it gone and leaves its partitions leaderless (it was
+    their last in-sync replica). Restarted while the controller is stopped (so the order is sure),
+    it turns ready leading nothing; the controller starts again and elects it, and it
+    loads the coordinator partitions (slowly, under the hook) while it stays SERVING; their keys
+    answer COORDINATOR_LOAD_IN_PROGRESS meanwhile.
+    """
+    from sluice.testing import check_health
+
+    with LocalCluster(brokers=1, data_dir=tmp_path, config=_config(HOOK_LOAD_SLOW)) as cluster:
+        assert cluster.stop(0) == 0
+        deadline = time.monotonic() + 60
+        while True:  # the controller noticed: every internal partition waits for a leader
+            doc = cluster.topic_document("__transaction_state")
+            if doc is not None and all(p["leader"] == -1 for p in doc["partitions"]):
+                break
+            assert time.monotonic() < deadline, f"the partitions kept their leader: {doc}"
+            time.sleep(0.2)
+        # No controller (stopped, not paused: a paused one may hold the metadata file's lock) until
+        # the broker is ready, so it is ready before it is elected
+        assert cluster.controller.stop() == 0
+        try:
+            cluster.restart(0, wait=False)
+            deadline = time.monotonic() + 60
+            while check_health(cluster.address(0)) != "SERVING":
+                assert time.monotonic() < deadline, "the restarted broker never turned ready"
+                time.sleep(0.1)
+        finally:
+            cluster.controller.start()
+        wire = Wire(cluster.address(0))
+        statuses, answers = [], []
+        until = time.monotonic() + HOOK_LOAD_WINDOW_S + 2
+        while time.monotonic() < until:  # the election, then the slow loads
+            statuses.append(check_health(cluster.address(0)))
+            answers.append(_answers(wire))
+            time.sleep(0.1)
+        assert set(statuses) == {"SERVING"}, statuses
+        assert any(a is not None and a[0][0] == pb.COORDINATOR_LOAD_IN_PROGRESS for a in answers), answers[:3]
+        loads = _loaded_everything(cluster)
+        assert all(v >= HOOK_LOAD_WINDOW_S for c in ("transaction", "group") for v in loads[c]), loads

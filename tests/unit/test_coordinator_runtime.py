@@ -9,7 +9,6 @@ raises once after it replayed some batches (a bug in a shard's replay).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,8 +24,7 @@ from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
-from sluice.metadata import MetadataStore, documents, keys, open_store
-from sluice.metadata.documents import NO_LEADER, TopicDocument
+from sluice.metadata import MetadataStore, open_store
 from sluice.records import RecordBatch
 
 TOPIC = "orders"
@@ -317,40 +315,3 @@ def test_leadership_told_outside_the_loop_is_loaded_by_the_supervisor(tmp_path: 
         loop.run_until_complete(coord.stop())
         loop.close()
         core.close()
-
-
-def _set_leaders(core: Core, topic: str, leader: int) -> None:
-    """What the controller does to a topic document: every partition led by ``leader``, a new epoch."""
-    doc = documents.read(core.store, keys.topic(topic), TopicDocument)
-    assert doc is not None
-    value = doc.value
-    for p, state in enumerate(value.partitions):
-        value = value.with_partition(p, dataclasses.replace(state, leader=leader, leader_epoch=state.leader_epoch + 1))
-    documents.replace(core.store, keys.topic(topic), value, doc.version)
-    core.cluster.refresh()
-
-
-def test_not_ready_while_a_partition_it_is_in_sync_for_waits_for_a_leader(tmp_path: Path) -> None:
-    """A restarted broker, last of its partitions' ISR, leads nothing until the controller elects it.
-
-    It must not report ready in that gap (and then not ready while it loads what it was given).
-    """
-
-    async def main() -> None:
-        core = Core(tmp_path)
-        coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
-        await coord.start()
-        try:
-            core.create_topics()
-            await until(coord.is_ready, "the first load")
-            _set_leaders(core, TRANSACTION_STATE_TOPIC, NO_LEADER)  # the controller saw it go away
-            assert not core.replicas.leader_of & {(TRANSACTION_STATE_TOPIC, p) for p in range(PARTITIONS)}
-            assert not coord.is_ready()
-            _set_leaders(core, TRANSACTION_STATE_TOPIC, 0)  # ... and elected it again
-            await until(coord.is_ready, "the load after the election")
-            assert all(c.status is LoadStatus.ACTIVE for c in coord.runtime.all_partitions())
-        finally:
-            await coord.stop()
-            core.close()
-
-    asyncio.run(main())

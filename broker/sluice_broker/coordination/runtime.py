@@ -191,21 +191,13 @@ class CoordinatorRuntime(Generic[StateT]):
         self._supervisor = None
 
     def is_ready(self) -> bool:
-        """Every partition of the topic this broker leads is loaded, and none waits to be led by it.
-
-        The second half matters after a restart: a broker that shut down as the last member of a
-        partition's ISR left it leaderless, and it leads nothing until the controller elects it
-        again. Without the check it would report ready in that gap, then not ready while it
-        loads the partitions it was just given, then ready again.
-        """
+        """Every partition of the topic this broker leads is loaded."""
         for topic, partition in self.replicas.leader_of:
             if topic == self.topic:
                 cpart = self._partitions.get(partition)
                 if cpart is None or not cpart.active:
                     return False
-        info = self.cluster.topics.get(self.topic)
-        me = self.config.broker_id
-        return info is None or not any(p.leader < 0 and me in p.isr for p in info.partitions)
+        return True
 
     # -- lookups ----------------------------------------------------------------------------------
 
