@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 # sluice.metadata.documents (the operator names them too); imported above "as" themselves so the
 # broker's modules keep importing them from here.
 PID_BLOCK_SIZE = 1000
+_INTERNAL_TOPIC_KEYS = {TRANSACTION_STATE_TOPIC: "transaction.state.log", CONSUMER_OFFSETS_TOPIC: "offsets.topic"}
 MAX_PARTITIONS = 10_000
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
@@ -105,24 +106,44 @@ class ClusterView:
         )
         documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
-    def ensure_internal_topics(self) -> None:
-        for name, key in (
-            (TRANSACTION_STATE_TOPIC, "transaction.state.log"),
-            (CONSUMER_OFFSETS_TOPIC, "offsets.topic"),
-        ):
-            if self.store.get(keys.topic(name)) is not None:
+    def ensure_internal_topics(self) -> list[str]:
+        """Create the internal topics that are missing, each once enough brokers are alive.
+
+        As in Kafka, an internal topic is never created with fewer replicas than its configured
+        replication factor (``transaction.state.log.replication.factor``,
+        ``offsets.topic.replication.factor``): a cluster whose third broker registers late must
+        not keep coordinator partitions with two replicas for ever. Until then FindCoordinator
+        answers COORDINATOR_NOT_AVAILABLE (retriable) and the broker calls this again on every
+        metadata refresh. Returns the internal topics still missing (a message each).
+        """
+        waiting = []
+        for name, key in _INTERNAL_TOPIC_KEYS.items():
+            if name in self.topics or self.store.get(keys.topic(name)) is not None:
+                continue
+            wanted = self.config.int(f"{key}.replication.factor")
+            if self._alive_brokers() < wanted:
+                waiting.append(self.internal_topic_missing(name))
                 continue
             try:
                 self.create_topic(
-                    name,
-                    self.config.int(f"{key}.num.partitions"),
-                    min(self.config.int(f"{key}.replication.factor"), max(len(self.brokers), 1)),
-                    dict(INTERNAL_TOPIC_CONFIG),
-                    internal=True,
+                    name, self.config.int(f"{key}.num.partitions"), wanted, dict(INTERNAL_TOPIC_CONFIG), internal=True
                 )
             except SluiceError as exc:
                 if exc.code != pb.TOPIC_ALREADY_EXISTS:
                     raise
+        return waiting
+
+    def internal_topic_missing(self, name: str) -> str:
+        """Why internal topic ``name`` does not exist yet: for logs and FindCoordinator's answer."""
+        key = _INTERNAL_TOPIC_KEYS[name]
+        wanted = self.config.int(f"{key}.replication.factor")
+        return (
+            f"{name} does not exist yet: it is created once {wanted} broker(s) are alive "
+            f"({key}.replication.factor), and {self._alive_brokers()} are"
+        )
+
+    def _alive_brokers(self) -> int:
+        return len((set(self.brokers) | {self.config.broker_id}) - self.dead_brokers)  # this one is, registered or not
 
     # -- watching ---------------------------------------------------------------------------------
 
@@ -219,9 +240,7 @@ class ClusterView:
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise errors.InvalidPartitionsError(f"partitions must be in [1, {MAX_PARTITIONS}], not {partitions}")
         if replication_factor < 1:
-            raise errors.InvalidReplicationFactorError(
-                f"replication factor must be >= 1, not {replication_factor}"
-            )
+            raise errors.InvalidReplicationFactorError(f"replication factor must be >= 1, not {replication_factor}")
         try:
             clean = validate_topic_config(config)
         except ConfigError as exc:

@@ -64,9 +64,10 @@ BROKERS_WAIT_S = 30.0
 async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
     """Before creating the internal topics, give the other brokers of the cluster time to register.
 
-    The internal topics are created once, by the first broker, with the configured replication
-    factor; a cluster whose brokers start together should not get them with fewer replicas just
-    because this broker was first. Bounded: after BROKERS_WAIT_S they are created with what is there.
+    The internal topics are created once, by the first broker that sees as many live brokers as
+    their configured replication factor (ClusterView.ensure_internal_topics). Waiting here only
+    makes a cluster whose brokers start together have them at once; after BROKERS_WAIT_S the
+    broker goes on starting and creates them from its metadata watch when the brokers come.
     """
     from sluice.broker.cluster import INTERNAL_TOPICS
 
@@ -78,10 +79,6 @@ async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
     while len(cluster.brokers) < wanted and time.monotonic() < deadline:
         await asyncio.sleep(METADATA_POLL_S)
         cluster.refresh()
-    if len(cluster.brokers) < wanted:
-        log.warning(
-            "only %d of %d brokers registered: internal topics get fewer replicas", len(cluster.brokers), wanted
-        )
 
 
 async def controlled_shutdown(cluster: ClusterView, config: BrokerConfig, hurry: asyncio.Event) -> None:
@@ -308,7 +305,8 @@ async def serve(
     )  # fmt: skip
     # Alive (for the failure detector) while waiting for the other brokers; ready only later.
     await wait_for_brokers(cluster, config)
-    cluster.ensure_internal_topics()
+    for waiting in cluster.ensure_internal_topics():  # else from watch_metadata, when brokers come
+        log.warning("%s; coordinators answer COORDINATOR_NOT_AVAILABLE meanwhile", waiting)
     cluster.refresh()
     replicas.delete_stray_partitions()  # the whole metadata is read now: what it does not assign goes
     replicas.fetchers.start()
@@ -332,11 +330,15 @@ async def serve(
     # load after a failover would make a healthy broker look dead (docs/architecture.md).
     started_up = False
 
+    internal_topics_missing = True
+
     async def watch_metadata() -> None:
-        nonlocal started_up
+        nonlocal started_up, internal_topics_missing
         while True:
             try:
                 cluster.refresh()
+                if internal_topics_missing:
+                    internal_topics_missing = bool(cluster.ensure_internal_topics())
                 servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
                 servicer.broker.user_quotas.refresh()  # client quotas: the quotas/users/ documents
             except Exception:

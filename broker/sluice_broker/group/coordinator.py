@@ -369,7 +369,7 @@ class GroupCoordinator:
             if classic is not None and not classic.is_empty:
                 code, message = classic.check_commit(
                     req.member_id, req.member_epoch, transactional=False,
-                    instance_id=req.group_instance_id if req.HasField("group_instance_id") else None,
+                    instance_id=_instance_id(req),
                 )  # fmt: skip
                 if code != pb.NONE:
                     raise errors.error_for(code, message)
@@ -438,7 +438,7 @@ class GroupCoordinator:
         if classic is not None and not classic.is_empty:
             code, message = classic.check_commit(
                 req.member_id, req.member_epoch, transactional=True,
-                instance_id=req.group_instance_id if req.HasField("group_instance_id") else None,
+                instance_id=_instance_id(req),
             )  # fmt: skip
             if code != pb.NONE:
                 raise errors.error_for(code, message)
@@ -667,6 +667,11 @@ class GroupCoordinator:
                 for member_id, reason in removed:
                     log.info("group %r: removed member %s (%s); epoch now %d", group_id, member_id, reason, group.epoch)
                 self.replicas.events.group_epochs_bumped(group.epoch - current.epoch)
+
+
+def _instance_id(req: bpb.OffsetCommitRequest | bpb.TxnOffsetCommitRequest) -> str | None:
+    """The committing member's group.instance.id (KIP-345), None when the request names none."""
+    return req.group_instance_id if req.HasField("group_instance_id") else None
 
 
 def _coordinator_error(exc: SluiceError) -> SluiceError:

@@ -37,8 +37,13 @@ import grpc
 
 from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
 from sluice.broker.config import BrokerConfig
-from sluice.broker.security.peers import Caller, ClusterIdentity, peer_certificate, peer_common_name
-from sluice.broker.security.peers import principal as principal_of
+from sluice.broker.security.peers import (
+    Caller,
+    ClusterIdentity,
+    is_broker_name,
+    peer_certificate,
+    peer_common_name,
+)
 from sluice.broker.security.tokens import TOKEN_PRINCIPAL
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument
@@ -197,7 +202,10 @@ class Access:
         if by_token is not None:  # a token listener's caller: its ServiceAccount, never a broker
             return Caller.of_token(by_token, peer_host(who))
         name = peer_common_name(who)
-        return Caller(principal_of(who), peer_host(who), name, self.identity.is_broker(name, peer_certificate(who)))
+        # the certificate is fetched (and its signature checked, once) only behind a broker's CN:
+        # every call of every client comes through here
+        is_broker = is_broker_name(name) and self.identity.is_broker(name, peer_certificate(who))
+        return Caller.of_certificate(name, peer_host(who), is_broker=is_broker)
 
     def allowed(self, who: Who, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
         if not self.enabled:

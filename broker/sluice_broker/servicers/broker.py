@@ -365,7 +365,7 @@ class BrokerService:
         resp = bpb.FindCoordinatorResponse(node_id=-1)
         if info is None:
             resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = f"{topic} does not exist yet"
+            resp.error_message = self.cluster.internal_topic_missing(topic)
             return resp
         leader = info.partitions[coordinator_partition(req.key, len(info.partitions))].leader
         endpoint = self.cluster.brokers.get(leader)

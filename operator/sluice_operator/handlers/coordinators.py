@@ -81,9 +81,10 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch, runtime: O
     found = documents.read(runtime.meta, keys.topic(topic), TopicDocument)
     if found is None:
         brokers = runtime.brokers()
-        if not brokers:
+        if len(brokers) < rf:  # as the brokers do: never fewer replicas than asked (the drift timer retries)
+            message = f"waiting for {rf} brokers to register ({len(brokers)} have) to create {topic}"
             patch.status["conditions"] = set_condition(
-                conds, "Reconciling", TRUE, "NoBrokers", "waiting for a broker to register", generation
+                conds, "Reconciling", TRUE, "NoBrokers" if not brokers else "WaitingForBrokers", message, generation
             )
             return
         created = new_topic(

@@ -37,7 +37,11 @@ def find(ctx: KafkaContext, key: str, key_type: int) -> Coordinator:
         out.error_code, out.error_message = int(refused.error_code), refused.error_message
         return out
     info = ctx.cluster.topics.get(topic)
-    leader = -1 if info is None else info.partitions[coordinator_partition(key, len(info.partitions))].leader
+    if info is None:
+        out.error_code = pb.COORDINATOR_NOT_AVAILABLE
+        out.error_message = ctx.cluster.internal_topic_missing(topic)
+        return out
+    leader = info.partitions[coordinator_partition(key, len(info.partitions))].leader
     endpoint = None if leader < 0 else kafka_endpoint(ctx, leader)
     if endpoint is None:
         out.error_code = pb.COORDINATOR_NOT_AVAILABLE
