@@ -448,6 +448,14 @@ class SecurityDisabledError(SluiceError):
     retriable = False
 
 
+class SaslAuthenticationFailedError(SluiceError):
+    """The broker could not authenticate the client: no token, or one that is invalid, expired or
+    issued for another audience (a token listener, docs/security.md). Kafka's SaslAuthenticationException."""
+
+    code = E.SASL_AUTHENTICATION_FAILED
+    retriable = False
+
+
 class OperationNotAttemptedError(SluiceError):
     """Not tried: another part of the same request was refused (an authorization failure)."""
 
@@ -635,6 +643,7 @@ ERRORS: tuple[type[SluiceError], ...] = (
     TransactionCoordinatorFencedError,
     TransactionalIdAuthorizationFailedError,
     SecurityDisabledError,
+    SaslAuthenticationFailedError,
     OperationNotAttemptedError,
     KafkaStorageError,
     UnknownProducerIdError,

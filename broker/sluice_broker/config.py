@@ -157,7 +157,7 @@ UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
 }
 
 
-CLIENT_LISTENERS = ("plaintext", "tls", "mtls")
+CLIENT_LISTENERS = ("plaintext", "tls", "mtls", "token")
 
 
 class ConfigError(ValueError):
@@ -236,9 +236,12 @@ class BrokerConfig:
     inter_broker_port: int = 0
     tls_dir: str = ""
     # The client listener (--client-listener): "plaintext", "tls" (this broker's certificate from
-    # tls_dir), or "mtls" (client certificates required, from the clients CA in clients_ca).
+    # tls_dir), or "mtls" (client certificates required, from the clients CA in clients_ca), or
+    # "token" (tls, and every call carries a ServiceAccount token checked with a TokenReview for
+    # token_audience: sluice.broker.security.tokens).
     client_listener: str = "plaintext"
     clients_ca: str = ""
+    token_audience: str = ""
 
     @classmethod
     def build(
@@ -254,6 +257,7 @@ class BrokerConfig:
         tls_dir: str = "",
         client_listener: str = "plaintext",
         clients_ca: str = "",
+        token_audience: str = "",
     ) -> BrokerConfig:
         values = {k: default for k, (_kind, default) in DEFAULTS.items()}
         given = dict(overrides or {})
@@ -298,9 +302,13 @@ class BrokerConfig:
             raise ConfigError(f"--client-listener {client_listener} needs --broker-tls-dir (the broker's certificate)")
         if (client_listener == "mtls") != bool(clients_ca):
             raise ConfigError("--clients-ca (the CA of client certificates) goes with --client-listener mtls, and only")
+        if client_listener == "token":
+            token_audience = token_audience or "sluice"
+        elif token_audience:
+            raise ConfigError("--token-audience goes with --client-listener token, and only")
         return cls(
             broker_id, host, port, data_dir, metadata_url, values,
-            inter_broker_port, tls_dir, client_listener, clients_ca,
+            inter_broker_port, tls_dir, client_listener, clients_ca, token_audience,
         )  # fmt: skip
 
     def get(self, key: str) -> Any:

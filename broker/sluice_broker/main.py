@@ -44,11 +44,12 @@ from sluice.broker.kafka.options import KafkaOptions, start_kafka_listener
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
-from sluice.broker.security import reload
+from sluice.broker.security import reload, tokens
 from sluice.broker.server import BrokerServicer, open_listeners
 from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
+from sluice.metadata.kubernetes import KubernetesStoreError
 from sluice.tls import TlsError, load_dir
 
 log = logging.getLogger("sluice.broker")
@@ -153,10 +154,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--client-listener",
         default="plaintext",
-        choices=("plaintext", "tls", "mtls"),
+        choices=("plaintext", "tls", "mtls", "token"),
         help="security of the --listen port: plaintext (default: a local cluster on loopback), tls (this "
         "broker's certificate from --broker-tls-dir), mtls (tls, and clients must present a certificate from "
-        "--clients-ca; their principal is User:<CN>)",
+        "--clients-ca; their principal is User:<CN>), token (tls, and every call carries a Kubernetes "
+        "ServiceAccount token, checked with a TokenReview; the principal is ServiceAccount:<namespace>:<name>)",
+    )
+    parser.add_argument(
+        "--token-audience",
+        default=None,
+        metavar="AUDIENCE",
+        help="the audience ServiceAccount tokens must be issued for (with --client-listener token; default: sluice)",
+    )
+    parser.add_argument(
+        "--health-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the gRPC health service alone, in plaintext, here (for kubelet gRPC probes, which "
+        "cannot speak TLS; default: off, health is served on --listen)",
     )
     parser.add_argument(
         "--clients-ca",
@@ -181,14 +196,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def parse_metrics_listen(value: str | None) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of --metrics-listen, or None when it is not given."""
+def parse_metrics_listen(value: str | None, flag: str = "--metrics-listen") -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) of --metrics-listen (or ``flag``), or None when it is not given."""
     if value is None:
         return None
     host, sep, port = value.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--metrics-listen must be HOST:PORT with a port in 1..65535, not {value!r}")
+        raise ConfigError(f"{flag} must be HOST:PORT with a port in 1..65535, not {value!r}")
     return host, int(port)
 
 
@@ -242,6 +257,7 @@ def build_config(args: argparse.Namespace) -> BrokerConfig:
         tls_dir=args.broker_tls_dir or "",
         client_listener=args.client_listener,
         clients_ca=args.clients_ca or "",
+        token_audience=args.token_audience or "",
     )
 
 
@@ -249,6 +265,8 @@ async def serve(
     config: BrokerConfig,
     metrics_listen: tuple[str, int] | None = None,
     kafka: KafkaOptions | None = None,
+    health_listen: tuple[str, int] | None = None,
+    reviewer: tokens.Reviewer | None = None,
 ) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
@@ -263,7 +281,7 @@ async def serve(
 
     servicer = BrokerServicer(config, cluster, replicas, txn, groups)
     health = HealthServicer()
-    server = open_listeners(config, servicer, health)
+    server = open_listeners(config, servicer, health, health_listen, reviewer)
     if server.interbroker is None:
         log.warning("no --inter-broker-listen: this broker serves no inter-broker RPC and cannot be replicated from")
     metrics: BrokerMetrics | None = None
@@ -415,16 +433,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = build_config(args)
         metrics_listen = parse_metrics_listen(args.metrics_listen)
+        health_listen = parse_metrics_listen(args.health_listen, "--health-listen")
+        kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
+        if kafka is not None and config.client_listener == "token":
+            # The Kafka listener follows --client-listener, but Kafka clients cannot present a
+            # ServiceAccount token to it (no SASL there): it would be a TLS door without
+            # authentication around the token-checked gRPC port, so it is refused outright.
+            raise ConfigError(
+                "--kafka-listen cannot be combined with --client-listener token: the Kafka listener has no "
+                "token (SASL) authentication (docs/kafka-compatibility.md)"
+            )
+        # the API server client of the token listener's TokenReviews: missing credentials stop the start here
+        reviewer = tokens.reviewer_for(config.metadata_url) if config.client_listener == "token" else None
         if args.tracing:
             tracing.configure(args.tracing, config.broker_id)
         if config.tls_dir:
             load_dir(config.tls_dir, config.broker_id)  # unreadable material stops the broker here, with its name
-        kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
-    except (ConfigError, TlsError) as exc:
+    except (ConfigError, TlsError, KubernetesStoreError) as exc:
         print(f"sluice broker: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config, metrics_listen, kafka))
+        asyncio.run(serve(config, metrics_listen, kafka, health_listen, reviewer))
     except KafkaStorageError as exc:  # the log directory cannot be opened (a full disk at start)
         print(f"sluice broker: {exc}; free space on the data volume and start again", file=sys.stderr)
         return 1

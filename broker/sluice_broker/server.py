@@ -2,9 +2,9 @@
 
 Two listeners, as Kafka separates its inter.broker.listener from client listeners:
 
-* the **client listener** (``--listen``; ``--client-listener`` plaintext, tls or mtls, see
-  :meth:`sluice.broker.security.reload.TlsFiles.client_listener_credentials`) serves sluice.v1.Broker and
-  the health service. The
+* the **client listener** (``--listen``; ``--client-listener`` plaintext, tls, mtls or token, see
+  :meth:`sluice.broker.security.reload.TlsFiles.client_listener_credentials` and
+  :mod:`sluice.broker.security.tokens`) serves sluice.v1.Broker and the health service. The
   inter-broker methods are registered there only to be refused (PERMISSION_DENIED, nothing
   decoded): a client never needs them, and a forged WriteTxnMarkers or ReplicaFetch must not
   move a transaction, a high watermark or an ISR.
@@ -37,6 +37,7 @@ from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security import tokens
 from sluice.broker.security.authorizer import Access
 from sluice.broker.security.connections import ConnectionLimitInterceptor, ConnectionQuotas, GrpcConnections
 from sluice.broker.security.peers import ClusterIdentity
@@ -79,13 +80,18 @@ class Listeners:
 
     client: grpc.aio.Server
     interbroker: grpc.aio.Server | None
+    health: grpc.aio.Server | None = None  # --health-listen: the health service alone, plaintext
 
     async def start(self) -> None:
         await self.client.start()
         if self.interbroker is not None:
             await self.interbroker.start()
+        if self.health is not None:
+            await self.health.start()
 
     async def stop(self, grace: float) -> None:
+        if self.health is not None:
+            await self.health.stop(grace)
         if self.interbroker is not None:
             await self.interbroker.stop(grace)
         await self.client.stop(grace)
@@ -102,26 +108,49 @@ def _server(
     return grpc.aio.server(options=base + (options or []), interceptors=interceptors)
 
 
-def client_server(config: BrokerConfig) -> tuple[grpc.aio.Server, GrpcConnections | None]:
+def client_server(
+    config: BrokerConfig, reviewer: tokens.Reviewer | None = None
+) -> tuple[grpc.aio.Server, GrpcConnections | None]:
     """The client listener's server: connections idle for connections.max.idle.ms are closed (as the
     Kafka listener does), and calls from connections beyond max.connections.per.ip & co. are refused
-    (:mod:`sluice.broker.security.connections`; no interceptor at all when every cap is unlimited)."""
+    (:mod:`sluice.broker.security.connections`; no such interceptor when every cap is unlimited).
+
+    With ``--client-listener token`` every call but health checks is first authenticated by its
+    ServiceAccount token (:class:`sluice.broker.security.tokens.TokenInterceptor`, reviews by
+    ``reviewer``). It is the outer interceptor: a call without a valid token is refused before it
+    counts as a connection's call, and the connection limits see the server's own handlers (they
+    cache their wrapped copies per handler).
+    """
     idle_ms = config.int("connections.max.idle.ms")
     quotas = ConnectionQuotas.from_config(config)
-    if quotas.unlimited:
-        connections = None
-        interceptors = None
-    else:
+    interceptors: list[Any] = []
+    if config.client_listener == "token":
+        reviewer = reviewer if reviewer is not None else tokens.reviewer_for(config.metadata_url)
+        interceptors.append(tokens.TokenInterceptor(tokens.TokenAuthenticator(reviewer, config.token_audience)))
+    connections: GrpcConnections | None = None
+    if not quotas.unlimited:
         connections = GrpcConnections(quotas, config.port, idle_ms / 1000)
-        interceptors = [ConnectionLimitInterceptor(connections)]
+        interceptors.append(ConnectionLimitInterceptor(connections))
     options: list[tuple[str, Any]] = [("grpc.max_connection_idle_ms", idle_ms)]
-    return _server(config.int("socket.request.max.bytes"), options, interceptors), connections
+    return _server(config.int("socket.request.max.bytes"), options, interceptors or None), connections
 
 
-def open_listeners(config: BrokerConfig, servicer: BrokerServicer, health: HealthServicer) -> Listeners:
-    """Build both servers and bind their ports (not started yet); TlsError if the TLS material is bad."""
+def open_listeners(
+    config: BrokerConfig,
+    servicer: BrokerServicer,
+    health: HealthServicer,
+    health_listen: tuple[str, int] | None = None,
+    reviewer: tokens.Reviewer | None = None,
+) -> Listeners:
+    """Build the servers and bind their ports (not started yet); TlsError if the TLS material is bad.
+
+    With ``--client-listener token`` every client call is authenticated by its ServiceAccount
+    token first (:class:`sluice.broker.security.tokens.TokenInterceptor`, reviews by ``reviewer``).
+    ``health_listen`` adds a plaintext server with the health service alone, for probes that
+    cannot speak TLS (a kubelet's gRPC probe).
+    """
     max_bytes = config.int("socket.request.max.bytes")
-    client, connections = client_server(config)
+    client, connections = client_server(config, reviewer)
     client.add_generic_rpc_handlers(servicer.client_handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health, client)
     files = files_for(config) if config.tls_dir else None
@@ -137,4 +166,9 @@ def open_listeners(config: BrokerConfig, servicer: BrokerServicer, health: Healt
         interbroker = _server(max_bytes)
         interbroker.add_generic_rpc_handlers(servicer.interbroker_handlers())
         interbroker.add_secure_port(target(config.host, config.inter_broker_port), files.interbroker_credentials())
-    return Listeners(client, interbroker)
+    probes: grpc.aio.Server | None = None
+    if health_listen is not None:
+        probes = _server(max_bytes)
+        health_pb2_grpc.add_HealthServicer_to_server(health, probes)
+        probes.add_insecure_port(target(*health_listen))
+    return Listeners(client, interbroker, probes)

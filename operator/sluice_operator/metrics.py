@@ -43,7 +43,12 @@ from sluice.metadata.documents import TopicDocument
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 
-KINDS = {"topics": "Topic", "coordinators": "Coordinator", "transactionalids": "TransactionalId"}
+KINDS = {
+    "topics": "Topic",
+    "coordinators": "Coordinator",
+    "transactionalids": "TransactionalId",
+    "sluiceusers": "SluiceUser",
+}
 LEADERSHIP = "Leadership"  # the controller loop's rounds
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

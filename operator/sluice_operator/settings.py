@@ -32,6 +32,9 @@ SLUICE_RECONCILE_INTERVAL_S         drift repair period of Topics and Coordinato
 SLUICE_STATUS_INTERVAL_S            TransactionalId status period                         5
 SLUICE_PEERING                      the KopfPeering object's name                         sluice
 SLUICE_PEERING_PRIORITY             this replica's peering priority                       random
+SLUICE_BROKER_CA_FILE               the cluster CA: TLS to the brokers' client listener   plaintext
+SLUICE_BROKER_TOKEN_FILE            a ServiceAccount token for a token listener           none
+SLUICE_CLIENTS_CA_SECRET            Secret of the clients CA (SluiceUser tls certificates) none
 HOSTNAME                            this replica's identity (controller Lease holder)     host name
 SLUICE_BROKER_CERTS_SECRET          the operator owns the certificates: the brokers'      none (off)
                                     Secret (sluice.operator.certificates)
@@ -46,6 +49,11 @@ SLUICE_CERT_INTERVAL_S              how often the certificates are checked      
 
 Each replica takes a random peering priority unless one is set, because Kopf
 freezes every operator when two share the highest one.
+
+The operator is a client of the brokers (Topics, TransactionalIds): with
+``SLUICE_BROKER_CA_FILE`` it connects over TLS, and with ``SLUICE_BROKER_TOKEN_FILE`` too it
+sends that ServiceAccount token (``SASL_SSL``), re-read as the kubelet rotates it. The chart
+gives it a projected token for the brokers' audience and makes its principal a super user.
 """
 
 from __future__ import annotations
@@ -88,6 +96,9 @@ class OperatorSettings:
     ca_cert_secret: str | None = None
     cert_policy: cert_rotation.Policy = field(default_factory=cert_rotation.Policy)
     cert_interval_s: float = 30.0
+    broker_ca_file: str | None = None
+    broker_token_file: str | None = None
+    clients_ca_secret: str | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -118,7 +129,24 @@ class OperatorSettings:
             ca_cert_secret=_text(env, "SLUICE_CA_CERT_SECRET"),
             cert_policy=_cert_policy(env),
             cert_interval_s=_number(env, "SLUICE_CERT_INTERVAL_S", 30.0, positive=True),
+            broker_ca_file=_text(env, "SLUICE_BROKER_CA_FILE"),
+            broker_token_file=_text(env, "SLUICE_BROKER_TOKEN_FILE"),
+            clients_ca_secret=_text(env, "SLUICE_CLIENTS_CA_SECRET"),
         )
+
+    def broker_security(self) -> dict[str, str]:
+        """The Admin client's security keyword arguments (plaintext without a CA file)."""
+        if self.broker_token_file and not self.broker_ca_file:
+            raise SettingsError("SLUICE_BROKER_TOKEN_FILE needs SLUICE_BROKER_CA_FILE: tokens are sent over TLS only")
+        if not self.broker_ca_file:
+            return {}
+        if not self.broker_token_file:
+            return {"security_protocol": "SSL", "ssl_cafile": self.broker_ca_file}
+        return {
+            "security_protocol": "SASL_SSL",
+            "ssl_cafile": self.broker_ca_file,
+            "sasl_oauthbearer_token_file": self.broker_token_file,
+        }
 
 
 def _cert_policy(env: Mapping[str, str]) -> cert_rotation.Policy:

@@ -38,6 +38,9 @@ _KEYS = {
     "ssl.certfile": "ssl_certfile",
     "ssl.key.location": "ssl_keyfile",
     "ssl.keyfile": "ssl_keyfile",
+    # SASL_SSL: TLS and a Kubernetes ServiceAccount token (docs/security.md)
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.oauthbearer.token.file": "sasl_oauthbearer_token_file",
 }
 # Java key stores: named so the error can say what to write instead.
 _JAVA_STORES = {
@@ -49,7 +52,7 @@ _JAVA_STORES = {
     "ssl.keystore.type": "ssl.certificate.location and ssl.key.location",
     "ssl.key.password": "an unencrypted ssl.key.location",
 }
-_PROTOCOLS = ("PLAINTEXT", "SSL")
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
 
 
 @dataclass(frozen=True)
@@ -61,21 +64,27 @@ class ClientSecurity:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     source: str = ""  # where the settings came from, for error messages
+    sasl_mechanism: str | None = None
+    sasl_oauthbearer_token_file: str | None = None
 
     @property
     def tls(self) -> bool:
-        return self.security_protocol == "SSL"
+        return self.security_protocol in ("SSL", "SASL_SSL")
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the client classes (none for plaintext: the clients' default)."""
         if not self.tls:
             return {}
-        return {
-            "security_protocol": "SSL",
+        out: dict[str, Any] = {
+            "security_protocol": self.security_protocol,
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
         }
+        if self.security_protocol == "SASL_SSL":
+            out["sasl_mechanism"] = self.sasl_mechanism
+            out["sasl_oauthbearer_token_file"] = self.sasl_oauthbearer_token_file
+        return out
 
 
 PLAINTEXT = ClientSecurity()
@@ -108,10 +117,26 @@ def read_command_config(path: str) -> ClientSecurity:
     protocol = found.get("security_protocol", "PLAINTEXT").upper()
     if protocol not in _PROTOCOLS:
         raise CliError(
-            f"--command-config {path}: security.protocol={protocol} is not supported (use PLAINTEXT or SSL)", USAGE
+            f"--command-config {path}: security.protocol={protocol} is not supported (use PLAINTEXT, SSL or "
+            "SASL_SSL)",
+            USAGE,
         )
-    if protocol == "SSL" and not found.get("ssl_cafile"):
-        raise CliError(f"--command-config {path}: security.protocol=SSL needs ssl.ca.location (the cluster CA)", USAGE)
+    if protocol != "PLAINTEXT" and not found.get("ssl_cafile"):
+        raise CliError(
+            f"--command-config {path}: security.protocol={protocol} needs ssl.ca.location (the cluster CA)", USAGE
+        )
+    mechanism = found.get("sasl_mechanism")
+    if mechanism is not None and mechanism.upper() != "OAUTHBEARER":
+        raise CliError(
+            f"--command-config {path}: sasl.mechanism={mechanism} is not supported (OAUTHBEARER: a ServiceAccount "
+            "token)",
+            USAGE,
+        )
+    if (protocol == "SASL_SSL") != bool(found.get("sasl_oauthbearer_token_file")):
+        raise CliError(
+            f"--command-config {path}: sasl.oauthbearer.token.file goes with security.protocol=SASL_SSL, and only",
+            USAGE,
+        )
     if bool(found.get("ssl_certfile")) != bool(found.get("ssl_keyfile")):
         raise CliError(f"--command-config {path}: ssl.certificate.location and ssl.key.location go together", USAGE)
     return ClientSecurity(
@@ -120,6 +145,8 @@ def read_command_config(path: str) -> ClientSecurity:
         ssl_certfile=found.get("ssl_certfile"),
         ssl_keyfile=found.get("ssl_keyfile"),
         source=f"--command-config {path}",
+        sasl_mechanism=found.get("sasl_mechanism"),
+        sasl_oauthbearer_token_file=found.get("sasl_oauthbearer_token_file"),
     )
 
 
@@ -133,6 +160,7 @@ def resolve_security(explicit: str | None, dev_admin_config: str | None) -> Clie
         return ClientSecurity(
             found.security_protocol, found.ssl_cafile, found.ssl_certfile, found.ssl_keyfile,
             source=f"the dev cluster's {dev_admin_config}",
+            sasl_mechanism=found.sasl_mechanism, sasl_oauthbearer_token_file=found.sasl_oauthbearer_token_file,
         )  # fmt: skip
     return PLAINTEXT
 

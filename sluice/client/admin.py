@@ -163,6 +163,8 @@ class Admin:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauthbearer_token_file: str | None = None,
         client_id: str | None = None,
     ) -> None:
         self.client_id = client_id or "sluice-admin"
@@ -170,7 +172,14 @@ class Admin:
         self._cluster = Cluster(
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
-            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+            security=ClientSecurity.build(
+                security_protocol,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+                sasl_mechanism=sasl_mechanism,
+                sasl_oauthbearer_token_file=sasl_oauthbearer_token_file,
+            ),
         )
 
     def _deadline(self, timeout: float | None) -> Deadline:

@@ -12,6 +12,10 @@ names the PEM option to use instead, never a silently plaintext job.
 The files are read on the driver when the options are parsed (a missing or unreadable file is
 an option error before any data is read) and again by each executor's clients: like Spark's
 Kafka connector, the paths must exist on every executor (a mounted Secret on Kubernetes).
+
+``security.protocol`` ``SASL_SSL`` with ``sasl.oauthbearer.token.file`` (and optionally
+``sasl.mechanism`` ``OAUTHBEARER``) authenticates with a Kubernetes ServiceAccount token instead
+of a client certificate: on Kubernetes, the executors' own projected token (docs/security.md).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ _OPTIONS = {
     "ssl.certfile": "ssl_certfile",
     "ssl.key.location": "ssl_keyfile",
     "ssl.keyfile": "ssl_keyfile",
+    # SASL_SSL with a Kubernetes ServiceAccount token (docs/security.md): Kafka's names
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.oauthbearer.token.file": "sasl_oauthbearer_token_file",
 }
 _JAVA_STORES = {
     "ssl.truststore.location": "ssl.ca.location",
@@ -42,7 +49,10 @@ _JAVA_STORES = {
     "ssl.key.password": "an unencrypted ssl.key.location",
 }
 # The documented spellings, for the sources' lists of known options.
-SECURITY_OPTIONS = ("security.protocol", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+SECURITY_OPTIONS = (
+    "security.protocol", "ssl.ca.location", "ssl.certificate.location", "ssl.key.location",
+    "sasl.mechanism", "sasl.oauthbearer.token.file",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +63,23 @@ class SecurityOptions:
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_oauthbearer_token_file: str | None = None
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for Producer, Consumer and Admin."""
         if self.security_protocol == "PLAINTEXT":
             return {}
-        return {
+        kwargs: dict[str, Any] = {
             "security_protocol": self.security_protocol,
             "ssl_cafile": self.ssl_cafile,
             "ssl_certfile": self.ssl_certfile,
             "ssl_keyfile": self.ssl_keyfile,
         }
+        if self.security_protocol == "SASL_SSL":
+            kwargs["sasl_mechanism"] = self.sasl_mechanism
+            kwargs["sasl_oauthbearer_token_file"] = self.sasl_oauthbearer_token_file
+        return kwargs
 
 
 PLAINTEXT = SecurityOptions()
@@ -85,11 +101,17 @@ def parse_security_options(options: Mapping[str, str], error: Callable[[str], Ex
         if k in _OPTIONS:
             found[_OPTIONS[k]] = str(value).strip()
     protocol = found.pop("security_protocol", "PLAINTEXT").upper()
-    if protocol not in ("PLAINTEXT", "SSL"):
-        raise error(f"option 'security.protocol' must be PLAINTEXT or SSL, not {protocol!r}")
-    if protocol == "SSL" and not found.get("ssl_cafile"):
-        raise error("option 'security.protocol' SSL needs 'ssl.ca.location' (the cluster CA, a PEM file)")
-    settings = SecurityOptions(protocol, found.get("ssl_cafile"), found.get("ssl_certfile"), found.get("ssl_keyfile"))
+    if protocol not in ("PLAINTEXT", "SSL", "SASL_SSL"):
+        raise error(f"option 'security.protocol' must be PLAINTEXT, SSL or SASL_SSL, not {protocol!r}")
+    if protocol != "PLAINTEXT" and not found.get("ssl_cafile"):
+        raise error(f"option 'security.protocol' {protocol} needs 'ssl.ca.location' (the cluster CA, a PEM file)")
+    sasl = [k for k in ("sasl_mechanism", "sasl_oauthbearer_token_file") if found.get(k)]
+    if sasl and protocol != "SASL_SSL":
+        raise error(f"option(s) {', '.join(k.replace('_', '.') for k in sasl)} need 'security.protocol' SASL_SSL")
+    settings = SecurityOptions(
+        protocol, found.get("ssl_cafile"), found.get("ssl_certfile"), found.get("ssl_keyfile"),
+        found.get("sasl_mechanism"), found.get("sasl_oauthbearer_token_file"),
+    )  # fmt: skip
     try:  # the client's own checks, and the files read once on the driver
         ClientSecurity.build(**settings.client_kwargs())
     except ValueError as exc:

@@ -21,6 +21,8 @@ from collections.abc import Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sluice import tls
+
 SERVING = "SERVING"
 UNREACHABLE = "UNREACHABLE"
 
@@ -59,6 +61,9 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+_BROKER_NAME = ("grpc.ssl_target_name_override", tls.BROKER_SERVER_NAME)
+
+
 def check_health(address: str, timeout: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> str:
     """The broker's overall health status name (``SERVING``, ``NOT_SERVING`` ...) or ``UNREACHABLE``.
 
@@ -68,7 +73,8 @@ def check_health(address: str, timeout: float = 1.0, credentials: grpc.ChannelCr
         channel = (
             grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
             if credentials is None
-            else grpc.secure_channel(address, credentials, options=CHANNEL_OPTIONS)
+            # brokers are reached by address: their certificates' common server name is checked
+            else grpc.secure_channel(address, credentials, options=[*CHANNEL_OPTIONS, _BROKER_NAME])
         )
         with channel:
             stub = health_pb2_grpc.HealthStub(channel)

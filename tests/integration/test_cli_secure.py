@@ -74,10 +74,14 @@ def test_client_commands_take_command_config(
     ("text", "message"),
     [
         ("ssl.truststore.location=/x.jks\n", "not Java key stores; use ssl.ca.location"),
-        ("security.protocol=SASL_SSL\n", "SASL_SSL is not supported"),
+        ("security.protocol=SASL_PLAINTEXT\n", "SASL_PLAINTEXT is not supported"),
         ("security.protocol=SSL\n", "needs ssl.ca.location"),
         ("security.protocol=SSL\nssl.ca.location=/ca\nssl.certificate.location=/c\n", "go together"),
-        ("sasl.mechanism=PLAIN\n", "expected one of security.protocol"),
+        ("security.protocol=SASL_SSL\nssl.ca.location=/ca\n", "sasl.oauthbearer.token.file goes with"),
+        ("sasl.oauthbearer.token.file=/t\n", "goes with security.protocol=SASL_SSL"),
+        ("security.protocol=SASL_SSL\nssl.ca.location=/ca\nsasl.oauthbearer.token.file=/t\nsasl.mechanism=PLAIN\n",
+         "sasl.mechanism=PLAIN is not supported"),
+        ("sasl.kerberos.service.name=sluice\n", "expected one of security.protocol"),
     ],
 )
 def test_bad_command_config_is_a_usage_error(

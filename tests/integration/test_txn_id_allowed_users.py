@@ -133,7 +133,7 @@ def test_allowed_users_decide_who_uses_the_transactional_id(secure: tuple[LocalC
     _eventually(both, {"alice": refused, "bob": "ok"})
 
 
-def test_service_accounts_become_principals_and_are_reported_unsupported(
+def test_service_accounts_become_principals(
     secure: tuple[LocalCluster, OperatorRuntime],
 ) -> None:
     _cluster, ops = secure
@@ -145,4 +145,4 @@ def test_service_accounts_become_principals_and_are_reported_unsupported(
     assert doc is not None
     assert doc.value["allowed_principals"] == ["ServiceAccount:apps:copier", "User:carol"]
     cond = next(c for c in patch["status"]["conditions"] if c["type"] == "NotSupported")
-    assert (cond["status"], cond["reason"]) == ("True", "NoServiceAccountAuthentication")
+    assert (cond["status"], cond["reason"]) == ("False", "Supported")  # a token listener authenticates them

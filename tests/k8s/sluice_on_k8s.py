@@ -72,6 +72,10 @@ class SluiceOnK8s:
         # each broker's --broker-tls-dir: by default a certificate of a local CA (sluice.testing.certs);
         # tests of the operator's certificates point it at a projection of the operator's Secret
         self.tls_dirs: dict[int, Path] = {}
+        # More broker arguments (a secure client listener) and the TLS credentials its health
+        # checks then need; the health service itself needs no token.
+        self.broker_args: list[str] = []
+        self.health_credentials: Any = None
 
     # -- addresses --------------------------------------------------------------------------------
 
@@ -134,6 +138,7 @@ class SluiceOnK8s:
             "--inter-broker-listen", f"{HOSTS[i]}:{self.inter_broker_port}",
             "--broker-tls-dir", str(self.tls_dirs.get(i) or broker_tls_dirs(self.workdir, [i], HOSTS[i])[i]),
         ]  # fmt: skip
+        argv += self.broker_args
         for key, value in settings.items():
             argv += ["--config", f"{key}={value}"]
         if i not in self.brokers:
@@ -141,7 +146,10 @@ class SluiceOnK8s:
         self.brokers[i].start()
 
     def wait_serving(self, i: int, timeout: float = 90.0) -> None:
-        if not poll_until(lambda: check_health(self.address(i)) == SERVING, timeout=timeout, interval=0.2):
+        def serving() -> bool:
+            return check_health(self.address(i), credentials=self.health_credentials) == SERVING
+
+        if not poll_until(serving, timeout=timeout, interval=0.2):
             raise AssertionError(f"broker {i} not SERVING within {timeout} s\n{self.brokers[i].log_tail()}")
 
     def start(self, config: Mapping[str, str] | None = None) -> None:

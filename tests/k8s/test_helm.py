@@ -203,8 +203,9 @@ def test_install_creates_the_cluster_description_and_uninstall_removes_it(
     assert claim["resources"]["requests"]["storage"] == "2Gi"
     assert claim["storageClassName"] == "fast"
     container = spec["template"]["spec"]["containers"][0]
-    assert container["readinessProbe"]["grpc"] == {"port": 9092, "service": ""}
-    assert container["livenessProbe"]["grpc"] == {"port": 9092, "service": "sluice.liveness"}
+    # the client listener is TLS (ServiceAccount tokens): probes use the plaintext health port
+    assert container["readinessProbe"]["grpc"] == {"port": 9094, "service": ""}
+    assert container["livenessProbe"]["grpc"] == {"port": 9094, "service": "sluice.liveness"}
     assert spec["template"]["spec"]["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
 
     headless: Any = k8s.kubectl_json("get", "service", "rel-sluice-broker-headless", "-n", ns)["spec"]
@@ -244,6 +245,9 @@ def test_operator_and_broker_roles_are_least_privilege(k8s: KubeCluster, k8s_nam
         assert not can(broker, "list", "topics.sluice.dev", "-n", ns)
         assert not can(broker, "get", "secrets", "-n", ns)
         assert not can(broker, "list", "metadatadocuments.sluice.dev", "-n", "default")
+        assert can(broker, "create", "tokenreviews.authentication.k8s.io")  # the token listener
+        assert not can(broker, "create", "subjectaccessreviews.authorization.k8s.io")
+        assert can(operator, "patch", "sluiceusers.sluice.dev/status", "-n", ns)
 
         assert can(operator, "patch", "transactionalids.sluice.dev", "-n", ns)
         assert can(operator, "watch", "pods", "-n", ns)
@@ -374,6 +378,7 @@ def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s
     monitoring = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
     assert rules == {
         9092: None,  # clients: from everywhere (authentication and ACLs decide the rest)
+        9094: None,  # the health service alone, for the kubelet's probes (the client listener is TLS)
         9093: [{"podSelector": {"matchLabels": broker_pods}}],  # inter-broker: brokers only
         9404: monitoring,  # metrics: the monitoring namespace
     }
@@ -406,6 +411,7 @@ def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s
     ingress = find(docs, "NetworkPolicy", "sluice-broker")["spec"]["ingress"]
     assert {r["ports"][0]["port"]: r.get("from") for r in ingress} == {
         9092: [{"namespaceSelector": {"matchLabels": {"team": "payments"}}}],
+        9094: None,
         9093: [{"podSelector": {"matchLabels": broker_pods}}],
     }
     assert [r["ports"][0]["port"] for r in find(docs, "NetworkPolicy", "sluice-operator")["spec"]["ingress"]] == [8080]
@@ -416,3 +422,80 @@ def test_network_policies_open_each_port_to_whom_it_serves(k8s: KubeCluster, k8s
         check=False,
     )  # fmt: skip
     assert bad.returncode != 0 and "networkPolicy.enabled does not apply to hostNetwork.enabled" in bad.stderr
+
+
+def test_the_default_client_listener_is_tls_with_service_account_tokens_and_the_authorizer_on(
+    k8s: KubeCluster,
+) -> None:
+    docs = render(k8s, namespace="prod")
+    sts = find(docs, "StatefulSet")
+    config = broker_config(sts, broker_id=1, namespace="prod")
+    assert (config.client_listener, config.token_audience) == ("token", "sluice")
+    assert config.get("authorizer.enabled") is True
+    assert config.get("super.users") == "ServiceAccount:prod:sluice-operator"  # the operator: a super user
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert "--health-listen=$(POD_IP):9094" in container["args"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["grpc"]["port"] == 9094
+    assert {"name": "health", "containerPort": 9094, "protocol": "TCP"} in container["ports"]
+    review = find(docs, "ClusterRole", "sluice-broker-prod-tokenreview")
+    assert review["rules"] == [
+        {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+    ]
+    binding = find(docs, "ClusterRoleBinding", "sluice-broker-prod-tokenreview")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "sluice-broker", "namespace": "prod"}]
+
+    # The operator connects as a token client: the cluster CA alone (not the broker's key) and a
+    # projected token for the brokers' audience, the files its settings name.
+    from sluice.operator.settings import OperatorSettings
+
+    pod = find(docs, "Deployment", "sluice-operator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    settings = OperatorSettings.from_environment({"SLUICE_NAMESPACE": "prod", **{k: v for k, v in env.items() if v}})
+    assert settings.broker_security() == {
+        "security_protocol": "SASL_SSL",
+        "ssl_cafile": "/etc/sluice/broker-ca/ca.crt",
+        "sasl_oauthbearer_token_file": "/var/run/secrets/sluice/token",
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["broker-ca"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+    token = volumes["broker-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "sluice" and token["path"] == "token"
+    mounts = {m["name"]: m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["broker-ca"] == "/etc/sluice/broker-ca" and mounts["broker-token"] == "/var/run/secrets/sluice"
+
+    # Plaintext is a choice, with the authorizer off: none of the above.
+    plain = render(k8s, "--set", "broker.clientAuth.listener=plaintext", "--set", "broker.authorizer.enabled=false")
+    sts = find(plain, "StatefulSet")
+    config = broker_config(sts, broker_id=0, namespace="sluice")
+    assert config.client_listener == "plaintext" and config.get("authorizer.enabled") is False
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in container["args"] if a.startswith("--health-listen")]
+    assert container["readinessProbe"]["grpc"]["port"] == 9092
+    assert not [d for d in plain if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tokenreview")]
+    operator_env = find(plain, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert not [e for e in operator_env if e["name"] in ("SLUICE_BROKER_CA_FILE", "SLUICE_BROKER_TOKEN_FILE")]
+    extra = render(k8s, "--set", "broker.authorizer.superUsers={User:alice,ServiceAccount:ops:admin}")
+    assert broker_config(find(extra, "StatefulSet"), 0, "sluice").get("super.users") == (
+        "ServiceAccount:sluice:sluice-operator;User:alice;ServiceAccount:ops:admin"
+    )
+
+
+def test_client_listener_values_that_cannot_work_are_refused(k8s: KubeCluster) -> None:
+    for args, message in (
+        (["--set", "broker.clientAuth.listener=mtls"], "mtls needs a clients CA"),
+        (["--set", "broker.clientAuth.listener=plaintext"], "every client is User:ANONYMOUS"),
+        (["--set", "broker.clientAuth.listener=tls"], "every client is User:ANONYMOUS"),
+    ):
+        result = k8s.helm("template", "x", str(CHART), *args, check=False)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_host_network_brokers_probe_their_tls_listener_with_the_cluster_ca(k8s: KubeCluster) -> None:
+    docs = render(k8s, "--set", "hostNetwork.enabled=true")
+    container = find(docs, "StatefulSet")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SLUICE_CLIENT_LISTENER"] == "token"
+    script = container["readinessProbe"]["exec"]["command"][2]
+    assert "grpc.secure_channel" in script and "/etc/sluice/broker-tls/ca.crt" in script
+    assert not [a for a in container["args"] if "--health-listen" in a]

@@ -19,7 +19,7 @@ def test_plaintext_is_the_default_and_takes_no_files() -> None:
 
 def test_bad_settings_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="security_protocol must be one of PLAINTEXT, SSL"):
-        ClientSecurity.build("SASL_SSL")
+        ClientSecurity.build("SSLv3")
     with pytest.raises(ValueError, match="ssl_certfile and ssl_keyfile go together"):
         ClientSecurity.build("SSL", ssl_certfile="/x")
     with pytest.raises(ValueError, match=r"ssl_cafile ./nonexistent/ca\.crt. cannot be read"):

@@ -89,4 +89,4 @@ def test_timers_take_their_intervals_from_the_settings() -> None:
     registry = kopf.OperatorRegistry()
     register(registry, OperatorSettings(namespace="n", metadata_url="x", reconcile_interval_s=7, status_interval_s=2))
     intervals = {h.id.rsplit("/", 1)[-1]: h.interval for h in registry._spawning.get_all_handlers()}
-    assert intervals == {"topic_drift": 7, "coordinator_drift": 7, "transactional_id_status": 2}
+    assert intervals == {"topic_drift": 7, "coordinator_drift": 7, "transactional_id_status": 2, "user_drift": 7}

@@ -69,10 +69,36 @@ spec:
   replicationFactor: 3
 YAML
 kubectl -n "$NAMESPACE" wait --for=condition=Ready topic/e2e-smoke --timeout 120s
+# The chart's default client listener: TLS, ServiceAccount tokens (audience sluice), ACLs.
+kubectl -n "$NAMESPACE" create serviceaccount e2e-client --dry-run=client -o yaml | kubectl apply -f -
+kubectl -n "$NAMESPACE" apply -f - <<'YAML'
+apiVersion: sluice.dev/v1alpha1
+kind: SluiceUser
+metadata:
+  name: e2e-client
+spec:
+  authentication: {type: serviceAccount, serviceAccount: {name: e2e-client}}
+  authorization:
+    acls:
+      - resource: {type: topic, name: e2e-smoke}
+        operations: [Read, Write]
+      - resource: {type: transactionalId, name: e2e-smoke}
+        operations: [Write]
+      - resource: {type: group, name: "*"}
+        operations: [Read]
+YAML
+kubectl -n "$NAMESPACE" wait --for=jsonpath='{.status.conditions[?(@.type=="Ready")].status}'=True \
+    sluiceuser/e2e-client --timeout 120s
+overrides='{"spec": {"serviceAccountName": "e2e-client",
+  "volumes": [
+    {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"audience": "sluice", "path": "token"}}]}},
+    {"name": "ca", "secret": {"secretName": "sluice-cluster-ca-cert", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}],
+  "containers": [{"name": "client", "image": "'"$IMAGE"'", "imagePullPolicy": "Never", "stdin": true,
+    "env": [{"name": "SLUICE_BOOTSTRAP_SERVERS", "value": "sluice:9092"}],
+    "volumeMounts": [{"name": "token", "mountPath": "/var/run/secrets/sluice"}, {"name": "ca", "mountPath": "/etc/sluice/ca"}],
+    "command": ["sh", "-c", "printf \"security.protocol=SASL_SSL\\nssl.ca.location=/etc/sluice/ca/ca.crt\\nsasl.oauthbearer.token.file=/var/run/secrets/sluice/token\\n\" > /tmp/client.properties && seq 1 100 | sluice produce e2e-smoke --transactional-id e2e-smoke --command-config /tmp/client.properties && sluice consume e2e-smoke --from-beginning --max-messages 100 --command-config /tmp/client.properties | sort -n | uniq | wc -l"]}]}}'
 out="$(kubectl -n "$NAMESPACE" run "e2e-client-$RANDOM" --rm -i --restart=Never --quiet \
-    --image="$IMAGE" --image-pull-policy=Never --env=SLUICE_BOOTSTRAP_SERVERS=sluice:9092 \
-    --command -- sh -c 'seq 1 100 | sluice produce e2e-smoke --transactional-id e2e-smoke \
-        && sluice consume e2e-smoke --from-beginning --max-messages 100 | sort -n | uniq | wc -l')"
+    --image="$IMAGE" --overrides="$overrides")"
 echo "read back $out distinct records of 100"
 [[ "$(echo "$out" | tail -n 1 | tr -d ' ')" == "100" ]] || { echo "e2e: smoke produce/consume failed" >&2; exit 1; }
 

@@ -13,7 +13,9 @@ certificate means the same principal on both:
   ``ssl.client.auth=none``);
 * ``mtls``: a certificate signed by the clients CA (or the cluster CA) is required, else the
   handshake fails and no request is read (``ssl.client.auth=required``); the principal is
-  ``User:<CN>``, by the same mapping as gRPC's (:class:`~sluice.broker.security.peers.Caller`).
+  ``User:<CN>``, by the same mapping as gRPC's (:class:`~sluice.broker.security.peers.Caller`);
+* ``token``: refused (the broker does not start): Kafka clients cannot present the
+  ServiceAccount token that listener requires, and a TLS port without it would be a door around it.
 
 The handshake is made by the connection's own task (``StreamWriter.start_tls``) rather than by
 the server, so a failed one is logged once with the peer and the reason (a plaintext client,
@@ -58,6 +60,8 @@ def server_context(config: BrokerConfig, material: tls.TlsMaterial | None = None
     """
     if config.client_listener == "plaintext":
         return None
+    if config.client_listener == "token":  # main() refuses the pair first; never a TLS door without authentication
+        raise tls.TlsError("the Kafka listener cannot follow --client-listener token: Kafka clients send no token")
     material = material or tls.load_dir(config.tls_dir, config.broker_id)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2

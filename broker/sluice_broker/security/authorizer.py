@@ -44,6 +44,7 @@ from sluice.broker.security.peers import (
     peer_certificate,
     peer_common_name,
 )
+from sluice.broker.security.tokens import TOKEN_PRINCIPAL
 from sluice.metadata import keys
 from sluice.metadata.documents import TransactionalIdDocument
 from sluice.metadata.store import MetadataStore
@@ -197,6 +198,9 @@ class Access:
         """The :class:`Caller` behind a gRPC call (or the Caller itself)."""
         if isinstance(who, Caller):
             return who
+        by_token = TOKEN_PRINCIPAL.get()
+        if by_token is not None:  # a token listener's caller: its ServiceAccount, never a broker
+            return Caller.of_token(by_token, peer_host(who))
         name = peer_common_name(who)
         # the certificate is fetched (and its signature checked, once) only behind a broker's CN:
         # every call of every client comes through here

@@ -22,6 +22,11 @@ not proof of that: with ``mtls`` the clients CA is trusted there too, and whoeve
 client certificate could have one named ``sluice-broker-0``. :class:`ClusterIdentity` therefore
 also checks that one of the cluster CA's certificates (the current bundle: two during a CA
 rotation) signed the certificate.
+
+On a ``token`` client listener (:mod:`sluice.broker.security.tokens`) the principal is the
+ServiceAccount a TokenReview authenticated, ``ServiceAccount:<namespace>:<name>``
+(:func:`principal` reads it from the call's context); such a caller is never a broker
+(:meth:`Caller.of_token`): a token proves a ServiceAccount, not a cluster-CA certificate.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
 
 from sluice import tls
+from sluice.broker.security.tokens import TOKEN_PRINCIPAL
 from sluice.tls import BROKER_CN_PREFIX
 
 Ctx = grpc.aio.ServicerContext[Any, Any]
@@ -89,7 +95,12 @@ def principal_of_name(common_name: str | None) -> str:
 
 
 def principal(ctx: Ctx) -> str:
-    """Kafka's principal of the caller: ``User:<CN>`` of its verified certificate, else ``User:ANONYMOUS``."""
+    """Kafka's principal of the caller: ``ServiceAccount:<ns>:<name>`` of the token it authenticated
+    with on a token listener (:mod:`sluice.broker.security.tokens`), else ``User:<CN>`` of its
+    verified certificate, else ``User:ANONYMOUS``."""
+    by_token = TOKEN_PRINCIPAL.get()
+    if by_token is not None:
+        return by_token
     return principal_of_name(peer_common_name(ctx))
 
 
@@ -121,6 +132,12 @@ class Caller:
     @classmethod
     def of_certificate(cls, common_name: str | None, host: str, *, is_broker: bool = False) -> Caller:
         return cls(principal_of_name(common_name), host, common_name, is_broker)
+
+    @classmethod
+    def of_token(cls, principal: str, host: str) -> Caller:
+        """A caller a token listener authenticated (``ServiceAccount:<ns>:<name>``): never a broker,
+        whatever certificate its connection may carry (brokers are known by cluster-CA certificates only)."""
+        return cls(principal, host, None, False)
 
 
 class ClusterIdentity:
@@ -182,7 +199,7 @@ def client_listener_credentials(mode: str, material: tls.TlsMaterial, clients_ca
     components authenticate the same way; they are principals like any other).
     """
     pair = [(material.key_pem, material.cert_pem)]
-    if mode == "tls":
+    if mode in ("tls", "token"):  # token: who the caller is comes from its token, not a certificate
         return grpc.ssl_server_credentials(pair)
     return grpc.ssl_server_credentials(
         pair, root_certificates=client_roots(material, clients_ca), require_client_auth=True

@@ -156,8 +156,9 @@ class TlsFiles:
         return self._dynamic(build, require_client_auth=True)
 
     def client_listener_credentials(self, mode: str) -> grpc.ServerCredentials:
-        """The client listener: ``tls`` (this broker's certificate) or ``mtls`` (and a client
-        certificate from the clients CA or the cluster CA, as
+        """The client listener: ``tls`` and ``token`` (this broker's certificate; on ``token`` the
+        caller is authenticated by its ServiceAccount token, :mod:`sluice.broker.security.tokens`)
+        or ``mtls`` (and a client certificate from the clients CA or the cluster CA, as
         :func:`sluice.broker.security.peers.client_listener_credentials` explains)."""
 
         def build(loaded: Loaded) -> grpc.ServerCertificateConfiguration:

@@ -70,6 +70,14 @@ fewer with fewer brokers), the coordinators' internal-topic settings, then broke
 {{- $_ := set $c "offsets.topic.replication.factor" (toString (min .Values.coordinators.group.replicationFactor $n)) }}
 {{- range $k, $v := .Values.coordinators.transaction.settings }}{{ $_ := set $c $k (toString $v) }}{{ end }}
 {{- range $k, $v := .Values.coordinators.group.settings }}{{ $_ := set $c $k (toString $v) }}{{ end }}
+{{- if .Values.broker.authorizer.enabled }}
+{{- $_ := set $c "authorizer.enabled" "true" }}
+{{- $supers := list }}
+{{- if .Values.operator.enabled }}
+{{- $supers = append $supers (printf "ServiceAccount:%s:%s" .Release.Namespace (include "sluice.operator.fullname" .)) }}
+{{- end }}
+{{- $_ := set $c "super.users" (join ";" (concat $supers .Values.broker.authorizer.superUsers)) }}
+{{- end }}
 {{- range $k, $v := .Values.broker.config }}{{ $_ := set $c $k (toString $v) }}{{ end }}
 {{- toJson $c }}
 {{- end }}
@@ -102,7 +110,14 @@ exec:
       from grpc_health.v1 import health_pb2 as pb, health_pb2_grpc as rpc
       ip = os.environ["HOST_IP"]
       port = int(os.environ["SLUICE_GRPC_PORT_BASE"]) + int(os.environ["SLUICE_BROKER_ID"])
-      with grpc.insecure_channel(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}") as channel:
+      target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+      if os.environ.get("SLUICE_CLIENT_LISTENER", "plaintext") == "plaintext":
+          channel = grpc.insecure_channel(target)
+      else:  # TLS: the broker's certificate, checked against the cluster CA (health needs no token)
+          ca = open("/etc/sluice/broker-tls/ca.crt", "rb").read()
+          options = [("grpc.ssl_target_name_override", "sluice-broker")]
+          channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca), options=options)
+      with channel:
           reply = rpc.HealthStub(channel).Check(pb.HealthCheckRequest(service=sys.argv[1]), timeout=3)
       sys.exit(0 if reply.status == pb.HealthCheckResponse.SERVING else 1)
     - {{ . | quote }}
@@ -133,6 +148,17 @@ true
 {{- printf "%s-cluster-ca-cert" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
+{{- /* The Secret whose ca.crt clients (the operator too) verify the brokers with: the CA
+certificate Secret (the trust bundle, no key) when the operator makes the certificates, else
+the brokers' Secret. */ -}}
+{{- define "sluice.certificates.clientCaSecret" -}}
+{{- if eq (include "sluice.certificates.operator" .) "true" -}}
+{{- include "sluice.certificates.caCertSecret" . -}}
+{{- else -}}
+{{- include "sluice.certificates.brokerSecret" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- /* The Secret mounted into the brokers at /etc/sluice/broker-tls. */ -}}
 {{- define "sluice.certificates.brokerSecret" -}}
 {{- if .Values.broker.interBroker.tlsSecret -}}
@@ -143,3 +169,18 @@ true
 {{- printf "%s-tls" (include "sluice.broker.fullname" .) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The client listener's mode, checked: token, tls or plaintext (mtls needs a clients CA the chart
+does not make yet).
+*/}}
+{{- define "sluice.broker.clientListener" -}}
+{{- $mode := .Values.broker.clientAuth.listener }}
+{{- if not (has $mode (list "token" "tls" "plaintext")) }}
+{{- fail (printf "broker.clientAuth.listener must be \"token\", \"tls\" or \"plaintext\", not %q (mtls needs a clients CA, which the chart does not make yet)" $mode) }}
+{{- end }}
+{{- if and .Values.broker.authorizer.enabled (ne $mode "token") }}
+{{- fail (printf "broker.authorizer.enabled needs broker.clientAuth.listener \"token\": with %q every client is User:ANONYMOUS, the operator included (set broker.authorizer.enabled=false too)" $mode) }}
+{{- end }}
+{{- $mode }}
+{{- end }}

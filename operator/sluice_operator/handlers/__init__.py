@@ -3,6 +3,7 @@
 ``topics``             Topic -> a real topic (CreateTopics/CreatePartitions through the brokers)
 ``coordinators``       Coordinator -> its internal topic
 ``transactional_ids``  TransactionalId -> a ``transactional_ids/<id>`` document; status, fence/abort
+``users``              SluiceUser -> its principal's ACLs (owned ``acls/`` documents), a client certificate
 ``lifecycle``          start-up (Kopf settings, the runtime into ``memo``), clean-up, the probe
 ``runtime``            what the handlers share: settings, store, admin client, controller
 ``status``             conditions, the pause annotation, reasons
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import kopf
 
-from sluice.operator.handlers import certificates, coordinators, lifecycle, topics, transactional_ids
+from sluice.operator.handlers import certificates, coordinators, lifecycle, topics, transactional_ids, users
 from sluice.operator.settings import OperatorSettings
 
 __all__ = ["register"]
@@ -40,3 +41,4 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     coordinators.register(registry, settings)
     transactional_ids.register(registry, settings)
     certificates.register(registry, settings)
+    users.register(registry, settings)

@@ -99,7 +99,7 @@ class OperatorRuntime:
         self.settings = settings
         self.store = store
         self.controller = controller
-        self._admin: tuple[tuple[str, ...], Admin] | None = None
+        self._admin: tuple[tuple[tuple[str, ...], bytes | None], Admin] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -152,25 +152,53 @@ class OperatorRuntime:
             raise kopf.TemporaryError("the operator is starting", delay=1)
         return self.controller.custom
 
+    def core(self) -> Any:
+        """The API server's CoreV1Api (the controller's client)."""
+        if self.controller is None:
+            raise kopf.TemporaryError("the operator is starting", delay=1)
+        return self.controller.core
+
     def known_brokers(self) -> int:
         """The brokers a replication factor is checked against: registered ones, or the expected count if larger."""
         expected = self.controller.expected() if self.controller is not None else self.settings.expected_brokers
         return max(len(self.brokers()), expected)
 
     def admin(self) -> Admin:
-        """An admin client to the registered brokers (made again when they change)."""
+        """An admin client to the registered brokers (made again when they change, or when the
+        brokers' CA file changed: a client reads it once, and a CA rotation replaces it)."""
         addresses = tuple(b.address for b in self.brokers())
         if not addresses:
             raise kopf.TemporaryError("no broker has registered yet", delay=5)
+        ca = self._broker_ca()
         with self._lock:
-            if self._admin is None or self._admin[0] != addresses:
+            if self._admin is None or self._admin[0] != (addresses, ca):
                 if self._admin is not None:
                     self._admin[1].close()
                 self._admin = (
-                    addresses,
-                    Admin(list(addresses), request_timeout_ms=10_000, client_id="sluice-operator"),
+                    (addresses, ca),
+                    Admin(
+                        list(addresses),
+                        request_timeout_ms=10_000,
+                        client_id="sluice-operator",
+                        **self.settings.broker_security(),
+                    ),
                 )
             return self._admin[1]
+
+    def _broker_ca(self) -> bytes | None:
+        """The brokers' CA bundle as the operator's file holds it now (None: plaintext brokers).
+
+        A missing file is a TemporaryError: with operator-managed certificates the Secret it is
+        projected from is made by this operator, and the kubelet fills the volume a little later."""
+        path = self.settings.broker_ca_file
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            message = f"the brokers' CA file {path} cannot be read yet: {exc.strerror}"
+            raise kopf.TemporaryError(message, delay=10) from None
 
 
 def runtime_of(memo: Any) -> OperatorRuntime:

@@ -104,18 +104,8 @@ def reconcile_transactional_id(
             conds = set_condition(
                 conds, "Ready", TRUE, "Declared", f"{txn_id!r} is declared to the brokers", generation
             )
-        accounts = bool(spec.get("allowedServiceAccounts"))
-        conds = set_condition(
-            conds,
-            "NotSupported",
-            TRUE if accounts else FALSE,
-            "NoServiceAccountAuthentication" if accounts else "Supported",
-            "allowedServiceAccounts are written for the brokers, but no broker authenticates ServiceAccount "
-            "tokens yet (TokenReview): only allowedUsers (client certificates) can use the id"
-            if accounts
-            else "",
-            generation,
-        )
+        # allowedServiceAccounts are principals a token listener authenticates (TokenReview): supported
+        conds = set_condition(conds, "NotSupported", FALSE, "Supported", "", generation)
     known, described = _describe(runtime, txn_id) if describe else (False, None)
     if not paused:
         operation = spec.get("operation") or {}

@@ -7,7 +7,8 @@
   :class:`~sluice.errors.InvalidArgumentError`. RESOURCE_EXHAUSTED is a message
   too large, or, when it names ``max.connections``, a connection the broker
   refused (a retriable BrokerNotAvailableError, as Kafka clients take a
-  connection the broker closed).
+  connection the broker closed). UNAUTHENTICATED (a token listener refused the
+  caller's token) is the final :class:`~sluice.errors.SaslAuthenticationFailedError`.
 * Error *codes* inside responses are turned into exceptions by the callers,
   with :func:`sluice.errors.error_for`; :func:`response_error` and
   :func:`first_error` pick the code to act on, and the two code sets say
@@ -50,6 +51,8 @@ def map_rpc_error(exc: grpc.RpcError, addr: str, method: str) -> errors.SluiceEr
         return errors.RequestTimedOutError(f"{where} timed out: {details}")
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return errors.BrokerNotAvailableError(f"{where}: broker not available: {details}")
+    if code == grpc.StatusCode.UNAUTHENTICATED:  # a token listener refused the token (or there was none)
+        return errors.SaslAuthenticationFailedError(f"{where}: {details}")
     if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         if "max.connections" in details:  # the broker refused this connection: as a closed one, retriable
             return errors.BrokerNotAvailableError(f"{where}: the broker refused the connection: {details}")

@@ -142,6 +142,8 @@ class Consumer:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauthbearer_token_file: str | None = None,
         client_id: str | None = None,
     ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
@@ -168,7 +170,14 @@ class Consumer:
         self._cluster = Cluster(
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
-            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+            security=ClientSecurity.build(
+                security_protocol,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+                sasl_mechanism=sasl_mechanism,
+                sasl_oauthbearer_token_file=sasl_oauthbearer_token_file,
+            ),
         )
         # One lock for the subscription state and the fetcher's buffer (see the fetcher's docstring).
         self._lock = threading.RLock()

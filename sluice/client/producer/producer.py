@@ -184,6 +184,8 @@ class Producer:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauthbearer_token_file: str | None = None,
         max_request_size: int = 1_048_576,
         max_block_ms: int = 60_000,
         retry_backoff_ms: int = 100,
@@ -214,7 +216,14 @@ class Producer:
         self._cluster = Cluster(
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
-            security=ClientSecurity.build(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+            security=ClientSecurity.build(
+                security_protocol,
+                ssl_cafile,
+                ssl_certfile,
+                ssl_keyfile,
+                sasl_mechanism=sasl_mechanism,
+                sasl_oauthbearer_token_file=sasl_oauthbearer_token_file,
+            ),
         )
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms, TRANSACTION_VERSION)
         self._sticky = StickyPartitioner()
