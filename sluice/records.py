@@ -57,6 +57,7 @@ __all__ = [
     "decompress",
     "parse_control",
     "read_headers",
+    "serialize_encoded",
     "varint",
     "verify_crc",
 ]
@@ -312,36 +313,67 @@ class BatchBuilder:
         """
         if self.count == 0:
             raise ValueError("an empty batch cannot be built")
-        records = compress(b"".join(self._parts), compression)
-        crc = _crc(
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            transactional,
-            False,
+        return serialize_encoded(
+            b"".join(self._parts),
             self.count,
             self._first_ts,
             self._max_ts,
-            compression,
-            records_pb2.CREATE_TIME,
-            records,
-        )
-        header = RecordBatch(
-            base_offset=0,
-            partition_leader_epoch=-1,
             producer_id=producer_id,
             producer_epoch=producer_epoch,
             base_sequence=base_sequence,
             transactional=transactional,
-            control=False,
-            record_count=self.count,
-            first_timestamp=self._first_ts,
-            max_timestamp=self._max_ts,
-            compression=compression,  # type: ignore[arg-type]
-            timestamp_type=records_pb2.CREATE_TIME,
-            crc=crc,
+            compression=compression,
         )
-        return header.SerializeToString() + _TAG_RECORDS + varint(len(records)), records
+
+
+def serialize_encoded(
+    raw: bytes,
+    count: int,
+    first_ts: int,
+    max_ts: int,
+    *,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    transactional: bool = False,
+    compression: int = records_pb2.COMPRESSION_NONE,
+) -> tuple[bytes, bytes]:
+    """A batch of ``count`` records already in Sluice's record encoding, as BatchBuilder.build_serialized.
+
+    For a writer that encodes records itself (the Kafka listener converts v2 records straight
+    into this encoding): ``raw`` is the uncompressed records blob, ``first_ts``/``max_ts`` the
+    first record's and the largest timestamp.
+    """
+    records = compress(raw, compression)
+    crc = _crc(
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        transactional,
+        False,
+        count,
+        first_ts,
+        max_ts,
+        compression,
+        records_pb2.CREATE_TIME,
+        records,
+    )
+    header = RecordBatch(
+        base_offset=0,
+        partition_leader_epoch=-1,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        transactional=transactional,
+        control=False,
+        record_count=count,
+        first_timestamp=first_ts,
+        max_timestamp=max_ts,
+        compression=compression,  # type: ignore[arg-type]
+        timestamp_type=records_pb2.CREATE_TIME,
+        crc=crc,
+    )
+    return header.SerializeToString() + _TAG_RECORDS + varint(len(records)), records
 
 
 def build_batch(

@@ -14,11 +14,12 @@ from sluice.broker.kafka.record_batch import (
     COMPRESSION_NONE,
     COMPRESSION_ZSTD,
     HEADER_SIZE,
+    BatchHeader,
     iter_records,
     split_batches,
     to_sluice_batch,
 )
-from sluice.records import decode_records, verify_crc
+from sluice.records import BatchBuilder, decode_records, verify_crc
 
 default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
 
@@ -113,3 +114,75 @@ def test_records_that_lie_about_their_length_are_corrupt() -> None:
     [(header, batch)] = split_batches(bytes(data))
     with pytest.raises(errors.CorruptMessageError):
         list(iter_records(header, batch))
+
+
+def reference_conversion(header: BatchHeader, batch: bytes | memoryview) -> bytes:
+    """The conversion as it was first written: iter_records decoded, BatchBuilder re-encoded."""
+    builder = BatchBuilder()
+    for _offset_delta, timestamp, key, value, headers in iter_records(header, batch):
+        builder.append(key, value, [(k, v) for k, v in headers if v is not None], timestamp)
+    head, records = builder.build_serialized(
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        transactional=header.transactional,
+    )
+    return head + records
+
+
+def test_the_in_line_conversion_writes_the_bytes_the_builder_writes() -> None:
+    # Every varint width the in-line decoding takes: one byte, two (64 B to 8 KiB), three and
+    # more (longer values), negative timestamp deltas (out-of-order timestamps), null keys and
+    # values, empty ones, and headers.
+    builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 1, 5, 2, 40, 1 << 24)
+    cases = [
+        (b"k", b"v", []),
+        (None, b"x" * 63, []),
+        (b"key" * 30, b"y" * 64, [("h", b"1")]),
+        (b"", None, []),
+        (None, None, [("a", b""), ("b", b"z" * 200)]),
+        (b"big", b"w" * 9000, []),
+        (b"huge", b"u" * 300_000, []),
+    ]
+    timestamps = [1_700_000_000_500, 1_700_000_000_000, 1_700_000_009_000, 1_700_000_000_001, 5, 1_700_000_000_002, 7]
+    for i, ((key, value, headers), ts) in enumerate(zip(cases, timestamps, strict=True)):
+        builder.append(i, ts, key, value, headers)
+    [(header, batch)] = split_batches(bytes(builder.build()))
+    converted = to_sluice_batch(header, batch)
+    assert converted.SerializeToString() == reference_conversion(header, batch)
+    assert verify_crc(converted) and converted.max_timestamp == 1_700_000_009_000
+    assert [(r.key, r.value, list(r.headers), r.timestamp) for r in decode_records(converted)] == [
+        (k, v, h, ts) for (k, v, h), ts in zip(cases, timestamps, strict=True)
+    ]
+
+
+def test_a_null_header_value_and_a_gap_in_offsets_are_refused() -> None:
+    builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, 1, b"k", b"v", [("h", None)])
+    [(header, batch)] = split_batches(bytes(builder.build()))
+    with pytest.raises(errors.InvalidRecordError, match="null header value"):
+        to_sluice_batch(header, batch)
+    builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, 1, b"k", b"v", [])
+    builder.append(2, 1, b"k", b"v", [])  # offset delta 2 after 0
+    [(header, batch)] = split_batches(bytes(builder.build()))
+    with pytest.raises(errors.InvalidRecordError, match="offset delta 2 where 1"):
+        to_sluice_batch(header, batch)
+
+
+def test_a_record_that_lies_about_its_length_is_corrupt_in_the_conversion_too() -> None:
+    builder = default_records.DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, 1, b"k", b"v", [])
+    builder.append(1, 1, b"k", b"v", [])
+    data = bytearray(builder.build())
+    data[HEADER_SIZE] += 2
+    data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
+    [(header, batch)] = split_batches(bytes(data))
+    with pytest.raises(errors.CorruptMessageError):
+        to_sluice_batch(header, batch)
+    truncated = bytearray(kafka_batch())
+    truncated[57:61] = struct.pack(">i", len(RECORDS) + 1)  # one record more than there are
+    truncated[17:21] = struct.pack(">I", crc32c.crc32c(bytes(truncated[21:])))
+    [(header, batch)] = split_batches(bytes(truncated))
+    with pytest.raises(errors.CorruptMessageError):
+        to_sluice_batch(header, batch)
