@@ -602,9 +602,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gb", type=float, help="GB written first (catchup default 2, restart 5; smoke 0.05)")
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share)
     ap.add_argument("--max-start-load", type=float, default=verdict.Limits.max_start_load_per_cpu)
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                    help="first wait up to SECONDS for the load average to fall under --max-start-load "
+                         "(right after a test suite it is the suite's tail; default 0: no wait)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    judge = Judge(verdict.Limits(args.max_foreign_share, args.max_start_load))
+    limits = verdict.Limits(args.max_foreign_share, args.max_start_load)
+    verdict.wait_quiet(limits, os.cpu_count() or 1, args.wait_quiet)
+    judge = Judge(limits)
     if args.kafka:
         from bench.kafka.fetch import FetchError, ensure_jars
 

@@ -527,6 +527,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a run is not valid when other processes used more than this share of the CPU")  # fmt: skip
     ap.add_argument("--max-start-load", type=float, default=verdict.Limits.max_start_load_per_cpu,
                     help="not valid when the 1-min load average per CPU before the first run exceeds this")  # fmt: skip
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                    help="first wait up to SECONDS for the load average to fall under --max-start-load "
+                         "(right after a test suite it is the suite's tail; default 0: no wait)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.smoke:
@@ -537,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     limits = verdict.Limits(max_foreign_share=args.max_foreign_share, max_start_load_per_cpu=args.max_start_load)
     # Before anything of ours runs: only other work is in this load average.
     cpus = os.cpu_count() or 1
+    verdict.wait_quiet(limits, cpus, args.wait_quiet)
     start_load = os.getloadavg()
     start = verdict.judge_start(start_load[0], cpus, limits)
     env = environment()  # the commit measured: taken before the runs

@@ -18,6 +18,9 @@ the summary says the comparison is not valid.
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -81,8 +84,9 @@ def judge_start(load_1m: float, cpus: int, limits: Limits = Limits()) -> Verdict
     v = Verdict()
     limit = limits.max_start_load_per_cpu * max(1, cpus)
     if load_1m > limit:
-        v.add(f"load average {load_1m:.2f} before the first run (limit {limit:.2f} on {cpus} CPUs): "
-              "the machine was busy")
+        v.add(
+            f"load average {load_1m:.2f} before the first run (limit {limit:.2f} on {cpus} CPUs): the machine was busy"
+        )
     return v
 
 
@@ -96,3 +100,34 @@ def judge_run(load: RunLoad, limits: Limits = Limits()) -> Verdict:
             "the machine was busy"
         )
     return v
+
+
+def wait_quiet(
+    limits: Limits,
+    cpus: int,
+    timeout_s: float,
+    *,
+    loadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    say: Callable[[str], None] = print,
+) -> float:
+    """Wait (at most ``timeout_s``) for the 1-minute load average to fall under the start limit.
+
+    A harness started right after a test suite would otherwise be judged on the suite's tail:
+    the load average decays over minutes (a factor e every minute) even when nothing runs any
+    more. Returns the load average when it stopped waiting; the start verdict is still taken
+    from it, so a machine that stays busy yields a run marked not valid, never a hidden one.
+    """
+    limit = limits.max_start_load_per_cpu * max(1, cpus)
+    deadline = clock() + timeout_s
+    last_said = -1e9
+    load = loadavg()[0]
+    while load > limit and clock() < deadline:
+        if clock() - last_said >= 15:
+            say(f"waiting for the machine to be quiet: load average {load:.2f}, limit {limit:.2f} "
+                f"({max(0.0, deadline - clock()):.0f} s left of --wait-quiet)")  # fmt: skip
+            last_said = clock()
+        sleep(min(5.0, max(0.0, deadline - clock())))
+        load = loadavg()[0]
+    return load

@@ -56,3 +56,30 @@ def test_a_failed_point_is_recorded_not_raised_and_a_busy_start_spoils_every_poi
     with judge.point(busy):
         pass
     assert not busy.valid and "99.00" in busy.reasons[0]
+
+
+def test_wait_quiet_waits_for_the_load_to_decay_and_gives_up_at_its_deadline() -> None:
+    from bench import verdict
+
+    limits = verdict.Limits(max_start_load_per_cpu=0.5)  # 1.0 on two cores
+    now = [0.0]
+    loads = iter([3.0, 2.0, 1.4, 0.9, 0.5])
+    said: list[str] = []
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    def load() -> tuple[float, float, float]:
+        return next(loads), 0.0, 0.0
+
+    got = verdict.wait_quiet(limits, 2, 600, loadavg=load, sleep=sleep, clock=lambda: now[0], say=said.append)
+    assert got == 0.9 and now[0] == 15.0  # three 5 s waits, stopped at the first load under 1.0
+    assert said and "load average 3.00, limit 1.00" in said[0]
+
+    now[0] = 0.0
+    busy = verdict.wait_quiet(
+        limits, 2, 12, loadavg=lambda: (4.0, 0.0, 0.0), sleep=sleep, clock=lambda: now[0], say=said.append
+    )
+    assert busy == 4.0 and now[0] == 12.0  # never past the deadline; the caller's verdict says "not valid"
+    assert verdict.judge_start(busy, 2, limits).valid is False
+    assert verdict.wait_quiet(limits, 2, 0, loadavg=lambda: (4.0, 0.0, 0.0), sleep=sleep, clock=lambda: 0.0) == 4.0
