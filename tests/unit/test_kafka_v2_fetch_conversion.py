@@ -7,7 +7,7 @@ import pytest
 from sluice.api.v1 import records_pb2
 from sluice.broker.kafka.handlers.produce import convert
 from sluice.broker.kafka.record_batch import split_batches, to_v2_batch
-from sluice.records import BatchBuilder, RecordBatch, control_batch, decode_record_tuples
+from sluice.records import BatchBuilder, RecordBatch, RecordDecodeError, control_batch, decode_record_tuples
 
 default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
 
@@ -95,3 +95,14 @@ def test_a_kafka_batch_round_trips_to_the_same_bytes() -> None:
     stored = convert(sent)
     stored.base_offset, stored.partition_leader_epoch = header.base_offset, header.partition_leader_epoch
     assert to_v2_batch(stored) == sent
+
+
+def test_a_stored_batch_with_malformed_records_is_a_decode_error_not_a_wrong_batch() -> None:
+    batch = stored()
+    batch.records = batch.records[:-5]  # the last record's value runs past the end
+    with pytest.raises(RecordDecodeError, match="offset 1000"):
+        to_v2_batch(batch)
+    batch = stored()
+    batch.records = batch.records[:10]  # not even the first record's fixed part
+    with pytest.raises(RecordDecodeError):
+        to_v2_batch(batch)

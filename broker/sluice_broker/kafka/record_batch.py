@@ -41,7 +41,7 @@ import zstandard
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.records import RECORD_STRUCT, RecordBatch, decode_record_tuples, serialize_encoded
+from sluice.records import RECORD_STRUCT, RecordBatch, RecordDecodeError, decompress, read_headers, serialize_encoded
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
@@ -341,41 +341,8 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     The records are written uncompressed: re-compressing on the fetch path would add the
     codec's cost to the conversion's, and Kafka clients accept any codec per batch.
     """
-    pieces: list[bytes] = []
-    add = pieces.append
-    first_ts = batch.first_timestamp
-    base = batch.base_offset
-    zz = _zigzag
-    for offset, timestamp, key, value, headers in decode_record_tuples(batch):
-        # attributes (unused, 0), timestamp delta, offset delta
-        head = b"\x00" + zz(timestamp - first_ts) + zz(offset - base)
-        size = len(head)
-        fields = [head]
-        if key is None:
-            fields.append(_NULL)
-            size += 1
-        else:
-            klen = zz(len(key))
-            fields += (klen, key)
-            size += len(klen) + len(key)
-        if value is None:
-            fields.append(_NULL)
-            size += 1
-        else:
-            vlen = zz(len(value))
-            fields += (vlen, value)
-            size += len(vlen) + len(value)
-        count = zz(len(headers))
-        fields.append(count)
-        size += len(count)
-        for hkey, hvalue in headers:
-            encoded = hkey.encode()
-            hk, hv = zz(len(encoded)), zz(len(hvalue))
-            fields += (hk, encoded, hv, hvalue)
-            size += len(hk) + len(encoded) + len(hv) + len(hvalue)
-        add(zz(size))
-        pieces += fields
-    records = b"".join(pieces)
+    first_ts, base = batch.first_timestamp, batch.base_offset
+    records = _to_v2_records(batch)
     attributes = COMPRESSION_NONE
     if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
         attributes |= 0x08
@@ -395,3 +362,68 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     crc = _crc32c.crc32c(after_crc)
     length = HEADER_SIZE - 12 + len(records)
     return struct.pack(">qiibI", base, length, batch.partition_leader_epoch, 2, crc) + after_crc
+
+
+def _to_v2_records(batch: RecordBatch) -> bytes:
+    """The records of a stored Sluice batch in v2's varint encoding (the fetch path's loop).
+
+    Like :func:`_to_sluice_records` on the produce path, one loop over the stored encoding
+    (:data:`sluice.records.RECORD_STRUCT`) with no tuple per record: each record's fixed part is
+    unpacked once and its varints come from the ``_SMALL`` table. A log-append-time batch gives
+    every record the batch's max timestamp, as the Sluice reader does.
+    """
+    data = decompress(batch.records, batch.compression)
+    unpack = RECORD_STRUCT.unpack_from
+    fixed = RECORD_STRUCT.size
+    zz = _zigzag
+    log_append = batch.timestamp_type == records_pb2.LOG_APPEND_TIME
+    append_delta = zz(batch.max_timestamp - batch.first_timestamp)
+    pieces: list[bytes] = []
+    pos = 0
+    end = len(data)
+    try:
+        for _ in range(batch.record_count):
+            delta, ts_delta, klen, vlen, hcount = unpack(data, pos)
+            pos += fixed
+            # attributes (unused, 0), timestamp delta, offset delta
+            head = b"\x00" + (append_delta if log_append else zz(ts_delta)) + zz(delta)
+            size = len(head)
+            if klen >= 0:
+                kvar = zz(klen)
+                key = data[pos : pos + klen]
+                pos += klen
+                size += len(kvar) + klen
+            else:
+                kvar, key = _NULL, b""
+                size += 1
+            if vlen >= 0:
+                vvar = zz(vlen)
+                value = data[pos : pos + vlen]
+                pos += vlen
+                size += len(vvar) + vlen
+            else:
+                vvar, value = _NULL, b""
+                size += 1
+            count = zz(hcount)
+            size += len(count)
+            if hcount:
+                encoded_headers, pos = _v2_headers(data, pos, hcount)
+                size += len(encoded_headers)
+                pieces += (zz(size), head, kvar, key, vvar, value, count, encoded_headers)
+            else:
+                pieces += (zz(size), head, kvar, key, vvar, value, count)
+            if pos > end:
+                raise RecordDecodeError("record runs past the end of the batch")
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise RecordDecodeError(f"malformed records in batch at offset {batch.base_offset}: {exc}") from exc
+    return b"".join(pieces)
+
+
+def _v2_headers(data: bytes, pos: int, count: int) -> tuple[bytes, int]:
+    """``count`` stored record headers at ``pos`` in v2's encoding, and the position after them."""
+    headers, pos = read_headers(data, pos, count)
+    out = bytearray()
+    for hkey, hvalue in headers:
+        encoded = hkey.encode()
+        out += _zigzag(len(encoded)) + encoded + _zigzag(len(hvalue)) + hvalue
+    return bytes(out), pos
