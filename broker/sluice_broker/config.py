@@ -74,6 +74,9 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "controlled.shutdown.timeout.ms": (int, 30_000),
     # the data volume: warn (brokers/<id> document, controller log, Kubernetes Event) below this % free
     "log.dir.free.space.warn.percent": (int, 5),
+    # RocksDB's flushes and compactions of the log directory together, bytes/s: the disk's budget
+    # for this broker (sluice.broker.log.storage; docs/performance.md "RocksDB settings for the log")
+    "log.background.write.max.bytes.per.second": (int, 192 * 1024 * 1024),
     # authorization (docs/security.md): Kafka's ACLs, checked against the caller's principal
     # (User:<CN> of its client certificate). Sluice's own switch (Kafka sets authorizer.class.name);
     # super.users and allow.everyone.if.no.acl.found are Kafka's keys (super users ';'-separated).
@@ -275,6 +278,8 @@ class BrokerConfig:
             if key not in DEFAULTS:
                 raise ConfigError(f"unknown broker config {key!r}")
             values[key] = parse_value(key, DEFAULTS[key][0], raw)
+        if values["log.background.write.max.bytes.per.second"] < 1024 * 1024:
+            raise ConfigError("log.background.write.max.bytes.per.second must be at least 1048576 (1 MiB/s)")
         if not 0 <= values["log.dir.free.space.warn.percent"] <= 100:
             raise ConfigError("log.dir.free.space.warn.percent must be in [0, 100] (0: no warning)")
         for key in ("quota.producer.default", "quota.consumer.default"):

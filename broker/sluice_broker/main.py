@@ -270,7 +270,9 @@ async def serve(
 ) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
-    storage = RocksStorage(os.path.join(config.data_dir, "rocksdb"))
+    storage = RocksStorage(
+        os.path.join(config.data_dir, "rocksdb"), config.int("log.background.write.max.bytes.per.second")
+    )
     cluster = ClusterView(store, config)
     cluster.register()
     replicas = ReplicaManager(storage, cluster, config)

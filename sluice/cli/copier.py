@@ -190,7 +190,6 @@ def _abort_and_rewind(producer: Producer, consumer: Consumer, attempts: int = 5)
         consumer.seek(tp, offset)
 
 
-
 def _partitions(bootstrap: str, topic: str, security: dict[str, Any]) -> int:
     admin = Admin(bootstrap_servers=bootstrap, **security)
     try:

@@ -117,8 +117,7 @@ def read_command_config(path: str) -> ClientSecurity:
     protocol = found.get("security_protocol", "PLAINTEXT").upper()
     if protocol not in _PROTOCOLS:
         raise CliError(
-            f"--command-config {path}: security.protocol={protocol} is not supported (use PLAINTEXT, SSL or "
-            "SASL_SSL)",
+            f"--command-config {path}: security.protocol={protocol} is not supported (use PLAINTEXT, SSL or SASL_SSL)",
             USAGE,
         )
     if protocol != "PLAINTEXT" and not found.get("ssl_cafile"):

@@ -275,9 +275,7 @@ class Admin:
             lambda r: (r.error_code, r.error_message),
             self._deadline(timeout),
         )
-        return {
-            ClientQuotaEntity.from_proto(e.entity): {v.key: v.value for v in e.values} for e in response.entries
-        }
+        return {ClientQuotaEntity.from_proto(e.entity): {v.key: v.value for v in e.values} for e in response.entries}
 
     # ------------------------------------------------------------------ topics
 

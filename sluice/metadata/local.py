@@ -64,16 +64,12 @@ class SqliteMetadataStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                row = self._db.execute(
-                    "SELECT value, version FROM documents WHERE key = ?", (key,)
-                ).fetchone()
+                row = self._db.execute("SELECT value, version FROM documents WHERE key = ?", (key,)).fetchone()
                 live = row is not None and row[0] is not None
                 current = row[1] if live else None
                 if current != expected_version:
                     raise VersionConflict(f"{key}: expected version {expected_version}, found {current}")
-                (revision,) = self._db.execute(
-                    "SELECT COALESCE(MAX(revision), 0) + 1 FROM documents"
-                ).fetchone()
+                (revision,) = self._db.execute("SELECT COALESCE(MAX(revision), 0) + 1 FROM documents").fetchone()
                 version = (row[1] if row is not None else 0) + 1
                 self._db.execute(
                     "INSERT INTO documents(key, value, version, revision) VALUES (?, ?, ?, ?) "

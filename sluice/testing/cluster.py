@@ -51,8 +51,10 @@ controller carries out (see ``_stop_in_order``).
 
 With several brokers the brokers get Kafka's production-like defaults unless
 ``config`` says otherwise: replication factor ``min(3, brokers)`` for new
-topics and both internal topics, and ``min.insync.replicas=2`` from three
-brokers on. ``leader(topic, partition)``, ``partition_state`` and
+topics and both internal topics, ``min.insync.replicas=2`` from three
+brokers on, and a share of the machine's disk budget each
+(``log.background.write.max.bytes.per.second``: 192 MiB/s divided by the
+brokers). ``leader(topic, partition)``, ``partition_state`` and
 ``wait_for_leader_change`` read the metadata file, which is the truth about
 leadership (clients learn it later, through metadata requests).
 """
@@ -94,6 +96,7 @@ from sluice.testing.certs import (
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
+MACHINE_BACKGROUND_WRITE_RATE = 192 * 1024 * 1024  # the broker's default, which one broker alone gets
 SUPER_USER = "User:admin"  # of a secure LocalCluster: client_config("admin") may do everything
 _REPLICATION_FACTOR_KEYS = (
     "default.replication.factor",
@@ -228,6 +231,9 @@ def replication_defaults(brokers: int) -> dict[str, str]:
     if brokers < 2:
         return {}
     out = {key: str(min(3, brokers)) for key in _REPLICATION_FACTOR_KEYS}
+    # The brokers share this machine's disk: its budget for flushes and compactions is split between
+    # them (three brokers get the 64 MiB/s measured for the RF3 tail, docs/performance.md).
+    out["log.background.write.max.bytes.per.second"] = str(MACHINE_BACKGROUND_WRITE_RATE // brokers)
     if brokers >= 3:
         out["min.insync.replicas"] = "2"
     return out

@@ -10,6 +10,8 @@ import pytest
 
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.log.dir_space import LowSpaceTracker, SpaceReading, read_space
+from sluice.broker.log.storage import RocksStorage
+from sluice.testing.cluster import replication_defaults
 
 GIB = 1 << 30
 
@@ -49,3 +51,16 @@ def test_a_real_volume_reading(tmp_path: Path) -> None:
         assert "MiB free of 4.0 MiB" in half.describe()
     finally:
         subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+def test_the_background_write_rate_is_a_broker_setting_with_a_floor(tmp_path: Path) -> None:
+    config = BrokerConfig.build(
+        0, "h", 1, str(tmp_path), "m", {"log.background.write.max.bytes.per.second": "67108864"}
+    )
+    assert config.int("log.background.write.max.bytes.per.second") == 64 * 1024 * 1024
+    with pytest.raises(ConfigError, match=r"at least 1048576"):
+        BrokerConfig.build(0, "h", 1, str(tmp_path), "m", {"log.background.write.max.bytes.per.second": "0"})
+    with pytest.raises(ValueError, match="must be positive"):
+        RocksStorage(str(tmp_path / "rocksdb"), 0)
+    assert replication_defaults(1) == {}  # one broker alone keeps the broker default (192 MiB/s)
+    assert replication_defaults(3)["log.background.write.max.bytes.per.second"] == str(64 * 1024 * 1024)

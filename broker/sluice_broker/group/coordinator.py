@@ -375,9 +375,7 @@ class GroupCoordinator:
                     raise errors.error_for(code, message)
             elif req.member_id:
                 if group is None:
-                    raise errors.UnknownMemberIdError(
-                        f"member {req.member_id!r} is not in group {req.group_id!r}"
-                    )
+                    raise errors.UnknownMemberIdError(f"member {req.member_id!r} is not in group {req.group_id!r}")
                 code, message = group.check_commit(
                     req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items]
                 )
@@ -445,9 +443,7 @@ class GroupCoordinator:
         elif req.member_id:
             group = state.groups.get(req.group_id)
             if group is None:
-                raise errors.UnknownMemberIdError(
-                    f"member {req.member_id!r} is not in group {req.group_id!r}"
-                )
+                raise errors.UnknownMemberIdError(f"member {req.member_id!r} is not in group {req.group_id!r}")
             code, message = group.check_commit(req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items])
             if code != pb.NONE:
                 raise errors.error_for(code, message)

@@ -348,8 +348,7 @@ class ConsumerGroup:
             member_epoch < member.epoch
             and partitions
             and all(
-                member.assigned.get(tp, member.revoking.get(tp, member_epoch + 1)) <= member_epoch
-                for tp in partitions
+                member.assigned.get(tp, member.revoking.get(tp, member_epoch + 1)) <= member_epoch for tp in partitions
             )
         ):
             return pb.NONE, ""

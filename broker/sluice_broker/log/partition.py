@@ -82,9 +82,7 @@ def validate_batch(batch: RecordBatch, max_message_bytes: int) -> int:
         raise errors.UnsupportedCompressionTypeError(f"unknown compression {batch.compression}")
     size = batch.ByteSize()
     if size > max_message_bytes:
-        raise errors.MessageTooLargeError(
-            f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}"
-        )
+        raise errors.MessageTooLargeError(f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}")
     has_pid = batch.producer_id > 0
     if has_pid and (batch.producer_epoch < 0 or batch.producer_epoch > 32767 or batch.base_sequence < 0):
         raise errors.InvalidRecordError(

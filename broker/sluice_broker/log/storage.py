@@ -106,21 +106,24 @@ class Storage(Protocol):
 # the auto-tuned one was measured to throttle flushes below the ingest rate (RocksDB lowers its rate
 # to a twentieth of the ceiling while it is not drained), so a full memtable found the previous one
 # still flushing and writes stopped for seconds on every broker (memtable-limit-stops), which is why
-# produce throughput fell run after run with it. Four write buffers for the log let a memtable
-# fill while the previous one flushes; bytes_per_sync makes the kernel write back as files grow.
-BACKGROUND_WRITE_RATE_LIMIT = 64 * 1024 * 1024  # bytes/s, flushes (first) and compactions together
+# produce throughput fell run after run with it. Its rate is the broker setting
+# log.background.write.max.bytes.per.second: the disk's budget for this broker (LocalCluster divides
+# one machine's among its brokers). Set below the sustained ingest it caps produce throughput once
+# the memtables are full. Four write buffers for the log let a memtable fill while the previous
+# one flushes; bytes_per_sync makes the kernel write back as files grow.
+DEFAULT_BACKGROUND_WRITE_RATE = 192 * 1024 * 1024  # bytes/s, flushes (first) and compactions together
 BACKGROUND_WRITE_REFILL_US = 100_000
 BYTES_PER_SYNC = 1024 * 1024
 LOG_WRITE_BUFFER_SIZE = 64 * 1024 * 1024
 LOG_MAX_WRITE_BUFFERS = 4
 
 
-def _options() -> Options:
+def _options(background_write_rate: int) -> Options:
     opt = Options(raw_mode=True)
     opt.create_if_missing(True)
     opt.create_missing_column_families(True)
     opt.set_max_background_jobs(2)
-    opt.set_ratelimiter(BACKGROUND_WRITE_RATE_LIMIT, BACKGROUND_WRITE_REFILL_US, 10)
+    opt.set_ratelimiter(background_write_rate, BACKGROUND_WRITE_REFILL_US, 10)
     opt.set_bytes_per_sync(BYTES_PER_SYNC)
     return opt
 
@@ -135,7 +138,9 @@ def _column_family_options(cf: str) -> Options:
 
 
 class RocksStorage:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, background_write_rate: int = DEFAULT_BACKGROUND_WRITE_RATE) -> None:
+        if background_write_rate <= 0:
+            raise ValueError(f"the background write rate must be positive, not {background_write_rate}")
         self.path = path
         self._failure: str | None = None
         # Called once, with the reason, when the directory goes offline (on the thread that failed).
@@ -143,7 +148,9 @@ class RocksStorage:
         try:
             os.makedirs(path, exist_ok=True)
             self._db = Rdict(
-                path, _options(), column_families={cf: _column_family_options(cf) for cf in COLUMN_FAMILIES}
+                path,
+                _options(background_write_rate),
+                column_families={cf: _column_family_options(cf) for cf in COLUMN_FAMILIES},
             )
         except Exception as exc:  # opening replays the WAL and writes; a full disk fails here
             raise KafkaStorageError(f"cannot open the log directory {path}: {exc}") from None

@@ -221,9 +221,7 @@ class MarkerSender:
                     return task.result()
                 moved = self._moved(broker_id, partitions)
                 if moved is not None:
-                    message = (
-                        f"{moved[0]}-{moved[1]} moved off broker {broker_id} while its marker was in flight"
-                    )
+                    message = f"{moved[0]}-{moved[1]} moved off broker {broker_id} while its marker was in flight"
                     return [(tp, pb.NOT_LEADER_OR_FOLLOWER, message) for tp in partitions]
         finally:
             if not task.done():

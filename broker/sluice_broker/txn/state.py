@@ -66,7 +66,6 @@ NO_EPOCH = -1
 NO_TIME = -1
 
 
-
 class TxnState(StrEnum):
     """States of a transactional id; the values are the names DescribeTransactions answers."""
 

@@ -142,9 +142,7 @@ class ConsumerGroupDescribeHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, ConsumerGroupDescribeRequest)
-        refused = {
-            g: r for g in request.group_ids if (r := authorization.group_refusal(ctx, AclOperation.DESCRIBE, g))
-        }
+        refused = {g: r for g in request.group_ids if (r := authorization.group_refusal(ctx, AclOperation.DESCRIBE, g))}
         allowed = [g for g in request.group_ids if g not in refused]
         described = await _admin(ctx).describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
         resp = cgd.ConsumerGroupDescribeResponse()
