@@ -46,10 +46,14 @@ def test_acls_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
         # bad input: a clear one-line error, exit 2
         bad = tmp_path / "bad.properties"
-        bad.write_text("sasl.mechanism=PLAIN\n")
+        bad.write_text("sasl.jaas.config=x\n")  # a Kafka key the CLI does not take
         assert cli.main(["acls", "list", "--bootstrap-server", cluster.bootstrap_servers,
                          "--command-config", str(bad)]) == 2  # fmt: skip
         assert "expected one of security.protocol" in capsys.readouterr().err
+        bad.write_text("sasl.mechanism=PLAIN\n")  # a key it takes, with a value it refuses
+        assert cli.main(["acls", "list", "--bootstrap-server", cluster.bootstrap_servers,
+                         "--command-config", str(bad)]) == 2  # fmt: skip
+        assert "sasl.mechanism=PLAIN is not supported" in capsys.readouterr().err
         # alice is not allowed to manage ACLs
         alice_cfg = cluster.client_config("alice")
         mine = tmp_path / "alice.properties"
