@@ -114,7 +114,8 @@ def test_tls_options_are_checked_before_reading(spark: SparkSession, tmp_path: P
     base = {"bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}
     cases = [
         ({"kafka.ssl.truststore.location": "/x.jks"}, "not Java key stores; use ssl.ca.location"),
-        ({"security.protocol": "SASL_SSL"}, "must be PLAINTEXT or SSL"),
+        ({"security.protocol": "SASL_PLAINTEXT"}, "must be PLAINTEXT, SSL or SASL_SSL"),
+        ({"security.protocol": "SASL_SSL"}, "SASL_SSL needs 'ssl.ca.location'"),
         ({"security.protocol": "SSL"}, "needs 'ssl.ca.location'"),
         ({"security.protocol": "SSL", "ssl.ca.location": str(tmp_path / "none.crt")}, "none.crt"),
     ]
