@@ -138,6 +138,47 @@ def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> No
     assert partitions(store)[0]["leader"] == 0
 
 
+def test_a_decision_is_made_again_only_when_its_inputs_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle rounds skip topics whose document revision and liveness are those of a "no change"
+    decision; a new revision or a liveness change is decided again (and acted on)."""
+    from sluice.operator.controller import loop
+
+    store, controller, fake = setup(tmp_path)
+    controller.run_round()
+    decided: list[str] = []
+    real = loop.elect_leaders
+
+    def counting(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        decided.append(doc.name)
+        return real(doc, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "elect_leaders", counting)
+    for _ in range(5):
+        fake.now += 0.1
+        assert controller.run_round() == 0
+    assert decided == []
+    # a leaderless partition written behind the controller's back: a new revision, decided again
+    doc = store.get(keys.topic("orders"))
+    assert doc is not None and doc.value is not None
+    value = dict(doc.value)
+    value["partitions"][1] = {**value["partitions"][1], "leader": -1}
+    store.compare_and_set(doc.key, value, doc.version)
+    assert controller.run_round() == 1
+    assert decided == ["orders"] and partitions(store)[1]["leader"] == 1
+    # liveness changes: decided again, and the dead broker's leadership moves
+    decided.clear()
+    fake.down = {2}
+    fail_for(controller, fake, 1.2)
+    assert decided and partitions(store)[2]["leader"] == 0
+    # a deleted topic leaves the controller's view; a malformed one is left alone, not fatal
+    doc = store.get(keys.topic("orders"))
+    assert doc is not None
+    store.delete(doc.key, doc.version)
+    store.compare_and_set(keys.topic("broken"), {"name": "broken"}, None)
+    controller.run_round()
+    assert controller.topic_documents() == []
+
+
 def test_controlled_shutdown_moves_leadership_without_waiting_for_the_timeout(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
     controller.run_round()

@@ -31,9 +31,14 @@ Lease. Every round it:
 
 Every topic is reconsidered every round, not only changed ones: the rules
 are idempotent (a second pass changes nothing), so this is also the repair
-for anything a crashed controller left half done, at the cost of reading
-every topic document a few times a second, which the embedded cluster's
-size makes cheap.
+for anything a crashed controller left half done (a new controller decides
+every topic in its first round). What is not repeated is work whose answer
+is known: the rules are pure functions of a topic document and the liveness
+sets (with ``default_unclean``, fixed for a loop), so a
+topic whose document (its store-wide ``revision``) and liveness are those of
+a round that decided "no change" is not decided again, and the documents
+are read from the store's changes since the last round, each decoded once.
+An idle cluster's round is then the health checks and two small reads.
 
 Only one controller may act at a time. Each start takes the next
 ``epoch`` in the ``controller`` document; a controller that finds a higher
@@ -95,6 +100,10 @@ class ControllerFenced(Exception):
     """A newer controller (higher epoch) runs on the same metadata: this one must stop."""
 
 
+# What a topic's decision depends on besides default_unclean (fixed for a loop).
+_Inputs = tuple[int, frozenset[int], frozenset[int], frozenset[int] | None]
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -129,6 +138,11 @@ class ControllerLoop:
         self.epoch = -1
         self._published: tuple[frozenset[int], frozenset[int]] | None = None
         self.brokers: dict[int, str] = {}  # registered brokers (id -> address) as of the last round
+        # Per topic key: the inputs (revision, live, dead, settled) of its last decision that changed
+        # nothing; the same inputs decide the same (the rules are pure), so they are not decided again.
+        self._unchanged: dict[str, _Inputs] = {}
+        self._topics: dict[str, Versioned[TopicDocument]] = {}  # every topic document, as of the last round
+        self._topics_revision = 0  # the store revision _topics is current to
 
     # -- the controller document ----------------------------------------------------------------
 
@@ -257,16 +271,24 @@ class ControllerLoop:
             return written
 
     def topic_documents(self) -> list[Versioned[TopicDocument]]:
-        """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round."""
-        out: list[Versioned[TopicDocument]] = []
-        for doc in self.store.list(keys.TOPICS):
+        """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round.
+
+        Kept up to date from the store's changes since the last round (``changes_since``, deleted
+        topics included as tombstones), so an idle round neither reads nor decodes a document.
+        """
+        for doc in self.store.changes_since(self._topics_revision, keys.TOPICS):
+            self._topics_revision = max(self._topics_revision, doc.revision)
+            self._topics.pop(doc.key, None)
+            self._unchanged.pop(doc.key, None)
             if doc.value is None:
                 continue
             try:
-                out.append(Versioned(doc.key, TopicDocument.from_json(doc.value), doc.version, doc.revision))
+                value = TopicDocument.from_json(doc.value)
             except (KeyError, ValueError, TypeError):
                 log.warning("ignoring malformed topic document %s: %r", doc.key, doc.value)
-        return out
+                continue
+            self._topics[doc.key] = Versioned(doc.key, value, doc.version, doc.revision)
+        return sorted(self._topics.values(), key=lambda d: d.key)
 
     def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
         """Apply the rules to one topic document with compare-and-set; 1 if it was written."""
@@ -277,11 +299,15 @@ class ControllerLoop:
                 return 0
             current = doc.value
             metrics.topic_read(doc.key, current)
+            settled = self.alive_for(self.preferred_leader_delay_s) if self.preferred_leaders else None
+            inputs: _Inputs = (doc.revision, live, dead, settled)
+            if self._unchanged.get(doc.key) == inputs:
+                return 0
             new = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
-            if self.preferred_leaders:
-                settled = self.alive_for(self.preferred_leader_delay_s)
+            if settled is not None:
                 new = restore_preferred_leaders(new or current, settled) or new
             if new is None:
+                self._unchanged[doc.key] = inputs
                 return 0
             try:
                 documents.replace(self.store, doc.key, new, doc.version)

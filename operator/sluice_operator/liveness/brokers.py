@@ -88,7 +88,8 @@ class GrpcHealthChecker:
         self.deadline_s = deadline_ms / 1000
         self.service = service
         self.credentials = credentials  # TLS (with the controller's certificate) to brokers that require it
-        self._channels: dict[int, tuple[str, grpc.Channel]] = {}
+        # broker id -> (address, channel, stub): made once per address, not per round
+        self._channels: dict[int, tuple[str, grpc.Channel, health_pb2_grpc.HealthStub]] = {}
         self._in_flight: dict[int, tuple[Any, float]] = {}  # broker id -> (future, sent at)
 
     def _stub(self, broker_id: int, address: str) -> health_pb2_grpc.HealthStub:
@@ -103,9 +104,9 @@ class GrpcHealthChecker:
                 if self.credentials is None
                 else grpc.secure_channel(address, self.credentials, options=options)
             )
-            known = (address, channel)
+            known = (address, channel, health_pb2_grpc.HealthStub(channel))
             self._channels[broker_id] = known
-        return health_pb2_grpc.HealthStub(known[1])
+        return known[2]
 
     def _drop(self, broker_id: int) -> None:
         flight = self._in_flight.pop(broker_id, None)
