@@ -21,9 +21,10 @@ the table below is the summary.
                                   transactional.id.declaration.required, only these ids may be used)
 ``acls/<id>``                    one ACL (sluice.acls.AclBinding.to_json); <id> is a digest of it, so
                                   the same ACL is one document (written by Admin.create_acls)
-``quotas/users/<name>``          {"producer_byte_rate": n, "consumer_byte_rate": n} (either may be
-                                  absent): Kafka's client quotas of a user entity; <name> is
-                                  ``<default>`` for the default user (written by
+``quotas/users/<name>``,         {"producer_byte_rate": n, "consumer_byte_rate": n} (either may be
+``quotas/users/<name>/clients/<id>``, absent): Kafka's client quotas of a user, user and client-id,
+``quotas/clients/<id>``           or client-id entity; a name is ``<default>`` for the default
+                                  entity of its type, ``%`` and ``/`` escaped (written by
                                   Admin.alter_client_quotas, sluice.metadata.quota_store)
 """
 
@@ -52,8 +53,3 @@ def transactional_id(txn_id: str) -> str:
 
 def acl(acl_id: str) -> str:
     return f"{ACLS}{acl_id}"
-
-
-def user_quota(user: str) -> str:
-    """The quota document of user ``user`` (``<default>``: the default user entity)."""
-    return f"{USER_QUOTAS}{user}"
