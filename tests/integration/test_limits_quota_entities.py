@@ -293,10 +293,10 @@ def test_sluice_configs_takes_kafka_configs_entity_options(
     assert admin.describe_client_quotas()[entity("alice", "app1")] == {C: 2048.0}
     # refused: by the broker (named in the message), or as usage errors
     assert cli(["configs", "--alter", "--entity-type", "clients", "--entity-name", "c",
-                "--add-config", "request_percentage=50", *common]) != 0  # fmt: skip
+                "--add-config", "request_percentage=50", *common]) == 1  # fmt: skip
     assert "request_percentage" in capsys.readouterr().err
     assert cli(["configs", "--alter", "--entity-type", "clients", "--entity-name", "c",
-                "--add-config", "producer_byte_rate=-5", *common]) != 0  # fmt: skip
+                "--add-config", "producer_byte_rate=-5", *common]) == 1  # fmt: skip
     assert "positive" in capsys.readouterr().err
     assert cli(["configs", "--alter", "--entity-type", "users", "--entity-type", "clients", "--entity-name", "c",
                 "--add-config", "producer_byte_rate=5", *common]) == 2  # fmt: skip
@@ -337,3 +337,24 @@ def test_only_who_may_alter_configs_changes_client_quotas_on_both_protocols(tmp_
         assert kafka_describe(cluster, [], who="alice").error_code == CLUSTER_AUTHORIZATION_FAILED
         assert kafka_alter(cluster, [("client-id", "app1")], [(C, 5.0, False)], who="ops").error_code == 0
         assert described(kafka_describe(cluster, [], who="ops")) == {(("client-id", "app1"),): {P: 1000.0, C: 5.0}}
+
+
+def test_kafka_configs_sh_alters_and_describes_client_id_quotas(pcluster: LocalCluster, admin: Admin) -> None:
+    """Apache Kafka's own kafka-configs (kafka.admin.ConfigCommand) against the Kafka listener."""
+    from .test_kafka_alter_configs import config_command
+
+    out = config_command(pcluster, "--alter", "--entity-type", "users", "--entity-name", "alice",
+                         "--entity-type", "clients", "--entity-name", "app1",
+                         "--add-config", "producer_byte_rate=1024,consumer_byte_rate=2048")  # fmt: skip
+    assert "Completed updating config" in out, out
+    assert admin.describe_client_quotas() == {entity("alice", "app1"): {P: 1024.0, C: 2048.0}}
+    config_command(pcluster, "--alter", "--entity-type", "clients", "--entity-default",
+                   "--add-config", "producer_byte_rate=4096")  # fmt: skip
+    shown = config_command(pcluster, "--describe", "--entity-type", "clients", "--entity-default")
+    assert "producer_byte_rate=4096" in shown, shown
+    shown = config_command(pcluster, "--describe", "--entity-type", "users", "--entity-name", "alice",
+                           "--entity-type", "clients", "--entity-name", "app1")  # fmt: skip
+    assert "producer_byte_rate=1024" in shown and "consumer_byte_rate=2048" in shown, shown
+    config_command(pcluster, "--alter", "--entity-type", "users", "--entity-name", "alice",
+                   "--entity-type", "clients", "--entity-name", "app1", "--delete-config", "producer_byte_rate")  # fmt: skip
+    assert admin.describe_client_quotas()[entity("alice", "app1")] == {C: 2048.0}
