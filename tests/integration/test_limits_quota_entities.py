@@ -26,6 +26,8 @@ from kafka.protocol.admin import (
 
 from sluice import errors
 from sluice.acls import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
+from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import records_pb2 as pb
 from sluice.cli.app import main as cli
 from sluice.client import (
     Admin,
@@ -36,6 +38,7 @@ from sluice.client import (
     Producer,
 )
 from sluice.client._network import Cluster
+from sluice.client._network import rpc as rpcs
 from sluice.testing import LocalCluster
 
 from .test_kafka_listener import connect
@@ -116,6 +119,37 @@ def test_a_client_id_quota_throttles_that_client_id_and_not_another(pcluster: Lo
     took = time.monotonic() - started
     producer.close()
     assert took >= 1.5, f"600 kB at {rate} B/s took only {took:.1f} s"
+
+
+def fetch_throttle(cluster: Cluster, addr: str, topic: str) -> tuple[int, int]:
+    """One raw Fetch from offset 0: (bytes of records, throttle time)."""
+    wanted = bpb.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20, current_leader_epoch=-1)
+    request = bpb.FetchRequest(
+        max_wait_ms=0, min_bytes=1, isolation_level=pb.READ_UNCOMMITTED, replica_id=-1,
+        topics=[bpb.FetchTopic(name=topic, partitions=[wanted])],
+    )  # fmt: skip
+    resp = cluster.call(addr, rpcs.FETCH, request, 60)
+    part = resp.topics[0].partitions[0]
+    assert part.error_code == pb.NONE, resp
+    return sum(len(b.records) for b in part.batches), int(resp.throttle_time_ms)
+
+
+def test_a_client_id_consumer_quota_throttles_fetches_of_that_client_id(pcluster: LocalCluster, admin: Admin) -> None:
+    addr = pcluster.bootstrap_servers
+    admin.create_topic("ef", partitions=1, replication_factor=1)
+    writer = Cluster(addr, client_id="writer")
+    throttle_of(writer, addr, "ef", 0, 400_000)
+    writer.close()
+    alter(admin, entity(client="slow-reader"), C, 100_000)
+    slow, other = Cluster(addr, client_id="slow-reader"), Cluster(addr, client_id="other-reader")
+    try:
+        size, ms = fetch_throttle(other, addr, "ef")
+        assert size >= 400_000 and ms == 0
+        size, ms = fetch_throttle(slow, addr, "ef")
+        assert size >= 400_000 and ms > 0
+    finally:
+        slow.close()
+        other.close()
 
 
 def test_user_and_client_over_user_over_client_and_the_quota_is_the_entitys(
@@ -355,6 +389,6 @@ def test_kafka_configs_sh_alters_and_describes_client_id_quotas(pcluster: LocalC
     shown = config_command(pcluster, "--describe", "--entity-type", "users", "--entity-name", "alice",
                            "--entity-type", "clients", "--entity-name", "app1")  # fmt: skip
     assert "producer_byte_rate=1024" in shown and "consumer_byte_rate=2048" in shown, shown
-    config_command(pcluster, "--alter", "--entity-type", "users", "--entity-name", "alice",
-                   "--entity-type", "clients", "--entity-name", "app1", "--delete-config", "producer_byte_rate")  # fmt: skip
+    config_command(pcluster, "--alter", "--entity-type", "users", "--entity-name", "alice", "--entity-type",
+                   "clients", "--entity-name", "app1", "--delete-config", "producer_byte_rate")  # fmt: skip
     assert admin.describe_client_quotas()[entity("alice", "app1")] == {C: 2048.0}
