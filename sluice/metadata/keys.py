@@ -21,11 +21,13 @@ the table below is the summary.
                                   transactional.id.declaration.required, only these ids may be used)
 ``acls/<id>``                    one ACL (sluice.acls.AclBinding.to_json); <id> is a digest of it, so
                                   the same ACL is one document (written by Admin.create_acls)
-``quotas/users/<name>``,         {"producer_byte_rate": n, "consumer_byte_rate": n} (either may be
-``quotas/users/<name>/clients/<id>``, absent): Kafka's client quotas of a user, user and client-id,
-``quotas/clients/<id>``           or client-id entity; a name is ``<default>`` for the default
-                                  entity of its type, ``%`` and ``/`` escaped (written by
-                                  Admin.alter_client_quotas, sluice.metadata.quota_store)
+``quotas/users/<name>``          {"producer_byte_rate": n, "consumer_byte_rate": n} (either may be
+                                  absent): Kafka's client quotas of one entity, here a user; also
+                                  ``quotas/clients/<id>`` (a client id) and
+                                  ``quotas/users/<name>/clients/<id>`` (a user's client id); a name
+                                  is ``<default>`` for the default entity of its type, ``%`` and
+                                  ``/`` escaped (written by Admin.alter_client_quotas,
+                                  sluice.metadata.quota_store)
 """
 
 CLUSTER = "cluster"
@@ -36,7 +38,6 @@ TOPICS = "topics/"
 TRANSACTIONAL_IDS = "transactional_ids/"
 ACLS = "acls/"
 QUOTAS = "quotas/"
-USER_QUOTAS = "quotas/users/"
 
 
 def broker(broker_id: int) -> str:
