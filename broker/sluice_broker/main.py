@@ -342,7 +342,7 @@ async def serve(
                 if internal_topics_missing:
                     internal_topics_missing = bool(cluster.ensure_internal_topics())
                 servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
-                servicer.broker.user_quotas.refresh()  # client quotas: the quotas/users/ documents
+                servicer.broker.client_quotas.refresh()  # client quotas: the quotas/ documents
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)

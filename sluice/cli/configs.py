@@ -1,15 +1,23 @@
-"""``sluice configs``: kafka-configs.sh, for client quotas of users.
+"""``sluice configs``: kafka-configs.sh, for client quotas of users, client ids and both.
 
-Kafka's options: ``--entity-type users`` with ``--entity-name NAME`` or ``--entity-default``, and
+Kafka's options: ``--entity-type users|clients``, each followed by ``--entity-name NAME`` or
+``--entity-default``; a user and a client id together are one entity (KIP-55). Then
 ``--describe`` or ``--alter`` with ``--add-config producer_byte_rate=N,consumer_byte_rate=N``
 and/or ``--delete-config producer_byte_rate,consumer_byte_rate``::
 
     sluice configs --alter --entity-type users --entity-name alice --add-config producer_byte_rate=1048576
-    sluice configs --describe --entity-type users            # every user entity with quotas
+    sluice configs --alter --entity-type users --entity-name alice --entity-type clients --entity-name app1 \\
+        --add-config producer_byte_rate=2097152
+    sluice configs --alter --entity-type clients --entity-default --add-config consumer_byte_rate=524288
+    sluice configs --describe --entity-type users            # every named user entity with quotas
+    sluice configs --describe --entity-type users --entity-type clients   # every user+client-id entity
 
-Topic settings are given at creation (``sluice topics create --config``); ``users`` is the one
-entity type here (Kafka's client-id and ip quota entities are not kept by Sluice). Quotas are
-stored in the metadata store and every broker follows them (docs/security.md, "Limits").
+Names pair with types in order, as in kafka-configs.sh: the Nth ``--entity-name`` or
+``--entity-default`` names the Nth ``--entity-type``; a type without one, in ``--describe``,
+stands for every named entity of that type. Describing lists exactly the entities with the given
+types (Kafka's ``containsOnly`` filter). Topic settings are given at creation (``sluice topics
+create --config``). Quotas are stored in the metadata store and every broker follows them
+(docs/security.md, "Limits"); the broker validates the keys and values (InvalidRequestError).
 """
 
 from __future__ import annotations
@@ -25,16 +33,26 @@ from sluice.cli.output import close_quietly, print_json, table
 if TYPE_CHECKING:
     from sluice.cli.parser import Subcommands
 
+ENTITY_TYPES = {"users": "user", "clients": "client-id"}  # kafka-configs.sh's name -> the quota entity type
+DEFAULT = "<default>"
+
 
 def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("configs", parents=[client], help="describe and alter client quotas of users (kafka-configs.sh)")
+    p = sub.add_parser(
+        "configs", parents=[client], help="describe and alter client quotas of users and client ids (kafka-configs.sh)"
+    )
     action = p.add_mutually_exclusive_group(required=True)
     action.add_argument("--describe", action="store_true")
     action.add_argument("--alter", action="store_true")
-    p.add_argument("--entity-type", required=True, choices=("users",), help="users (client quotas of a user)")
-    who = p.add_mutually_exclusive_group()
-    who.add_argument("--entity-name", help="the user (the NAME of the principal User:NAME)")
-    who.add_argument("--entity-default", action="store_true", help="the default user (every user without its own)")
+    p.add_argument(
+        "--entity-type", action="append", required=True, choices=tuple(ENTITY_TYPES),
+        help="users (the NAME of a principal User:NAME) or clients (a client id); twice for a user's client id",
+    )  # fmt: skip
+    p.add_argument("--entity-name", action="append", dest="entity_names", help="the entity of the --entity-type before")
+    p.add_argument(
+        "--entity-default", action="append_const", const=None, dest="entity_names",
+        help="the default entity of the --entity-type before (every user or client id without its own)",
+    )  # fmt: skip
     p.add_argument("--add-config", metavar="K=V,...", help="quotas to set: producer_byte_rate, consumer_byte_rate")
     p.add_argument("--delete-config", metavar="K,...", help="quotas to remove")
     p.add_argument("--json", action="store_true", help="--describe as JSON")
@@ -58,13 +76,28 @@ def _changes(args: argparse.Namespace) -> dict[str, float | None]:
     return changes
 
 
+def _entity(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
+    """The quota entity types given (``user``, ``client-id``) and the names paired with them."""
+    types = [ENTITY_TYPES[t] for t in args.entity_type]
+    names: list[str | None] = list(args.entity_names or [])
+    if len(set(types)) != len(types):
+        raise CliError("each --entity-type may be given once (users and clients, for a user's client id)", USAGE)
+    if len(names) > len(types):
+        raise CliError("more --entity-name/--entity-default than --entity-type", USAGE)
+    if args.alter and len(names) != len(types):
+        raise CliError("--alter needs --entity-name NAME or --entity-default after each --entity-type", USAGE)
+    return types, names
+
+
+def _label(name: str | None) -> str:
+    return DEFAULT if name is None else name
+
+
 def run(args: argparse.Namespace) -> int:
     from sluice.client import ClientQuotaAlteration, ClientQuotaEntity, ClientQuotaFilter, ClientQuotaFilterComponent
 
-    user: str | None = None if args.entity_default else args.entity_name
+    types, names = _entity(args)
     if args.alter:
-        if args.entity_name is None and not args.entity_default:
-            raise CliError("--alter needs --entity-name NAME or --entity-default", USAGE)
         changes = _changes(args)
         if not changes:
             raise CliError("--alter needs --add-config and/or --delete-config", USAGE)
@@ -73,29 +106,35 @@ def run(args: argparse.Namespace) -> int:
     admin = open_admin(connection(args))
     try:
         if args.alter:
+            entity = ClientQuotaEntity(dict(zip(types, names, strict=True)))
             ops = [ClientQuotaAlteration.Op(k, v) for k, v in changes.items()]
-            admin.alter_client_quotas([ClientQuotaAlteration(ClientQuotaEntity({"user": user}), ops)])
-            name = "the default user" if user is None else f"user {user!r}"
-            print(f"Completed updating quotas of {name}.")
+            admin.alter_client_quotas([ClientQuotaAlteration(entity, ops)])
+            what = " and ".join(f"{t} {_label(n)!r}" for t, n in zip(types, names, strict=True))
+            print(f"Completed updating quotas of {what}.")
             return 0
-        if args.entity_default:
-            found = admin.describe_client_quotas(
-                ClientQuotaFilter.contains([ClientQuotaFilterComponent.of_default_entity("user")])
-            )
-        elif user is not None:
-            found = admin.describe_client_quotas(
-                ClientQuotaFilter.contains([ClientQuotaFilterComponent.of_entity("user", user)])
-            )
-        else:
-            found = admin.describe_client_quotas()
+        components = []
+        for i, entity_type in enumerate(types):
+            if i >= len(names):
+                components.append(ClientQuotaFilterComponent.of_entity_type(entity_type))
+            elif names[i] is None:
+                components.append(ClientQuotaFilterComponent.of_default_entity(entity_type))
+            else:
+                components.append(ClientQuotaFilterComponent.of_entity(entity_type, str(names[i])))
+        found = admin.describe_client_quotas(ClientQuotaFilter.contains_only(components))
         rows = sorted(
-            ((entity.entries.get("user") or "<default>", key, value) for entity, values in found.items()
-             for key, value in values.items()),
-        )  # fmt: skip
+            (
+                "" if "user" not in entity.entries else _label(entity.entries["user"]),
+                "" if "client-id" not in entity.entries else _label(entity.entries["client-id"]),
+                key,
+                value,
+            )
+            for entity, values in found.items()
+            for key, value in values.items()
+        )
         if args.json:
-            print_json([{"user": u, "key": k, "value": v} for u, k, v in rows])
+            print_json([{"user": u or None, "client_id": c or None, "key": k, "value": v} for u, c, k, v in rows])
         elif rows:
-            print(table([(u, k, f"{v:g}") for u, k, v in rows], ("USER", "QUOTA", "VALUE")))
+            print(table([(u, c, k, f"{v:g}") for u, c, k, v in rows], ("USER", "CLIENT-ID", "QUOTA", "VALUE")))
         return 0
     finally:
         close_quietly(admin)

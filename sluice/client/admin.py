@@ -172,6 +172,7 @@ class Admin:
         self._cluster = Cluster(
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
+            client_id=self.client_id,
             security=ClientSecurity.build(
                 security_protocol,
                 ssl_cafile,
@@ -251,9 +252,10 @@ class Admin:
     def alter_client_quotas(
         self, alterations: Iterable[ClientQuotaAlteration], *, validate_only: bool = False, timeout: float | None = None
     ) -> None:
-        """Set or remove quotas of entities (``user`` entities: producer_byte_rate, consumer_byte_rate).
-        Raises the first refusal: InvalidRequestError (an entity or key Sluice does not keep, a value
-        that is not positive), ClusterAuthorizationFailedError (no AlterConfigs on the cluster)."""
+        """Set or remove quotas of entities (``user``, ``client-id`` or both: producer_byte_rate,
+        consumer_byte_rate). Raises the first refusal: InvalidRequestError (an entity type or key
+        Sluice does not keep, a value that is not a positive whole number), ClusterAuthorizationFailedError
+        (no AlterConfigs on the cluster)."""
         request = broker_pb2.AlterClientQuotasRequest(
             entries=[a.to_proto() for a in alterations], validate_only=validate_only
         )

@@ -11,9 +11,11 @@ shape of Kafka's ``ClientQuotaEntity``, ``ClientQuotaAlteration`` and ``ClientQu
     # {ClientQuotaEntity({'user': 'alice'}): {'producer_byte_rate': 1048576.0}}
 
 An entity maps entity types to names, a name of None being the default entity of its type
-(Kafka's ``<default>``). Sluice brokers keep ``user`` entities with ``producer_byte_rate`` and
-``consumer_byte_rate`` (docs/security.md, "Limits"); anything else is refused by the broker with
-InvalidRequestError naming it.
+(Kafka's ``<default>``). Sluice brokers keep ``user`` and ``client-id`` entities and the two
+together (``ClientQuotaEntity({"user": "alice", "client-id": "app1"})``), with
+``producer_byte_rate`` and ``consumer_byte_rate`` (docs/security.md, "Limits"); anything else
+(``ip`` entities, ``request_percentage``, unknown types and keys, values that are not positive
+whole numbers) is refused by the broker with InvalidRequestError naming it.
 """
 
 from __future__ import annotations

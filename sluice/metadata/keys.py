@@ -22,9 +22,12 @@ the table below is the summary.
 ``acls/<id>``                    one ACL (sluice.acls.AclBinding.to_json); <id> is a digest of it, so
                                   the same ACL is one document (written by Admin.create_acls)
 ``quotas/users/<name>``          {"producer_byte_rate": n, "consumer_byte_rate": n} (either may be
-                                  absent): Kafka's client quotas of a user entity; <name> is
-                                  ``<default>`` for the default user (written by
-                                  Admin.alter_client_quotas, sluice.metadata.quota_store)
+                                  absent): Kafka's client quotas of one entity, here a user; also
+                                  ``quotas/clients/<id>`` (a client id) and
+                                  ``quotas/users/<name>/clients/<id>`` (a user's client id); a name
+                                  is ``<default>`` for the default entity of its type, ``%`` and
+                                  ``/`` escaped (written by Admin.alter_client_quotas,
+                                  sluice.metadata.quota_store)
 """
 
 CLUSTER = "cluster"
@@ -35,7 +38,6 @@ TOPICS = "topics/"
 TRANSACTIONAL_IDS = "transactional_ids/"
 ACLS = "acls/"
 QUOTAS = "quotas/"
-USER_QUOTAS = "quotas/users/"
 
 
 def broker(broker_id: int) -> str:
@@ -52,8 +54,3 @@ def transactional_id(txn_id: str) -> str:
 
 def acl(acl_id: str) -> str:
     return f"{ACLS}{acl_id}"
-
-
-def user_quota(user: str) -> str:
-    """The quota document of user ``user`` (``<default>``: the default user entity)."""
-    return f"{USER_QUOTAS}{user}"

@@ -132,7 +132,7 @@ def test_user_quotas_are_altered_described_and_followed_by_every_broker(tmp_path
         op = ClientQuotaAlteration.Op
         for bad, word in (
             (ClientQuotaAlteration(anonymous, [op("request_percentage", 50)]), "request_percentage"),
-            (ClientQuotaAlteration(ClientQuotaEntity({"client-id": "c"}), [op("producer_byte_rate", 1)]), "user"),
+            (ClientQuotaAlteration(ClientQuotaEntity({"ip": "10.0.0.1"}), [op("producer_byte_rate", 1)]), "ip"),
             (ClientQuotaAlteration(anonymous, [op("producer_byte_rate", -5)]), "positive"),
         ):
             with pytest.raises(errors.InvalidRequestError, match=word):

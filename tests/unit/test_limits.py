@@ -51,8 +51,8 @@ def test_a_principal_over_its_quota_is_delayed_until_it_is_not_and_overrides_win
         def any(self) -> bool:
             return True
 
-        def rate(self, principal: str) -> int | None:
-            return 100 if principal == "User:slow" else None
+        def resolve(self, principal: str, client_id: str) -> tuple[tuple[str, str], int] | None:
+            return ((principal, ""), 100) if principal == "User:slow" else None
 
     now = [0.0]
     quota = ByteRateQuota("quota.producer.default", 1000, clock=lambda: now[0], rates=Overrides())

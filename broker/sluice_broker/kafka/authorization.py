@@ -21,6 +21,8 @@ a refusal answers (every code non-retriable):
 * DescribeConfigs: DescribeConfigs on the topic (TOPIC_AUTHORIZATION_FAILED), on the cluster for
   a broker (CLUSTER_AUTHORIZATION_FAILED), per resource; IncrementalAlterConfigs: AlterConfigs,
   the same way.
+* DescribeClientQuotas: DescribeConfigs on the cluster (the whole request); AlterClientQuotas:
+  AlterConfigs on the cluster (each entry CLUSTER_AUTHORIZATION_FAILED).
 * FindCoordinator: Describe on the group / transactional id (GROUP_ / TRANSACTIONAL_ID_
   AUTHORIZATION_FAILED, per key).
 * InitProducerId: Write on the transactional id; without one IdempotentWrite on the cluster or

@@ -25,6 +25,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security.authorizer import Access
 from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import ANONYMOUS, Caller
+from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.txn import TransactionCoordinator
 
 # The key of a broker's Kafka address ("host:port") in its brokers/<id> document: written by the
@@ -40,6 +41,7 @@ class ClientLimits:
     producer_ids: RateLimit  # producer.id.rate.per.principal.per.minute
     produce: ByteRateQuota  # quota.producer.default
     fetch: ByteRateQuota  # quota.consumer.default
+    client_quotas: ClientQuotas | None = None  # the quota entities both follow (refreshed after an alter)
 
 
 @dataclass

@@ -160,7 +160,8 @@ class KafkaListener:
         response, version = await self._respond(conn, request)
         key, correlation_id = request.header.request_api_key, request.header.correlation_id
         out = None if response is None else response_frame(key, correlation_id, response, version)
-        throttle = quotas.throttle(conn, key, version, len(frame) + 4, 0 if out is None else len(out))
+        response_bytes = 0 if out is None else len(out)
+        throttle = quotas.throttle(conn, key, version, len(frame) + 4, response_bytes, request.header.client_id)
         if throttle is not None and quotas.report(response, throttle.ms):
             assert response is not None
             out = response_frame(key, correlation_id, response, version)  # again, with the throttle time

@@ -52,7 +52,7 @@ async def start_kafka_listener(
     """Open the listener (None when not configured); ``service``'s ACLs and limits are shared with it."""
     if options is None:
         return None
-    limits = ClientLimits(service.producer_ids, service.produce_quota, service.fetch_quota)
+    limits = ClientLimits(service.producer_ids, service.produce_quota, service.fetch_quota, service.client_quotas)
     try:
         listener = KafkaListener(KafkaContext(config, cluster, replicas, txn, groups, service.access, limits))
     except TlsError as exc:

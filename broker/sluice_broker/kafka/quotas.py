@@ -2,9 +2,8 @@
 
 Produce counts the request's bytes (the whole frame, as Kafka's ``request.sizeInBytes``) and
 Fetch the response's against the caller's principal, in the same buckets the gRPC servicer
-fills (``quota.producer.default`` / ``quota.consumer.default``,
-:class:`~sluice.broker.security.limits.ByteRateQuota`): one principal's rate is one rate per
-broker whichever protocol it uses. The throttle time is reported in the response's
+fills (:class:`~sluice.broker.security.limits.ByteRateQuota`): a quota entity (user, client id,
+both) has one rate per broker whichever protocol its clients use. The throttle time is reported in the response's
 ``throttle_time_ms``.
 
 How the wait is imposed is KIP-219's: from Produce v6 and Fetch v8 the client knows to wait
@@ -34,12 +33,18 @@ class Throttle:
     hold_response: bool  # True: delay the response (old clients); False: send it, then mute the connection
 
 
-def throttle(ctx: KafkaContext, api_key: int, version: int, request_bytes: int, response_bytes: int) -> Throttle | None:
-    """Count a Produce's or Fetch's bytes for the caller; the throttle to apply (None: within quota)."""
+def throttle(
+    ctx: KafkaContext, api_key: int, version: int, request_bytes: int, response_bytes: int, client_id: str | None = None
+) -> Throttle | None:
+    """Count a Produce's or Fetch's bytes for the caller (its principal and the request header's
+    client id, which client-id quota entities match); the throttle to apply (None: within quota)."""
+    client = client_id or ""
     if api_key == PRODUCE_KEY:
-        ms = ctx.limits.produce.record(ctx.caller.principal, request_bytes) if ctx.limits.produce.active else 0
+        quota = ctx.limits.produce
+        ms = quota.record(ctx.caller.principal, request_bytes, client) if quota.active else 0
     elif api_key == FETCH_KEY:
-        ms = ctx.limits.fetch.record(ctx.caller.principal, response_bytes) if ctx.limits.fetch.active else 0
+        quota = ctx.limits.fetch
+        ms = quota.record(ctx.caller.principal, response_bytes, client) if quota.active else 0
     else:
         return None
     if ms <= 0:

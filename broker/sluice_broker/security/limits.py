@@ -54,30 +54,31 @@ class RateLimit:
 
 
 class RateOverrides(Protocol):
-    """Per-principal rates of one quota key (sluice.broker.security.quota_watch.QuotaRates)."""
+    """Quotas of one key from client quota entities (sluice.broker.security.quota_watch.QuotaRates)."""
 
     def any(self) -> bool: ...
 
-    def rate(self, principal: str) -> int | None: ...
+    def resolve(self, principal: str, client_id: str) -> tuple[tuple[str, str], int] | None: ...
 
 
 MAX_THROTTLE_MS = 10_000  # one response is never held back longer (Kafka bounds it by its quota window)
 
 
 class ByteRateQuota:
-    """Bytes per second per principal (Kafka's producer_byte_rate / consumer_byte_rate).
+    """Bytes per second per quota entity (Kafka's producer_byte_rate / consumer_byte_rate).
 
-    A bucket per principal holds up to one second of its rate and refills at the rate; each
-    request takes its bytes, and may take it below zero. The throttle time is how long the
-    bucket needs to be back at zero. As Kafka since KIP-219, the response goes out at once and
-    reports it (``throttle_time_ms``); the client waits that long before its next request to
-    this broker, and a client that does not is held back by the broker at the start of its next
-    request (:meth:`delay`), the way Kafka mutes the channel. So a principal's long-run rate
-    converges to its quota whatever its client does.
+    A bucket holds up to one second of its rate and refills at the rate; each request takes its
+    bytes, and may take it below zero. The throttle time is how long the bucket needs to be back
+    at zero. As Kafka since KIP-219, the response goes out at once and reports it
+    (``throttle_time_ms``); the client waits that long before its next request to this broker,
+    and a client that does not is held back by the broker at the start of its next request
+    (:meth:`delay`), the way Kafka mutes the channel. So an entity's long-run rate converges to
+    its quota whatever its clients do.
 
-    The rate of a principal is its override (``rates``: Kafka's client quota of user entities,
-    followed from the metadata store by :mod:`sluice.broker.security.quota_watch`), else the
-    default for all users there, else the broker's ``key`` (0: unlimited).
+    Whose bucket a request fills and at what rate come from ``rates``: the client quota entity
+    matching the caller's user and client id (users, client ids and both, in Kafka's order,
+    :mod:`sluice.broker.security.quota_resolution`), one bucket shared by every connection of
+    that entity; else the broker's ``key`` (0: unlimited), one bucket per principal.
     """
 
     def __init__(
@@ -93,38 +94,45 @@ class ByteRateQuota:
         self.rate = bytes_per_s
         self.clock = clock
         self.rates = rates
-        self._buckets: dict[str, tuple[float, float]] = {}  # principal -> (bytes left, at)
+        self._buckets: dict[tuple[str, str], tuple[float, float, int]] = {}  # bucket -> (bytes left, at, rate)
 
-    def rate_of(self, principal: str) -> int:
-        override = self.rates.rate(principal) if self.rates is not None and self.rates.any() else None
-        return self.rate if override is None else override
+    def bucket_of(self, principal: str, client_id: str = "") -> tuple[tuple[str, str], int]:
+        """The bucket a caller's bytes go to, and its rate in bytes/s (0: unlimited)."""
+        if self.rates is not None and self.rates.any():
+            found = self.rates.resolve(principal, client_id)
+            if found is not None:
+                return found
+        return (principal, ""), self.rate
+
+    def rate_of(self, principal: str, client_id: str = "") -> int:
+        return self.bucket_of(principal, client_id)[1]
 
     @property
     def active(self) -> bool:
-        """Whether any principal may have a quota (else the data path skips the accounting)."""
+        """Whether any caller may have a quota (else the data path skips the accounting)."""
         return self.rate > 0 or (self.rates is not None and self.rates.any())
 
-    def delay(self, principal: str) -> float:
-        """Seconds until ``principal``'s bucket is back at zero (0.0 when it is not below)."""
-        rate = self.rate_of(principal)
-        found = self._buckets.get(principal)
+    def delay(self, principal: str, client_id: str = "") -> float:
+        """Seconds until the caller's bucket is back at zero (0.0 when it is not below)."""
+        bucket, rate = self.bucket_of(principal, client_id)
+        found = self._buckets.get(bucket)
         if rate == 0 or found is None:
             return 0.0
-        left, at = found
+        left, at, _ = found
         left += (self.clock() - at) * rate
         return 0.0 if left >= 0 else min(MAX_THROTTLE_MS / 1000, -left / rate)
 
-    def record(self, principal: str, nbytes: int) -> int:
-        """Count ``nbytes`` for ``principal``; the throttle time in ms (0 when within the quota)."""
-        rate = self.rate_of(principal)
+    def record(self, principal: str, nbytes: int, client_id: str = "") -> int:
+        """Count ``nbytes`` for the caller; the throttle time in ms (0 when within the quota)."""
+        bucket, rate = self.bucket_of(principal, client_id)
         if rate == 0:
             return 0
         now = self.clock()
-        left, at = self._buckets.get(principal, (float(rate), now))
+        left, at, _ = self._buckets.get(bucket, (float(rate), now, rate))
         left = min(float(rate), left + (now - at) * rate) - nbytes
-        self._buckets[principal] = (left, now)
-        if len(self._buckets) > MAX_PRINCIPALS:
-            self._buckets = {p: v for p, v in self._buckets.items() if v[0] < self.rate_of(p)}
+        self._buckets[bucket] = (left, now, rate)
+        if len(self._buckets) > MAX_PRINCIPALS:  # drop the buckets that are full again
+            self._buckets = {b: v for b, v in self._buckets.items() if v[0] + (now - v[1]) * v[2] < v[2]}
         if left >= 0:
             return 0
         return min(MAX_THROTTLE_MS, int(-left * 1000 / rate) + 1)

@@ -43,10 +43,11 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import Access
+from sluice.broker.security.client_ids import client_id
 from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
 from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import principal
-from sluice.broker.security.quota_watch import UserQuotas
+from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.group_admin import GroupAdmin
 from sluice.broker.servicers.quotas import QuotaHandlers
@@ -97,26 +98,25 @@ class BrokerService:
         self.access = access or Access(cluster.config)
         self.acls = AclHandlers(cluster.store, self.access)
         self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
-        # per-user overrides (Kafka's client quotas), followed from the store with the ACLs
-        self.user_quotas = UserQuotas(cluster.store)
-        self.quotas = QuotaHandlers(cluster.store, self.access, self.user_quotas)
+        # client quota entities (users, client ids, both), followed from the store with the ACLs
+        self.client_quotas = ClientQuotas(cluster.store)
+        self.quotas = QuotaHandlers(cluster.store, self.access, self.client_quotas)
         self.produce_quota = ByteRateQuota(
             "quota.producer.default",
             cluster.config.int("quota.producer.default"),
-            rates=self.user_quotas.rates("producer_byte_rate"),
+            rates=self.client_quotas.rates("producer_byte_rate"),
         )
         self.fetch_quota = ByteRateQuota(
             "quota.consumer.default",
             cluster.config.int("quota.consumer.default"),
-            rates=self.user_quotas.rates("consumer_byte_rate"),
+            rates=self.client_quotas.rates("consumer_byte_rate"),
         )
         self._held_logged: dict[str, float] = {}  # principal -> when a held-back request was last logged
 
-    async def _wait_quota(self, quota: ByteRateQuota, ctx: Ctx, what: str) -> None:
-        """A request from a principal still over its quota waits until it is not (Kafka's muted
+    async def _wait_quota(self, quota: ByteRateQuota, ctx: Ctx, what: str, who: str, client: str) -> None:
+        """A request from a caller still over its quota waits until it is not (Kafka's muted
         channel, for clients that do not wait out the throttle time they were told, KIP-219)."""
-        who = principal(ctx)
-        delay = quota.delay(who)
+        delay = quota.delay(who, client)
         if delay <= 0:
             return
         now = time.monotonic()
@@ -222,9 +222,10 @@ class BrokerService:
     async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
         if not self.produce_quota.active:
             return await self._produce(req, ctx)
-        await self._wait_quota(self.produce_quota, ctx, "Produce")
+        who, client = principal(ctx), client_id(ctx)
+        await self._wait_quota(self.produce_quota, ctx, "Produce", who, client)
         resp = await self._produce(req, ctx)
-        resp.throttle_time_ms = self.produce_quota.record(principal(ctx), req.ByteSize())
+        resp.throttle_time_ms = self.produce_quota.record(who, req.ByteSize(), client)
         return resp
 
     async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
@@ -256,9 +257,10 @@ class BrokerService:
     async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
         if not self.fetch_quota.active:
             return await self._fetch(req, ctx)
-        await self._wait_quota(self.fetch_quota, ctx, "Fetch")
+        who, client = principal(ctx), client_id(ctx)
+        await self._wait_quota(self.fetch_quota, ctx, "Fetch", who, client)
         body = await self._fetch(req, ctx)
-        delay_ms = self.fetch_quota.record(principal(ctx), len(body))
+        delay_ms = self.fetch_quota.record(who, len(body), client)
         # a serialized message and a second one concatenate as their merge: the field is added
         return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
 

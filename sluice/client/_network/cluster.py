@@ -67,7 +67,7 @@ from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import rpc as rpcs
 from sluice.client._network.error_mapping import COORDINATOR_MOVED_CODES, map_rpc_error
 from sluice.client._network.retry import Backoff, Deadline, retry
-from sluice.client._network.rpc import Rpc
+from sluice.client._network.rpc import Rpc, client_id_metadata
 from sluice.client._network.security import PLAINTEXT, ClientSecurity
 
 log = logging.getLogger("sluice.client")
@@ -159,8 +159,11 @@ class Cluster:
         metadata_max_age_ms: int = 300_000,
         retry_backoff_ms: int = 50,
         security: ClientSecurity = PLAINTEXT,
+        client_id: str = "",
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.client_id = client_id
+        self._metadata = client_id_metadata(client_id)  # sent with every call: client-id quota entities
         self.security = security
         self.request_timeout = request_timeout_ms / 1000.0
         self.metadata_max_age = metadata_max_age_ms / 1000.0
@@ -223,7 +226,9 @@ class Cluster:
         """One unary RPC to ``addr``; gRPC failures raise :mod:`sluice.errors` exceptions."""
         fn = self._callable(addr, rpc)
         try:
-            response = fn(request, timeout=self.request_timeout if timeout is None else timeout)
+            response = fn(
+                request, timeout=self.request_timeout if timeout is None else timeout, metadata=self._metadata
+            )
         except grpc.RpcError as exc:
             err = map_rpc_error(exc, addr, rpc.name)
             self._note_failure(addr, err)
@@ -239,7 +244,9 @@ class Cluster:
         The producer sends Produce requests it serialized itself with
         :data:`~sluice.client._network.rpc.PRODUCE_SERIALIZED`.
         """
-        return self._callable(addr, rpc).future(request, timeout=self.request_timeout if timeout is None else timeout)
+        return self._callable(addr, rpc).future(
+            request, timeout=self.request_timeout if timeout is None else timeout, metadata=self._metadata
+        )
 
     # ------------------------------------------------------------------ broker health and throttling
 

@@ -25,12 +25,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Generic, TypeVar
+from urllib.parse import quote
 
 from google.protobuf.message import Message
 
 from sluice.api.v1 import broker_pb2
 
 SERVICE = "sluice.v1.Broker"
+
+#: The call metadata key carrying the client's ``client_id`` (as a Kafka request header carries
+#: it), percent-encoded (:func:`client_id_metadata`); the broker's client quota entities match it
+#: (sluice.broker.security.client_ids reads it).
+CLIENT_ID_KEY = "sluice-client-id"
+_PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def client_id_metadata(client_id: str) -> tuple[tuple[str, str], ...]:
+    """The metadata every call of a client sends: its client id (gRPC metadata values are ASCII)."""
+    return ((CLIENT_ID_KEY, quote(client_id, safe=_PRINTABLE)),)
+
 
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")

@@ -216,6 +216,7 @@ class Producer:
         self._cluster = Cluster(
             bootstrap_servers,
             request_timeout_ms=request_timeout_ms,
+            client_id=self.client_id,
             security=ClientSecurity.build(
                 security_protocol,
                 ssl_cafile,

@@ -16,6 +16,7 @@ from sluice.broker.kafka.handlers.classic_groups import (
     LeaveGroupHandler,
     SyncGroupHandler,
 )
+from sluice.broker.kafka.handlers.client_quotas import AlterClientQuotasHandler, DescribeClientQuotasHandler
 from sluice.broker.kafka.handlers.consumer_group_heartbeat import ConsumerGroupHeartbeatHandler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
@@ -81,6 +82,8 @@ def build_handlers() -> dict[int, Handler]:
         ConsumerGroupHeartbeatHandler(),
         ConsumerGroupDescribeHandler(),
         DescribeProducersHandler(),
+        DescribeClientQuotasHandler(),
+        AlterClientQuotasHandler(),
     ]
     for handler in served:
         handlers[handler.api_key] = handler
