@@ -139,9 +139,14 @@ def delete_user(body: Mapping[str, Any], runtime: OperatorRuntime) -> None:
     uid = str(meta.get("uid") or "") or None
     deleted = user_acls.delete_user(runtime.meta, owner_of(meta, runtime), uid)
     log.info("SluiceUser %s deleted: %d ACL(s) removed", meta["name"], deleted)
+    if not runtime.settings.clients_ca_secret:
+        return  # no certificates issued: no Secret
     namespace = meta.get("namespace") or runtime.namespace
-    if user_certificates.delete(runtime.core(), namespace, meta["name"], uid):
-        log.info("SluiceUser %s deleted: its Secret %s deleted", meta["name"], meta["name"])
+    try:
+        if user_certificates.delete(runtime.core(), namespace, meta["name"], uid):
+            log.info("SluiceUser %s deleted: its Secret %s deleted", meta["name"], meta["name"])
+    except Exception as exc:  # the timers' sweep deletes it later
+        log.warning("SluiceUser %s deleted: could not delete its Secret yet: %s", meta["name"], exc)
 
 
 def sweep_orphans(runtime: OperatorRuntime) -> int:
