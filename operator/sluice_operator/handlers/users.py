@@ -52,9 +52,7 @@ RESERVED_NAMES = ("ANONYMOUS", "sluice-controller", "sluice-operator")
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Register the SluiceUser handlers (no finalizer: see the module docstring)."""
-    register_kind(
-        registry, PLURAL, changed=user_changed, timer=user_drift, interval_s=settings.reconcile_interval_s
-    )
+    register_kind(registry, PLURAL, changed=user_changed, timer=user_drift, interval_s=settings.reconcile_interval_s)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(user_event)
     kopf.on.startup(registry=registry)(startup_sweep)
 
