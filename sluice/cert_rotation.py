@@ -26,6 +26,13 @@ Outside a rotation, a broker certificate that is missing, not from the current C
 ``renewal_days`` of its expiry is re-issued (same CA: nothing to trust first). The CA is
 rotated ``ca_renewal_days`` before its own expiry, which must be at least ``renewal_days`` so a
 certificate capped at the CA's expiry is never due again at once (the loop Policy.check rules out).
+
+The *clients CA* (client certificates, ``User:<CN>`` on an mtls listener) goes through the same
+phases with the same state (:class:`ClusterCa`) in :func:`reconcile_clients_ca`: what the brokers
+trust is then their ``--clients-ca`` bundle (reported as ``tls_clients_trusted``), and the
+certificates it signs belong to clients the operator cannot ask what they loaded, so the old CA
+is trusted until it expires, as Strimzi keeps an old clients CA (every certificate it signed is
+capped at its expiry, so nothing valid is refused when it is dropped).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ REISSUE_CERTS = "ReissueCerts"
 DROP_OLD_CA = "DropOldCa"
 PHASES = (READY, TRUST_NEW_CA, REISSUE_CERTS, DROP_OLD_CA)
 CA_COMMON_NAME = "sluice-cluster-ca"
+CLIENTS_CA_COMMON_NAME = "sluice-clients-ca"
 
 
 @dataclass(frozen=True)
@@ -114,9 +122,20 @@ class Step:
         return self.ca is not None or self.brokers is not None
 
 
-def new_ca(generation: int, policy: Policy) -> tls.KeyPair:
-    """A cluster CA of ``generation``; the CN names it, so two CAs of an overlap never look alike."""
-    return tls.generate_ca(f"{CA_COMMON_NAME} v{generation}", policy.ca_validity_days)
+def new_ca(generation: int, policy: Policy, name: str = CA_COMMON_NAME) -> tls.KeyPair:
+    """A CA of ``generation``; the CN names it, so two CAs of an overlap never look alike."""
+    return tls.generate_ca(f"{name} v{generation}", policy.ca_validity_days)
+
+
+def _start_rotation(ca: ClusterCa, policy: Policy, now: datetime.datetime, name: str, label: str) -> Step | None:
+    """The step that starts a rotation of ``ca`` (in phase Ready) when it is due or forced, else None."""
+    ca_left = tls.not_after(ca.current.cert_pem) - now
+    if not (ca.force_renew or ca_left <= datetime.timedelta(days=policy.ca_renewal_days)):
+        return None
+    why = "forced" if ca.force_renew else f"it expires in {ca_left.days} days"
+    generation = ca.generation + 1
+    rotated = ClusterCa(new_ca(generation, policy, name), ca.current.cert_pem, generation, TRUST_NEW_CA)
+    return Step(ca=rotated, done=f"{label} rotation to generation {generation} started ({why}): new CA trusted")
 
 
 def _due(pair: tls.KeyPair | None, ca: tls.KeyPair, policy: Policy, now: datetime.datetime) -> bool:
@@ -173,12 +192,9 @@ def reconcile(
     current_fp = tls.fingerprint(ca.current.cert_pem)
 
     if ca.phase == READY:
-        ca_left = tls.not_after(ca.current.cert_pem) - now
-        if ca.force_renew or ca_left <= datetime.timedelta(days=policy.ca_renewal_days):
-            why = "forced" if ca.force_renew else f"it expires in {ca_left.days} days"
-            generation = ca.generation + 1
-            rotated = ClusterCa(new_ca(generation, policy), ca.current.cert_pem, generation, TRUST_NEW_CA)
-            return Step(ca=rotated, done=f"CA rotation to generation {generation} started ({why}): new CA trusted")
+        started = _start_rotation(ca, policy, now, CA_COMMON_NAME, "CA")
+        if started is not None:
+            return started
         due = [i for i in ids if brokers.force_renew or _due(brokers.certs.get(i), ca.current, policy, now)]
         if due:
             certs = {**brokers.certs, **_issue(ca.current, due, hosts, policy)}
@@ -217,3 +233,83 @@ def reconcile(
         return Step(ca=replace(ca, phase=READY), done=f"CA rotation to generation {ca.generation} complete")
 
     raise ValueError(f"unknown CA rotation phase {ca.phase!r} (one of {', '.join(PHASES)})")
+
+
+@dataclass(frozen=True)
+class ClientsCaStep:
+    """What to write for the clients CA (None: unchanged): the CA, the brokers' ``--clients-ca`` bundle."""
+
+    ca: ClusterCa | None = None
+    bundle: bytes | None = None
+    done: str = ""
+    waiting: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.ca is not None or self.bundle is not None
+
+
+def reconcile_clients_ca(
+    ca: ClusterCa | None,
+    bundle: bytes | None,
+    reports: Mapping[int, frozenset[str]],
+    live: Iterable[int],
+    policy: Policy,
+    *,
+    now: datetime.datetime | None = None,
+) -> ClientsCaStep:
+    """The next step of the clients CA (the module docstring), the cluster CA's phases reused.
+
+    ``bundle``: the brokers' clients CA file as stored (None: no Secret yet); ``reports``: what each
+    broker with a clients CA reported trusting (brokers without an mtls listener report nothing and
+    are not waited for); ``live`` as for :func:`reconcile`. Client certificates follow by
+    themselves: whoever issues them signs with ``ca.current`` from phase ReissueCerts on, and
+    keeps a certificate of the old CA while the phase is TrustNewCa (:func:`client_cert_signer_ok`).
+    """
+    now = now or datetime.datetime.now(datetime.UTC)
+    if ca is None:
+        created = ClusterCa(new_ca(0, policy, CLIENTS_CA_COMMON_NAME))
+        return ClientsCaStep(ca=created, done="created the clients CA (generation 0)")
+    wanted = ca.trust_bundle()
+    if bundle is None or tls.bundle_fingerprints(bundle) != tls.bundle_fingerprints(wanted):
+        return ClientsCaStep(bundle=wanted, done=f"clients CA bundle set for phase {ca.phase}")
+    current_fp = tls.fingerprint(ca.current.cert_pem)
+    live_ids = sorted(i for i in set(live) if i in reports)
+    trusted = {i: BrokerReport(r, "") for i, r in reports.items()}
+    if ca.phase == READY:
+        started = _start_rotation(ca, policy, now, CLIENTS_CA_COMMON_NAME, "clients CA")
+        return ClientsCaStep() if started is None else ClientsCaStep(ca=started.ca, done=started.done)
+    if ca.phase == TRUST_NEW_CA:
+        waiting = _waiting_for(trusted, live_ids, lambda _i, r: current_fp in r.trusted, "trust the new clients CA")
+        if waiting:
+            return ClientsCaStep(waiting=waiting)
+        return ClientsCaStep(ca=replace(ca, phase=REISSUE_CERTS), done="every live broker trusts the new clients CA")
+    if ca.phase == REISSUE_CERTS:
+        # Client certificates are re-issued by the new CA now; the old CA stays trusted until it expires.
+        if ca.previous_pem and tls.not_after(ca.previous_pem) > now:
+            return ClientsCaStep()
+        return ClientsCaStep(
+            ca=replace(ca, phase=DROP_OLD_CA, previous_pem=b""), done="the old clients CA expired: dropped"
+        )
+    if ca.phase == DROP_OLD_CA:
+        waiting = _waiting_for(
+            trusted, live_ids, lambda _i, r: r.trusted == frozenset({current_fp}), "stop trusting the old clients CA"
+        )
+        if waiting:
+            return ClientsCaStep(waiting=waiting)
+        return ClientsCaStep(
+            ca=replace(ca, phase=READY), done=f"clients CA rotation to generation {ca.generation} complete"
+        )
+    raise ValueError(f"unknown CA rotation phase {ca.phase!r} (one of {', '.join(PHASES)})")
+
+
+def client_cert_current(
+    cert_pem: bytes, ca: ClusterCa, policy: Policy, *, now: datetime.datetime | None = None
+) -> bool:
+    """Whether a client certificate may stay as it is: signed by the signing CA (or, while brokers do
+    not all trust the new CA yet, by the old one) and not within ``renewal_days`` of its expiry."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    signers = [ca.current.cert_pem] + ([ca.previous_pem] if ca.phase == TRUST_NEW_CA and ca.previous_pem else [])
+    if not any(tls.signed_by(cert_pem, signer) for signer in signers):
+        return False
+    return tls.not_after(cert_pem) - now > datetime.timedelta(days=policy.renewal_days)

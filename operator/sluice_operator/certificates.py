@@ -1,4 +1,4 @@
-"""The operator owns the cluster CA and the broker certificates: Secrets, renewal, CA rotation.
+"""The operator owns the cluster CA, the broker certificates and the clients CA: Secrets, renewal, rotation.
 
 Three Secrets in the cluster's namespace (names from the settings, the chart's by default):
 
@@ -15,6 +15,23 @@ broker certificates    ``ca.crt`` (the trust bundle: old + new during an overlap
 CA certificate         ``ca.crt``: the same trust bundle, without any key           clients (tls listeners)
 (``ca_cert_secret``)
 =====================  ==========================================================  ==============
+
+and, when it owns the clients CA too (``SLUICE_CLIENTS_CA_CERT_SECRET`` set), three more:
+
+=====================  ==========================================================  ==============
+clients CA             as the CA Secret: ``ca.crt``, ``ca.key``, ``ca-previous.crt``;  the operator
+(``clients_ca``)       the same annotations (``force-renew`` rotates it)              (signs users)
+clients CA certificate ``ca.crt``: the clients CA's certificate (old + new during a   the brokers'
+(``clients_ca_cert``)  rotation), no key                                             ``--clients-ca``
+operator client        ``tls.crt``, ``tls.key``: CN ``sluice-operator`` (a super    the operator
+(``operator_client``)  user), from the clients CA: its own identity on an mtls      (mounted)
+                       client listener
+=====================  ==========================================================  ==============
+
+The clients CA's steps are :func:`sluice.cert_rotation.reconcile_clients_ca`'s: the same phases
+and state as the cluster CA's, the brokers' reports being the clients CAs they trust
+(``tls_clients_trusted``). The users' certificates are the SluiceUser handler's
+(:mod:`sluice.operator.user_certificates`), signed by whatever CA this Secret holds.
 
 The decisions are :func:`sluice.cert_rotation.reconcile`'s (the same as a LocalCluster's): this
 module only reads the Secrets and the brokers' reports (their ``brokers/<id>`` documents say
@@ -53,6 +70,7 @@ CA_KEY = "ca.key"
 CA_PREVIOUS = "ca-previous.crt"
 MAX_STEPS = 10  # per reconcile: creating everything takes 2; a step that waits ends the round
 WAITING_INTERVAL_S = 1.0
+OPERATOR_CN = "sluice-operator"  # the operator's client certificate on an mtls listener (a super user)
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,13 @@ class SecretNames:
     ca: str
     brokers: str
     ca_cert: str = ""
+    clients_ca: str = ""  # with clients_ca_cert: the operator owns the clients CA
+    clients_ca_cert: str = ""
+    operator_client: str = ""  # the operator's own client certificate (an mtls client listener)
+
+    @property
+    def owns_clients_ca(self) -> bool:
+        return bool(self.clients_ca and self.clients_ca_cert)
 
 
 class Conflict(Exception):
@@ -147,17 +172,7 @@ class SecretStore:
         self._versions[name] = done.metadata.resource_version
 
     def read(self, broker_ids: list[int]) -> tuple[cert_rotation.ClusterCa | None, cert_rotation.BrokerCerts | None]:
-        ca_secret = self._read(self.names.ca)
-        ca = None
-        if ca_secret is not None:
-            data, ann = _data(ca_secret), _annotations(ca_secret)
-            ca = cert_rotation.ClusterCa(
-                tls.KeyPair(data[tls.CA_FILE], data[CA_KEY]),
-                data.get(CA_PREVIOUS, b""),
-                int(ann.get(ANNOTATION_GENERATION, "0")),
-                ann.get(ANNOTATION_PHASE, cert_rotation.READY),
-                force_renew=_forced(ann),
-            )
+        ca = self._read_ca(self.names.ca)
         broker_secret = self._read(self.names.brokers)
         brokers = None
         self._broker_data = {}
@@ -175,12 +190,45 @@ class SecretStore:
             self._ca_cert_bundle = None if ca_cert is None else _data(ca_cert).get(tls.CA_FILE, b"")
         return ca, brokers
 
-    def write_ca(self, ca: cert_rotation.ClusterCa) -> None:
+    def _read_ca(self, name: str) -> cert_rotation.ClusterCa | None:
+        secret = self._read(name)
+        if secret is None:
+            return None
+        return ca_of(secret)
+
+    def _write_ca(self, name: str, ca: cert_rotation.ClusterCa) -> None:
         data = {tls.CA_FILE: ca.current.cert_pem, CA_KEY: ca.current.key_pem}
         if ca.previous_pem:
             data[CA_PREVIOUS] = ca.previous_pem
         annotations = {ANNOTATION_GENERATION: str(ca.generation), ANNOTATION_PHASE: ca.phase}
-        self._write(self.names.ca, data, annotations)
+        self._write(name, data, annotations)
+
+    def write_ca(self, ca: cert_rotation.ClusterCa) -> None:
+        self._write_ca(self.names.ca, ca)
+
+    # -- the clients CA (names.clients_ca set) -------------------------------------------------------
+
+    def read_clients(self) -> tuple[cert_rotation.ClusterCa | None, bytes | None, tls.KeyPair | None]:
+        """(the clients CA, the brokers' bundle of it, the operator's own client certificate)."""
+        ca = self._read_ca(self.names.clients_ca)
+        bundle_secret = self._read(self.names.clients_ca_cert)
+        bundle = None if bundle_secret is None else _data(bundle_secret).get(tls.CA_FILE, b"")
+        own = None
+        if self.names.operator_client:
+            secret = self._read(self.names.operator_client)
+            data = {} if secret is None else _data(secret)
+            if data.get(tls.CERT_FILE) and data.get(tls.KEY_FILE):
+                own = tls.KeyPair(data[tls.CERT_FILE], data[tls.KEY_FILE])
+        return ca, bundle, own
+
+    def write_clients_ca(self, ca: cert_rotation.ClusterCa) -> None:
+        self._write_ca(self.names.clients_ca, ca)
+
+    def write_clients_bundle(self, bundle: bytes) -> None:
+        self._write(self.names.clients_ca_cert, {tls.CA_FILE: bundle}, {})
+
+    def write_operator_client(self, pair: tls.KeyPair) -> None:
+        self._write(self.names.operator_client, {tls.CERT_FILE: pair.cert_pem, tls.KEY_FILE: pair.key_pem}, {})
 
     def write_brokers(self, brokers: cert_rotation.BrokerCerts) -> None:
         data = dict(self._broker_data)
@@ -198,6 +246,27 @@ class SecretStore:
         self._write(self.names.ca_cert, {tls.CA_FILE: bundle}, {})
         self._ca_cert_bundle = bundle
         return True
+
+
+def ca_of(secret: Any) -> cert_rotation.ClusterCa:
+    """A CA Secret as this module writes it (``ca.crt``, ``ca.key``, ``ca-previous.crt``, annotations)."""
+    data, ann = _data(secret), _annotations(secret)
+    return cert_rotation.ClusterCa(
+        tls.KeyPair(data[tls.CA_FILE], data[CA_KEY]),
+        data.get(CA_PREVIOUS, b""),
+        int(ann.get(ANNOTATION_GENERATION, "0")),
+        ann.get(ANNOTATION_PHASE, cert_rotation.READY),
+        force_renew=_forced(ann),
+    )
+
+
+def clients_reports(store: MetadataStore) -> dict[int, frozenset[str]]:
+    """The clients CAs each broker with an mtls listener reported trusting."""
+    return {
+        d.value.broker_id: frozenset(d.value.tls_clients_trusted)
+        for d in documents.list_documents(store, keys.BROKERS, BrokerDocument)
+        if d.value.tls_clients_trusted
+    }
 
 
 def broker_reports(store: MetadataStore) -> tuple[dict[int, cert_rotation.BrokerReport], list[int], list[int]]:
@@ -260,7 +329,42 @@ class CertificateManager:
             if self.on_done is not None:
                 self.on_done(step.done)
             done.append(step.done)
+        if self.secrets.names.owns_clients_ca:
+            done += self.reconcile_clients()
         return done
+
+    def reconcile_clients(self) -> list[str]:
+        """The clients CA's steps (:func:`sluice.cert_rotation.reconcile_clients_ca`), then the
+        operator's own client certificate (CN ``sluice-operator``), issued and renewed like a user's."""
+        done: list[str] = []
+        waiting = ""
+        for _ in range(MAX_STEPS):
+            _, _, live = broker_reports(self.store)
+            ca, bundle, own = self.secrets.read_clients()
+            step = cert_rotation.reconcile_clients_ca(ca, bundle, clients_reports(self.store), live, self.policy)
+            waiting = step.waiting
+            if not step.changed:
+                if ca is not None and self._operator_client_due(ca, own):
+                    pair = tls.issue(ca.current, OPERATOR_CN, validity_days=self.policy.validity_days)
+                    self.secrets.write_operator_client(pair)
+                    done.append(f"issued the operator's client certificate ({OPERATOR_CN})")
+                break
+            if step.ca is not None:
+                self.secrets.write_clients_ca(step.ca)
+            if step.bundle is not None:
+                self.secrets.write_clients_bundle(step.bundle)
+            done.append(step.done)
+        for what in done:
+            log.info("certificates: %s", what)
+            if self.on_done is not None:
+                self.on_done(what)
+        self.waiting = self.waiting or waiting
+        return done
+
+    def _operator_client_due(self, ca: cert_rotation.ClusterCa, own: tls.KeyPair | None) -> bool:
+        if not self.secrets.names.operator_client:
+            return False
+        return own is None or not cert_rotation.client_cert_current(own.cert_pem, ca, self.policy)
 
     def run(self) -> None:
         while not self._stop.is_set():

@@ -35,6 +35,10 @@ SLUICE_PEERING_PRIORITY             this replica's peering priority             
 SLUICE_BROKER_CA_FILE               the cluster CA: TLS to the brokers' client listener   plaintext
 SLUICE_BROKER_TOKEN_FILE            a ServiceAccount token for a token listener           none
 SLUICE_CLIENTS_CA_SECRET            Secret of the clients CA (SluiceUser tls certificates) none
+SLUICE_CLIENTS_CA_CERT_SECRET       the operator owns the clients CA (with the above and    none
+                                    SLUICE_BROKER_CERTS_SECRET): the brokers' --clients-ca
+SLUICE_OPERATOR_CLIENT_SECRET       the operator's own client certificate, issued there     none
+SLUICE_BROKER_CERT_FILE, _KEY_FILE  that certificate, mounted: TLS to an mtls listener      none
 HOSTNAME                            this replica's identity (controller Lease holder)     host name
 SLUICE_BROKER_CERTS_SECRET          the operator owns the certificates: the brokers'      none (off)
                                     Secret (sluice.operator.certificates)
@@ -99,6 +103,10 @@ class OperatorSettings:
     broker_ca_file: str | None = None
     broker_token_file: str | None = None
     clients_ca_secret: str | None = None
+    clients_ca_cert_secret: str | None = None
+    operator_client_secret: str | None = None
+    broker_cert_file: str | None = None
+    broker_key_file: str | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -132,14 +140,29 @@ class OperatorSettings:
             broker_ca_file=_text(env, "SLUICE_BROKER_CA_FILE"),
             broker_token_file=_text(env, "SLUICE_BROKER_TOKEN_FILE"),
             clients_ca_secret=_text(env, "SLUICE_CLIENTS_CA_SECRET"),
+            clients_ca_cert_secret=_text(env, "SLUICE_CLIENTS_CA_CERT_SECRET"),
+            operator_client_secret=_text(env, "SLUICE_OPERATOR_CLIENT_SECRET"),
+            broker_cert_file=_text(env, "SLUICE_BROKER_CERT_FILE"),
+            broker_key_file=_text(env, "SLUICE_BROKER_KEY_FILE"),
         )
 
     def broker_security(self) -> dict[str, str]:
         """The Admin client's security keyword arguments (plaintext without a CA file)."""
         if self.broker_token_file and not self.broker_ca_file:
             raise SettingsError("SLUICE_BROKER_TOKEN_FILE needs SLUICE_BROKER_CA_FILE: tokens are sent over TLS only")
+        if bool(self.broker_cert_file) != bool(self.broker_key_file):
+            raise SettingsError("SLUICE_BROKER_CERT_FILE and SLUICE_BROKER_KEY_FILE go together")
+        if self.broker_cert_file and (self.broker_token_file or not self.broker_ca_file):
+            raise SettingsError("SLUICE_BROKER_CERT_FILE needs SLUICE_BROKER_CA_FILE, and no SLUICE_BROKER_TOKEN_FILE")
         if not self.broker_ca_file:
             return {}
+        if self.broker_cert_file and self.broker_key_file:
+            return {
+                "security_protocol": "SSL",
+                "ssl_cafile": self.broker_ca_file,
+                "ssl_certfile": self.broker_cert_file,
+                "ssl_keyfile": self.broker_key_file,
+            }
         if not self.broker_token_file:
             return {"security_protocol": "SSL", "ssl_cafile": self.broker_ca_file}
         return {

@@ -129,6 +129,8 @@ class BrokerDocument:
     # (sluice.cert_rotation) moves on when every live broker reports the previous phase.
     tls_trusted: tuple[str, ...] = ()
     tls_certificate: str = ""
+    # The CAs of its --clients-ca file (mtls listener only): a clients CA rotation waits for them.
+    tls_clients_trusted: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -144,6 +146,7 @@ class BrokerDocument:
         "inter_broker_port",
         "tls_trusted",
         "tls_certificate",
+        "tls_clients_trusted",
     )
 
     @classmethod
@@ -161,6 +164,7 @@ class BrokerDocument:
             inter_broker_port=int(value.get("inter_broker_port", 0)),
             tls_trusted=tuple(str(fp) for fp in value.get("tls_trusted") or ()),
             tls_certificate=str(value.get("tls_certificate") or ""),
+            tls_clients_trusted=tuple(str(fp) for fp in value.get("tls_clients_trusted") or ()),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -180,6 +184,8 @@ class BrokerDocument:
         if self.tls_certificate:
             out["tls_trusted"] = list(self.tls_trusted)
             out["tls_certificate"] = self.tls_certificate
+        if self.tls_clients_trusted:
+            out["tls_clients_trusted"] = list(self.tls_clients_trusted)
         return out
 
     def _low_space_json(self) -> dict[str, Any]:

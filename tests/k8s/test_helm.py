@@ -482,8 +482,11 @@ def test_the_default_client_listener_is_tls_with_service_account_tokens_and_the_
 
 
 def test_client_listener_values_that_cannot_work_are_refused(k8s: KubeCluster) -> None:
+    mtls = ["--set", "broker.clientAuth.listener=mtls"]
     for args, message in (
-        (["--set", "broker.clientAuth.listener=mtls"], "mtls needs a clients CA"),
+        ([*mtls, "--set", "certificates.managedBy=helm"], '"mtls" needs the operator\'s clients CA'),
+        ([*mtls, "--set", "broker.interBroker.tlsSecret=mine"], '"mtls" needs the operator\'s clients CA'),
+        (["--set", "broker.clientAuth.listener=sasl"], 'must be "token", "mtls", "tls" or "plaintext", not "sasl"'),
         (["--set", "broker.clientAuth.listener=plaintext"], "every client is User:ANONYMOUS"),
         (["--set", "broker.clientAuth.listener=tls"], "every client is User:ANONYMOUS"),
     ):
@@ -499,3 +502,79 @@ def test_host_network_brokers_probe_their_tls_listener_with_the_cluster_ca(k8s: 
     script = container["readinessProbe"]["exec"]["command"][2]
     assert "grpc.secure_channel" in script and "/etc/sluice/broker-tls/ca.crt" in script
     assert not [a for a in container["args"] if "--health-listen" in a]
+
+
+def test_an_mtls_client_listener_verifies_clients_with_the_operators_clients_ca(
+    k8s: KubeCluster, k8s_namespace: str
+) -> None:
+    from sluice.operator.settings import OperatorSettings
+
+    docs = render(k8s, "--set", "broker.clientAuth.listener=mtls", namespace="prod")
+    sts = find(docs, "StatefulSet")
+    config = broker_config(sts, broker_id=2, namespace="prod")
+    assert (config.client_listener, config.clients_ca) == ("mtls", "/etc/sluice/clients-ca/ca.crt")
+    assert config.get("authorizer.enabled") is True
+    assert config.get("super.users") == "User:sluice-operator"  # the operator's own certificate's CN
+    pod = sts["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert {"name": "clients-ca", "mountPath": "/etc/sluice/clients-ca", "readOnly": True} in container["volumeMounts"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["clients-ca"]["secret"] == {  # the certificate alone, read-only; the pod waits for it
+        "secretName": "sluice-clients-ca-cert", "defaultMode": 0o400, "items": [{"key": "ca.crt", "path": "ca.crt"}]
+    }  # fmt: skip
+    assert "--health-listen=$(POD_IP):9094" in container["args"]  # the kubelet's probes present no certificate
+    assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-tokenreview")]
+
+    # The operator owns the clients CA and connects with a certificate of its own from it.
+    operator = find(docs, "Deployment", "sluice-operator")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
+    settings = OperatorSettings.from_environment({"SLUICE_NAMESPACE": "prod", **{k: v for k, v in env.items() if v}})
+    assert (settings.clients_ca_secret, settings.clients_ca_cert_secret, settings.operator_client_secret) == (
+        "sluice-clients-ca", "sluice-clients-ca-cert", "sluice-operator-client"
+    )  # fmt: skip
+    assert settings.broker_security() == {
+        "security_protocol": "SSL",
+        "ssl_cafile": "/etc/sluice/broker-ca/ca.crt",
+        "ssl_certfile": "/etc/sluice/operator-client/tls.crt",
+        "ssl_keyfile": "/etc/sluice/operator-client/tls.key",
+    }
+    own = {v["name"]: v for v in operator["volumes"]}["operator-client"]["secret"]
+    assert own == {"secretName": "sluice-operator-client", "optional": True, "defaultMode": 0o400}
+    role = find(docs, "Role", "sluice-operator")
+    named = next(r for r in role["rules"] if r.get("resourceNames") and r["resources"] == ["secrets"])
+    assert {"sluice-clients-ca", "sluice-clients-ca-cert", "sluice-operator-client"} <= set(named["resourceNames"])
+    assert {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "update", "delete"]} in role["rules"]
+
+    # Valid for the API server as a whole.
+    install_crds(k8s)
+    manifest = yaml.safe_dump_all(render(k8s, "--set", "broker.clientAuth.listener=mtls", namespace=k8s_namespace))
+    out = k8s.kubectl(
+        "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
+        "-f", "-", input=manifest,
+    ).stdout  # fmt: skip
+    assert "statefulset.apps/sluice-broker serverside-applied (server dry run)" in out, out
+
+    # On the host network the exec probe presents the broker's own certificate (the cluster CA's).
+    host = find(render(k8s, "--set", "broker.clientAuth.listener=mtls", "--set", "hostNetwork.enabled=true"),
+                "StatefulSet")["spec"]["template"]["spec"]["containers"][0]  # fmt: skip
+    assert {"name": "SLUICE_CLIENT_LISTENER", "value": "mtls"} in host["env"]
+    assert "/etc/sluice/broker-tls/broker-" in host["readinessProbe"]["exec"]["command"][2]
+
+
+def test_the_default_token_listener_makes_no_clients_ca_unless_asked(k8s: KubeCluster) -> None:
+    def operator_env(*args: str) -> dict[str, str | None]:
+        deployment = find(render(k8s, *args), "Deployment", "sluice-operator")
+        return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    default = render(k8s)
+    assert not {"SLUICE_CLIENTS_CA_SECRET", "SLUICE_OPERATOR_CLIENT_SECRET"} & set(operator_env())
+    assert broker_config(find(default, "StatefulSet"), 0, "sluice").client_listener == "token"
+    role = find(default, "Role", "sluice-operator")
+    assert not [r for r in role["rules"] if r["resources"] == ["secrets"] and "get" in r["verbs"]
+                and not r.get("resourceNames")]  # fmt: skip
+    # asked for: tls SluiceUsers get certificates beside a token listener; the brokers do not change
+    asked = operator_env("--set", "certificates.clientsCa.enabled=true")
+    assert asked["SLUICE_CLIENTS_CA_SECRET"] == "sluice-clients-ca"
+    assert "SLUICE_OPERATOR_CLIENT_SECRET" not in asked
+    sts = find(render(k8s, "--set", "certificates.clientsCa.enabled=true"), "StatefulSet")
+    assert broker_config(sts, 0, "sluice").clients_ca == ""

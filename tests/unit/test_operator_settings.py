@@ -90,3 +90,18 @@ def test_timers_take_their_intervals_from_the_settings() -> None:
     register(registry, OperatorSettings(namespace="n", metadata_url="x", reconcile_interval_s=7, status_interval_s=2))
     intervals = {h.id.rsplit("/", 1)[-1]: h.interval for h in registry._spawning.get_all_handlers()}
     assert intervals == {"topic_drift": 7, "coordinator_drift": 7, "transactional_id_status": 2, "user_drift": 7}
+
+
+def test_the_operators_own_client_certificate_goes_with_a_ca_file_and_no_token() -> None:
+    base = {"SLUICE_NAMESPACE": "ns", "SLUICE_BROKER_CA_FILE": "/ca.crt"}
+    pair = {"SLUICE_BROKER_CERT_FILE": "/c/tls.crt", "SLUICE_BROKER_KEY_FILE": "/c/tls.key"}
+    assert OperatorSettings.from_environment({**base, **pair}).broker_security() == {
+        "security_protocol": "SSL", "ssl_cafile": "/ca.crt", "ssl_certfile": "/c/tls.crt", "ssl_keyfile": "/c/tls.key",
+    }  # fmt: skip
+    for env, message in (
+        ({**base, "SLUICE_BROKER_CERT_FILE": "/c/tls.crt"}, "go together"),
+        ({"SLUICE_NAMESPACE": "ns", **pair}, "needs SLUICE_BROKER_CA_FILE"),
+        ({**base, **pair, "SLUICE_BROKER_TOKEN_FILE": "/t"}, "no SLUICE_BROKER_TOKEN_FILE"),
+    ):
+        with pytest.raises(SettingsError, match=message):
+            OperatorSettings.from_environment(env).broker_security()

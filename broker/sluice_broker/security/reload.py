@@ -171,15 +171,19 @@ class TlsFiles:
     # -- what the broker reports ---------------------------------------------------------------------
 
     def report(self, store: MetadataStore) -> None:
-        """Write the loaded CAs' and certificate's fingerprints into this broker's ``brokers/<id>`` document."""
-        m = self.loaded.material
+        """Write the loaded CAs' and certificate's fingerprints into this broker's ``brokers/<id>`` document
+        (and the clients CAs' with an mtls listener: a clients CA rotation waits for them)."""
+        loaded = self.loaded
+        m = loaded.material
         trusted = tuple(tls.bundle_fingerprints(m.ca_pem))
         certificate = tls.fingerprint(m.cert_pem)
+        clients = tuple(tls.bundle_fingerprints(loaded.clients_ca_pem)) if loaded.clients_ca_pem.strip() else ()
+        wanted = (trusted, certificate, clients)
 
         def update(doc: BrokerDocument | None) -> BrokerDocument | None:
-            if doc is None or (doc.tls_trusted == trusted and doc.tls_certificate == certificate):
+            if doc is None or (doc.tls_trusted, doc.tls_certificate, doc.tls_clients_trusted) == wanted:
                 return None
-            return replace(doc, tls_trusted=trusted, tls_certificate=certificate)
+            return replace(doc, tls_trusted=trusted, tls_certificate=certificate, tls_clients_trusted=clients)
 
         documents.update_document(store, keys.broker(self.broker_id), BrokerDocument, update)
 

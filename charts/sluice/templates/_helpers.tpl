@@ -73,7 +73,9 @@ fewer with fewer brokers), the coordinators' internal-topic settings, then broke
 {{- if .Values.broker.authorizer.enabled }}
 {{- $_ := set $c "authorizer.enabled" "true" }}
 {{- $supers := list }}
-{{- if .Values.operator.enabled }}
+{{- if and .Values.operator.enabled (eq .Values.broker.clientAuth.listener "mtls") }}
+{{- $supers = append $supers "User:sluice-operator" }}
+{{- else if .Values.operator.enabled }}
 {{- $supers = append $supers (printf "ServiceAccount:%s:%s" .Release.Namespace (include "sluice.operator.fullname" .)) }}
 {{- end }}
 {{- $_ := set $c "super.users" (join ";" (concat $supers .Values.broker.authorizer.superUsers)) }}
@@ -116,7 +118,11 @@ exec:
       else:  # TLS: the broker's certificate, checked against the cluster CA (health needs no token)
           ca = open("/etc/sluice/broker-tls/ca.crt", "rb").read()
           options = [("grpc.ssl_target_name_override", "sluice-broker")]
-          channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(ca), options=options)
+          creds = grpc.ssl_channel_credentials(ca)
+          if os.environ["SLUICE_CLIENT_LISTENER"] == "mtls":  # and a client certificate: its own
+              own = "/etc/sluice/broker-tls/broker-" + os.environ["SLUICE_BROKER_ID"]
+              creds = grpc.ssl_channel_credentials(ca, open(own + ".key", "rb").read(), open(own + ".crt", "rb").read())
+          channel = grpc.secure_channel(target, creds, options=options)
       with channel:
           reply = rpc.HealthStub(channel).Check(pb.HealthCheckRequest(service=sys.argv[1]), timeout=3)
       sys.exit(0 if reply.status == pb.HealthCheckResponse.SERVING else 1)
@@ -171,16 +177,47 @@ the brokers' Secret. */ -}}
 {{- end -}}
 
 {{/*
-The client listener's mode, checked: token, tls or plaintext (mtls needs a clients CA the chart
-does not make yet).
+The client listener's mode, checked: token, mtls, tls or plaintext. mtls needs the operator's
+clients CA (certificates.managedBy=operator): its certificate is what the brokers verify clients
+with, and the operator connects with a certificate of its own from it.
 */}}
 {{- define "sluice.broker.clientListener" -}}
 {{- $mode := .Values.broker.clientAuth.listener }}
-{{- if not (has $mode (list "token" "tls" "plaintext")) }}
-{{- fail (printf "broker.clientAuth.listener must be \"token\", \"tls\" or \"plaintext\", not %q (mtls needs a clients CA, which the chart does not make yet)" $mode) }}
+{{- if not (has $mode (list "token" "mtls" "tls" "plaintext")) }}
+{{- fail (printf "broker.clientAuth.listener must be \"token\", \"mtls\", \"tls\" or \"plaintext\", not %q" $mode) }}
 {{- end }}
-{{- if and .Values.broker.authorizer.enabled (ne $mode "token") }}
-{{- fail (printf "broker.authorizer.enabled needs broker.clientAuth.listener \"token\": with %q every client is User:ANONYMOUS, the operator included (set broker.authorizer.enabled=false too)" $mode) }}
+{{- if and (eq $mode "mtls") (ne (include "sluice.certificates.operator" .) "true") }}
+{{- fail "broker.clientAuth.listener \"mtls\" needs the operator's clients CA: certificates.managedBy=operator (and no broker.interBroker.tlsSecret)" }}
+{{- end }}
+{{- if and .Values.broker.authorizer.enabled (not (has $mode (list "token" "mtls"))) }}
+{{- fail (printf "broker.authorizer.enabled needs broker.clientAuth.listener \"token\" or \"mtls\": with %q every client is User:ANONYMOUS, the operator included (set broker.authorizer.enabled=false too)" $mode) }}
 {{- end }}
 {{- $mode }}
 {{- end }}
+
+{{- /*
+The clients CA (docs/security.md, "Client certificates"): the operator makes it when
+certificates.clientsCa.enabled, or when the client listener is mtls (which needs it); SluiceUsers
+of type tls then get certificates from it.
+*/ -}}
+{{- define "sluice.certificates.clientsCa" -}}
+{{- if eq (include "sluice.certificates.operator" .) "true" -}}
+{{- if or .Values.certificates.clientsCa.enabled (eq .Values.broker.clientAuth.listener "mtls") -}}
+true
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.certificates.clientsCaSecret" -}}
+{{- printf "%s-clients-ca" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- /* the clients CA's certificate (no key): the brokers' --clients-ca */ -}}
+{{- define "sluice.certificates.clientsCaCertSecret" -}}
+{{- printf "%s-clients-ca-cert" (include "sluice.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- /* the operator's own client certificate (CN sluice-operator) for an mtls listener */ -}}
+{{- define "sluice.certificates.operatorClientSecret" -}}
+{{- printf "%s-client" (include "sluice.operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end -}}

@@ -4,7 +4,8 @@ On when ``SLUICE_BROKER_CERTS_SECRET`` names the brokers' Secret (the chart sets
 ``certificates.managedBy`` is ``helm``). Not a Kopf resource handler: the Secrets it manages do
 not exist before it creates them, and the work is one loop for the whole cluster, so it is a
 thread started with the operator (after the runtime, whose store and controller it uses) and
-stopped at clean-up. It acts only in the replica that holds the controller's Lease, and every
+stopped at clean-up. With ``SLUICE_CLIENTS_CA_CERT_SECRET`` (and ``SLUICE_CLIENTS_CA_SECRET``) it
+owns the clients CA too, in the same loop. It acts only in the replica that holds the controller's Lease, and every
 write is a compare-and-set on the Secret, so two replicas never fight.
 """
 
@@ -23,7 +24,14 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     """Start and stop the certificate thread with the operator (nothing when it is off)."""
     if not settings.broker_certs_secret:
         return
-    names = SecretNames(settings.ca_secret, settings.broker_certs_secret, settings.ca_cert_secret or "")
+    names = SecretNames(
+        settings.ca_secret,
+        settings.broker_certs_secret,
+        settings.ca_cert_secret or "",
+        clients_ca=(settings.clients_ca_secret or "") if settings.clients_ca_cert_secret else "",
+        clients_ca_cert=settings.clients_ca_cert_secret or "",
+        operator_client=settings.operator_client_secret or "",
+    )
 
     def start(memo: kopf.Memo, **_: Any) -> None:
         runtime = runtime_of(memo)

@@ -186,19 +186,24 @@ class OperatorRuntime:
             return self._admin[1]
 
     def _broker_ca(self) -> bytes | None:
-        """The brokers' CA bundle as the operator's file holds it now (None: plaintext brokers).
+        """The brokers' CA bundle as the operator's file holds it now, with its own client certificate
+        and key when it has them (None: plaintext brokers): a changed file makes a new Admin.
 
         A missing file is a TemporaryError: with operator-managed certificates the Secret it is
         projected from is made by this operator, and the kubelet fills the volume a little later."""
-        path = self.settings.broker_ca_file
-        if not path:
+        s = self.settings
+        paths = [p for p in (s.broker_ca_file, s.broker_cert_file, s.broker_key_file) if p]
+        if not s.broker_ca_file:
             return None
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError as exc:
-            message = f"the brokers' CA file {path} cannot be read yet: {exc.strerror}"
-            raise kopf.TemporaryError(message, delay=10) from None
+        out = b""
+        for path in paths:
+            try:
+                with open(path, "rb") as f:
+                    out += f.read()
+            except OSError as exc:
+                message = f"the brokers' TLS file {path} cannot be read yet: {exc.strerror}"
+                raise kopf.TemporaryError(message, delay=10) from None
+        return out
 
 
 def runtime_of(memo: Any) -> OperatorRuntime:

@@ -14,21 +14,22 @@ any the operator missed while it was not running are swept at start-up and on ev
 operator is away, which a finalizer would not change either: only the object would stay.
 
 With ``type: tls`` the operator issues a client certificate (CN = the resource's name) from the
-clients CA (the Secret ``SLUICE_CLIENTS_CA_SECRET`` names, ``tls.crt`` and ``tls.key``) into the
-Secret named after the resource (``tls.crt``, ``tls.key``), renewed when it is within
-:data:`RENEW_BEFORE_DAYS` of expiry or was not signed by the current CA. Without a clients CA the
-ACLs are still written (a certificate made elsewhere may carry the name) and the condition
-``CertificateIssued`` says why there is no Secret. Names that would pose as the cluster's own
-components (``sluice-broker*``, ``sluice-controller``, ``ANONYMOUS``) are refused.
+clients CA (the Secret ``SLUICE_CLIENTS_CA_SECRET`` names) into the Secret named after the
+resource (``user.crt``, ``user.key``, ``ca.crt``: :mod:`sluice.operator.user_certificates`, which
+says when it is renewed), deleted with the resource. Without a clients CA the ACLs are still
+written (a certificate made elsewhere may carry the name) and the condition ``CertificateIssued``
+says why there is no Secret. Names that would pose as the cluster's own components
+(``sluice-broker*``, ``sluice-controller``, ``sluice-operator``, ``ANONYMOUS``) are refused, and
+names longer than a CN may be.
 
-Status: ``principal``, ``acls`` (how many the spec asks for), ``secret``, and conditions
-``Ready`` (True: every ACL is in the store; False with InvalidSpec and a message naming the
-entry when the spec cannot be applied; the schema refuses most such specs before that).
+Status: ``principal``, ``acls`` (how many the spec asks for), ``secret`` (tls: the Secret's
+name), and conditions ``Ready`` (True: every ACL is in the store; False with InvalidSpec and a
+message naming the entry when the spec cannot be applied; the schema refuses most such specs
+before that) and, with tls, ``CertificateIssued``.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -37,7 +38,7 @@ import kopf
 
 from sluice import tls
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
-from sluice.operator import user_acls
+from sluice.operator import user_acls, user_certificates
 from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
 from sluice.operator.handlers.status import check_paused, conditions_of
 from sluice.operator.resources import FALSE, TRUE, set_condition
@@ -46,16 +47,12 @@ from sluice.operator.settings import OperatorSettings
 log = logging.getLogger("sluice.operator")
 
 PLURAL = "sluiceusers"
-RENEW_BEFORE_DAYS = 30
-CERT_VALIDITY_DAYS = 365
-RESERVED_NAMES = ("ANONYMOUS", "sluice-controller")
+RESERVED_NAMES = ("ANONYMOUS", "sluice-controller", "sluice-operator")
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
     """Register the SluiceUser handlers (no finalizer: see the module docstring)."""
-    register_kind(
-        registry, PLURAL, changed=user_changed, timer=user_drift, interval_s=settings.reconcile_interval_s
-    )
+    register_kind(registry, PLURAL, changed=user_changed, timer=user_drift, interval_s=settings.reconcile_interval_s)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(user_event)
     kopf.on.startup(registry=registry)(startup_sweep)
 
@@ -126,98 +123,78 @@ def _check_name(name: str) -> None:
     if name in RESERVED_NAMES or name == tls.BROKER_CN_PREFIX or name.startswith(tls.BROKER_CN_PREFIX + "-"):
         raise user_acls.InvalidUserSpec(
             f"a tls user may not be named {name!r}: the name is the certificate's CN, and that one is the "
-            "cluster's own (brokers, the controller, the anonymous principal)"
+            "cluster's own (brokers, the controller, the operator, the anonymous principal)"
+        )
+    if len(name) > user_certificates.MAX_CN_LENGTH:
+        raise user_acls.InvalidUserSpec(
+            f"a tls user's name is its certificate's CN, at most {user_certificates.MAX_CN_LENGTH} characters "
+            f"(this one has {len(name)})"
         )
 
 
 def delete_user(body: Mapping[str, Any], runtime: OperatorRuntime) -> None:
     meta = body["metadata"]
-    deleted = user_acls.delete_user(runtime.meta, owner_of(meta, runtime), str(meta.get("uid") or "") or None)
+    uid = str(meta.get("uid") or "") or None
+    deleted = user_acls.delete_user(runtime.meta, owner_of(meta, runtime), uid)
     log.info("SluiceUser %s deleted: %d ACL(s) removed", meta["name"], deleted)
+    if not runtime.settings.clients_ca_secret:
+        return  # no certificates issued: no Secret
+    namespace = meta.get("namespace") or runtime.namespace
+    try:
+        if user_certificates.delete(runtime.core(), namespace, meta["name"], uid):
+            log.info("SluiceUser %s deleted: its Secret %s deleted", meta["name"], meta["name"])
+    except Exception as exc:  # the timers' sweep deletes it later
+        log.warning("SluiceUser %s deleted: could not delete its Secret yet: %s", meta["name"], exc)
 
 
 def sweep_orphans(runtime: OperatorRuntime) -> int:
     """Delete the ACLs of SluiceUsers that no longer exist (deleted while the operator was away)."""
 
-    def live() -> dict[str, str]:
+    def users() -> list[dict[str, Any]]:
         found = runtime.custom().list_namespaced_custom_object(GROUP, VERSION, runtime.namespace, PLURAL)
-        return {owner_of(item["metadata"], runtime): str(item["metadata"].get("uid") or "") for item in found["items"]}
+        return list(found["items"])
 
-    return user_acls.sweep(runtime.meta, live)
+    def live() -> dict[str, str]:
+        return {owner_of(u["metadata"], runtime): str(u["metadata"].get("uid") or "") for u in users()}
+
+    def live_names() -> dict[str, str]:
+        return {u["metadata"]["name"]: str(u["metadata"].get("uid") or "") for u in users()}
+
+    deleted = user_acls.sweep(runtime.meta, live)
+    if runtime.settings.clients_ca_secret:
+        deleted += user_certificates.sweep(runtime.core(), runtime.namespace, live_names)
+    return deleted
 
 
-# -- the client certificate of a tls user --------------------------------------------------------
+# -- the client certificate of a tls user (sluice.operator.user_certificates) --------------------
 
 
 def _certificate(
     body: Mapping[str, Any], patch: kopf.Patch, runtime: OperatorRuntime, conds: list[dict[str, Any]], generation: Any
 ) -> list[dict[str, Any]]:
-    meta = body["metadata"]
-    secret_name = runtime.settings.clients_ca_secret
-    if not secret_name:
+    name = body["metadata"]["name"]
+    settings = runtime.settings
+    if not settings.clients_ca_secret:
         return set_condition(
             conds, "CertificateIssued", FALSE, "NoClientsCA",
             "the operator has no clients CA (SLUICE_CLIENTS_CA_SECRET): no certificate is issued; a certificate "
-            f"with CN {meta['name']} from the brokers' clients CA authenticates as this user",
+            f"with CN {name} from the brokers' clients CA authenticates as this user",
             generation,
         )  # fmt: skip
     core = runtime.core()
     try:
-        ca_secret = core.read_namespaced_secret(secret_name, runtime.namespace)
-        ca = tls.KeyPair(_b64(ca_secret.data["tls.crt"]), _b64(ca_secret.data["tls.key"]))
+        ca = user_certificates.read_clients_ca(core, settings.clients_ca_secret, runtime.namespace)
+        secrets = [n for n in (settings.ca_cert_secret, settings.broker_certs_secret) if n]
+        bundle = user_certificates.cluster_ca_bundle(core, runtime.namespace, secrets, settings.broker_ca_file)
+        issued = user_certificates.ensure(core, runtime.namespace, body, ca, bundle, settings.cert_policy)
+    except user_certificates.NotIssued as exc:
+        return set_condition(conds, "CertificateIssued", FALSE, exc.reason, str(exc), generation)
     except Exception as exc:
-        reason = "ClientsCAMissing" if api_status(exc) == 404 else "ClientsCAUnreadable"
-        return set_condition(conds, "CertificateIssued", FALSE, reason, f"Secret {secret_name}: {exc}", generation)
-    name = meta["name"]
-    existing = None
-    try:
-        existing = core.read_namespaced_secret(name, runtime.namespace)
-    except Exception as exc:
-        if api_status(exc) != 404:
-            raise kopf.TemporaryError(f"cannot read Secret {name}: {exc}", delay=5) from None
-    if existing is not None and not _needs_renewal(existing, ca, name):
-        patch.status["secret"] = name
-        return set_condition(conds, "CertificateIssued", TRUE, "Issued", f"Secret {name}", generation)
-    pair = tls.issue(ca, name, validity_days=CERT_VALIDITY_DAYS)
-    body_secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "kubernetes.io/tls",
-        "metadata": {
-            "name": name,
-            "labels": {"app.kubernetes.io/part-of": "sluice", "sluice.dev/user": name},
-            "ownerReferences": [
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SluiceUser", "name": name, "uid": meta["uid"]}
-            ],
-        },
-        "stringData": {"tls.crt": pair.cert_pem.decode(), "tls.key": pair.key_pem.decode()},
-    }
-    if existing is None:
-        core.create_namespaced_secret(runtime.namespace, body_secret)
-    else:
-        core.replace_namespaced_secret(name, runtime.namespace, body_secret)
-    log.info("SluiceUser %s: client certificate issued into Secret %s", name, name)
-    patch.status["secret"] = name
-    return set_condition(conds, "CertificateIssued", TRUE, "Issued", f"Secret {name}", generation)
-
-
-def _b64(value: str) -> bytes:
-    import base64
-
-    return base64.b64decode(value)
-
-
-def _needs_renewal(secret: Any, ca: tls.KeyPair, name: str) -> bool:
-    try:
-        pair = tls.KeyPair(_b64(secret.data["tls.crt"]), _b64(secret.data["tls.key"]))
-        cert = pair.certificate
-    except Exception:
-        return True
-    if pair.common_name != name or cert.issuer != ca.certificate.subject:
-        return True
-    try:
-        cert.verify_directly_issued_by(ca.certificate)
-    except Exception:
-        return True  # another CA of the same name (a rotated clients CA)
-    left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
-    return left < datetime.timedelta(days=RENEW_BEFORE_DAYS)
+        if api_status(exc) == 409:  # the Secret changed meanwhile: read it again
+            raise kopf.TemporaryError(f"Secret {name} changed meanwhile", delay=1) from None
+        raise kopf.TemporaryError(f"cannot write Secret {name}: {exc}", delay=5) from None
+    patch.status["secret"] = issued.secret
+    keys = f"{user_certificates.USER_CERT}, {user_certificates.USER_KEY}" + (", ca.crt" if bundle else "")
+    return set_condition(
+        conds, "CertificateIssued", TRUE, "Issued", f"Secret {issued.secret} ({keys}), CN {name}", generation
+    )
