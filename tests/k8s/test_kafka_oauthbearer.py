@@ -15,7 +15,10 @@ listener's is (one authenticator for both ports). Tokens come from the TokenRequ
 * the protocol by hand (a TLS socket): a malformed client-first message is
   SASL_AUTHENTICATION_FAILED at once, a refused token gets the RFC 7628 error challenge and then
   SASL_AUTHENTICATION_FAILED, another mechanism UNSUPPORTED_SASL_MECHANISM, a request before
-  authentication closes the connection unanswered, and a short-lived token's session ends with it.
+  authentication closes the connection unanswered, and a short-lived token's session ends with it;
+* Apache Kafka's Java client (VerifiableProducer) with a token file, by configuration alone;
+* re-authentication (KIP-368): librdkafka and kafka-python producers outlive several 8-second
+  tokens on their connections.
 """
 
 from __future__ import annotations
@@ -433,3 +436,72 @@ def test_the_java_client_authenticates_with_a_token_file(k8s: KubeCluster, broke
     with broker.admin(request_token(k8s, ns, "admin")) as admin:
         latest = admin.list_offsets({GrpcTopicPartition("java-orders", 0): Admin.LATEST})
         assert latest[GrpcTopicPartition("java-orders", 0)].offset == 50
+
+
+def test_kafka_python_reauthenticates_before_a_short_lived_tokens_session_ends(
+    k8s: KubeCluster, control_plane: TestControlPlane, broker: Broker
+) -> None:
+    """KIP-368: the broker answers a session lifetime up to the token's expiry; kafka-python
+    re-authenticates on the open connection with a new token before then, so a producer outlives
+    several tokens without its connection being closed for an expired session."""
+    from kafka import KafkaProducer
+    from kafka.net.sasl.oauth import AbstractTokenProvider
+
+    ns = broker.namespace
+    uid = str(k8s.kubectl_json("get", "serviceaccount", "app", "-n", ns)["metadata"]["uid"])  # type: ignore[index]
+    key = control_plane_signing_key(control_plane.workdir)
+    issued: list[str] = []
+
+    class ShortLived(AbstractTokenProvider):  # type: ignore[misc]
+        def token(self) -> str:
+            issued.append(signed_token(key, ns, "app", uid, audience="sluice", expires_in=8))
+            return issued[-1]
+
+    with broker.admin(request_token(k8s, ns, "admin")) as admin:
+        admin.create_topic("reauth", 1, 1)
+        admin.create_acls([allow(f"ServiceAccount:{ns}:app", ResourceType.TOPIC, "reauth", AclOperation.WRITE)])
+    expired_before = broker.log().count("the SASL session expired")
+    producer = KafkaProducer(
+        bootstrap_servers=broker.kafka_address, security_protocol="SASL_SSL", sasl_mechanism="OAUTHBEARER",
+        sasl_oauth_token_provider=ShortLived(), ssl_cafile=str(broker.ca_file), acks="all",
+    )  # fmt: skip
+    try:
+        for i in range(6):  # about 24 s: three tokens' lifetimes
+            producer.send("reauth", f"r{i}".encode(), partition=0).get(timeout=20)
+            time.sleep(4)
+    finally:
+        producer.close()
+    assert len(issued) >= 4  # a token per connection at first, then one per re-authentication
+    assert broker.log().count("the SASL session expired") == expired_before
+    with broker.admin(request_token(k8s, ns, "admin")) as admin:
+        latest = admin.list_offsets({GrpcTopicPartition("reauth", 0): Admin.LATEST})
+        assert latest[GrpcTopicPartition("reauth", 0)].offset == 6
+
+
+def test_librdkafka_reauthenticates_before_a_short_lived_tokens_session_ends(
+    k8s: KubeCluster, control_plane: TestControlPlane, broker: Broker
+) -> None:
+    """The same with librdkafka: ``oauth_cb`` is asked for a new token as the old one nears its
+    expiry, and the connection re-authenticates with it (KIP-368, librdkafka 2.2+)."""
+    ns = broker.namespace
+    uid = str(k8s.kubectl_json("get", "serviceaccount", "app", "-n", ns)["metadata"]["uid"])  # type: ignore[index]
+    key = control_plane_signing_key(control_plane.workdir)
+    issued: list[str] = []
+
+    def short_lived(_config: str) -> tuple[str, float]:
+        issued.append(signed_token(key, ns, "app", uid, audience="sluice", expires_in=8))
+        return issued[-1], time.time() + 8
+
+    with broker.admin(request_token(k8s, ns, "admin")) as admin:
+        admin.create_topic("rd-reauth", 1, 1)
+        admin.create_acls([allow(f"ServiceAccount:{ns}:app", ResourceType.TOPIC, "rd-reauth", AclOperation.WRITE)])
+    expired_before = broker.log().count("the SASL session expired")
+    producer = Producer({**broker.rdkafka("unused"), "oauth_cb": short_lived})
+    delivered: list[KafkaError | None] = []
+    for i in range(6):  # about 24 s: three tokens' lifetimes
+        producer.produce("rd-reauth", f"r{i}".encode(), partition=0, on_delivery=lambda err, _m: delivered.append(err))
+        assert producer.flush(20) == 0
+        time.sleep(4)
+    assert delivered == [None] * 6
+    assert len(issued) >= 3
+    assert broker.log().count("the SASL session expired") == expired_before
