@@ -190,3 +190,14 @@ def test_refusals_follow_kafkas_exchanges() -> None:
     s.handshake("OAUTHBEARER")
     with pytest.raises(ReviewFailed):
         asyncio.run(s.authenticate(client_first(jwt("system:serviceaccount:a:x", clock.now + 60)), "h"))
+
+
+def test_only_a_sasl_listener_serves_and_advertises_the_sasl_apis() -> None:
+    from sluice.broker.kafka.handlers import build_handlers
+
+    assert not {17, 36} & set(build_handlers())
+    handlers = build_handlers(sasl=True)
+    assert (handlers[17].versions.lo, handlers[17].versions.hi) == (1, 1)  # no unframed v0 exchange
+    assert (handlers[36].versions.lo, handlers[36].versions.hi) == (0, 2)
+    advertised = {a.api_key for a in handlers[18].advertised()}  # type: ignore[attr-defined]
+    assert {17, 36} <= advertised
