@@ -341,6 +341,11 @@ def test_the_sasl_exchanges_by_hand(k8s: KubeCluster, control_plane: TestControl
     # nothing is served before authentication: the connection is closed without an answer
     conn = Connection(broker)
     assert conn.metadata_is_closed()
+    # a frame larger than sasl.server.max.receive.size before authentication: closed unread
+    conn = Connection(broker)
+    conn.sock.sendall(struct.pack(">i", 600 * 1024) + bytes(64))
+    assert conn.receive() is None
+    assert "exceeds sasl.server.max.receive.size (524288)" in broker.log()
     # another mechanism
     conn = Connection(broker)
     assert conn.handshake("PLAIN") == SaslHandshakeResponse(UNSUPPORTED_SASL_MECHANISM, ["OAUTHBEARER"])

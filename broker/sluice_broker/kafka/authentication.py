@@ -14,7 +14,8 @@ serving a request (:meth:`SaslSession.admits`) and after answering one
 (:attr:`SaslSession.closing`), as Kafka's SaslServerAuthenticator does:
 
 * before authentication only ApiVersions, SaslHandshake and SaslAuthenticate are served; any
-  other request closes the connection, so nothing is served to an unauthenticated client;
+  other request closes the connection, so nothing is served to an unauthenticated client; and a
+  frame larger than ``sasl.server.max.receive.size`` (512 KiB) closes it before it is read;
 * a handshake for another mechanism is UNSUPPORTED_SASL_MECHANISM (the list says OAUTHBEARER),
   SaslAuthenticate before a handshake ILLEGAL_SASL_STATE; both close the connection;
 * a message that is not a client-first message is SASL_AUTHENTICATION_FAILED at once;

@@ -74,6 +74,9 @@ class KafkaListener:
             raise ValueError("a Kafka listener beside a token client listener needs the token authenticator")
         self.handlers: dict[int, Handler] = build_handlers(sasl=authenticator is not None)
         self.max_reauth_ms = ctx.config.int("connections.max.reauth.ms")
+        # before SASL authentication a frame is at most this big (Kafka's key and default, 512 KiB):
+        # a client that has not authenticated cannot make the broker buffer socket.request.max.bytes
+        self.sasl_max_bytes = ctx.config.int("sasl.server.max.receive.size")
         self.max_bytes = ctx.config.int("socket.request.max.bytes")
         self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
         self.tls = transport.ServerContexts(ctx.config)  # follows reloaded certificates
@@ -153,7 +156,11 @@ class KafkaListener:
     async def _connection(self, conn: KafkaContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
-                frame = await asyncio.wait_for(read_frame(reader, self.max_bytes), self.idle_s)
+                if conn.sasl is not None and conn.sasl.principal is None:  # not authenticated yet
+                    read = read_frame(reader, self.sasl_max_bytes, "sasl.server.max.receive.size")
+                else:
+                    read = read_frame(reader, self.max_bytes)
+                frame = await asyncio.wait_for(read, self.idle_s)
             except TimeoutError:
                 # idle, or a frame begun and not finished (a stalled or slow client): Kafka closes both
                 raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
