@@ -63,6 +63,10 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does
     "connections.max.idle.ms": (int, 600_000),
+    # a token listener's Kafka port: SASL sessions end by then at the latest (KIP-368; 0: at the token's expiry)
+    "connections.max.reauth.ms": (int, 0),
+    # ... and the largest frame read from a client before its SASL authentication (Kafka's key and default)
+    "sasl.server.max.receive.size": (int, 512 * 1024),
     "fetch.max.bytes": (int, 50 * 1024 * 1024),
     "replica.fetch.max.bytes": (int, 1024 * 1024),
     # replication (used from the replication work on; declared so configs can name them)

@@ -283,7 +283,12 @@ async def serve(
 
     servicer = BrokerServicer(config, cluster, replicas, txn, groups)
     health = HealthServicer()
-    server = open_listeners(config, servicer, health, health_listen, reviewer)
+    # one token authenticator (one cache of reviews) for both client ports of a token listener
+    authenticator = None
+    if config.client_listener == "token":
+        reviewer = reviewer if reviewer is not None else tokens.reviewer_for(config.metadata_url)
+        authenticator = tokens.TokenAuthenticator(reviewer, config.token_audience)
+    server = open_listeners(config, servicer, health, health_listen, reviewer, authenticator)
     if server.interbroker is None:
         log.warning("no --inter-broker-listen: this broker serves no inter-broker RPC and cannot be replicated from")
     metrics: BrokerMetrics | None = None
@@ -295,7 +300,9 @@ async def serve(
             host, port = metrics_listen
             raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
-    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups, servicer.broker)
+    kafka_listener = await start_kafka_listener(
+        kafka, config, cluster, replicas, txn, groups, servicer.broker, authenticator
+    )
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -437,14 +444,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         metrics_listen = parse_metrics_listen(args.metrics_listen)
         health_listen = parse_metrics_listen(args.health_listen, "--health-listen")
         kafka = KafkaOptions.parse(args.kafka_listen, args.kafka_advertise)
-        if kafka is not None and config.client_listener == "token":
-            # The Kafka listener follows --client-listener, but Kafka clients cannot present a
-            # ServiceAccount token to it (no SASL there): it would be a TLS door without
-            # authentication around the token-checked gRPC port, so it is refused outright.
-            raise ConfigError(
-                "--kafka-listen cannot be combined with --client-listener token: the Kafka listener has no "
-                "token (SASL) authentication (docs/kafka-compatibility.md)"
-            )
         # the API server client of the token listener's TokenReviews: missing credentials stop the start here
         reviewer = tokens.reviewer_for(config.metadata_url) if config.client_listener == "token" else None
         if args.tracing:

@@ -109,7 +109,9 @@ def _server(
 
 
 def client_server(
-    config: BrokerConfig, reviewer: tokens.Reviewer | None = None
+    config: BrokerConfig,
+    reviewer: tokens.Reviewer | None = None,
+    authenticator: tokens.TokenAuthenticator | None = None,
 ) -> tuple[grpc.aio.Server, GrpcConnections | None]:
     """The client listener's server: connections idle for connections.max.idle.ms are closed (as the
     Kafka listener does), and calls from connections beyond max.connections.per.ip & co. are refused
@@ -117,16 +119,19 @@ def client_server(
 
     With ``--client-listener token`` every call but health checks is first authenticated by its
     ServiceAccount token (:class:`sluice.broker.security.tokens.TokenInterceptor`, reviews by
-    ``reviewer``). It is the outer interceptor: a call without a valid token is refused before it
-    counts as a connection's call, and the connection limits see the server's own handlers (they
-    cache their wrapped copies per handler).
+    ``reviewer``; or ``authenticator``, shared with the Kafka listener). It is the outer
+    interceptor: a call without a valid token is refused before it counts as a connection's call,
+    and the connection limits see the server's own handlers (they cache their wrapped copies per
+    handler).
     """
     idle_ms = config.int("connections.max.idle.ms")
     quotas = ConnectionQuotas.from_config(config)
     interceptors: list[Any] = []
     if config.client_listener == "token":
-        reviewer = reviewer if reviewer is not None else tokens.reviewer_for(config.metadata_url)
-        interceptors.append(tokens.TokenInterceptor(tokens.TokenAuthenticator(reviewer, config.token_audience)))
+        if authenticator is None:
+            reviewer = reviewer if reviewer is not None else tokens.reviewer_for(config.metadata_url)
+            authenticator = tokens.TokenAuthenticator(reviewer, config.token_audience)
+        interceptors.append(tokens.TokenInterceptor(authenticator))
     connections: GrpcConnections | None = None
     if not quotas.unlimited:
         connections = GrpcConnections(quotas, config.port, idle_ms / 1000)
@@ -141,6 +146,7 @@ def open_listeners(
     health: HealthServicer,
     health_listen: tuple[str, int] | None = None,
     reviewer: tokens.Reviewer | None = None,
+    authenticator: tokens.TokenAuthenticator | None = None,
 ) -> Listeners:
     """Build the servers and bind their ports (not started yet); TlsError if the TLS material is bad.
 
@@ -150,7 +156,7 @@ def open_listeners(
     cannot speak TLS (a kubelet's gRPC probe).
     """
     max_bytes = config.int("socket.request.max.bytes")
-    client, connections = client_server(config, reviewer)
+    client, connections = client_server(config, reviewer, authenticator)
     client.add_generic_rpc_handlers(servicer.client_handlers())
     health_pb2_grpc.add_HealthServicer_to_server(health, client)
     files = files_for(config) if config.tls_dir else None

@@ -76,15 +76,19 @@ ONE_BROKER = {
 }
 
 
-def start_token_cluster(k8s: KubeCluster, namespace: str, workdir: Path, super_user: str) -> tuple[SluiceOnK8s, Path]:
+def start_token_cluster(
+    k8s: KubeCluster, namespace: str, workdir: Path, super_user: str, *, kafka_port: int | None = None
+) -> tuple[SluiceOnK8s, Path]:
     """One broker whose client listener is ``token`` (audience ``sluice``) with the authorizer on
     and ``super_user`` its super user, behind a Pod as in the other tests; and the cluster CA file
-    clients verify it with."""
+    clients verify it with. ``kafka_port``: its Kafka listener too, on that port (SASL OAUTHBEARER)."""
     import grpc
 
     cluster = SluiceOnK8s(k8s, namespace, workdir, brokers=1)
     ca_file = broker_tls_dirs(workdir, [0], HOSTS[0])[0] / "ca.crt"
     cluster.broker_args = ["--client-listener", "token"]
+    if kafka_port is not None:
+        cluster.broker_args += ["--kafka-listen", f"{HOSTS[0]}:{kafka_port}"]
     cluster.health_credentials = grpc.ssl_channel_credentials(ca_file.read_bytes())
     try:
         cluster.start({**ONE_BROKER, "authorizer.enabled": "true", "super.users": super_user})

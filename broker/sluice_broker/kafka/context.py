@@ -11,12 +11,14 @@ and ``limits`` its own quota and rate buckets, so a principal's bytes and
 producer ids count once per broker whichever protocol it uses, as Kafka counts
 them across its listeners. ``caller`` is per connection: the listener hands
 each connection its own copy of the context with the principal its TLS
-handshake proved (:mod:`sluice.broker.kafka.transport`).
+handshake proved (:mod:`sluice.broker.kafka.transport`), or, on a token listener,
+the one its SASL authentication proved (:mod:`sluice.broker.kafka.authentication`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
@@ -27,6 +29,9 @@ from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import ANONYMOUS, Caller
 from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.txn import TransactionCoordinator
+
+if TYPE_CHECKING:
+    from sluice.broker.kafka.authentication import SaslSession
 
 # The key of a broker's Kafka address ("host:port") in its brokers/<id> document: written by the
 # broker when its listener opens, read by every broker to answer Metadata (a broker without one
@@ -55,6 +60,8 @@ class KafkaContext:
     limits: ClientLimits
     # the connection's caller; the listener's own context (before any connection) is anonymous
     caller: Caller = field(default_factory=lambda: Caller(ANONYMOUS, ""))
+    # the connection's SASL authentication (a token listener: sluice.broker.kafka.authentication), else None
+    sasl: SaslSession | None = None
 
 
 def split_host_port(value: str) -> tuple[str, int]:

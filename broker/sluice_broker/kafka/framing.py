@@ -38,8 +38,12 @@ class Request:
     body: memoryview  # the bytes after the header, not decoded yet
 
 
-async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
-    """One frame's bytes (without the size), or None when the peer closed between frames."""
+async def read_frame(
+    reader: asyncio.StreamReader, max_bytes: int, limit_name: str = "socket.request.max.bytes"
+) -> bytes | None:
+    """One frame's bytes (without the size), or None when the peer closed between frames.
+
+    ``limit_name``: the setting ``max_bytes`` comes from, for the error."""
     try:
         prefix = await reader.readexactly(4)
     except asyncio.IncompleteReadError as exc:
@@ -50,7 +54,7 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
     if size < _KEY_VERSION.size + 4:
         raise FrameError(f"frame size {size} is too small for a request header")
     if size > max_bytes:
-        raise FrameError(f"frame of {size} bytes exceeds socket.request.max.bytes ({max_bytes})")
+        raise FrameError(f"frame of {size} bytes exceeds {limit_name} ({max_bytes})")
     try:
         return await reader.readexactly(size)
     except asyncio.IncompleteReadError as exc:

@@ -26,8 +26,10 @@ Security follows the broker's ``--client-listener`` (:mod:`~sluice.broker.kafka.
 with TLS a connection's first step is the handshake, and a connection whose
 handshake fails is closed before any request is read. Each connection then gets
 its own copy of the context carrying its caller (``User:<CN>`` of its client
-certificate), which every handler's authorization asks about
-(:mod:`~sluice.broker.kafka.authorization`). Produce and Fetch are counted
+certificate; on a token listener the ServiceAccount its SASL OAUTHBEARER
+authentication proved, and no other request is served before that:
+:mod:`~sluice.broker.kafka.authentication`), which every handler's authorization
+asks about (:mod:`~sluice.broker.kafka.authorization`). Produce and Fetch are counted
 against the caller's byte-rate quotas after the handler answered
 (:mod:`~sluice.broker.kafka.quotas`): the throttle time goes into the response,
 and the connection is muted (or, for clients older than KIP-219, the response
@@ -41,6 +43,7 @@ import dataclasses
 import logging
 
 from sluice.broker.kafka import codec, quotas, transport
+from sluice.broker.kafka.authentication import ReviewFailed, SaslSession
 from sluice.broker.kafka.codec import DecodeError, Message
 from sluice.broker.kafka.context import KAFKA_ADDRESS_FIELD, KafkaContext
 from sluice.broker.kafka.framing import (
@@ -55,6 +58,7 @@ from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
 from sluice.broker.kafka.messages import APIS
 from sluice.broker.security.connections import ConnectionQuotas
+from sluice.broker.security.tokens import TokenAuthenticator
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 
@@ -62,9 +66,17 @@ log = logging.getLogger(__name__)
 
 
 class KafkaListener:
-    def __init__(self, ctx: KafkaContext) -> None:
+    def __init__(self, ctx: KafkaContext, authenticator: TokenAuthenticator | None = None) -> None:
         self.ctx = ctx
-        self.handlers: dict[int, Handler] = build_handlers()
+        # a token listener: SASL OAUTHBEARER with the gRPC token listener's authenticator (one cache)
+        self.authenticator = authenticator
+        if ctx.config.client_listener == "token" and authenticator is None:
+            raise ValueError("a Kafka listener beside a token client listener needs the token authenticator")
+        self.handlers: dict[int, Handler] = build_handlers(sasl=authenticator is not None)
+        self.max_reauth_ms = ctx.config.int("connections.max.reauth.ms")
+        # before SASL authentication a frame is at most this big (Kafka's key and default, 512 KiB):
+        # a client that has not authenticated cannot make the broker buffer socket.request.max.bytes
+        self.sasl_max_bytes = ctx.config.int("sasl.server.max.receive.size")
         self.max_bytes = ctx.config.int("socket.request.max.bytes")
         self.idle_s = ctx.config.int("connections.max.idle.ms") / 1000
         self.tls = transport.ServerContexts(ctx.config)  # follows reloaded certificates
@@ -125,9 +137,13 @@ class KafkaListener:
             if context is not None and not await transport.handshake(writer, context):
                 return
             conn = dataclasses.replace(self.ctx, caller=transport.connection_caller(writer, self.ctx.access.identity))
+            if self.authenticator is not None:  # nothing is served before SASL authentication
+                conn.sasl = SaslSession(self.authenticator, self.max_reauth_ms)
             await self._connection(conn, reader, writer)
         except FrameError as exc:
             log.warning("kafka listener: closing the connection from %s: %s", peer, exc)
+        except ReviewFailed as exc:  # closed without an answer: the client reconnects and tries again
+            log.warning("kafka listener: closing the connection from %s: cannot check its token now: %s", peer, exc)
         except (ConnectionError, asyncio.CancelledError):
             pass
         except Exception:
@@ -140,7 +156,11 @@ class KafkaListener:
     async def _connection(self, conn: KafkaContext, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
-                frame = await asyncio.wait_for(read_frame(reader, self.max_bytes), self.idle_s)
+                if conn.sasl is not None and conn.sasl.principal is None:  # not authenticated yet
+                    read = read_frame(reader, self.sasl_max_bytes, "sasl.server.max.receive.size")
+                else:
+                    read = read_frame(reader, self.max_bytes)
+                frame = await asyncio.wait_for(read, self.idle_s)
             except TimeoutError:
                 # idle, or a frame begun and not finished (a stalled or slow client): Kafka closes both
                 raise FrameError(f"no complete request within connections.max.idle.ms ({self.idle_s:g} s)") from None
@@ -152,6 +172,9 @@ class KafkaListener:
             if answer is not None:  # None: a request Kafka does not answer (Produce with acks=0)
                 writer.write(answer)
                 await writer.drain()
+            if conn.sasl is not None and conn.sasl.closing is not None:  # a failed or illegal SASL exchange
+                log.info("kafka listener: closing the connection from %s: %s", conn.caller.host, conn.sasl.closing)
+                return
             if throttle is not None and not throttle.hold_response:
                 await asyncio.sleep(throttle.ms / 1000)  # muted: no request is read meanwhile (KIP-219)
 
@@ -171,6 +194,8 @@ class KafkaListener:
         """The handler's response to ``request`` and the version to encode it at."""
         header = request.header
         key, version = header.request_api_key, header.request_api_version
+        if conn.sasl is not None and (refused := conn.sasl.admits(key)) is not None:
+            raise FrameError(f"{APIS[key].name}: {refused}")
         handler = self.handlers.get(key)
         api = APIS[key]  # parse_request refused unknown keys
         if handler is None:

@@ -3,8 +3,8 @@
 Kept here rather than in main.py so the broker's start-up gains two lines, not
 the listener's details. The listener is off unless ``--kafka-listen`` is given:
 a second client port is opened only on purpose. Its security is the gRPC client
-listener's (``--client-listener``: plaintext, tls or mtls, with the same
-certificates), its authorization and quotas the gRPC servicer's own objects
+listener's (``--client-listener``: plaintext, tls or mtls with the same
+certificates, or token: SASL OAUTHBEARER over TLS), its authorization and quotas the gRPC servicer's own objects
 (:class:`~sluice.broker.kafka.context.KafkaContext`).
 """
 
@@ -18,6 +18,7 @@ from sluice.broker.group import GroupCoordinator
 from sluice.broker.kafka.context import ClientLimits, KafkaContext, split_host_port
 from sluice.broker.kafka.listener import KafkaListener
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security.tokens import TokenAuthenticator
 from sluice.broker.servicers import BrokerService
 from sluice.broker.txn import TransactionCoordinator
 from sluice.tls import TlsError
@@ -48,13 +49,16 @@ async def start_kafka_listener(
     txn: TransactionCoordinator,
     groups: GroupCoordinator,
     service: BrokerService,
+    authenticator: TokenAuthenticator | None = None,
 ) -> KafkaListener | None:
-    """Open the listener (None when not configured); ``service``'s ACLs and limits are shared with it."""
+    """Open the listener (None when not configured); ``service``'s ACLs and limits are shared with it,
+    and on a token listener the gRPC listener's token ``authenticator`` (its cache of reviews too)."""
     if options is None:
         return None
     limits = ClientLimits(service.producer_ids, service.produce_quota, service.fetch_quota, service.client_quotas)
     try:
-        listener = KafkaListener(KafkaContext(config, cluster, replicas, txn, groups, service.access, limits))
+        context = KafkaContext(config, cluster, replicas, txn, groups, service.access, limits)
+        listener = KafkaListener(context, authenticator if config.client_listener == "token" else None)
     except TlsError as exc:
         raise SystemExit(f"sluice broker: {exc}") from None
     try:

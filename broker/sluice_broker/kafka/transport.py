@@ -14,8 +14,9 @@ certificate means the same principal on both:
 * ``mtls``: a certificate signed by the clients CA (or the cluster CA) is required, else the
   handshake fails and no request is read (``ssl.client.auth=required``); the principal is
   ``User:<CN>``, by the same mapping as gRPC's (:class:`~sluice.broker.security.peers.Caller`);
-* ``token``: refused (the broker does not start): Kafka clients cannot present the
-  ServiceAccount token that listener requires, and a TLS port without it would be a door around it.
+* ``token``: TLS as with ``tls`` (no client certificate asked for), and then SASL OAUTHBEARER
+  with the client's ServiceAccount token before any other request is served (Kafka's SASL_SSL;
+  :mod:`~sluice.broker.kafka.authentication`); the principal is ``ServiceAccount:<ns>:<name>``.
 
 The handshake is made by the connection's own task (``StreamWriter.start_tls``) rather than by
 the server, so a failed one is logged once with the peer and the reason (a plaintext client,
@@ -60,8 +61,6 @@ def server_context(config: BrokerConfig, material: tls.TlsMaterial | None = None
     """
     if config.client_listener == "plaintext":
         return None
-    if config.client_listener == "token":  # main() refuses the pair first; never a TLS door without authentication
-        raise tls.TlsError("the Kafka listener cannot follow --client-listener token: Kafka clients send no token")
     material = material or tls.load_dir(config.tls_dir, config.broker_id)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2

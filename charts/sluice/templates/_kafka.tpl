@@ -4,8 +4,9 @@ docs/kubernetes.md, "Kafka clients"). The StatefulSet renders its flags; these h
 values that would start brokers that cannot work, with a message naming the values:
 
 - a client listener mode the Kafka listener cannot follow: it is secured as the gRPC client port
-  is (plaintext, tls, mtls: the same certificate, clients CA and ACLs), but a Kafka client has no
-  way to present a ServiceAccount token (broker.clientAuth is read only where it exists);
+  is (plaintext, tls, mtls: the same certificate, clients CA and ACLs; token: SASL_SSL with
+  OAUTHBEARER, the same ServiceAccount tokens), so only an unknown mode is refused
+  (broker.clientAuth is read only where it exists);
 - a port another listener of the release already holds. On a pod network every pod has its own
   ports, so kafka.port must differ from the broker's client, inter-broker and metrics ports. On
   the host network broker N takes hostNetwork.kafkaPortBase + N on its node, so that range must
@@ -20,8 +21,8 @@ values that would start brokers that cannot work, with a message naming the valu
 {{- if and (hasKey $b "clientAuth") (kindIs "map" $b.clientAuth) $b.clientAuth.listener }}
 {{- $listener = toString $b.clientAuth.listener }}
 {{- end }}
-{{- if not (has $listener (list "plaintext" "tls" "mtls")) }}
-{{- fail (printf "kafka.enabled needs broker.clientAuth.listener \"plaintext\", \"tls\" or \"mtls\", not %q: the Kafka listener is secured as the client listener is, and Kafka clients cannot present ServiceAccount tokens (docs/kafka-compatibility.md)" $listener) }}
+{{- if not (has $listener (list "plaintext" "tls" "mtls" "token")) }}
+{{- fail (printf "kafka.enabled needs broker.clientAuth.listener \"plaintext\", \"tls\", \"mtls\" or \"token\", not %q: the Kafka listener is secured as the client listener is (docs/kafka-compatibility.md)" $listener) }}
 {{- end }}
 {{- $n := int .Values.broker.replicas }}
 {{- if .Values.hostNetwork.enabled }}

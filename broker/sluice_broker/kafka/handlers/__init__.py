@@ -40,6 +40,7 @@ from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
 from sluice.broker.kafka.handlers.produce import ProduceHandler
+from sluice.broker.kafka.handlers.sasl import SaslAuthenticateHandler, SaslHandshakeHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
     AddOffsetsToTxnHandler,
@@ -48,7 +49,8 @@ from sluice.broker.kafka.handlers.transactions import (
 )
 
 
-def build_handlers() -> dict[int, Handler]:
+def build_handlers(sasl: bool = False) -> dict[int, Handler]:
+    """The handlers of a listener; ``sasl``: with SaslHandshake and SaslAuthenticate (a token listener)."""
     handlers: dict[int, Handler] = {}
     served: list[Handler] = [
         MetadataHandler(),
@@ -85,6 +87,8 @@ def build_handlers() -> dict[int, Handler]:
         DescribeClientQuotasHandler(),
         AlterClientQuotasHandler(),
     ]
+    if sasl:
+        served += [SaslHandshakeHandler(), SaslAuthenticateHandler()]
     for handler in served:
         handlers[handler.api_key] = handler
     api_versions = ApiVersionsHandler(handlers)  # advertises every handler, itself included
