@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Static checks: generated code is current, the chart's CRDs equal manifests/crds, ruff, mypy, import-linter contracts.
+# Static checks: generated code is current, the chart's CRDs equal manifests/crds, ruff (lint and format), mypy,
+# import-linter contracts.
 #
 # broker/ and operator/ are imported as sluice.broker and sluice.operator
 # (setuptools package-dir), which neither mypy nor import-linter can follow.
@@ -12,6 +13,7 @@ cd "$root"
 python scripts/gen_proto.py --check
 python scripts/sync_chart_crds.py --check
 ruff check .
+ruff format --check .
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/sluice"

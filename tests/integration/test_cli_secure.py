@@ -79,8 +79,10 @@ def test_client_commands_take_command_config(
         ("security.protocol=SSL\nssl.ca.location=/ca\nssl.certificate.location=/c\n", "go together"),
         ("security.protocol=SASL_SSL\nssl.ca.location=/ca\n", "sasl.oauthbearer.token.file goes with"),
         ("sasl.oauthbearer.token.file=/t\n", "goes with security.protocol=SASL_SSL"),
-        ("security.protocol=SASL_SSL\nssl.ca.location=/ca\nsasl.oauthbearer.token.file=/t\nsasl.mechanism=PLAIN\n",
-         "sasl.mechanism=PLAIN is not supported"),
+        (
+            "security.protocol=SASL_SSL\nssl.ca.location=/ca\nsasl.oauthbearer.token.file=/t\nsasl.mechanism=PLAIN\n",
+            "sasl.mechanism=PLAIN is not supported",
+        ),
         ("sasl.kerberos.service.name=sluice\n", "expected one of security.protocol"),
     ],
 )

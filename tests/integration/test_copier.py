@@ -77,9 +77,7 @@ class Copiers:
         return {i: p.returncode for i, p in self.procs.items()}
 
     def log_tail(self) -> str:
-        return "\n".join(
-            f"--- copier-{i}\n" + (self.logs / f"copier-{i}.log").read_text()[-1500:] for i in self.procs
-        )
+        return "\n".join(f"--- copier-{i}\n" + (self.logs / f"copier-{i}.log").read_text()[-1500:] for i in self.procs)
 
 
 class Watcher(threading.Thread):

@@ -126,9 +126,7 @@ def test_a_paused_old_leader_cannot_acknowledge_a_write(tmp_path: Path) -> None:
         monitor.wait_rounds(1)  # samples before the pause ...
         cluster.pause(old_leader)
         try:
-            wait_for(
-                lambda: leader_of(admin, "zombie")[1] > old_epoch, timeout=20, what="a new leader while paused"
-            )
+            wait_for(lambda: leader_of(admin, "zombie")[1] > old_epoch, timeout=20, what="a new leader while paused")
             producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
             producer.send("zombie", value=b"real").result(timeout=30)
             producer.close()

@@ -112,9 +112,7 @@ def check_output(cluster: LocalCluster, output: str, values: list[bytes]) -> Non
     missing, extra = set(values) - set(committed), set(committed) - set(values)
     assert not missing and not extra, f"{len(missing)} values missing, unexpected: {sorted(extra)[:5]}"
     assert [v for v, n in committed.items() if n > 1] == [], "a value was copied twice in committed transactions"
-    uncommitted = Counter(
-        r[3] for r in read_topic(cluster.bootstrap_servers, output, "read_uncommitted", limit_s=120)
-    )
+    uncommitted = Counter(r[3] for r in read_topic(cluster.bootstrap_servers, output, "read_uncommitted", limit_s=120))
     assert set(uncommitted) == set(values)
     # the random aborts (about a third of the transactions): their copies are in the log, aborted
     assert sum(uncommitted.values()) > sum(committed.values())
@@ -166,9 +164,7 @@ def test_copier_killed_and_replaced_copies_every_value_exactly_once(
 def test_copier_on_three_brokers_while_the_group_coordinator_is_killed_and_restarted(
     jars: Path, tmp_path: Path
 ) -> None:
-    with LocalCluster(
-        brokers=3, data_dir=tmp_path / "data", config=RF3_CONFIG, kafka_listener=True
-    ) as cluster:
+    with LocalCluster(brokers=3, data_dir=tmp_path / "data", config=RF3_CONFIG, kafka_listener=True) as cluster:
         topic, count, group = "copier3-in", 3000, "copier3-group"
         values = produce_input(cluster, topic, count, rf=3)
         copier = Copier(jars, cluster, topic, f"{topic}-out", "copier3-txn", group, tmp_path / "copier.log")

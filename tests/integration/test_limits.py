@@ -62,7 +62,10 @@ def test_byte_rate_quotas_hold_responses_back_and_report_the_throttle_time(tmp_p
                 partition=0, fetch_offset=offset, partition_max_bytes=200_000, current_leader_epoch=-1
             )
             fetch = bpb.FetchRequest(
-                max_wait_ms=0, min_bytes=1, isolation_level=pb.READ_UNCOMMITTED, replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=1,
+                isolation_level=pb.READ_UNCOMMITTED,
+                replica_id=-1,
                 topics=[bpb.FetchTopic(name="quota", partitions=[wanted])],
             )
             resp_f = wire.stub.Fetch(fetch, timeout=60)

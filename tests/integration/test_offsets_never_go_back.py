@@ -122,9 +122,7 @@ def held_commit(cluster: LocalCluster, admin: Admin, topic: str, txn_id: str) ->
     producer.flush()
     tp = TopicPartition(topic, 0)
     # the data is on every in-sync replica before the commit
-    wait_for(
-        lambda: admin.list_offsets({tp: Admin.LATEST})[tp].offset == len(VALUES), timeout=20, what="the data's HW"
-    )
+    wait_for(lambda: admin.list_offsets({tp: Admin.LATEST})[tp].offset == len(VALUES), timeout=20, what="the data's HW")
     hold = cluster.data_dir / f"broker-{leader}" / "hold-markers"
     hold.touch()
     producer.commit_transaction()
@@ -328,7 +326,6 @@ def test_a_new_leader_behind_its_epoch_start_answers_offset_not_available(tmp_pa
         catalog.close()
         wire.close()
         admin.close()
-
 
 
 def test_a_restarted_leader_rebuilds_the_unreplicated_transaction_from_its_hw_checkpoint(tmp_path: Path) -> None:

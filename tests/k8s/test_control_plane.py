@@ -29,9 +29,7 @@ def test_objects_round_trip_and_bad_ones_are_rejected(k8s: KubeCluster, k8s_name
     cm = k8s.kubectl_json("get", "configmap", "settings", "-n", k8s_namespace)
     assert cm["data"] == {"retention.ms": "604800000"}
 
-    bad = k8s.kubectl(
-        "create", "configmap", "Not_A_DNS_Name", "-n", k8s_namespace, "--from-literal=a=b", check=False
-    )
+    bad = k8s.kubectl("create", "configmap", "Not_A_DNS_Name", "-n", k8s_namespace, "--from-literal=a=b", check=False)
     assert bad.returncode != 0
     assert "Invalid value" in bad.stderr and "RFC 1123" in bad.stderr
 
@@ -44,12 +42,21 @@ def test_rbac_forbids_a_service_account_until_a_role_grants_it(k8s: KubeCluster,
     denied = k8s.kubectl("get", "configmaps", "-n", k8s_namespace, kubeconfig=sa, check=False)
     assert denied.returncode != 0
     assert "Forbidden" in denied.stderr or "forbidden" in denied.stderr
-    assert k8s.kubectl("auth", "can-i", "list", "configmaps", "-n", k8s_namespace, kubeconfig=sa, check=False)\
-        .stdout.strip() == "no"
+    assert (
+        k8s.kubectl(
+            "auth", "can-i", "list", "configmaps", "-n", k8s_namespace, kubeconfig=sa, check=False
+        ).stdout.strip()
+        == "no"
+    )
 
     k8s.kubectl("create", "role", "read-configmaps", "-n", k8s_namespace, "--verb=get,list", "--resource=configmaps")
     k8s.kubectl(
-        "create", "rolebinding", "nobody-reads", "-n", k8s_namespace, "--role=read-configmaps",
+        "create",
+        "rolebinding",
+        "nobody-reads",
+        "-n",
+        k8s_namespace,
+        "--role=read-configmaps",
         f"--serviceaccount={k8s_namespace}:nobody",
     )
     # RBAC reaches the authorizer through a watch: the grant takes effect within moments (bounded).

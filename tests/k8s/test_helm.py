@@ -121,15 +121,34 @@ def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespac
     install_crds(k8s)
     docs = render(k8s, namespace=k8s_namespace)
     kinds = sorted({d["kind"] for d in docs})
-    assert kinds == sorted({
-        "ClusterRole", "ClusterRoleBinding", "Coordinator", "Deployment", "KopfPeering", "PodDisruptionBudget", "Role",
-        "RoleBinding", "Service", "ServiceAccount", "StatefulSet", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding",
-    })
+    assert kinds == sorted(
+        {
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Coordinator",
+            "Deployment",
+            "KopfPeering",
+            "PodDisruptionBudget",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+            "StatefulSet",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+        }
+    )
     manifest = yaml.safe_dump_all(docs)
     out = k8s.kubectl(
-        "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
-        "-f", "-", input=manifest,
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=sluice-tests",
+        "-n",
+        k8s_namespace,
+        "-f",
+        "-",
+        input=manifest,
     ).stdout
     applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     assert len(applied) == len(docs), out
@@ -138,8 +157,15 @@ def test_template_is_valid_against_the_api_server(k8s: KubeCluster, k8s_namespac
     sts = find(docs, "StatefulSet")
     sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["port"] = 70000
     bad = k8s.kubectl(
-        "apply", "--server-side", "--dry-run=server", "-n", k8s_namespace, "-f", "-",
-        input=yaml.safe_dump(sts), check=False,
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "-n",
+        k8s_namespace,
+        "-f",
+        "-",
+        input=yaml.safe_dump(sts),
+        check=False,
     )
     assert bad.returncode != 0
     assert "readinessProbe.grpc.port" in bad.stderr
@@ -151,8 +177,14 @@ def test_examples_are_valid_against_the_api_server(k8s: KubeCluster, k8s_namespa
     assert {f.name for f in files} >= {"topic.yaml", "transactionalid.yaml", "coordinators.yaml", "copier-job.yaml"}
     for f in files:
         out = k8s.kubectl(
-            "apply", "--server-side", "--dry-run=server", "--field-manager=sluice-tests", "-n", k8s_namespace,
-            "-f", str(f),
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--field-manager=sluice-tests",
+            "-n",
+            k8s_namespace,
+            "-f",
+            str(f),
         ).stdout
         assert "(server dry run)" in out, f"{f.name}: {out}"
 
@@ -162,13 +194,20 @@ def _names(k8s: KubeCluster, namespace: str, kinds: str) -> set[str]:
     return set(out.split())
 
 
-def test_install_creates_the_cluster_description_and_uninstall_removes_it(
-    k8s: KubeCluster, k8s_namespace: str
-) -> None:
+def test_install_creates_the_cluster_description_and_uninstall_removes_it(k8s: KubeCluster, k8s_namespace: str) -> None:
     ns = k8s_namespace
     k8s.helm(
-        "install", "rel", str(CHART), "--namespace", ns,
-        "--set", "broker.replicas=3", "--set", "broker.storage.size=2Gi", "--set", "broker.storage.storageClass=fast",
+        "install",
+        "rel",
+        str(CHART),
+        "--namespace",
+        ns,
+        "--set",
+        "broker.replicas=3",
+        "--set",
+        "broker.storage.size=2Gi",
+        "--set",
+        "broker.storage.storageClass=fast",
     )
     status = k8s.helm("status", "rel", "--namespace", ns).stdout
     assert "STATUS: deployed" in status
@@ -289,8 +328,10 @@ def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: 
     settings = {e["name"] for e in container["env"] if e["name"].startswith("SLUICE_")}
     assert settings >= {"SLUICE_BROKER_SELECTOR", "SLUICE_BROKER_STATEFULSET", "SLUICE_FAILOVER_GRACE_SECONDS"}
     assert {s for s in settings if f'"{s}"' not in source} == set()
-    selector = dict(kv.split("=") for kv in next(e["value"] for e in container["env"]
-                                                  if e["name"] == "SLUICE_BROKER_SELECTOR").split(","))
+    selector = dict(
+        kv.split("=")
+        for kv in next(e["value"] for e in container["env"] if e["name"] == "SLUICE_BROKER_SELECTOR").split(",")
+    )
     pod_labels = find(render(k8s, namespace="prod"), "StatefulSet")["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= pod_labels.items()
 
@@ -313,8 +354,14 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
     NODE:broker.port+N and NODE:metrics.port+N; no declared port (a host port, equal in every pod,
     would keep brokers apart); exec probes; the API server address for both kinds of pod."""
     docs = render(
-        k8s, "--set", "hostNetwork.enabled=true", "--set", "hostNetwork.apiServer.host=127.0.0.1",
-        "--set", "hostNetwork.apiServer.port=16443", namespace="prod",
+        k8s,
+        "--set",
+        "hostNetwork.enabled=true",
+        "--set",
+        "hostNetwork.apiServer.host=127.0.0.1",
+        "--set",
+        "hostNetwork.apiServer.port=16443",
+        namespace="prod",
     )
     sts = find(docs, "StatefulSet")
     pod = sts["spec"]["template"]["spec"]
@@ -328,13 +375,24 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
     assert (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "16443")
     for broker_id in (0, 2):
         # Run the container's own shell line with `sluice` replaced by printing its arguments.
-        shell_env = {"HOST_IP": "192.0.2.2", "SLUICE_BROKER_ID": str(broker_id), "POD_NAMESPACE": "prod",
-                     "SLUICE_GRPC_PORT_BASE": "9092", "SLUICE_METRICS_PORT_BASE": "9404",
-                     "SLUICE_INTERBROKER_PORT_BASE": "9192", "PATH": "/usr/bin:/bin"}
+        shell_env = {
+            "HOST_IP": "192.0.2.2",
+            "SLUICE_BROKER_ID": str(broker_id),
+            "POD_NAMESPACE": "prod",
+            "SLUICE_GRPC_PORT_BASE": "9092",
+            "SLUICE_METRICS_PORT_BASE": "9404",
+            "SLUICE_INTERBROKER_PORT_BASE": "9192",
+            "PATH": "/usr/bin:/bin",
+        }
         args = [re.sub(r"\$\((\w+)\)", lambda m, e=shell_env: e[m.group(1)], a) for a in container["args"]]
         script = container["command"][2].replace("exec sluice", "printf '%s\\n'")
-        out = subprocess.run([*container["command"][:2], script, *container["command"][3:], *args],
-                             env=shell_env, capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
+        out = subprocess.run(
+            [*container["command"][:2], script, *container["command"][3:], *args],
+            env=shell_env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")[:-1]
         assert out[0] == "broker"
         config = build_config(parse_args(out[1:]))
         assert (config.broker_id, config.host, config.port) == (broker_id, "192.0.2.2", 9092 + broker_id)
@@ -359,7 +417,13 @@ def test_host_network_refuses_an_operator_metrics_port_a_broker_takes(k8s: KubeC
     """On one node broker N serves metrics on broker.metrics.port + N: the operator's port must
     not be one of them (it crash-looped broker 1 before the default moved below the range)."""
     refused = k8s.helm(
-        "template", "sluice", str(CHART), "--set", "hostNetwork.enabled=true", "--set", "monitoring.operator.port=9405",
+        "template",
+        "sluice",
+        str(CHART),
+        "--set",
+        "hostNetwork.enabled=true",
+        "--set",
+        "monitoring.operator.port=9405",
         check=False,
     )
     assert refused.returncode != 0

@@ -234,6 +234,7 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
         truth.coordinator_id,
     )
     assert st["partitions"] == ["orders-1"] and st["transactionStartTime"]
+
     # Open past the declared 4 s: Hanging.
     def hanging() -> dict[str, Any] | None:
         o = sluice.get("transactionalids", "app-1")

@@ -114,5 +114,3 @@ def test_promtool_alerts_fire_on_their_series(k8s: KubeCluster, tmp_path: Path) 
         [promtool(), "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout + result.stderr
-
-

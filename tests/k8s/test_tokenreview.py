@@ -79,9 +79,7 @@ def produce(kwargs: dict[str, Any], topic: str = "orders") -> None:
 
 
 def write_acl(who: str, op: AclOperation, name: str = "orders") -> AclBinding:
-    return AclBinding(
-        ResourceType.TOPIC, name, ResourcePatternType.LITERAL, who, "*", op, AclPermissionType.ALLOW
-    )
+    return AclBinding(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, who, "*", op, AclPermissionType.ALLOW)
 
 
 def test_a_service_account_token_authenticates_a_producer_and_its_acls_apply(

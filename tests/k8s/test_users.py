@@ -157,6 +157,7 @@ def test_a_sluice_user_is_reconciled_into_acls_the_broker_enforces(
     acl_store.create_acl(cluster.store, by_hand)
 
     cluster.apply(user("app", "app", topic_acl("orders", "Write"), topic_acl("audit", "Describe")))
+
     def app_ready() -> bool:
         return condition(cluster.get("sluiceusers", "app"), "Ready").get("status") == "True"
 
@@ -199,7 +200,8 @@ def test_invalid_users_are_refused_by_the_api_server_or_get_a_clear_condition(
             "bad3", "app", {"resource": {"type": "cluster", "name": "mine"}, "operations": ["Create"]}
         ),
         "serviceAccount is given with type serviceAccount": {
-            **user("bad4", None), "spec": {"authentication": {"type": "serviceAccount"}}
+            **user("bad4", None),
+            "spec": {"authentication": {"type": "serviceAccount"}},
         },
         "Unsupported value": user("bad5", "app", topic_acl("t", "Fly")),
     }

@@ -127,9 +127,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -170,9 +176,15 @@ class CertificateAuthority:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, content_commitment=False, key_encipherment=False,
-                    data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                    encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -180,9 +192,7 @@ class CertificateAuthority:
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
             )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
@@ -197,8 +207,14 @@ def _b64(data: bytes) -> str:
 
 
 def kubeconfig_document(
-    server: str, ca_pem: bytes, user: str, *, cert_pem: bytes | None = None, key_pem: bytes | None = None,
-    token: str | None = None, namespace: str | None = None,
+    server: str,
+    ca_pem: bytes,
+    user: str,
+    *,
+    cert_pem: bytes | None = None,
+    key_pem: bytes | None = None,
+    token: str | None = None,
+    namespace: str | None = None,
 ) -> str:
     """A one-cluster, one-user kubeconfig (JSON, which kubectl, helm and client libraries read as YAML)."""
     user_entry: dict[str, str] = {}
@@ -259,7 +275,11 @@ class KubeCluster:
     ) -> subprocess.CompletedProcess[str]:
         try:
             proc = subprocess.run(
-                argv, input=input, capture_output=True, text=True, timeout=timeout,
+                argv,
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
                 env={**os.environ, **(env or {})},
             )
         except subprocess.TimeoutExpired as exc:
@@ -271,7 +291,11 @@ class KubeCluster:
         return proc
 
     def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0,
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
         kubeconfig: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``kubectl --kubeconfig=... ARGS``; with ``check`` a non-zero exit raises :class:`ControlPlaneError`."""
@@ -287,7 +311,11 @@ class KubeCluster:
         return doc
 
     def helm(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 180.0,
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 180.0,
         kubeconfig: Path | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``helm --kubeconfig=... ARGS`` with helm's cache, config and data kept in the work directory."""
@@ -471,8 +499,13 @@ class TestControlPlane(KubeCluster):
         ca_file = self._write("ca.crt", self.ca.cert_pem, 0o644)
         serving_cert, serving_key = self.ca.issue(
             "kube-apiserver",
-            dns_names=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                       "kubernetes.default.svc.cluster.local"],
+            dns_names=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
             ip_addresses=[host, "10.0.0.1"],
             server=True,
         )

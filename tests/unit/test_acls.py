@@ -42,9 +42,7 @@ def test_deny_by_default_and_allow_everyone_if_no_acl_found() -> None:
 
 
 def test_literal_wildcard_and_prefixed_patterns() -> None:
-    a = authorizer(
-        acl(T, "orders", Op.WRITE), acl(T, "*", Op.READ), acl(G, "team-a.", Op.READ, pattern=PRE)
-    )
+    a = authorizer(acl(T, "orders", Op.WRITE), acl(T, "*", Op.READ), acl(G, "team-a.", Op.READ, pattern=PRE))
     assert a.authorize("User:alice", "h", Op.WRITE, T, "orders")
     assert not a.authorize("User:alice", "h", Op.WRITE, T, "orders2")
     assert a.authorize("User:alice", "h", Op.READ, T, "anything")

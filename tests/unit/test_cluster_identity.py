@@ -38,9 +38,7 @@ def test_a_clients_ca_certificate_with_a_broker_name_is_not_a_broker() -> None:
 
 def test_a_client_name_or_no_tls_material_is_never_a_broker() -> None:
     cluster_ca = tls.generate_ca("sluice-cluster-ca")
-    assert not ClusterIdentity(lambda: cluster_ca.cert_pem).is_broker(
-        "admin", tls.issue(cluster_ca, "admin").cert_pem
-    )
+    assert not ClusterIdentity(lambda: cluster_ca.cert_pem).is_broker("admin", tls.issue(cluster_ca, "admin").cert_pem)
     assert not ClusterIdentity(None).is_broker("sluice-broker-0", tls.issue_broker(cluster_ca, 0).cert_pem)
     assert not ClusterIdentity(lambda: cluster_ca.cert_pem).is_broker("sluice-broker-0", None)
 

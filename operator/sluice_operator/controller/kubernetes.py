@@ -481,9 +481,9 @@ class KubernetesController:
         """Queue the Event for a broker whose data volume runs low on space (or has space again)."""
         if low:
             mib = 1024 * 1024
-            reason, message = "LogDirLowSpace", (
-                f"broker {broker_id}'s data volume is low on space: {free / mib:.1f} MiB free of {size / mib:.1f} MiB"
-            )
+            free_mib, size_mib = free / mib, size / mib
+            reason = "LogDirLowSpace"
+            message = f"broker {broker_id}'s data volume is low on space: {free_mib:.1f} MiB free of {size_mib:.1f} MiB"
         else:
             reason, message = "LogDirSpaceOk", f"broker {broker_id}'s data volume has space again"
         self.events.record_later(lambda: self._broker_pod(broker_id), reason, message, low)
