@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,13 @@ import grpc
 import pytest
 
 from sluice import cert_rotation, errors, tls
-from sluice.client import Admin, Consumer, Producer
+from sluice.client import Admin, Consumer
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 from tests.k8s.crds import install_crds
 from tests.k8s.sluice_on_k8s import SluiceOnK8s
-from tests.k8s.test_certificates import Kubelet, data_of, secret
+from tests.k8s.test_certificates import Kubelet, data_of, secret, wait_for
+from tests.k8s.test_users import can_produce
 from tests.k8s.tokens import ONE_BROKER
 from tests.support.k8s_env import KubeCluster
 
@@ -44,16 +45,6 @@ SECRETS = {
     "SLUICE_CLIENTS_CA_CERT_SECRET": "sluice-clients-ca-cert",
     "SLUICE_OPERATOR_CLIENT_SECRET": "sluice-operator-client",
 }
-
-
-def wait_for(what: str, check: Callable[[], Any], sok: SluiceOnK8s, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}\n{sok.logs()}")
 
 
 def user(name: str, *acls: dict[str, Any], kind: str = "tls") -> dict[str, Any]:
@@ -88,15 +79,6 @@ def files_of(sok: SluiceOnK8s, name: str, directory: Path) -> dict[str, Any]:
         "ssl_certfile": str(directory / "user.crt"),
         "ssl_keyfile": str(directory / "user.key"),
     }
-
-
-def can_produce(kwargs: dict[str, Any]) -> bool:
-    try:
-        with Producer(**kwargs, request_timeout_ms=10_000, max_block_ms=20_000) as producer:
-            producer.send("orders", b"record", partition=0).get(timeout=30)
-        return True
-    except (errors.TopicAuthorizationFailedError, errors.ClusterAuthorizationFailedError):
-        return False
 
 
 @pytest.fixture(scope="module")
