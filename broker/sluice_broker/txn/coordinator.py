@@ -353,7 +353,9 @@ class TransactionCoordinator:
         entry.pending = new
         try:
             batch = state_batch(new)
-            base = self.replicas.append_internal(TRANSACTION_STATE_TOPIC, cpart.partition, batch)
+            base = self.replicas.append_internal(
+                TRANSACTION_STATE_TOPIC, cpart.partition, batch, leader_epoch=cpart.coordinator_epoch
+            )
             # acks=all for our own log: a decision only counts once the ISR has it
             await self.replicas.wait_replicated(
                 TRANSACTION_STATE_TOPIC, cpart.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
