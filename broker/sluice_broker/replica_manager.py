@@ -666,6 +666,7 @@ class ReplicaManager:
                         marker.producer_epoch,
                         marker.committed,
                         marker.coordinator_epoch,
+                        transaction_version=marker.transaction_version,
                         leader_epoch=part.leader_epoch,  # no await since leader_partition(): the epoch admitted
                     )
                     if offset is not None:

@@ -391,18 +391,28 @@ class PartitionLog:
         return len(expired)
 
     def write_marker(
-        self, producer_id: int, epoch: int, committed: bool, coordinator_epoch: int, *, leader_epoch: int
+        self,
+        producer_id: int,
+        epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int,
+        transaction_version: int = 1,
     ) -> int | None:
         """Write a COMMIT/ABORT marker for ``producer_id`` as leader; returns its offset.
 
         None when the producer has no transaction open here: the marker was
         already written (a coordinator retrying after failover) or nothing was
         ever written, and either way there is nothing to end. ``leader_epoch``
-        as for :meth:`append`.
+        as for :meth:`append`; ``transaction_version`` 2: the end bumped the
+        epoch, so the marker must be newer than the open transaction's data.
         """
         self.check_leader(leader_epoch)
         entry = self.producers.get(producer_id)
-        verdict = check_marker(entry, producer_id, epoch, coordinator_epoch)
+        verdict = check_marker(
+            entry, producer_id, epoch, coordinator_epoch, transaction_version, producer_id in self.open_txns
+        )
         if verdict.action is Action.REJECT:
             raise errors.error_for(verdict.error, verdict.message)
         if entry is None or producer_id not in self.open_txns:

@@ -698,6 +698,7 @@ class TransactionCoordinator:
             committed=committed,
             coordinator_epoch=cpart.coordinator_epoch,
             partitions=prepared.partitions,
+            transaction_version=2 if prepared.end_bumped else 1,
         )
 
         def still_valid() -> bool:
