@@ -49,6 +49,19 @@ class Resolved:
         return self._result
 
 
+class Unanswered:
+    """A call future that never completes."""
+
+    def add_done_callback(self, cb: Callable[[Any], None]) -> None:
+        pass
+
+    def done(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        return False
+
+
 class FakeCluster:
     """The coordinator and the leader of every partition of topic ``t`` (3 partitions), in memory."""
 
@@ -58,9 +71,13 @@ class FakeCluster:
         self.log: list[bytes | None] = []
         self.end_txns: list[bool] = []
         self.echo_current_handle = False  # EndTxn answers the request's handle instead of a bumped one
+        self.hold_produce = False  # Produce requests are never answered
+        self.produce_arrived = threading.Event()
 
     # metadata
     def wait_for_topic(self, name: str, deadline: Any) -> TopicInfo:
+        if name == "missing":
+            raise errors.KafkaTimeoutError(f"topic {name!r} not found within max_block_ms")
         parts = {p: PartitionInfo(name, p, 1, 0, (1,), (1,), 0) for p in range(3)}
         return TopicInfo(name, "id", False, parts)
 
@@ -104,7 +121,7 @@ class FakeCluster:
         return broker_pb2.EndTxnResponse(producer_id=7, producer_epoch=self.epoch)
 
     # requests the sender sends without waiting
-    def call_future(self, addr: str, rpc: Rpc[Any, Any], request: Any, timeout: float | None = None) -> Resolved:
+    def call_future(self, addr: str, rpc: Rpc[Any, Any], request: Any, timeout: float | None = None) -> Any:
         if rpc is rpcs.ADD_PARTITIONS_TO_TXN:
             return Resolved(
                 broker_pb2.AddPartitionsToTxnResponse(
@@ -116,6 +133,9 @@ class FakeCluster:
                 )
             )
         assert rpc is rpcs.PRODUCE_SERIALIZED, rpc
+        self.produce_arrived.set()
+        if self.hold_produce:
+            return Unanswered()
         req = broker_pb2.ProduceRequest.FromString(request)
         topics = []
         for topic in req.topics:
@@ -285,3 +305,46 @@ def test_a_late_failure_of_the_previous_transaction_does_not_break_the_next() ->
     assert tm.state is S.IN_TRANSACTION
     sender._fail_batch(old, errors.ProducerFencedError("another instance"))  # fenced is fenced, whatever the batch
     assert tm.state is S.FATAL_ERROR
+
+
+@pytest.mark.parametrize("refused", ["no metadata", "too large", "no such partition"])
+def test_a_record_send_refuses_breaks_its_transaction(producer: tuple[Producer, FakeCluster], refused: str) -> None:
+    """send() returns a failed future without queuing the record: the commit must not succeed without it
+    (as in Kafka's producer, the transaction becomes abortable)."""
+    p, cluster = producer
+    start_sender(p)
+    p.begin_transaction()
+    p.send("t", b"kept", partition=1)
+    if refused == "no metadata":
+        future = p.send("missing", b"v")
+    elif refused == "too large":
+        future = p.send("t", b"x" * 2_000_000)
+    else:
+        future = p.send("t", b"v", partition=7)
+    assert future.exception(0) is not None
+    with pytest.raises(errors.SluiceError):
+        p.commit_transaction(5)
+    assert p.transaction_state is S.ABORTABLE_ERROR
+    assert cluster.end_txns == []
+    p.abort_transaction(5)
+    p.begin_transaction()  # the next transaction is not affected
+    p.send("t", b"next", partition=1)
+    p.commit_transaction(5)
+    assert cluster.end_txns[-1:] == [True] and cluster.end_txns.count(True) == 1  # the abort's may be skipped
+
+
+def test_closing_the_producer_while_a_commit_flushes_fails_the_commit(producer: tuple[Producer, FakeCluster]) -> None:
+    """close() on another thread fails the undelivered records: the flushing commit must raise, not commit."""
+    p, cluster = producer
+    cluster.hold_produce = True
+    start_sender(p)
+    p.begin_transaction()
+    future = p.send("t", b"never", partition=0)
+    assert cluster.produce_arrived.wait(WAIT)
+    committer, failures = on_thread("application", lambda: p.commit_transaction(WAIT))
+    p.close(0)  # the sender gives up on the record at once
+    committer.join(WAIT)
+    assert not committer.is_alive()
+    assert future.exception(0) is not None
+    assert len(failures) == 1 and isinstance(failures[0], errors.SluiceError), failures
+    assert cluster.end_txns == []

@@ -472,7 +472,7 @@ class RecordAccumulator:
         """``batch`` failed for good: fail its records' futures; it is no longer incomplete.
 
         A transactional batch's caller records the failure with the
-        transaction first (``TransactionManager.batch_failed``).
+        transaction first (``TransactionManager.send_failed``).
         """
         with self._lock:
             part = self._remove_in_flight(batch)

@@ -304,7 +304,7 @@ class Producer:
             try:
                 route = self._route(topic, now_ms)
             except errors.SluiceError as exc:
-                return failed_future(exc)
+                return self._refused(exc, generation)
         size = RECORD_OVERHEAD + (len(value) if value is not None else 0)
         if key is not None:
             size += len(key)
@@ -312,7 +312,7 @@ class Producer:
             size = record_size(key, value, hdrs)
         accumulator = self._accumulator
         if size > self._max_record_size:
-            return accumulator.too_large(size)
+            return self._refused(accumulator.too_large(size), generation)
         ts = now_ms if timestamp_ms is None else timestamp_ms
         transactional = self._transactional
         if partition is None and key is None:
@@ -334,10 +334,11 @@ class Producer:
                     self._cluster.refresh_if_stale([topic])
                     num = self._cluster.partition_count(topic) or route.num
                     if not 0 <= partition < num:
-                        return failed_future(
+                        return self._refused(
                             errors.UnknownTopicOrPartitionError(
                                 f"partition {partition} of topic {topic!r} does not exist (it has {num})"
-                            )
+                            ),
+                            generation,
                         )
                     route = self._route(topic, now_ms)
             future = accumulator.append_to(
@@ -350,6 +351,19 @@ class Producer:
         if _tracing.tracer is not None and future is not None:  # optional spans (sluice.client.tracing)
             _tracing.sent(topic, chosen, future)
         return future  # type: ignore[return-value]  # None only with abort_on_new_batch
+
+    def _refused(self, refusal: errors.SluiceError | FutureRecordMetadata, generation: int) -> FutureRecordMetadata:
+        """A record send() could not queue (no metadata in time, too large, no such partition): its failed future.
+
+        In a transaction the record's absence breaks the transaction, as
+        Kafka's producer does: otherwise a commit would succeed without it.
+        """
+        future = failed_future(refusal) if isinstance(refusal, errors.SluiceError) else refusal
+        if self._transactional:
+            exc = future.exception(0)
+            if isinstance(exc, errors.SluiceError):
+                self._txn.send_failed(generation, exc)
+        return future
 
     def _route(self, topic: str, now_ms: int) -> _Route:
         """The topic's partitions as send() needs them, rebuilt after any metadata change."""

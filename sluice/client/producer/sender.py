@@ -204,7 +204,8 @@ class Sender(threading.Thread):
             exc = ProducerClosedError("the producer was closed before the record was delivered")
             self.accumulator.abort_queued()  # out of their queues; failed with the rest just below
             for batch in self.accumulator.incomplete():
-                self.accumulator.fail(batch, exc)
+                # through the transaction: a commit still flushing on another thread must not succeed
+                self._fail_batch(batch, exc)
             self._stopped_event.set()
 
     def _run_once_safely(self) -> None:
@@ -682,7 +683,7 @@ class Sender(threading.Thread):
         if batch.transactional:
             # First, while the batch still counts as incomplete: a commit whose flush finds it gone
             # must find its transaction broken. Only its own transaction (fencing ends the producer).
-            self.txn.batch_failed(batch.generation, exc)
+            self.txn.send_failed(batch.generation, exc)
         self.accumulator.fail(batch, exc)
 
     def wait_stopped(self, timeout: float | None = None) -> bool:

@@ -55,7 +55,7 @@ may finish an abort and begin (and fill) the next transaction while the
 sender still acts on the previous one. A failure of the previous
 transaction's batch must neither drop the next transaction's records
 (:meth:`TransactionManager.aborting_generation` names the transaction an
-abort is for) nor break it (:meth:`TransactionManager.batch_failed`).
+abort is for) nor break it (:meth:`TransactionManager.send_failed`).
 """
 
 from __future__ import annotations
@@ -533,8 +533,8 @@ class TransactionManager:
                 if self._last_error is None:
                     self._last_error = exc
 
-    def batch_failed(self, generation: int, exc: errors.SluiceError) -> None:
-        """A transactional batch created in ``generation`` failed for good.
+    def send_failed(self, generation: int, exc: errors.SluiceError) -> None:
+        """A transactional batch created in ``generation`` (or a record send() refused) failed for good.
 
         Breaks that transaction if it is still the current one (its commit
         then raises); a failure of an earlier, ended transaction must not
