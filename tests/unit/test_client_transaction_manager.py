@@ -296,3 +296,27 @@ def test_a_kept_prepared_transaction_is_held_with_its_handle() -> None:
     assert tm.needs_end_txn()
     tm.complete_transaction()
     assert tm.state is S.READY
+
+
+def test_what_the_sender_learns_applies_only_to_the_transaction_it_was_for() -> None:
+    """Answers and failures that arrive once their transaction ended leave the next one alone (issue 30)."""
+    tm = in_txn()
+    first = tm.generation
+    tm.maybe_add_partition(TP0)
+    generation, tps = tm.take_pending_partitions()
+    assert (generation, tps) == (first, [TP0])
+    tm.begin_abort()
+    assert tm.aborting_generation() == (first, None)
+    tm.complete_transaction()
+    assert tm.aborting_generation() is None
+    tm.begin_transaction()
+    tm.partitions_added(tps, generation)  # a late answer for the aborted transaction
+    assert not tm.is_partition_added(TP0) and not tm.needs_end_txn()
+    tm.send_failed(first, errors.KafkaTimeoutError("expired"))
+    tm.request_error(first, errors.InvalidTxnStateError("late"))
+    assert tm.state is S.IN_TRANSACTION
+    tm.send_failed(tm.generation, errors.KafkaTimeoutError("expired"))
+    assert tm.state is S.ABORTABLE_ERROR
+    assert tm.aborting_generation() == (tm.generation, tm.last_error)
+    with pytest.raises(errors.KafkaTimeoutError):
+        tm.begin_commit()

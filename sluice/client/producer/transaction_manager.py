@@ -552,14 +552,17 @@ class TransactionManager:
     def request_error(self, generation: int, exc: errors.SluiceError) -> None:
         """A transactional request of ``generation`` (AddPartitionsToTxn) failed for good.
 
-        By its category the producer ends (even for an ended transaction: a
-        fenced producer is fenced), or the transaction breaks if it is still
-        the current one.
+        By its category the producer ends or the transaction breaks, if it
+        is still the current one; the answer to a request of an ended
+        transaction only counts if it fences the producer (fenced is fenced).
         """
         with self._lock:
-            if ends_the_producer(exc):
+            if generation != self.generation:
+                if self.is_fencing(exc) or exc.category is errors.Category.APPLICATION_RECOVERABLE:
+                    self._set_fatal(exc)
+            elif ends_the_producer(exc):
                 self._set_fatal(exc)
-            elif generation == self.generation:
+            else:
                 self.set_abortable_error(exc)
 
     def raise_if_error(self, action: str) -> None:
