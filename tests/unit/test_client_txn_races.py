@@ -114,6 +114,8 @@ class FakeCluster:
     ) -> Any:
         if rpc is rpcs.INIT_PRODUCER_ID:
             return broker_pb2.InitProducerIdResponse(producer_id=7, producer_epoch=self.epoch)
+        if rpc is rpcs.PREPARE_TXN:
+            return broker_pb2.PrepareTxnResponse(producer_id=7, producer_epoch=self.epoch)
         assert rpc is rpcs.END_TXN, rpc
         self.end_txns.append(request.committed)
         if not self.echo_current_handle:
@@ -286,6 +288,20 @@ def test_end_txn_answering_the_current_handle_is_not_a_commit(producer: tuple[Pr
     with pytest.raises(errors.InvalidTxnStateError, match="ended no transaction"):
         p.commit_transaction(5)
     assert p.transaction_state is S.FATAL_ERROR
+
+
+def test_end_txn_of_a_prepared_transaction_may_answer_the_current_handle(
+    producer: tuple[Producer, FakeCluster],
+) -> None:
+    """Another client (Admin, protocol version 1: no bump) may have committed it: that answer is the truth."""
+    p, cluster = producer
+    start_sender(p)
+    p.begin_transaction()
+    p.send("t", b"v", partition=0).result(WAIT)
+    p.prepare_transaction(5)
+    cluster.echo_current_handle = True
+    p.commit_transaction(5)
+    assert p.transaction_state is S.READY
 
 
 def test_a_late_failure_of_the_previous_transaction_does_not_break_the_next() -> None:

@@ -725,12 +725,17 @@ class Producer:
         success would report a commit of records that were not committed:
         the producer and the coordinator disagree, and the producer ends
         (InvalidTxnStateError, fatal; a new producer's init_transactions()
-        settles the id).
+        settles the id). Except for a prepared transaction: another client
+        may have ended it with the same outcome (Admin speaks protocol
+        version 1, which does not bump), and the answer says so truthfully.
         """
         producer_id, producer_epoch = handle
         if producer_id < 0:
             return
-        if (producer_id, producer_epoch) == self._txn.producer_id_and_epoch():
+        current = (producer_id, producer_epoch) == self._txn.producer_id_and_epoch()
+        if current and self._txn.was_prepared:
+            return
+        if current:
             outcome = "committed" if committed else "aborted"
             exc = errors.InvalidTxnStateError(
                 f"EndTxn answered the producer's current handle ({producer_id}/{producer_epoch}): "

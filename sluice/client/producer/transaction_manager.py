@@ -429,6 +429,12 @@ class TransactionManager:
             self._prepared = True
 
     @property
+    def was_prepared(self) -> bool:
+        """Was the open transaction prepared (so another client may end it: Admin.commit_prepared_transaction)?"""
+        with self._lock:
+            return self._prepared
+
+    @property
     def is_prepared(self) -> bool:
         with self._lock:
             return self._state is S.PREPARED_TRANSACTION
