@@ -295,8 +295,10 @@ class TransactionManager:
                 raise errors.IllegalStateError("cannot begin_transaction: call init_transactions() first")
             if self._state is S.IN_TRANSACTION:
                 raise errors.IllegalStateError("cannot begin_transaction: a transaction is already open")
+            if S.IN_TRANSACTION in TRANSITIONS[self._state]:
+                # before send_ok turns True: a send() that passes its check reads the new generation
+                self.generation += 1
             self._transition(S.IN_TRANSACTION, "begin_transaction")
-            self.generation += 1
 
     def check_can_send(self) -> None:
         """Raise unless a record may be sent now."""
