@@ -13,19 +13,20 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import LoadStatus
-from sluice.broker.coordination.runtime import LOAD_YIELD_EVERY
+from sluice.broker.coordination.runtime import LOAD_YIELD_EVERY, coordinator_error
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import MetadataStore, open_store
-from sluice.records import RecordBatch
+from sluice.records import RecordBatch, build_batch
 
 TOPIC = "orders"
 PARTITIONS = 4
@@ -315,3 +316,53 @@ def test_leadership_told_outside_the_loop_is_loaded_by_the_supervisor(tmp_path: 
         loop.run_until_complete(coord.stop())
         loop.close()
         core.close()
+
+
+def test_one_error_table_for_every_coordinator_write() -> None:
+    """Kafka's mapping: the leader moved or its disk failed -> NOT_COORDINATOR; too few replicas or a
+    timeout -> COORDINATOR_NOT_AVAILABLE; a batch refused as too large -> UNKNOWN_SERVER_ERROR."""
+    expected = {
+        errors.NotLeaderOrFollowerError: pb.NOT_COORDINATOR,
+        errors.KafkaStorageError: pb.NOT_COORDINATOR,
+        errors.NotEnoughReplicasError: pb.COORDINATOR_NOT_AVAILABLE,
+        errors.NotEnoughReplicasAfterAppendError: pb.COORDINATOR_NOT_AVAILABLE,
+        errors.RequestTimedOutError: pb.COORDINATOR_NOT_AVAILABLE,
+        errors.UnknownTopicOrPartitionError: pb.COORDINATOR_NOT_AVAILABLE,
+        errors.MessageTooLargeError: pb.UNKNOWN_SERVER_ERROR,
+    }
+    for kind, code in expected.items():
+        mapped = coordinator_error(kind("cause"), "the state of 'tx'")
+        assert (mapped.code, mapped.message) == (code, "cannot write the state of 'tx': cause"), kind
+    other = errors.InvalidRequestError("as it is")
+    assert coordinator_error(other, "x") is other
+
+
+def test_a_write_at_a_coordinator_epoch_no_longer_led_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """A shard's state belongs to the epoch it was loaded at (issue 30): a write made for an older
+    epoch, though this broker leads the partition again, is NOT_COORDINATOR and not appended."""
+
+    async def main() -> None:
+        core = Core(tmp_path)
+        groups = GroupCoordinator(core.replicas, core.cluster, core.config)
+        await groups.start()
+        core.create_topics()
+        try:
+            await until(groups.is_ready, "the offsets load")
+            cpart = groups.runtime.active(0, "partition 0")
+            batch = build_batch([(b"k", b"v")])
+            base = await groups.runtime.write(0, cpart.coordinator_epoch, batch, "a record")
+            part = core.replicas.partitions[(CONSUMER_OFFSETS_TOPIC, 0)]
+            assert part.high_watermark == part.log_end_offset == base + 1
+            part.become_leader(cpart.coordinator_epoch + 1)  # led again at a later epoch
+            try:
+                await groups.runtime.write(0, cpart.coordinator_epoch, build_batch([(b"k", b"w")]), "a record")
+            except errors.SluiceError as exc:
+                assert exc.code == pb.NOT_COORDINATOR and "admitted at leader epoch" in exc.message
+            else:
+                raise AssertionError("a write for an older coordinator epoch was appended")
+            assert part.log_end_offset == base + 1
+        finally:
+            await groups.stop()
+            core.close()
+
+    asyncio.run(main())

@@ -28,6 +28,17 @@ CoordinatorRuntime and CoordinatorShard):
   replay, so nothing appended meanwhile can fall between the two) and when an
   active partition is unloaded.
 
+Writes go through the runtime too (:meth:`CoordinatorRuntime.append`,
+:meth:`CoordinatorRuntime.wait_committed`, :meth:`CoordinatorRuntime.write`):
+a shard's records are appended to its partition only while this broker leads
+it at the coordinator epoch the state was loaded at (a deposed coordinator
+writes nothing), its answer waits until the high watermark passes them (acks=all
+for our own log), and a failure is answered through one table,
+:func:`coordinator_error` (Kafka's mapping in its coordinators): the leader
+moved or its disk failed -> NOT_COORDINATOR, too few replicas or a timeout ->
+COORDINATOR_NOT_AVAILABLE. Both coordinators and group administration answer
+the same errors for the same failures.
+
 Partition states: LOADING -> ACTIVE, LOADING -> FAILED -> LOADING (the retry),
 and any of them -> UNLOADED, which is final: regaining leadership makes a new
 :class:`CoordinatorPartition`, so work started under an old epoch can tell it
@@ -59,9 +70,11 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from sluice import errors
+from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.errors import SluiceError
 from sluice.records import RecordBatch
 
 log = logging.getLogger(__name__)
@@ -72,6 +85,34 @@ LOAD_YIELD_EVERY = 64  # batches replayed between yields to the event loop
 LOAD_RETRY_INITIAL_S = 0.2  # the first retry of a failed load; doubled per failure ...
 LOAD_RETRY_MAX_S = 10.0  # ... up to this
 SUPERVISE_INTERVAL_S = 0.5  # how often loads told outside the loop are picked up
+
+WRITE_TIMEOUT_S = 30.0  # a coordinator write not replicated by then answers COORDINATOR_NOT_AVAILABLE
+
+# A failed write of a coordinator's own partition, as the coordinator answers it. The partition's
+# leader moved or its log directory failed: NOT_COORDINATOR, the client looks the coordinator up
+# again. Too few in-sync replicas, a replication timeout, the partition missing: COORDINATOR_NOT_
+# AVAILABLE, retried as it is. A batch the log refuses as too large: a bug, UNKNOWN_SERVER_ERROR.
+# Anything else is answered as it is.
+WRITE_ERRORS: dict[int, int] = {
+    pb.NOT_LEADER_OR_FOLLOWER: pb.NOT_COORDINATOR,
+    pb.KAFKA_STORAGE_ERROR: pb.NOT_COORDINATOR,
+    pb.NOT_ENOUGH_REPLICAS: pb.COORDINATOR_NOT_AVAILABLE,
+    pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND: pb.COORDINATOR_NOT_AVAILABLE,
+    pb.REQUEST_TIMED_OUT: pb.COORDINATOR_NOT_AVAILABLE,
+    pb.UNKNOWN_TOPIC_OR_PARTITION: pb.COORDINATOR_NOT_AVAILABLE,
+    pb.MESSAGE_TOO_LARGE: pb.UNKNOWN_SERVER_ERROR,
+    pb.RECORD_LIST_TOO_LARGE: pb.UNKNOWN_SERVER_ERROR,
+    pb.INVALID_FETCH_SIZE: pb.UNKNOWN_SERVER_ERROR,
+}
+
+
+def coordinator_error(exc: SluiceError, what: str) -> SluiceError:
+    """``exc``, raised by a write of ``what`` to a coordinator's partition, as the coordinator answers it."""
+    code = WRITE_ERRORS.get(exc.code)
+    if code is None:
+        return exc
+    return errors.error_for(code, f"cannot write {what}: {exc.message}")
+
 
 HOOK_LOAD_FAIL = "coordinator.load.fail_first_3s"
 HOOK_LOAD_SLOW = "coordinator.load.slow_3s"
@@ -165,6 +206,43 @@ class CoordinatorRuntime(Generic[StateT]):
         self._partitions: dict[int, CoordinatorPartition[StateT]] = {}
         self._running = False
         self._supervisor: asyncio.Task[None] | None = None
+
+    # -- writes -----------------------------------------------------------------------------------
+
+    def append(self, partition: int, coordinator_epoch: int, batch: RecordBatch, what: str) -> int:
+        """Append a shard's ``batch`` to ``partition`` as its leader at ``coordinator_epoch``; the base offset.
+
+        Synchronous, so a caller can change its state in the same step, once
+        the log has the records. Raises the coordinator error (:func:`coordinator_error`).
+        """
+        try:
+            return self.replicas.append_internal(self.topic, partition, batch, leader_epoch=coordinator_epoch)
+        except SluiceError as exc:
+            raise coordinator_error(exc, what) from exc
+        except Exception as exc:  # not a SluiceError: the storage failed in a way nobody classified
+            log.exception("writing %s to %s-%d failed", what, self.topic, partition)
+            raise coordinator_error(errors.KafkaStorageError(str(exc)), what) from exc
+
+    async def wait_committed(self, partition: int, what: str, end_offset: int | None = None) -> None:
+        """Wait until the HW of ``partition`` reaches ``end_offset`` (None: the log end); raises as :meth:`append`."""
+        part = self.replicas.partitions.get((self.topic, partition))
+        if part is None:
+            raise coordinator_error(
+                errors.NotLeaderOrFollowerError(f"{self.topic}-{partition} is not on this broker"), what
+            )
+        end = part.log_end_offset if end_offset is None else end_offset
+        if part.high_watermark >= end:
+            return
+        try:
+            await self.replicas.wait_replicated(self.topic, partition, end, WRITE_TIMEOUT_S)
+        except SluiceError as exc:
+            raise coordinator_error(exc, what) from exc
+
+    async def write(self, partition: int, coordinator_epoch: int, batch: RecordBatch, what: str) -> int:
+        """:meth:`append`, then :meth:`wait_committed` for it: the base offset, once the ISR has the records."""
+        base = self.append(partition, coordinator_epoch, batch, what)
+        await self.wait_committed(partition, what, base + batch.record_count)
+        return base
 
     # -- life cycle -------------------------------------------------------------------------------
 

@@ -92,7 +92,6 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]  # monotonic milliseconds
 MarkerListener = Callable[[PartitionLog, int, bool, int], None]
 
-_REPLICATION_TIMEOUT_S = 30.0
 GROUP_ID_MAX_BYTES = 0xFFFF
 
 
@@ -329,19 +328,12 @@ class GroupCoordinator:
             offset_records(group_id, [((i.topic, i.partition), i.value) for i in valid if i.value]), **header
         )
         try:
-            return int(
-                self.replicas.append_internal(
-                    CONSUMER_OFFSETS_TOPIC, state.partition, batch, leader_epoch=state.coordinator_epoch
-                )
+            return self.runtime.append(
+                state.partition, state.coordinator_epoch, batch, f"the offsets of group {group_id!r}"
             )
         except SluiceError as exc:
-            code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in valid:
-                item.fail(code, exc.message)
-        except Exception as exc:
-            log.exception("group coordinator: writing offsets of group %r failed", group_id)
-            for item in valid:
-                item.fail(pb.KAFKA_STORAGE_ERROR, f"writing the offsets failed: {exc}")
+                item.fail(exc.code, exc.message)
         return None
 
     @staticmethod
@@ -473,17 +465,12 @@ class GroupCoordinator:
         leader's log (a marker may arrive at any await); a write that fails to
         replicate is reported to the client, which retries.
         """
-        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
-        part = self.replicas.partitions.get(key)
-        if part is None:
-            return
         try:
-            await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
+            await self.runtime.wait_committed(state.partition, "the offsets")
         except SluiceError as exc:
-            code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in items:
                 if item.code == pb.NONE:
-                    item.fail(code, exc.message)
+                    item.fail(exc.code, exc.message)
 
     # -- offset fetch ---------------------------------------------------------------------------
 
@@ -593,15 +580,9 @@ class GroupCoordinator:
         gid = changed.group_id
         records = changed_records(group_records(current) if current is not None else {}, group_records(changed))
         if records:
-            try:
-                self.replicas.append_internal(
-                    CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records), leader_epoch=state.coordinator_epoch
-                )
-            except SluiceError as exc:
-                raise _coordinator_error(exc) from exc
-            except Exception as exc:
-                log.exception("group coordinator: writing the state of group %r failed", gid)
-                raise errors.KafkaStorageError(f"writing the state of group {gid!r} failed: {exc}") from exc
+            self.runtime.append(
+                state.partition, state.coordinator_epoch, build_batch(records), f"the state of group {gid!r}"
+            )
         if changed.is_empty:
             state.groups.pop(gid, None)
         else:
@@ -611,15 +592,9 @@ class GroupCoordinator:
         self, state: OffsetsPartitionState, group_id: str, records: list[tuple[bytes, bytes | None]]
     ) -> None:
         """Append records of a group (synchronously); a failure is raised as the coordinator error."""
-        try:
-            self.replicas.append_internal(
-                CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records), leader_epoch=state.coordinator_epoch
-            )
-        except SluiceError as exc:
-            raise _coordinator_error(exc) from exc
-        except Exception as exc:
-            log.exception("group coordinator: writing the state of group %r failed", group_id)
-            raise errors.KafkaStorageError(f"writing the state of group {group_id!r} failed: {exc}") from exc
+        self.runtime.append(
+            state.partition, state.coordinator_epoch, build_batch(records), f"the state of group {group_id!r}"
+        )
 
     async def await_committed(self, state: OffsetsPartitionState) -> None:
         """Wait until the ISR has everything appended to the partition (raises the coordinator error)."""
@@ -627,14 +602,7 @@ class GroupCoordinator:
 
     async def _await_committed(self, state: OffsetsPartitionState) -> None:
         """Wait until the high watermark covers the log end: the state an answer reflects is replicated."""
-        key = (CONSUMER_OFFSETS_TOPIC, state.partition)
-        part = self.replicas.partitions.get(key)
-        if part is None or part.high_watermark >= part.log_end_offset:
-            return
-        try:
-            await self.replicas.wait_replicated(*key, part.log_end_offset, _REPLICATION_TIMEOUT_S)
-        except SluiceError as exc:
-            raise _coordinator_error(exc) from exc
+        await self.runtime.wait_committed(state.partition, "the group state")
 
     async def _expiry_loop(self) -> None:
         s = self.settings
@@ -677,16 +645,3 @@ class GroupCoordinator:
 def _instance_id(req: bpb.OffsetCommitRequest | bpb.TxnOffsetCommitRequest) -> str | None:
     """The committing member's group.instance.id (KIP-345), None when the request names none."""
     return req.group_instance_id if req.HasField("group_instance_id") else None
-
-
-def _coordinator_error(exc: SluiceError) -> SluiceError:
-    """A failed write of the offsets log as a group coordinator answers it (Kafka's mapping).
-
-    The leader moved: NOT_COORDINATOR (find the new one). Too few replicas or a
-    replication timeout: COORDINATOR_NOT_AVAILABLE (retry). Anything else as it is.
-    """
-    if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
-        return errors.NotCoordinatorError(exc.message)
-    if exc.code in (pb.NOT_ENOUGH_REPLICAS, pb.NOT_ENOUGH_REPLICAS_AFTER_APPEND, pb.REQUEST_TIMED_OUT):
-        return errors.CoordinatorNotAvailableError(exc.message)
-    return exc

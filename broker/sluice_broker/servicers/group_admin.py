@@ -35,8 +35,6 @@ from sluice.broker.kafka import consumer_protocol
 from sluice.errors import SluiceError
 from sluice.records import build_batch
 
-_REPLICATION_TIMEOUT_S = 30.0
-
 EMPTY, STABLE, RECONCILING = "Empty", "Stable", "Reconciling"
 
 
@@ -168,24 +166,9 @@ class GroupAdmin:
             )
         tps = sorted(offsets.committed)
         batch = build_batch([(encode_key(group_id, topic, partition), None) for topic, partition in tps])
-        replicas = self.groups.replicas
-        try:
-            replicas.append_internal(
-                CONSUMER_OFFSETS_TOPIC, state.partition, batch, leader_epoch=state.coordinator_epoch
-            )
-        except SluiceError as exc:
-            if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
-                raise errors.NotCoordinatorError(exc.message) from exc
-            raise
+        runtime = self.groups.runtime
+        what = f"the offsets of group {group_id!r}"
+        runtime.append(state.partition, state.coordinator_epoch, batch, what)
         for tp in tps:  # the log has the tombstones: memory follows, as a replay would
             state.offsets.delete(group_id, tp)
-        part = replicas.partitions.get((CONSUMER_OFFSETS_TOPIC, state.partition))
-        if part is not None:
-            try:
-                await replicas.wait_replicated(
-                    CONSUMER_OFFSETS_TOPIC, state.partition, part.log_end_offset, _REPLICATION_TIMEOUT_S
-                )
-            except SluiceError as exc:
-                if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
-                    raise errors.NotCoordinatorError(exc.message) from exc
-                raise
+        await runtime.wait_committed(state.partition, what)

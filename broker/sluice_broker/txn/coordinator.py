@@ -120,7 +120,6 @@ log = logging.getLogger(__name__)
 
 S = TxnState
 HOOK_STOP_BEFORE_COMPLETE_COMMIT = "txn.stop_before_complete_commit"
-STATE_REPLICATION_TIMEOUT_S = 30.0
 # How long AddPartitionsToTxn / AddOffsetsToTxn wait for the id's previous transaction to complete
 # (markers written, Complete* logged) before answering CONCURRENT_TRANSACTIONS; see _await_completion.
 COMPLETION_WAIT_S = 5.0
@@ -352,28 +351,16 @@ class TransactionCoordinator:
             raise errors.NotCoordinatorError(f"no longer the coordinator of {transactional_id!r}")
         entry.pending = new
         try:
-            batch = state_batch(new)
-            base = self.replicas.append_internal(
-                TRANSACTION_STATE_TOPIC, cpart.partition, batch, leader_epoch=cpart.coordinator_epoch
-            )
             # acks=all for our own log: a decision only counts once the ISR has it
-            await self.replicas.wait_replicated(
-                TRANSACTION_STATE_TOPIC, cpart.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
+            await self.runtime.write(
+                cpart.partition, cpart.coordinator_epoch, state_batch(new), f"the state of {transactional_id!r}"
             )
-        except Exception as exc:
+        except BaseException:
             entry.pending = None
             entry.written()
             if entry.meta is None and cpart.state.txns.get(transactional_id) is entry:
                 del cpart.state.txns[transactional_id]  # the first write of a new id failed: forget it
-            if isinstance(exc, SluiceError):
-                code = (
-                    pb.NOT_COORDINATOR
-                    if exc.code in (pb.NOT_LEADER_OR_FOLLOWER, pb.KAFKA_STORAGE_ERROR)
-                    else pb.COORDINATOR_NOT_AVAILABLE
-                )
-                raise errors.error_for(code, f"cannot log the state of {transactional_id!r}: {exc.message}") from exc
-            log.exception("logging the state of %r failed", transactional_id)
-            raise errors.CoordinatorNotAvailableError(f"cannot log the state of {transactional_id!r}: {exc}") from exc
+            raise
         entry.pending = None
         if new.state is S.DEAD:
             if cpart.state.txns.get(transactional_id) is entry:
