@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.broker.log.storage import RocksStorage, WriteSet
+from sluice.broker.log.storage import LOG_WRITE_BUFFER_SIZE, MemtableBudget, RocksStorage, WriteSet
 from sluice.errors import KafkaStorageError
 
 
@@ -57,3 +57,14 @@ def test_a_full_disk_takes_the_log_dir_offline_and_loses_no_completed_write(tmp_
         assert int(out.stdout) == written
     finally:
         subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+def test_the_unflushed_data_is_kept_to_a_sixteenth_of_the_volume() -> None:
+    """What a start after a full disk must flush (docs/faults.md): a 64 MiB volume flushes 1 MiB tables
+    and keeps at most 4 MiB of WAL; from 4 GiB up the measured settings (4 x 64 MB, RocksDB's WAL limit)."""
+    mib = 1 << 20
+    assert MemtableBudget.for_volume(64 * mib) == MemtableBudget(1 * mib, 4 * mib)
+    assert MemtableBudget.for_volume(16 * mib) == MemtableBudget(1 * mib, 1 * mib)  # the floor
+    assert MemtableBudget.for_volume(1024 * mib) == MemtableBudget(16 * mib, 64 * mib)
+    assert MemtableBudget.for_volume(4096 * mib) == MemtableBudget(LOG_WRITE_BUFFER_SIZE, 0)
+    assert MemtableBudget.for_volume(100 * 1024 * mib) == MemtableBudget(LOG_WRITE_BUFFER_SIZE, 0)
