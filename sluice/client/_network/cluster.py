@@ -530,6 +530,23 @@ class Cluster:
             addr = self.brokers.get(p.leader)
             return None if addr is None else (addr, p.leader_epoch)
 
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        """Why the partition cannot be written or read now, when the metadata says it has no leader.
+
+        For the final error of a wait on it (a send's delivery_timeout_ms, an offsets lookup), which
+        would otherwise say only that time ran out, or what the last broker it asked failed with.
+        Only the brokers' word counts (LEADER_NOT_AVAILABLE), not a leader this client forgot.
+        """
+        with self._lock:
+            info = self._topics.get(topic)
+            p = info.partitions.get(partition) if info is not None else None
+        if p is None or p.error_code != records_pb2.LEADER_NOT_AVAILABLE:
+            return None
+        return (
+            f"{topic}-{partition} is offline: it has no leader (replicas {list(p.replicas)}, in sync "
+            f"{list(p.isr)}: none of them alive to lead it; LEADER_NOT_AVAILABLE)"
+        )
+
     def forget_leader(self, topic: str, partition: int) -> None:
         """Mark a partition's leader unknown (it did not answer or is no longer leader)."""
         with self._lock:
