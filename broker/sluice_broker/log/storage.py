@@ -120,8 +120,8 @@ LOG_MAX_WRITE_BUFFERS = 4
 # Room for a restart after a disk-full stop. Records not yet flushed (the memtables) have the WAL as
 # their only copy on disk, and opening the database replays the WAL and flushes it into a table
 # *before* deleting it: a start needs as much free space as the WAL holds unflushed. With 64 MB write
-# buffers on a 64 MB volume no memtable was ever flushed, the WAL was the whole 56 MB of data, and a
-# start with 8 MB freed failed writing that table (docs/faults.md, "Restarting after a full disk").
+# buffers on a 64 MiB volume no memtable was ever flushed, the WAL held all the data (55.9 MiB), and a
+# start with 8 MiB freed failed writing that table (docs/faults.md, "Restarting after a full disk").
 # So the unflushed data is kept to a share of the volume: log write buffers of at most
 # 1/(UNFLUSHED_VOLUME_SHARE x LOG_MAX_WRITE_BUFFERS) of it, and max_total_wal_size (RocksDB flushes
 # the column families that keep the oldest WAL alive when the WALs exceed it; the small column
@@ -131,6 +131,10 @@ LOG_MAX_WRITE_BUFFERS = 4
 # volumes see.
 UNFLUSHED_VOLUME_SHARE = 16
 MIN_LOG_WRITE_BUFFER_SIZE = 1024 * 1024
+# RocksDB's info LOG is renamed to LOG.old.<time> at every open and 1000 are kept by default: a broker
+# restarted again and again on a full volume (a crash loop) would fill it with them (66 KB to 360 KB
+# each on the 64 MiB volume above).
+KEEP_INFO_LOG_FILES = 10
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ def _options(background_write_rate: int, budget: MemtableBudget) -> Options:
     opt.set_max_background_jobs(2)
     opt.set_ratelimiter(background_write_rate, BACKGROUND_WRITE_REFILL_US, 10)
     opt.set_bytes_per_sync(BYTES_PER_SYNC)
+    opt.set_keep_log_file_num(KEEP_INFO_LOG_FILES)
     if budget.max_total_wal_size:
         opt.set_max_total_wal_size(budget.max_total_wal_size)
     return opt
