@@ -45,6 +45,9 @@ Design:
   addresses: a wrong address or a stopped cluster, which waiting cannot fix.
   Once a broker answered, the same failure is a retriable
   BrokerNotAvailableError (brokers restart).
+* A partition the metadata answers LEADER_NOT_AVAILABLE (every in-sync replica down) is waited for,
+  as Kafka's clients do; :meth:`Cluster.offline_reason` says why, for the final error of that wait
+  (an expired batch, an offsets lookup), which names the partition and its replicas.
 * A response's ``throttle_time_ms`` (a quota, KIP-219) is recorded per broker
   (:meth:`Cluster.throttle`); the producer and the consumer send that broker
   nothing more until it is over (:meth:`Cluster.throttled_for`).
