@@ -166,11 +166,18 @@ def _options(background_write_rate: int, budget: MemtableBudget) -> Options:
     return opt
 
 
-def _column_family_options(cf: str, budget: MemtableBudget) -> Options:
-    """Per column family: only ``log`` takes the bulk of the writes; the others keep RocksDB's defaults."""
+def _column_family_options(cf: str) -> Options:
+    """Per column family: only ``log`` takes the bulk of the writes; the others keep RocksDB's defaults.
+
+    The log's write buffers open at their full size whatever the budget: the replay of the WAL at
+    open then fills one memtable and writes one table at the end. Replayed into small memtables it
+    wrote a table each time one filled, and a start that ran out of space left every finished one
+    behind (only the table it failed on is removed), so the space freed for the next start went to
+    tables nothing references. The budget's size is set once the database is open.
+    """
     opt = Options(raw_mode=True)
     if cf == "log":
-        opt.set_write_buffer_size(budget.log_write_buffer_size)
+        opt.set_write_buffer_size(LOG_WRITE_BUFFER_SIZE)
         opt.set_max_write_buffer_number(LOG_MAX_WRITE_BUFFERS)
     return opt
 
@@ -215,8 +222,12 @@ class RocksStorage:
             self._db = Rdict(
                 path,
                 _options(background_write_rate, self.budget),
-                column_families={cf: _column_family_options(cf, self.budget) for cf in COLUMN_FAMILIES},
+                column_families={cf: _column_family_options(cf) for cf in COLUMN_FAMILIES},
             )
+            if self.budget.log_write_buffer_size != LOG_WRITE_BUFFER_SIZE:  # mutable: from the next write on
+                self._db.get_column_family("log").set_options(
+                    {"write_buffer_size": str(self.budget.log_write_buffer_size)}
+                )
         except Exception as exc:  # opening replays the WAL and writes; a full disk fails here
             raise KafkaStorageError(
                 f"cannot open the log directory {path}: {exc}{_space_needed(path, free_before, exc)}"
