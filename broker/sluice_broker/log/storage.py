@@ -117,24 +117,92 @@ BYTES_PER_SYNC = 1024 * 1024
 LOG_WRITE_BUFFER_SIZE = 64 * 1024 * 1024
 LOG_MAX_WRITE_BUFFERS = 4
 
+# Room for a restart after a disk-full stop. Records not yet flushed (the memtables) have the WAL as
+# their only copy on disk, and opening the database replays the WAL and flushes it into a table
+# *before* deleting it: a start needs as much free space as the WAL holds unflushed. With 64 MB write
+# buffers on a 64 MiB volume no memtable was ever flushed, the WAL held all the data (55.9 MiB), and a
+# start with 8 MiB freed failed writing that table (docs/faults.md, "Restarting after a full disk").
+# So the unflushed data is kept to a share of the volume: log write buffers of at most
+# 1/(UNFLUSHED_VOLUME_SHARE x LOG_MAX_WRITE_BUFFERS) of it, and max_total_wal_size (RocksDB flushes
+# the column families that keep the oldest WAL alive when the WALs exceed it; the small column
+# families would otherwise pin every WAL) 1/UNFLUSHED_VOLUME_SHARE. A start then needs at most about
+# that much free. Volumes of 4 GiB and more keep the settings measured above (1/16 of them is already
+# the 256 MB four full log memtables can hold); below that the memtables shrink, which only small
+# volumes see.
+UNFLUSHED_VOLUME_SHARE = 16
+MIN_LOG_WRITE_BUFFER_SIZE = 1024 * 1024
+# RocksDB's info LOG is renamed to LOG.old.<time> at every open and 1000 are kept by default: a broker
+# restarted again and again on a full volume (a crash loop) would fill it with them (66 KB to 360 KB
+# each on the 64 MiB volume above).
+KEEP_INFO_LOG_FILES = 10
 
-def _options(background_write_rate: int) -> Options:
+
+@dataclass(frozen=True)
+class MemtableBudget:
+    """RocksDB's memtable settings for a data volume of a given size (see UNFLUSHED_VOLUME_SHARE)."""
+
+    log_write_buffer_size: int
+    max_total_wal_size: int  # 0: RocksDB's default (4 x every column family's write buffers)
+
+    @classmethod
+    def for_volume(cls, volume_bytes: int) -> MemtableBudget:
+        unflushed = volume_bytes // UNFLUSHED_VOLUME_SHARE
+        if unflushed >= LOG_WRITE_BUFFER_SIZE * LOG_MAX_WRITE_BUFFERS:
+            return cls(LOG_WRITE_BUFFER_SIZE, 0)
+        size = max(MIN_LOG_WRITE_BUFFER_SIZE, unflushed // LOG_MAX_WRITE_BUFFERS)
+        return cls(size, max(unflushed, size))
+
+
+def _options(background_write_rate: int, budget: MemtableBudget) -> Options:
     opt = Options(raw_mode=True)
     opt.create_if_missing(True)
     opt.create_missing_column_families(True)
     opt.set_max_background_jobs(2)
     opt.set_ratelimiter(background_write_rate, BACKGROUND_WRITE_REFILL_US, 10)
     opt.set_bytes_per_sync(BYTES_PER_SYNC)
+    opt.set_keep_log_file_num(KEEP_INFO_LOG_FILES)
+    if budget.max_total_wal_size:
+        opt.set_max_total_wal_size(budget.max_total_wal_size)
     return opt
 
 
 def _column_family_options(cf: str) -> Options:
-    """Per column family: only ``log`` takes the bulk of the writes; the others keep RocksDB's defaults."""
+    """Per column family: only ``log`` takes the bulk of the writes; the others keep RocksDB's defaults.
+
+    The log's write buffers open at their full size whatever the budget: the replay of the WAL at
+    open then fills one memtable and writes one table at the end. Replayed into small memtables it
+    wrote a table each time one filled, and a start that ran out of space left every finished one
+    behind (only the table it failed on is removed), so the space freed for the next start went to
+    tables nothing references. The budget's size is set once the database is open.
+    """
     opt = Options(raw_mode=True)
     if cf == "log":
         opt.set_write_buffer_size(LOG_WRITE_BUFFER_SIZE)
         opt.set_max_write_buffer_number(LOG_MAX_WRITE_BUFFERS)
     return opt
+
+
+def _unflushed_wal_bytes(path: str) -> int:
+    """Bytes in the database's write-ahead log files (``*.log``): what a start must flush, at most."""
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".log") and e.is_file())
+    except OSError:
+        return 0
+
+
+def _space_needed(path: str, free_before: int, exc: Exception) -> str:
+    """On a failed open for want of space, how much to free and why (a WAL written before the memtable
+    budget, or by an older version, can hold more than the budget). ``free_before`` is read before the
+    open: the table it failed to write still takes space until the process exits."""
+    if "No space left" not in str(exc):
+        return ""
+    wal = _unflushed_wal_bytes(path)
+    mib = 1024 * 1024
+    need = max(wal + mib - free_before, mib)  # the table, plus room for a new WAL, MANIFEST and OPTIONS file
+    return (
+        f" (opening replays the write-ahead log, {wal / mib:.1f} MiB, into tables before deleting it:"
+        f" {free_before / mib:.1f} MiB was free, free at least {need / mib:.0f} MiB more)"
+    )
 
 
 class RocksStorage:
@@ -145,15 +213,25 @@ class RocksStorage:
         self._failure: str | None = None
         # Called once, with the reason, when the directory goes offline (on the thread that failed).
         self.failure_listeners: list[Callable[[str], None]] = []
+        free_before = 0
         try:
             os.makedirs(path, exist_ok=True)
+            volume = os.statvfs(path)
+            free_before = volume.f_bavail * volume.f_frsize
+            self.budget = MemtableBudget.for_volume(volume.f_blocks * volume.f_frsize)
             self._db = Rdict(
                 path,
-                _options(background_write_rate),
+                _options(background_write_rate, self.budget),
                 column_families={cf: _column_family_options(cf) for cf in COLUMN_FAMILIES},
             )
+            if self.budget.log_write_buffer_size != LOG_WRITE_BUFFER_SIZE:  # mutable: from the next write on
+                self._db.get_column_family("log").set_options(
+                    {"write_buffer_size": str(self.budget.log_write_buffer_size)}
+                )
         except Exception as exc:  # opening replays the WAL and writes; a full disk fails here
-            raise KafkaStorageError(f"cannot open the log directory {path}: {exc}") from None
+            raise KafkaStorageError(
+                f"cannot open the log directory {path}: {exc}{_space_needed(path, free_before, exc)}"
+            ) from None
         self._cfs = {cf: self._db.get_column_family(cf) for cf in COLUMN_FAMILIES}
         self._handles = {cf: self._db.get_column_family_handle(cf) for cf in COLUMN_FAMILIES}
 

@@ -211,6 +211,8 @@ class BrokerService:
         for p, part in enumerate(info.partitions):
             out.partitions.add(
                 partition=p,
+                # as Kafka (and the Kafka listener) answers: retriable, the client keeps looking it up
+                error_code=pb.LEADER_NOT_AVAILABLE if part.leader < 0 else pb.NONE,
                 leader=part.leader,
                 leader_epoch=part.leader_epoch,
                 replicas=part.replicas,

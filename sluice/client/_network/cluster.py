@@ -45,6 +45,9 @@ Design:
   addresses: a wrong address or a stopped cluster, which waiting cannot fix.
   Once a broker answered, the same failure is a retriable
   BrokerNotAvailableError (brokers restart).
+* A partition the metadata answers LEADER_NOT_AVAILABLE (every in-sync replica down) is waited for,
+  as Kafka's clients do; :meth:`Cluster.offline_reason` says why, for the final error of that wait
+  (an expired batch, an offsets lookup), which names the partition and its replicas.
 * A response's ``throttle_time_ms`` (a quota, KIP-219) is recorded per broker
   (:meth:`Cluster.throttle`); the producer and the consumer send that broker
   nothing more until it is over (:meth:`Cluster.throttled_for`).
@@ -529,6 +532,23 @@ class Cluster:
                 return None
             addr = self.brokers.get(p.leader)
             return None if addr is None else (addr, p.leader_epoch)
+
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        """Why the partition cannot be written or read now, when the metadata says it has no leader.
+
+        For the final error of a wait on it (a send's delivery_timeout_ms, an offsets lookup), which
+        would otherwise say only that time ran out, or what the last broker it asked failed with.
+        Only the brokers' word counts (LEADER_NOT_AVAILABLE), not a leader this client forgot.
+        """
+        with self._lock:
+            info = self._topics.get(topic)
+            p = info.partitions.get(partition) if info is not None else None
+        if p is None or p.error_code != records_pb2.LEADER_NOT_AVAILABLE:
+            return None
+        return (
+            f"{topic}-{partition} is offline: it has no leader (replicas {list(p.replicas)}, in sync "
+            f"{list(p.isr)}: none of them alive to lead it; LEADER_NOT_AVAILABLE)"
+        )
 
     def forget_leader(self, topic: str, partition: int) -> None:
         """Mark a partition's leader unknown (it did not answer or is no longer leader)."""

@@ -434,6 +434,12 @@ def list_offsets_at(
                         cluster.forget_leader(tp.topic, tp.partition)
         if remaining:
             if deadline.expired():
+                offline = [r for r in (cluster.offline_reason(tp.topic, tp.partition) for tp in sorted(remaining)) if r]
+                if offline:  # the reason, rather than the last broker's failure (no broker answered ...)
+                    raise errors.KafkaTimeoutError(
+                        f"offsets of {', '.join(map(str, sorted(remaining)))} not available in time: "
+                        + "; ".join(offline)
+                    )
                 if last is not None:
                     raise last
                 raise errors.KafkaTimeoutError(
