@@ -181,6 +181,9 @@ class FakeCluster:
     def forget_leader(self, topic: str, partition: int) -> None:
         self.forgotten += 1
 
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        return None  # the fake partition always has a leader
+
     def throttle(self, addr: str, throttle_time_ms: int) -> None:
         pass
 

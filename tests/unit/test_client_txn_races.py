@@ -87,6 +87,9 @@ class FakeCluster:
     def refresh_if_stale(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def offline_reason(self, topic: str, partition: int) -> str | None:
+        return None  # the fake partitions always have a leader
+
     def leader(self, topic: str, partition: int) -> tuple[str, int]:
         return ("fake:1", 1)
 

@@ -51,10 +51,10 @@ from sluice.client.producer.accumulator import (
     RECORD_OVERHEAD,
     AccumulatorConfig,
     ProducerBatch,
+    RecordAccumulator,
     _PartitionQueue,
     record_size,
 )
-from sluice.client.producer.offline import OfflineAwareAccumulator
 from sluice.client.producer.partitioner import StickyPartitioner, partition_for_key
 from sluice.client.producer.sender import Sender, SenderConfig, TransactionAbortedError
 from sluice.client.producer.transaction_manager import (
@@ -228,8 +228,7 @@ class Producer:
         )
         self._txn = TransactionManager(transactional_id, transaction_timeout_ms, TRANSACTION_VERSION)
         self._sticky = StickyPartitioner()
-        self._accumulator = OfflineAwareAccumulator(  # its expired batches name an offline partition
-            self._cluster,
+        self._accumulator = RecordAccumulator(
             AccumulatorConfig(
                 batch_size=batch_size,
                 linger_ms=linger_ms,

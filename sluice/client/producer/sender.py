@@ -240,12 +240,18 @@ class Sender(threading.Thread):
                 wait = min(wait, max(0.005, self._add_retry_at - now))
 
         for batch in self.accumulator.expire(now):
+            # A partition with no leader is retriable (LEADER_NOT_AVAILABLE), so its batches waited here
+            # without ever reaching a broker that could record an error: say why, from the metadata.
+            last = str(batch.last_error) if batch.last_error else ""
+            offline = self.cluster.offline_reason(batch.tp.topic, batch.tp.partition)
+            if offline:
+                last = offline + (f" (before that: {last})" if last else "")
             self._fail_batch(
                 batch,
                 errors.KafkaTimeoutError(
                     f"{batch.record_count} record(s) for {batch.tp} expired after "
                     f"{self.config.delivery_timeout_ms} ms (delivery_timeout_ms)"
-                    + (f": last error: {batch.last_error}" if batch.last_error else "")
+                    + (f": last error: {last}" if last else "")
                 ),
             )
 
