@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sluice import cli
+from sluice.broker.group.admin import group_state
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
-from sluice.broker.servicers.group_admin import group_state
 from sluice.cli.consumer_groups import parse_topic_scope, plan_reset
 from sluice.cli.exits import CliError
 from sluice.client import TopicPartition

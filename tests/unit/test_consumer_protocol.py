@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from sluice.broker.kafka.consumer_protocol import assigned_partitions, subscribed_topics
+from sluice.broker.group.consumer_protocol import assigned_partitions, subscribed_topics
 
 
 def _str(s: str) -> bytes:

@@ -8,6 +8,8 @@
 ``classic``     Kafka's classic protocol (JoinGroup/SyncGroup) for the Kafka listener: the state machine (pure)
 ``classic_coordinator`` its parked requests, writes and expiry
 ``classic_records`` classic groups as Kafka's GroupMetadataValue records of ``__consumer_offsets`` (pure)
+``consumer_protocol`` what a classic group's members subscribe to and were assigned (Kafka's bytes, pure)
+``admin``       group administration (list, describe, delete) for both protocols' adapters
 """
 
 from sluice.broker.group.coordinator import GroupCoordinator

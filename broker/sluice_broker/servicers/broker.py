@@ -40,6 +40,7 @@ from sluice.broker.cluster import (
 )
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import Access
@@ -49,7 +50,6 @@ from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import principal
 from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.servicers.acls import AclHandlers
-from sluice.broker.servicers.group_admin import GroupAdmin
 from sluice.broker.servicers.quotas import QuotaHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.txn import TransactionCoordinator

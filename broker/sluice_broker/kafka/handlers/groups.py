@@ -1,6 +1,6 @@
 """ListGroups, DescribeGroups and DeleteGroups: what kafka-consumer-groups.sh and admin clients ask.
 
-The gRPC group administration (:class:`~sluice.broker.servicers.group_admin.GroupAdmin`)
+The gRPC group administration (:class:`~sluice.broker.group.admin.GroupAdmin`)
 does the work over the same group coordinator, so a group listed or deleted
 here is the group gRPC clients see. A group is a KIP-848 ``consumer`` group
 (its members heartbeat with ConsumerGroupHeartbeat or Sluice's gRPC
@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
@@ -62,7 +63,6 @@ from sluice.broker.kafka.messages.describe_groups_response import (
 from sluice.broker.kafka.messages.list_groups_request import ListGroupsRequest
 from sluice.broker.kafka.messages.list_groups_response import ListedGroup, ListGroupsResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.servicers.group_admin import GroupAdmin
 
 CONSUMER = "consumer"  # Kafka's protocol type of every Sluice group, and the KIP-848 group type
 CLASSIC = "classic"

@@ -1,8 +1,9 @@
 """ListGroups, DescribeGroups and DeleteGroups: what kafka-consumer-groups.sh asks a broker.
 
-Answered from the group coordinator's own state, at the servicer level, through the
-coordinator's public parts (its runtime's loaded partitions, each partition's groups and
-offsets, the replica manager's internal append), so the coordinator itself gains no code:
+Answered from the group coordinator's own state, through the coordinator's public parts (its
+runtime's loaded partitions and writes, each partition's groups and offsets), for both
+adapters: the gRPC servicer and the Kafka listener's group handlers call it, so neither
+imports the other:
 
 * **ListGroups** (asked of every broker) lists the groups of every ``__consumer_offsets``
   partition this broker has loaded: a group with members, or with committed offsets only
@@ -26,12 +27,11 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC
 from sluice.broker.errors import answer
-from sluice.broker.group import GroupCoordinator
+from sluice.broker.group import GroupCoordinator, consumer_protocol
 from sluice.broker.group.classic import ClassicGroup
 from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.group.membership import ConsumerGroup
 from sluice.broker.group.offsets import encode_key
-from sluice.broker.kafka import consumer_protocol
 from sluice.errors import SluiceError
 from sluice.records import build_batch
 
