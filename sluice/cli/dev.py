@@ -43,16 +43,18 @@ def register(sub: Subcommands) -> None:
     )
     up.add_argument(
         "--kafka-listener",
-        action="store_true",
-        help="also open a Kafka-protocol listener on every broker, for Kafka's own clients "
-        "(with --secure: TLS with client certificates and ACLs, the super user's settings for Kafka's "
-        "tools in DATA/admin-kafka.properties; docs/kafka-compatibility.md)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="open a Kafka-protocol listener on every broker, for Kafka's own clients (kcat, confluent-kafka, "
+        "Java): on by default, --no-kafka-listener for gRPC only (with --secure: TLS with client certificates "
+        "and ACLs, the super user's settings for Kafka's tools in DATA/admin-kafka.properties; "
+        "docs/kafka-compatibility.md)",
     )
     up.add_argument(
         "--kafka-port",
         type=non_negative_int,
-        help="Kafka port of broker 0 with --kafka-listener; broker N gets KAFKA_PORT+N "
-        "(default PORT+10000: 19092 beside 9092; 0: any free ports)",
+        help="Kafka port of broker 0; broker N gets KAFKA_PORT+N (default PORT+10000: 19092 beside 9092; "
+        "0: any free ports)",
     )
     down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
     down.add_argument("--data", metavar="DIR")
@@ -89,7 +91,7 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
             err(f"waiting for {args.brokers} broker(s) to be ready... {elapsed:.0f}s")
 
     if args.kafka_port is not None and not args.kafka_listener:
-        raise CliError("--kafka-port needs --kafka-listener", USAGE)
+        raise CliError("--kafka-port is the Kafka listener's port: do not combine it with --no-kafka-listener", USAGE)
     kafka_port: int | None = None
     if args.kafka_listener:
         kafka_port = args.kafka_port if args.kafka_port is not None else dev_cluster.default_kafka_port(args.port)
@@ -110,14 +112,16 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
         if state.secure:
             err(f"secure: mutual TLS and ACLs; the super user's settings are in {state.admin_config} "
                 "(sluice acls ... --command-config FILE; docs/security.md)")  # fmt: skip
-        err("stop it with `sluice dev down`")
+    err(f"Sluice clients: {state.bootstrap_servers}  (the sluice CLI's --bootstrap-server, sluice.client)")
     if state.kafka_bootstrap_servers:
-        err(f"Kafka listeners (bootstrap.servers for Kafka clients): {state.kafka_bootstrap_servers}")
+        err(f"Kafka clients:  {state.kafka_bootstrap_servers}  (bootstrap.servers of kcat, confluent-kafka, Java)")
         if state.admin_kafka_config:
             err(f"secure Kafka listeners (TLS, ACLs): the super user's settings for Kafka's tools are in "
                 f"{state.admin_kafka_config} (--command-config FILE)")  # fmt: skip
     elif args.kafka_listener:
         err("this dev cluster was started without --kafka-listener: `sluice dev down`, then up again with it")
+    if started:
+        err("stop it with `sluice dev down`")
     print(state.bootstrap_servers)
     return 0
 

@@ -1,4 +1,4 @@
-"""``sluice dev up --kafka-listener``: a background cluster that Kafka's own clients reach too.
+"""``sluice dev up``: a background cluster that Kafka's own clients reach too (the Kafka listener is on by default).
 
 librdkafka (confluent-kafka) produces to the Kafka addresses ``dev up`` printed and ``dev status``
 shows; ``sluice consume`` (gRPC) reads the same records back. The refusals are usage errors.
@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer as KafkaProducer
 
 from sluice import cli
@@ -46,7 +47,7 @@ def test_dev_up_kafka_listener(
     try:
         servers = out.strip()
         kafka_servers = f"127.0.0.1:{kafka_port}"
-        assert f"Kafka listeners (bootstrap.servers for Kafka clients): {kafka_servers}" in err
+        assert f"Kafka clients:  {kafka_servers}  (bootstrap.servers" in err and f"Sluice clients: {servers}" in err
         code, out, _ = run(capsys, "dev", "status", "--data", str(data), "--json")
         assert code == 0
         status = json.loads(out)
@@ -72,13 +73,43 @@ def test_dev_up_kafka_listener(
         assert run(capsys, "dev", "down", "--data", str(data))[0] == 0
 
 
+def test_dev_up_opens_the_kafka_listener_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No option: both addresses printed, and the README's confluent-kafka lines work on the Kafka one."""
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
+    data = tmp_path / "dev"
+    code, out, err = run(capsys, "dev", "up", "--port", "0", "--data", str(data), "--timeout", "120")
+    assert code == 0, err
+    try:
+        servers = out.strip()
+        status = json.loads(run(capsys, "dev", "status", "--data", str(data), "--json")[1])
+        kafka_servers = status["kafka_bootstrap_servers"]
+        assert kafka_servers and kafka_servers != servers
+        assert f"Sluice clients: {servers}" in err and f"Kafka clients:  {kafka_servers}" in err
+        assert run(capsys, "topics", "create", "orders", "--partitions", "3", "--bootstrap-server", servers)[0] == 0
+        producer = KafkaProducer({"bootstrap.servers": kafka_servers, "enable.idempotence": True})
+        producer.produce("orders", key=b"k3", value=b"from librdkafka")
+        assert producer.flush(30) == 0
+        consumer = KafkaConsumer({"bootstrap.servers": kafka_servers, "group.id": "kafka-users",
+                                  "auto.offset.reset": "earliest"})  # fmt: skip
+        try:
+            consumer.subscribe(["orders"])
+            msg = consumer.poll(30)
+            assert msg is not None and msg.error() is None and msg.value() == b"from librdkafka"
+        finally:
+            consumer.close()
+    finally:
+        assert run(capsys, "dev", "down", "--data", str(data))[0] == 0
+
+
 def test_dev_up_kafka_refusals(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
     data = str(tmp_path / "dev")
-    code, _, err = run(capsys, "dev", "up", "--kafka-port", "19092", "--data", data)
-    assert code == 2 and "--kafka-port needs --kafka-listener" in err
+    code, _, err = run(capsys, "dev", "up", "--no-kafka-listener", "--kafka-port", "19092", "--data", data)
+    assert code == 2 and "do not combine it with --no-kafka-listener" in err
     assert not (tmp_path / "dev" / "dev-cluster.json").exists()  # nothing was started
 
 

@@ -61,11 +61,10 @@ def test_broker_keys_without_an_implementation_are_refused_by_name(key: str) -> 
         BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "sqlite:///unused", {key: "12345"})
 
 
-def test_a_refused_broker_key_accepts_the_value_that_states_what_sluice_does() -> None:
-    config = BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "x", {"auto.create.topics.enable": "false"})
-    assert "auto.create.topics.enable" not in config.values
-    with pytest.raises(ConfigError, match="topics are created explicitly"):
-        BrokerConfig.build(0, "127.0.0.1", 9092, "/tmp/unused", "x", {"auto.create.topics.enable": "true"})
+def test_auto_create_topics_is_kafkas_key_off_by_default() -> None:
+    assert BrokerConfig.build(0, "h", 9092, "/tmp/unused", "x", {}).get("auto.create.topics.enable") is False
+    on = BrokerConfig.build(0, "h", 9092, "/tmp/unused", "x", {"auto.create.topics.enable": "true"})
+    assert on.get("auto.create.topics.enable") is True
 
 
 def test_message_max_bytes_is_kafkas_broker_name_of_the_max_message_bytes_default() -> None:

@@ -549,6 +549,7 @@ class Cluster:
             return info
         backoff = Backoff()
         last: Exception | None = None
+        unknown = f"topic {name!r} not present in metadata"
         while True:
             try:
                 response = self.refresh([name], deadline.timeout(self.request_timeout))
@@ -561,13 +562,15 @@ class Cluster:
                 for t in response.topics:  # not allowed to Describe it: waiting would not help
                     if t.name == name and t.error_code == records_pb2.TOPIC_AUTHORIZATION_FAILED:
                         raise errors.TopicAuthorizationFailedError(t.error_message)
+                    if t.name == name and t.error_code == records_pb2.UNKNOWN_TOPIC_OR_PARTITION and t.error_message:
+                        unknown = t.error_message  # the broker's: says how topics get created
             info = self.topic(name)
             if info is not None and info.partitions:
                 return info
             if deadline.expired():
                 if last is not None:
                     raise errors.KafkaTimeoutError(f"no metadata for topic {name!r}: {last}")
-                raise errors.UnknownTopicOrPartitionError(f"topic {name!r} not present in metadata")
+                raise errors.UnknownTopicOrPartitionError(unknown)
             backoff.sleep(deadline)
 
     # ------------------------------------------------------------------ coordinators
