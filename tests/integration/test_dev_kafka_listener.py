@@ -87,6 +87,20 @@ def test_dev_up_opens_the_kafka_listener_by_default(
         kafka_servers = status["kafka_bootstrap_servers"]
         assert kafka_servers and kafka_servers != servers
         assert f"Sluice clients: {servers}" in err and f"Kafka clients:  {kafka_servers}" in err
+        # `up` again: with no option (or the same ones) it finds this cluster; with other ones it refuses
+        code, out, err = run(capsys, "dev", "up", "--data", str(data))
+        assert code == 0 and out.strip() == servers and "already running" in err
+        assert run(capsys, "dev", "up", "--brokers", "1", "--kafka-listener", "--data", str(data))[0] == 0
+        for other, says in (
+            (["--secure"], "--secure, it is plaintext"),
+            (["--brokers", "3"], "--brokers 3, it has 1"),
+            (["--no-kafka-listener"], "--no-kafka-listener, it has one"),
+            (["--config", "num.partitions=3"], "--config num.partitions=3, it runs with no --config"),
+        ):
+            code, out, err = run(capsys, "dev", "up", *other, "--data", str(data))
+            assert code == 1 and out == "", err
+            assert "a dev cluster with other options is already running" in err and says in err, err
+            assert "sluice dev down" in err and len(err.strip().splitlines()) == 1
         assert run(capsys, "topics", "create", "orders", "--partitions", "3", "--bootstrap-server", servers)[0] == 0
         producer = KafkaProducer({"bootstrap.servers": kafka_servers, "enable.idempotence": True})
         producer.produce("orders", key=b"k3", value=b"from librdkafka")
@@ -111,6 +125,24 @@ def test_dev_up_kafka_refusals(
     code, _, err = run(capsys, "dev", "up", "--no-kafka-listener", "--kafka-port", "19092", "--data", data)
     assert code == 2 and "do not combine it with --no-kafka-listener" in err
     assert not (tmp_path / "dev" / "dev-cluster.json").exists()  # nothing was started
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ("no.such.key=1", "--config: unknown broker config 'no.such.key'"),
+        ("num.partitions=many", "num.partitions"),
+        ("offsets.retention.minutes=60", "committed offsets do not expire"),
+    ],
+)
+def test_dev_up_validates_config_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, config: str, says: str
+) -> None:
+    monkeypatch.setenv("SLUICE_HOME", str(tmp_path / "home"))
+    code, out, err = run(capsys, "dev", "up", "--port", "0", "--config", config, "--data", str(tmp_path / "dev"))
+    assert code == 2 and out == "" and says in err
+    assert len(err.strip().splitlines()) == 1, err  # the one line that matters
+    assert not (tmp_path / "dev").exists()  # no process started, nothing written
 
 
 def properties(path: str) -> dict[str, str]:

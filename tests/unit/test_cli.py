@@ -44,8 +44,8 @@ def closed_address() -> str:
 
 
 def test_every_command_parses_with_defaults() -> None:
-    assert parse("dev", "up").brokers == 1
-    assert parse("dev", "up").port == 9092
+    up = parse("dev", "up")  # None: 1 broker on 9092 with a Kafka listener, unless a running cluster is found
+    assert (up.brokers, up.port, up.kafka_listener, up.config) == (None, None, None, [])
     assert parse("topics", "create", "orders").partitions is None
     assert parse("topics", "describe", "a", "b").topics == ["a", "b"]
     p = parse("produce", "orders")

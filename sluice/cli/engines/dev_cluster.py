@@ -101,6 +101,8 @@ class DevState:
     # both: the super user's settings for Kafka's own tools and clients (Java property names, PEM
     # stores: kafka-topics.sh --command-config FILE)
     admin_kafka_config: str = ""
+    # the --config overrides it was started with: a later `up` with others is refused
+    config: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> DevState:
@@ -305,7 +307,8 @@ def serve(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure)
+    config = _parse_kv(args.config)
+    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure, config=config)
     write_state(data_dir, state)
     ports = [args.port + i for i in range(args.brokers)] if args.port else None
     kafka_ports: list[int] | None = None
@@ -315,7 +318,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         cluster = LocalCluster(
             brokers=args.brokers,
             data_dir=data_dir,
-            config=_parse_kv(args.config),
+            config=config,
             ports=ports,
             startup_timeout=args.startup_timeout,
             python=args.python,
