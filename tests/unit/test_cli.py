@@ -275,3 +275,12 @@ def test_an_unknown_topic_hints_at_creating_it_except_when_deleting() -> None:
     with pytest.raises(cli.CliError) as raised:
         describe_existing_topic(_NoTopics(), "t", hint_create=False)  # type: ignore[arg-type]
     assert str(raised.value) == "unknown topic 't'"
+
+
+def test_produce_reports_only_acknowledged_records_after_an_error() -> None:
+    from sluice.cli.produce import _before_the_error
+
+    assert _before_the_error(0, 1, "all") == "no record was written (acknowledged) before the error"
+    assert _before_the_error(3, 7, "1").startswith("3 of 7 record(s) were written (acknowledged)")
+    assert "4 were not acknowledged" in _before_the_error(3, 7, "all")
+    assert "acks=0" in _before_the_error(5, 5, "0")
