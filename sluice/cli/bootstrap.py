@@ -72,6 +72,15 @@ def require_cluster(servers: str, source: str, security: ClientSecurity | None =
     statuses = {a: check_health(a, timeout=2.0, credentials=credentials) for a in addresses}
     if any(s == "SERVING" for s in statuses.values()):
         return
+    from sluice.client._network.probe import Listener, probe
+
+    kafka = [a for a, s in statuses.items() if s == "UNREACHABLE" and probe(a, 1.0)[0] == Listener.KAFKA]
+    if kafka:  # the likeliest mistake: a Kafka port (the dev cluster's 19092) given to the sluice CLI
+        raise CliError(
+            f"{', '.join(kafka)} speaks Kafka's protocol ({source}): the sluice CLI needs a Sluice broker's gRPC "
+            "address (`sluice dev up` prints both: 127.0.0.1:9092 for Sluice clients, 127.0.0.1:19092 for Kafka "
+            "clients; `sluice dev status` lists them)."
+        )
     detail = ", ".join(f"{a} {s.lower()}" for a, s in statuses.items())
     over = f" over TLS ({security.source})" if security is not None and security.tls else ""
     hint = (
