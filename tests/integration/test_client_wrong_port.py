@@ -4,11 +4,14 @@
 is "the default" on the wire); the CLI refuses 0, so does the client now. A client pointed at a
 port that accepts connections but is not a Sluice gRPC port (a Sluice broker's own Kafka port
 above all) used to retry for 30 s and say "Socket closed"; it now fails in about a second,
-naming the Kafka port as such.
+naming the Kafka port as such. A missing topic is said at once too: send() waits for it as
+Kafka's producer does (max_block_ms) but logs why, and a subscription to it logs that it does not
+exist instead of polling empty without a word.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
@@ -19,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice import errors
-from sluice.client import Admin, Producer
+from sluice.client import Admin, Consumer, Producer
 from sluice.testing import LocalCluster
 
 FAST_S = 3.0
@@ -114,3 +117,32 @@ def test_the_grpc_port_still_works_and_the_cli_names_the_kafka_port(cluster: Loc
     assert done.returncode == 1
     assert "speaks Kafka's protocol" in done.stderr and "gRPC" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_send_to_a_missing_topic_says_why_it_waits(cluster: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """As Kafka's producer, send() waits max_block_ms for the topic; it now says so at once, and why."""
+    producer = Producer(bootstrap_servers=cluster.bootstrap_servers, max_block_ms=2500)
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="sluice.client"),
+            pytest.raises(errors.UnknownTopicOrPartitionError, match="sluice topics create no-such"),
+        ):
+            producer.send("no-such", b"x").get(timeout=10)
+    finally:
+        producer.close()
+    warnings = [r.getMessage() for r in caplog.records if "no-such" in r.getMessage()]
+    assert len(warnings) == 1 and "does not exist" in warnings[0] and "waiting up to 2 s" in warnings[0], warnings
+
+
+def test_subscribing_to_a_missing_topic_is_said_once(cluster: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap_servers, group_id="missing-topic-group")
+    try:
+        consumer.subscribe(["not-there", "defaults"])
+        with caplog.at_level(logging.WARNING, logger="sluice.client.consumer"):
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                consumer.poll(0.5)
+    finally:
+        consumer.close()
+    warnings = [r.getMessage() for r in caplog.records if "do not exist" in r.getMessage()]
+    assert len(warnings) == 1 and "'not-there'" in warnings[0] and "'defaults'" not in warnings[0], warnings

@@ -175,6 +175,7 @@ class Cluster:
         self._throttled: dict[str, float] = {}  # address -> until when it asked not to be sent to
         self._reached = False  # some broker answered once: later failures are retriable
         self._probed: dict[str, tuple[probe.Listener, bytes]] = {}  # what listens where (_not_grpc)
+        self._warned_unknown: set[str] = set()  # topics whose absence was logged (_warn_unknown)
         self._channels: dict[str, grpc.Channel] = {}
         # address -> descriptor -> the channel's callable for it; read without the lock (see _callable)
         self._callables: dict[str, dict[Rpc[Any, Any], grpc.UnaryUnaryMultiCallable[Any, Any]]] = {}
@@ -596,8 +597,9 @@ class Cluster:
                 for t in response.topics:  # not allowed to Describe it: waiting would not help
                     if t.name == name and t.error_code == records_pb2.TOPIC_AUTHORIZATION_FAILED:
                         raise errors.TopicAuthorizationFailedError(t.error_message)
-                    if t.name == name and t.error_code == records_pb2.UNKNOWN_TOPIC_OR_PARTITION and t.error_message:
-                        unknown = t.error_message  # the broker's: says how topics get created
+                    if t.name == name and t.error_code == records_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+                        unknown = t.error_message or unknown  # the broker's: says how topics get created
+                        self._warn_unknown(name, unknown, deadline)
             info = self.topic(name)
             if info is not None and info.partitions:
                 return info
@@ -606,6 +608,14 @@ class Cluster:
                     raise errors.KafkaTimeoutError(f"no metadata for topic {name!r}: {last}")
                 raise errors.UnknownTopicOrPartitionError(unknown)
             backoff.sleep(deadline)
+
+    def _warn_unknown(self, name: str, why: str, deadline: Deadline) -> None:
+        """Say once per topic why a call is waiting: Kafka's clients wait silently for a topic that may be created."""
+        with self._lock:
+            if name in self._warned_unknown:
+                return
+            self._warned_unknown.add(name)
+        log.warning("%s; waiting up to %.0f s for it to be created", why, deadline.remaining())
 
     # ------------------------------------------------------------------ coordinators
 
