@@ -87,6 +87,9 @@ def test_dev_up_opens_the_kafka_listener_by_default(
         kafka_servers = status["kafka_bootstrap_servers"]
         assert kafka_servers and kafka_servers != servers
         assert f"Sluice clients: {servers}" in err and f"Kafka clients:  {kafka_servers}" in err
+        # the Kafka address given to the sluice CLI: one line naming the gRPC one to use
+        code, _, err = run(capsys, "topics", "list", "--bootstrap-server", kafka_servers)
+        assert code == 1 and "speaks Kafka's protocol" in err and f"the dev cluster's is {servers}" in err, err
         # `up` again: with no option (or the same ones) it finds this cluster; with other ones it refuses
         code, out, err = run(capsys, "dev", "up", "--data", str(data))
         assert code == 0 and out.strip() == servers and "already running" in err
