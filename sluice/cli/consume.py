@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from sluice.cli.argtypes import ISOLATION_LEVELS, non_negative_int, positive_float, positive_int, separator
+from sluice.cli.argtypes import ISOLATION_LEVELS, key_value, non_negative_int, positive_float, positive_int, separator
 from sluice.cli.bootstrap import connection
 from sluice.cli.clients import check_partition, open_consumer, topic_partition
 from sluice.cli.exits import INTERRUPTED, SUCCESS, USAGE, CliError
@@ -42,9 +42,11 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         help="read_committed (default: Sluice's default, unlike Kafka) or read_uncommitted",
     )
     consume.add_argument("--max-messages", type=positive_int, help="exit after this many records")
-    consume.add_argument(
+    timeout = consume.add_mutually_exclusive_group()
+    timeout.add_argument(
         "--timeout", type=positive_float, metavar="SECONDS", help="exit when no record arrives for this long"
     )
+    timeout.add_argument("--timeout-ms", type=positive_int, metavar="MS", help="--timeout in milliseconds (Kafka's)")
     consume.add_argument("--group", help="consumer group (committed at exit; default: a throw-away group)")
     consume.add_argument("--no-commit", action="store_true", help="with --group: do not commit offsets")
     consume.add_argument("--partition", type=non_negative_int, help="read only this partition (no group)")
@@ -54,6 +56,17 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     consume.add_argument("--print-offset", action="store_true", help="print partition and offset")
     consume.add_argument("--print-timestamp", action="store_true")
     consume.add_argument("--separator", type=separator, default="\t", help="between printed fields (default tab)")
+    consume.add_argument(
+        "--consumer-property",
+        "--command-property",
+        dest="consumer_property",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any consumer setting by Kafka's name (max.poll.records, fetch.max.wait.ms, session.timeout.ms ...), "
+        "overriding the options above; repeatable",
+    )
 
 
 def format_record(rec: ConsumerRecord, args: argparse.Namespace) -> bytes:
@@ -78,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--offset needs --partition", USAGE)
     if args.partition is not None and args.group:
         raise CliError("--partition reads outside any group: do not combine it with --group", USAGE)
+    if args.timeout_ms is not None:
+        args.timeout = args.timeout_ms / 1000.0
     conn = connection(args)
     check_partition(conn, args.topic, args.partition)
     consumer = open_consumer(
@@ -86,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         isolation_level=args.isolation_level,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         enable_auto_commit=False,
+        properties=args.consumer_property,
     )
     printed = _Printed()
     stop = _StopOnCtrlC()

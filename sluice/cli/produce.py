@@ -43,6 +43,17 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce.add_argument("--partition", type=non_negative_int, help="default: by key hash, else spread")
     produce.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
     produce.add_argument("--linger-ms", type=non_negative_int, default=5)
+    produce.add_argument(
+        "--producer-property",
+        "--command-property",
+        dest="producer_property",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any producer setting by Kafka's name (batch.size, delivery.timeout.ms, max.request.size ...), "
+        "overriding the options above; repeatable",
+    )
 
 
 def split_line(line: bytes, sep: bytes | None, lineno: int) -> tuple[bytes | None, bytes]:
@@ -81,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         enable_idempotence=args.acks == "all",
         linger_ms=args.linger_ms,
         compression=args.compression,
+        properties=args.producer_property,
     )
     headers = [(k, v.encode()) for k, v in args.header] or None
     sep = args.key_separator.encode() if args.key_separator else None

@@ -2,6 +2,8 @@
 
 It used to count the records handed to the producer ("1 record(s) were sent before the error"
 when the broker had refused that one record). The count it prints must be what a reader finds.
+Also the options Kafka's console tools have: ``--producer-property`` / ``--consumer-property``
+(and ``--command-property``) with Kafka's setting names, and consume's ``--timeout-ms``.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import re
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +68,37 @@ def test_the_count_reported_is_what_a_reader_finds(
         assert match is not None and int(match.group(1)) == len(found), err
     else:  # the refused record shared its batch with the others: nothing written, and it says so
         assert "no record was written (acknowledged) before the error" in err, err
+
+
+def test_kafka_style_properties_and_timeout_ms(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--producer-property / --consumer-property (Kafka's names) reach the clients; --timeout-ms ends consume."""
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        admin.create_topic("props", partitions=1)
+    finally:
+        admin.close()
+    lines = b"".join(b"v%d\n" % i for i in range(10))
+    props = ["--producer-property", "compression.type=zstd", "--producer-property", "batch.size=64",
+             "--command-property", "delivery.timeout.ms=30000"]  # fmt: skip
+    code, err = produce(cluster, "props", lines, monkeypatch, capsys, *props)
+    assert code == 0 and "produced 10 record(s)" in err, err
+    # a bad one is a usage error naming it
+    code, err = produce(cluster, "props", b"x\n", monkeypatch, capsys, "--producer-property", "linger.ms=soon")
+    assert code == 2 and "--producer-property linger.ms=soon: expected an integer" in err, err
+
+    consume = ["consume", "props", "--group", "props-group", "--from-beginning", "--bootstrap-server",
+               cluster.bootstrap_servers]  # fmt: skip
+    code = cli.main([*consume, "--max-messages", "3", "--consumer-property", "max.poll.records=2", "--timeout", "30"])
+    assert code == 0
+    assert capsys.readouterr().out.split() == ["v0", "v1", "v2"]
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    try:  # what was printed is committed, not the second poll's extra record
+        assert {tp.partition: o for tp, o in admin.list_consumer_group_offsets("props-group").items()} == {0: 3}
+    finally:
+        admin.close()
+    started = time.monotonic()
+    assert cli.main([*consume, "--timeout-ms", "1500"]) == 0  # the 7 left, then 1.5 s of nothing
+    assert capsys.readouterr().out.split() == [f"v{i}" for i in range(3, 10)]
+    assert time.monotonic() - started < 20
