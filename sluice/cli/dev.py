@@ -56,6 +56,13 @@ def register(sub: Subcommands) -> None:
         help="Kafka port of broker 0; broker N gets KAFKA_PORT+N (default PORT+10000: 19092 beside 9092; "
         "0: any free ports)",
     )
+    user = dev_sub.add_parser(
+        "user",
+        help="a client certificate for User:NAME on a --secure dev cluster, and settings files for the sluice CLI, "
+        "Kafka's Java tools and librdkafka (kcat -F, confluent-kafka) that use it",
+    )
+    user.add_argument("name", help="the principal's name (the certificate's CN): User:NAME")
+    user.add_argument("--data", metavar="DIR")
     down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
     down.add_argument("--data", metavar="DIR")
     status = dev_sub.add_parser("status", help="show the dev cluster's processes and health")
@@ -70,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         data_dir = Path(args.data).expanduser().resolve() if args.data else dev_cluster.default_data_dir()
         return _up(args, data_dir)
     data_dir = dev_cluster.resolve_data_dir(args.data)
+    if args.dev_command == "user":
+        return _user(args, data_dir)
     if args.dev_command == "down":
         stopped = dev_cluster.down(data_dir)
         if stopped is None:
@@ -129,10 +138,34 @@ def _up(args: argparse.Namespace, data_dir: Path) -> int:
         err(f"Kafka clients:  {state.kafka_bootstrap_servers}  (bootstrap.servers of kcat, confluent-kafka, Java)")
         if state.admin_kafka_config:
             err(f"secure Kafka listeners (TLS, ACLs): the super user's settings for Kafka's tools are in "
-                f"{state.admin_kafka_config} (--command-config FILE)")  # fmt: skip
+                f"{state.admin_kafka_config} (--command-config FILE), for librdkafka in "
+                f"{state.admin_librdkafka_config} (kcat -F FILE); other principals: "
+                "`sluice dev user NAME`")  # fmt: skip
     if started:
         err("stop it with `sluice dev down`")
     print(state.bootstrap_servers)
+    return 0
+
+
+def _user(args: argparse.Namespace, data_dir: Path) -> int:
+    from sluice.cli.engines import dev_cluster
+
+    state = dev_cluster.running_state(data_dir)
+    if state is None:
+        raise CliError(f"no dev cluster is running (data directory {data_dir}): `sluice dev up --secure` first")
+    try:
+        files = dev_cluster.add_user(state, args.name)
+    except dev_cluster.DevClusterError as exc:
+        raise CliError(str(exc)) from None
+    print(f"sluice CLI (--command-config):                 {files.sluice}")
+    if files.kafka_java is not None:
+        print(f"Kafka's Java tools and clients (--command-config): {files.kafka_java}")
+    if files.librdkafka is not None:
+        print(f"librdkafka (kcat -F, confluent-kafka):         {files.librdkafka}")
+    err(
+        f"User:{args.name} can do nothing until ACLs allow it, e.g. `sluice acls add --allow-principal "
+        f"User:{args.name} --operation write --topic orders --command-config {state.admin_config}`"
+    )
     return 0
 
 

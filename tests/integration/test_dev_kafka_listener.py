@@ -87,6 +87,9 @@ def test_dev_up_opens_the_kafka_listener_by_default(
         kafka_servers = status["kafka_bootstrap_servers"]
         assert kafka_servers and kafka_servers != servers
         assert f"Sluice clients: {servers}" in err and f"Kafka clients:  {kafka_servers}" in err
+        # a plaintext cluster has no principals to make certificates for
+        code, _, err = run(capsys, "dev", "user", "bob", "--data", str(data))
+        assert code == 1 and "this dev cluster is plaintext" in err and "--secure" in err
         # the Kafka address given to the sluice CLI: one line naming the gRPC one to use
         code, _, err = run(capsys, "topics", "list", "--bootstrap-server", kafka_servers)
         assert code == 1 and "speaks Kafka's protocol" in err and f"the dev cluster's is {servers}" in err, err
@@ -172,14 +175,10 @@ def test_dev_up_secure_kafka_listener(
         admin = properties(status["admin_config"])
         assert run(capsys, "topics", "create", "dev-secure", "--partitions", "1", "--bootstrap-server", servers,
                    "--command-config", status["admin_config"])[0] == 0  # fmt: skip
-        # librdkafka with the super user's certificate produces over TLS ...
-        tls_config = {
-            "bootstrap.servers": kafka_servers,
-            "security.protocol": "SSL",
-            "ssl.ca.location": admin["ssl.cafile"],
-            "ssl.certificate.location": admin["ssl.certfile"],
-            "ssl.key.location": admin["ssl.keyfile"],
-        }
+        # librdkafka with the super user's settings file (kcat -F's, confluent-kafka's names) produces over TLS ...
+        tls_config = properties(status["admin_librdkafka_config"])
+        assert status["admin_librdkafka_config"] in err
+        assert tls_config["ssl.certificate.location"] == admin["ssl.certfile"]
         producer = KafkaProducer({**tls_config, "enable.idempotence": True, "acks": "all"})
         for i in range(3):
             producer.produce("dev-secure", value=b"over-tls-%d" % i)
@@ -195,6 +194,31 @@ def test_dev_up_secure_kafka_listener(
                              "--command-config", status["admin_config"])  # fmt: skip
         assert code == 0, err
         assert out.splitlines() == [f"over-tls-{i}" for i in range(3)]
+
+        # another principal: `dev user alice` writes her settings for all three kinds of client
+        code, out, err = run(capsys, "dev", "user", "alice", "--data", str(data))
+        assert code == 0, err
+        files = [line.rsplit(" ", 1)[1] for line in out.splitlines()]
+        assert len(files) == 3 and all((Path(f).stat().st_mode & 0o777) == 0o600 for f in files)
+        assert "User:alice can do nothing until ACLs allow it" in err
+        alice_sluice, alice_java, alice_rdkafka = (properties(f) for f in files)
+        assert alice_java["bootstrap.servers"] == kafka_servers and alice_java["ssl.keystore.type"] == "PEM"
+        assert alice_sluice["ssl.certfile"] == alice_rdkafka["ssl.certificate.location"] != admin["ssl.certfile"]
+
+        def alice_produces(value: bytes) -> object:
+            outcome: list[object] = []
+            p = KafkaProducer({**alice_rdkafka, "message.timeout.ms": 10000})
+            p.produce("dev-secure", value=value, on_delivery=lambda e, _m: outcome.append(e))
+            p.flush(30)
+            return outcome[0] if outcome else "undelivered"
+
+        refused = alice_produces(b"before-acl")
+        assert refused is not None and "authoriz" in str(refused).lower(), refused  # User:alice, no ACL
+        assert run(capsys, "acls", "add", "--allow-principal", "User:alice", "--operation", "write", "--operation",
+                   "describe", "--topic", "dev-secure", "--bootstrap-server", servers,
+                   "--command-config", status["admin_config"])[0] == 0  # fmt: skip
+        assert alice_produces(b"from-alice") is None
+        assert run(capsys, "dev", "user", "bob", "--data", str(tmp_path / "no-such"))[0] == 1  # no cluster there
     finally:
         assert run(capsys, "dev", "down", "--data", str(data))[0] == 0
 
