@@ -3,12 +3,14 @@ errors, and the group state the broker reports (KIP-848's names)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from sluice import cli
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
 from sluice.broker.servicers.group_admin import group_state
-from sluice.cli.consumer_groups import parse_topic_scope, plan_reset
+from sluice.cli.consumer_groups import datetime_ms, duration_ms, parse_topic_scope, plan_reset
 from sluice.cli.exits import CliError
 from sluice.client import TopicPartition
 
@@ -128,3 +130,19 @@ def test_top_keeps_refreshing_when_a_refresh_fails(
     out = capsys.readouterr().out
     assert "the cluster did not answer: BrokerNotAvailableError: every broker is down" in out
     assert "cluster c1" in out and not answers
+
+
+def test_reset_by_time_takes_each_partitions_first_offset_at_the_time_or_the_end() -> None:
+    assert plan_reset([A, B], {}, EARLIEST, LATEST, by_time={A: 6, B: -1}) == {A: 6, B: 5}
+    assert plan_reset([A, B], {}, EARLIEST, LATEST, by_time={A: 0}) == {A: 2, B: 5}  # clamped; B: none found
+
+
+def test_durations_and_datetimes_as_kafkas_tool_writes_them() -> None:
+    assert duration_ms("PT30M") == 1_800_000 and duration_ms("P1DT2H") == 93_600_000 and duration_ms("pt0.5s") == 500
+    for bad in ("P", "PT", "30M", "P1H", "-PT1M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration_ms(bad)
+    assert datetime_ms("1970-01-01T00:00:01Z") == 1000
+    assert datetime_ms("1970-01-01T01:00:01.500+01:00") == 1500
+    with pytest.raises(argparse.ArgumentTypeError):
+        datetime_ms("yesterday")
