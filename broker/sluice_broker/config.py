@@ -146,6 +146,10 @@ _NO_SEGMENTS = (
     "drop whole batches); bound the log with retention.ms or retention.bytes"
 )
 UNSUPPORTED_TOPIC_KEYS = {
+    "compression.type": (
+        "the broker never recompresses: each batch is stored with the codec its producer chose (none, gzip, lz4, "
+        "zstd); set compression on the producer (compression.type, sluice produce --compression)"
+    ),
     "segment.bytes": _NO_SEGMENTS,
     "segment.ms": _NO_SEGMENTS,
     "segment.jitter.ms": _NO_SEGMENTS,

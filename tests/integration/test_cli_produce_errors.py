@@ -102,3 +102,13 @@ def test_kafka_style_properties_and_timeout_ms(
     assert cli.main([*consume, "--timeout-ms", "1500"]) == 0  # the 7 left, then 1.5 s of nothing
     assert capsys.readouterr().out.split() == [f"v{i}" for i in range(3, 10)]
     assert time.monotonic() - started < 20
+
+
+def test_compression_type_on_a_topic_is_refused_saying_why(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    code = cli.main(["topics", "create", "compressed", "--config", "compression.type=zstd",
+                     "--bootstrap-server", cluster.bootstrap_servers])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "INVALID_CONFIG" in err and "the broker never recompresses" in err, err
