@@ -31,7 +31,7 @@ def test_segment_keys_are_refused_with_the_reason(key: str) -> None:
 
 def test_compression_type_is_refused_with_the_reason() -> None:
     """A Kafka user's common topic setting: refused saying where compression is chosen, not 'unknown'."""
-    with pytest.raises(ConfigError, match="'compression.type' is not supported: the broker never recompresses"):
+    with pytest.raises(ConfigError, match=r"'compression\.type' is not supported: the broker never recompresses"):
         validate_topic_config({"compression.type": "zstd"})
 
 
