@@ -94,7 +94,20 @@ def test_top_screen_is_bounded_and_says_what_it_left_out() -> None:
     problems = text.split("UNDER-REPLICATED / OFFLINE PARTITIONS\n")[1].splitlines()
     assert problems[1].split() == ["t-7", "offline", "-", "-"]
     assert "12.3s" in text and "(none)" in text and "COORDINATOR_NOT_AVAILABLE" in text
-    assert [line.split()[2] for line in text.split("BROKERS\n")[1].splitlines()[1:4]] == ["4", "3", "0"]
+    rows = [line.split() for line in text.split("BROKERS\n")[1].splitlines()[1:4]]
+    assert [r[2:4] for r in rows] == [["-", "4"], ["-", "3"], ["-", "0"]]  # STATUS: not checked, LEADERS
+
+
+def test_top_says_which_brokers_are_gone() -> None:
+    """Metadata lists every registered broker; the health check's answer says which are down."""
+    from sluice.cli.top import Screen, render
+
+    screen = Screen("c1", [(0, "h:1"), (1, "h:2"), (2, "h:3")], {0: 2, 2: 1}, 3, [], [], [], 0, [], 0,
+                    health={0: "SERVING", 1: "UNREACHABLE", 2: "NOT_SERVING"})  # fmt: skip
+    text = render(screen, rows=5)
+    assert "brokers 3 (2 not serving)" in text
+    rows = [line.split() for line in text.split("BROKERS\n")[1].splitlines()[1:4]]
+    assert [r[2] for r in rows] == ["up", "DOWN", "not"]  # "not serving"
 
 
 @pytest.mark.parametrize("argv", [["top", "--interval", "0"], ["top", "--rows", "0"], ["top", "--iterations", "0"]])
@@ -117,7 +130,7 @@ def test_top_keeps_refreshing_when_a_refresh_fails(
 
     answers: list[Exception | None] = [errors.BrokerNotAvailableError("every broker is down"), None]
 
-    def gather(admin: object, rows: int) -> top.Screen:
+    def gather(admin: object, rows: int, *_health: object) -> top.Screen:
         exc = answers.pop(0)
         if exc is not None:
             raise exc
