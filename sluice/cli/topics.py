@@ -1,4 +1,4 @@
-"""``sluice topics create|list|describe|delete``: kafka-topics.sh.
+"""``sluice topics create|list|describe|alter|delete``: kafka-topics.sh.
 
 ``describe`` prints Kafka's layout (a topic line, then one line per partition with leader,
 leader epoch, replicas and ISR), or the client's TopicDescription as JSON with ``--json``.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sluice.cli.argtypes import key_value, positive_int
 from sluice.cli.bootstrap import connection
 from sluice.cli.clients import describe_existing_topic, open_admin, partitions_of
+from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly, err, print_json
 
 if TYPE_CHECKING:
@@ -39,6 +40,11 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     describe.add_argument("--json", action="store_true")
     delete = t_sub.add_parser("delete", parents=[client], help="delete topics")
     delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    alter = t_sub.add_parser("alter", parents=[client], help="add partitions to a topic (kafka-topics --alter)")
+    alter.add_argument("topic", help="an existing topic")
+    alter.add_argument(
+        "--partitions", type=positive_int, required=True, help="the new total, more than it has (never fewer)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +65,16 @@ def run(args: argparse.Namespace) -> int:
                 print_json(descs if len(descs) > 1 else descs[0])
             else:
                 print("\n".join(render_topic(name, d) for name, d in zip(args.topics, descs, strict=True)))
+        elif args.topics_command == "alter":
+            before = len(partitions_of(describe_existing_topic(admin, args.topic, hint_create=False)))
+            if args.partitions <= before:
+                raise CliError(
+                    f"topic {args.topic} has {before} partition(s): --partitions must be more (partitions are only "
+                    "ever added, as in Kafka)",
+                    USAGE,
+                )
+            admin.create_partitions(args.topic, args.partitions)
+            err(f"topic {args.topic}: {before} -> {args.partitions} partitions")
         elif args.topics_command == "delete":
             for topic in args.topics:
                 describe_existing_topic(admin, topic, hint_create=False)

@@ -112,3 +112,22 @@ def test_compression_type_on_a_topic_is_refused_saying_why(
                      "--bootstrap-server", cluster.bootstrap_servers])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1 and "INVALID_CONFIG" in err and "the broker never recompresses" in err, err
+
+
+def test_topics_alter_adds_partitions_and_never_removes(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    boot = ["--bootstrap-server", cluster.bootstrap_servers]
+    assert cli.main(["topics", "create", "growing", "--partitions", "2", *boot]) == 0
+    capsys.readouterr()
+    assert cli.main(["topics", "alter", "growing", "--partitions", "5", *boot]) == 0
+    assert "topic growing: 2 -> 5 partitions" in capsys.readouterr().err
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        assert len(admin.describe_topic("growing").partitions) == 5
+    finally:
+        admin.close()
+    assert cli.main(["topics", "alter", "growing", "--partitions", "3", *boot]) == 2
+    assert "has 5 partition(s): --partitions must be more" in capsys.readouterr().err
+    assert cli.main(["topics", "alter", "no-such-topic", "--partitions", "3", *boot]) == 1
+    assert "unknown topic 'no-such-topic'" in capsys.readouterr().err
