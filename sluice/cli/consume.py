@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     consume = sub.add_parser("consume", parents=[client], help="print a topic's records to stdout")
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="an existing topic")
     consume.add_argument("--from-beginning", action="store_true", help="start at the oldest record")
     consume.add_argument(
         "--isolation-level",
@@ -51,10 +51,10 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     consume.add_argument("--no-commit", action="store_true", help="with --group: do not commit offsets")
     consume.add_argument("--partition", type=non_negative_int, help="read only this partition (no group)")
     consume.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
-    consume.add_argument("--print-key", action="store_true")
-    consume.add_argument("--print-headers", action="store_true")
+    consume.add_argument("--print-key", action="store_true", help="print the key before the value (null: null)")
+    consume.add_argument("--print-headers", action="store_true", help="print the headers as k=v,k=v (or NO_HEADERS)")
     consume.add_argument("--print-offset", action="store_true", help="print partition and offset")
-    consume.add_argument("--print-timestamp", action="store_true")
+    consume.add_argument("--print-timestamp", action="store_true", help="print CreateTime:MS")
     consume.add_argument("--separator", type=separator, default="\t", help="between printed fields (default tab)")
     consume.add_argument(
         "--consumer-property",

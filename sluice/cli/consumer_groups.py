@@ -42,24 +42,24 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     g_list.add_argument(
         "--state", action="append", default=[], help="only this state (Empty, Stable, Reconciling); repeatable"
     )
-    g_list.add_argument("--json", action="store_true")
+    g_list.add_argument("--json", action="store_true", help="as JSON")
     g_desc = g_sub.add_parser("describe", parents=[client], help="offsets and lag (or members, or state)")
-    g_desc.add_argument("group")
+    g_desc.add_argument("group", help="the consumer group")
     shown = g_desc.add_mutually_exclusive_group()
     shown.add_argument("--members", action="store_true", help="the members and their assignments")
     shown.add_argument("--state", action="store_true", help="the group's state, epoch and coordinator")
-    g_desc.add_argument("--json", action="store_true")
+    g_desc.add_argument("--json", action="store_true", help="as JSON")
     g_reset = g_sub.add_parser("reset-offsets", parents=[client], help="move an inactive group's offsets")
-    g_reset.add_argument("group")
+    g_reset.add_argument("group", help="the consumer group (with no members)")
     scope = g_reset.add_mutually_exclusive_group(required=True)
     scope.add_argument(
         "--topic", action="append", default=[], metavar="TOPIC[:P,P...]", help="a topic, or some of its partitions"
     )
     scope.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
     target = g_reset.add_mutually_exclusive_group(required=True)
-    target.add_argument("--to-earliest", action="store_true")
-    target.add_argument("--to-latest", action="store_true")
-    target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument("--to-earliest", action="store_true", help="each partition's first offset")
+    target.add_argument("--to-latest", action="store_true", help="each partition's end (skip everything)")
+    target.add_argument("--to-offset", type=int, metavar="N", help="this offset in every partition (clamped)")
     target.add_argument("--shift-by", type=int, metavar="N", help="from the committed offset (negative: back)")
     target.add_argument(
         "--to-datetime",
@@ -76,9 +76,9 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     mode = g_reset.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the plan only (the default)")
     mode.add_argument("--execute", action="store_true", help="commit the new offsets")
-    g_reset.add_argument("--json", action="store_true")
+    g_reset.add_argument("--json", action="store_true", help="the plan as JSON")
     g_del = g_sub.add_parser("delete", parents=[client], help="delete inactive groups (their committed offsets)")
-    g_del.add_argument("groups", nargs="+", metavar="GROUP")
+    g_del.add_argument("groups", nargs="+", metavar="GROUP", help="one or more consumer groups")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -34,7 +34,14 @@ def register(sub: Subcommands) -> None:
         type=non_negative_int,
         help="port of broker 0; broker N gets PORT+N (default 9092; 0: any free ports)",
     )
-    up.add_argument("--config", type=key_value, action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument(
+        "--config",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker setting for every broker (num.partitions=3, auto.create.topics.enable=true ...); repeatable",
+    )
     up.add_argument("--timeout", type=positive_float, default=90.0, help="seconds to wait for the brokers")
     up.add_argument(
         "--secure",
@@ -62,11 +69,11 @@ def register(sub: Subcommands) -> None:
         "Kafka's Java tools and librdkafka (kcat -F, confluent-kafka) that use it",
     )
     user.add_argument("name", help="the principal's name (the certificate's CN): User:NAME")
-    user.add_argument("--data", metavar="DIR")
+    user.add_argument("--data", metavar="DIR", help="the dev cluster's data directory (default: the last up's)")
     down = dev_sub.add_parser("down", help="stop the dev cluster (its data is kept)")
-    down.add_argument("--data", metavar="DIR")
+    down.add_argument("--data", metavar="DIR", help="the dev cluster's data directory (default: the last up's)")
     status = dev_sub.add_parser("status", help="show the dev cluster's processes and health")
-    status.add_argument("--data", metavar="DIR")
+    status.add_argument("--data", metavar="DIR", help="the dev cluster's data directory (default: the last up's)")
     status.add_argument("--json", action="store_true", help="machine-readable output")
 
 

@@ -31,7 +31,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce = sub.add_parser(
         "produce", parents=[client], help="send stdin to a topic, one record per line (Ctrl-D ends)"
     )
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="an existing topic")
     produce.add_argument(
         "--key-separator", type=separator, metavar="SEP", help="lines are KEY<SEP>VALUE (e.g. ':' or '\\t')"
     )
@@ -42,7 +42,9 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce.add_argument("--acks", type=acks, default="all", help="all (default), 1 or 0")
     produce.add_argument("--partition", type=non_negative_int, help="default: by key hash, else spread")
     produce.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
-    produce.add_argument("--linger-ms", type=non_negative_int, default=5)
+    produce.add_argument(
+        "--linger-ms", type=non_negative_int, default=5, help="how long a batch waits for more records (default 5)"
+    )
     produce.add_argument(
         "--producer-property",
         "--command-property",

@@ -25,7 +25,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     topics = sub.add_parser("topics", help="create, list, describe and delete topics")
     t_sub = topics.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     create = t_sub.add_parser("create", parents=[client], help="create a topic")
-    create.add_argument("topic")
+    create.add_argument("topic", help="the new topic's name")
     create.add_argument("--partitions", type=positive_int, help="default: the broker's num.partitions")
     create.add_argument(
         "--replication-factor", type=positive_int, help="default: the broker's default.replication.factor"
@@ -34,12 +34,12 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         "--config", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="e.g. retention.ms=-1"
     )
     t_list = t_sub.add_parser("list", parents=[client], help="list topics")
-    t_list.add_argument("--json", action="store_true")
+    t_list.add_argument("--json", action="store_true", help="the names as a JSON array")
     describe = t_sub.add_parser("describe", parents=[client], help="partitions, leaders, replicas, config")
-    describe.add_argument("topics", nargs="+", metavar="TOPIC")
-    describe.add_argument("--json", action="store_true")
+    describe.add_argument("topics", nargs="+", metavar="TOPIC", help="one or more topics")
+    describe.add_argument("--json", action="store_true", help="the client's TopicDescription as JSON")
     delete = t_sub.add_parser("delete", parents=[client], help="delete topics")
-    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC", help="one or more topics (their records are gone)")
     alter = t_sub.add_parser("alter", parents=[client], help="add partitions to a topic (kafka-topics --alter)")
     alter.add_argument("topic", help="an existing topic")
     alter.add_argument(
