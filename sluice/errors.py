@@ -103,8 +103,9 @@ class BrokerNotAvailableError(SluiceError):
 
 
 class NoBrokersAvailableError(SluiceError):
-    """Nothing listens at any address the client knows (every connection refused) and it never reached
-    a broker: a wrong bootstrap address or a stopped cluster. Raised at once, naming the addresses."""
+    """Nothing listens at any address the client knows (every connection refused), or nothing there
+    speaks gRPC (a Kafka port), and it never reached a broker: a wrong bootstrap address or a stopped
+    cluster. Raised at once, naming the addresses."""
 
     code = records_pb2.NONE
 

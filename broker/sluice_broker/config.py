@@ -59,6 +59,11 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "group.max.session.timeout.ms": (int, 1_800_000),
     "group.initial.rebalance.delay.ms": (int, 3_000),
     "group.classic.max.size": (int, 1_000),
+    # Kafka's key, but Kafka's default is true: a Kafka client's Metadata request naming an unknown
+    # topic (allow_auto_topic_creation, from v4) creates it with num.partitions and
+    # default.replication.factor. Off by default: a typo in a topic name should fail, not create a
+    # topic. Sluice's own (gRPC) clients never auto-create.
+    "auto.create.topics.enable": (bool, False),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does
@@ -141,6 +146,10 @@ _NO_SEGMENTS = (
     "drop whole batches); bound the log with retention.ms or retention.bytes"
 )
 UNSUPPORTED_TOPIC_KEYS = {
+    "compression.type": (
+        "the broker never recompresses: each batch is stored with the codec its producer chose (none, gzip, lz4, "
+        "zstd); set compression on the producer (compression.type, sluice produce --compression)"
+    ),
     "segment.bytes": _NO_SEGMENTS,
     "segment.ms": _NO_SEGMENTS,
     "segment.jitter.ms": _NO_SEGMENTS,
@@ -155,11 +164,6 @@ BROKER_KEY_ALIASES = {"message.max.bytes": "max.message.bytes"}
 # Kafka broker keys Sluice does not implement, refused by name with the reason, never accepted
 # and ignored. The value given first is accepted: it states what Sluice does anyway.
 UNSUPPORTED_BROKER_KEYS: dict[str, tuple[str | None, str]] = {
-    "auto.create.topics.enable": (
-        "false",
-        "topics are created explicitly (sluice topics create, Admin.create_topic, a Topic resource); "
-        "a write to an unknown topic is UNKNOWN_TOPIC_OR_PARTITION",
-    ),
     "offsets.retention.minutes": (None, "committed offsets do not expire in Sluice yet"),
 }
 

@@ -49,7 +49,7 @@ def register(sub: Subcommands) -> None:
         metavar="FILE",
         help="JSON file the result is appended to (default bench/results/results.json)",
     )
-    common.add_argument("--no-progress", action="store_true")
+    common.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     common.add_argument(
         "--secure",
         action="store_true",
@@ -61,16 +61,20 @@ def register(sub: Subcommands) -> None:
         help="client security settings for --bootstrap-server (security.protocol=SSL, ssl.ca.location ...)",
     )
     producing = argparse.ArgumentParser(add_help=False)
-    producing.add_argument("--acks", type=acks, default="all")
-    producing.add_argument("--compression", type=compression, default=None)
-    producing.add_argument("--linger-ms", type=non_negative_int, default=5)
-    producing.add_argument("--batch-size", type=positive_int, default=262144)
+    producing.add_argument("--acks", type=acks, default="all", help="all (default), 1 or 0")
+    producing.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
+    producing.add_argument("--linger-ms", type=non_negative_int, default=5, help="producer linger (default 5)")
+    producing.add_argument(
+        "--batch-size", type=positive_int, default=262144, help="producer batch size in bytes (default 256 KiB)"
+    )
     b_prod = b_sub.add_parser("produce", parents=[common, producing], help="producer throughput")
-    b_prod.add_argument("--no-idempotence", action="store_true")
+    b_prod.add_argument("--no-idempotence", action="store_true", help="a plain producer (no producer id)")
     b_txn = b_sub.add_parser("transactions", parents=[common, producing], help="transactional producer throughput")
     b_txn.add_argument("--commit-interval-ms", type=positive_int, default=100, help="default 100")
     b_cons = b_sub.add_parser("consume", parents=[common], help="consumer throughput (fills the topic first)")
-    b_cons.add_argument("--isolation-level", choices=ISOLATION_LEVELS, default="read_committed")
+    b_cons.add_argument(
+        "--isolation-level", choices=ISOLATION_LEVELS, default="read_committed", help="default read_committed"
+    )
     b_cons.add_argument("--plain-data", action="store_true", help="fill without transactions")
     b_lat = b_sub.add_parser("latency", parents=[common, producing], help="produce latency at a steady rate")
     b_lat.add_argument("--rate-mb-s", type=positive_float, default=10.0, help="MB/s to send (default 10)")

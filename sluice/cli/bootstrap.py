@@ -72,6 +72,21 @@ def require_cluster(servers: str, source: str, security: ClientSecurity | None =
     statuses = {a: check_health(a, timeout=2.0, credentials=credentials) for a in addresses}
     if any(s == "SERVING" for s in statuses.values()):
         return
+    from sluice.client._network.probe import Listener, probe
+
+    kafka = [a for a, s in statuses.items() if s == "UNREACHABLE" and probe(a, 1.0)[0] == Listener.KAFKA]
+    if kafka:  # the likeliest mistake: a Kafka port (the dev cluster's 19092) given to the sluice CLI
+        from sluice.cli.engines import dev_cluster
+
+        dev = dev_cluster.running_state(dev_cluster.resolve_data_dir(None))
+        if dev is not None and set(kafka) & set(dev.kafka_bootstrap_servers.split(",")):
+            use = f"the dev cluster's is {dev.bootstrap_servers}"
+        else:
+            use = "`sluice dev up` prints both: 127.0.0.1:9092 for Sluice clients, 127.0.0.1:19092 for Kafka clients"
+        raise CliError(
+            f"{', '.join(kafka)} speaks Kafka's protocol ({source}): the sluice CLI needs a Sluice broker's gRPC "
+            f"address ({use}; `sluice dev status` lists both)."
+        )
     detail = ", ".join(f"{a} {s.lower()}" for a, s in statuses.items())
     over = f" over TLS ({security.source})" if security is not None and security.tls else ""
     hint = (

@@ -42,8 +42,8 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         "configs", parents=[client], help="describe and alter client quotas of users and client ids (kafka-configs.sh)"
     )
     action = p.add_mutually_exclusive_group(required=True)
-    action.add_argument("--describe", action="store_true")
-    action.add_argument("--alter", action="store_true")
+    action.add_argument("--describe", action="store_true", help="show the entities' quotas")
+    action.add_argument("--alter", action="store_true", help="set (--add-config) or remove (--delete-config) quotas")
     p.add_argument(
         "--entity-type", action="append", required=True, choices=tuple(ENTITY_TYPES),
         help="users (the NAME of a principal User:NAME) or clients (a client id); twice for a user's client id",

@@ -2,35 +2,38 @@
 
 read_committed by default (Sluice's default, unlike Kafka's): aborted and still open
 transactions are never printed. Without ``--group`` the consumer joins a throw-away group and
-commits nothing; with ``--group`` it commits what it printed when it exits (not with
-``--no-commit``). ``--partition`` reads one partition outside any group, from ``--offset``.
+commits nothing; with ``--group`` it commits what it printed when it exits, Ctrl-C included
+(not with ``--no-commit``). ``--partition`` reads one partition outside any group, from ``--offset``.
 The command ends after ``--max-messages`` records, after ``--timeout`` seconds without a record,
-or on Ctrl-C, and reports the count on stderr.
+or on Ctrl-C (exit code 130), and reports the count on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from sluice.cli.argtypes import ISOLATION_LEVELS, non_negative_int, positive_float, positive_int, separator
+from sluice.cli.argtypes import ISOLATION_LEVELS, key_value, non_negative_int, positive_float, positive_int, separator
 from sluice.cli.bootstrap import connection
 from sluice.cli.clients import check_partition, open_consumer, topic_partition
-from sluice.cli.exits import USAGE, CliError
+from sluice.cli.exits import INTERRUPTED, SUCCESS, USAGE, CliError
 from sluice.cli.output import close_quietly, err
 
 if TYPE_CHECKING:
     from sluice.cli.parser import Subcommands
-    from sluice.client import Consumer, ConsumerRecord
+    from sluice.client import Consumer, ConsumerRecord, TopicPartition
 
 
 def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     consume = sub.add_parser("consume", parents=[client], help="print a topic's records to stdout")
-    consume.add_argument("topic")
+    consume.add_argument("topic", help="an existing topic")
     consume.add_argument("--from-beginning", action="store_true", help="start at the oldest record")
     consume.add_argument(
         "--isolation-level",
@@ -39,18 +42,31 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         help="read_committed (default: Sluice's default, unlike Kafka) or read_uncommitted",
     )
     consume.add_argument("--max-messages", type=positive_int, help="exit after this many records")
-    consume.add_argument(
+    timeout = consume.add_mutually_exclusive_group()
+    timeout.add_argument(
         "--timeout", type=positive_float, metavar="SECONDS", help="exit when no record arrives for this long"
     )
+    timeout.add_argument("--timeout-ms", type=positive_int, metavar="MS", help="--timeout in milliseconds (Kafka's)")
     consume.add_argument("--group", help="consumer group (committed at exit; default: a throw-away group)")
     consume.add_argument("--no-commit", action="store_true", help="with --group: do not commit offsets")
     consume.add_argument("--partition", type=non_negative_int, help="read only this partition (no group)")
     consume.add_argument("--offset", help="with --partition: an offset, 'earliest' or 'latest'")
-    consume.add_argument("--print-key", action="store_true")
-    consume.add_argument("--print-headers", action="store_true")
+    consume.add_argument("--print-key", action="store_true", help="print the key before the value (null: null)")
+    consume.add_argument("--print-headers", action="store_true", help="print the headers as k=v,k=v (or NO_HEADERS)")
     consume.add_argument("--print-offset", action="store_true", help="print partition and offset")
-    consume.add_argument("--print-timestamp", action="store_true")
+    consume.add_argument("--print-timestamp", action="store_true", help="print CreateTime:MS")
     consume.add_argument("--separator", type=separator, default="\t", help="between printed fields (default tab)")
+    consume.add_argument(
+        "--consumer-property",
+        "--command-property",
+        dest="consumer_property",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any consumer setting by Kafka's name (max.poll.records, fetch.max.wait.ms, session.timeout.ms ...), "
+        "overriding the options above; repeatable",
+    )
 
 
 def format_record(rec: ConsumerRecord, args: argparse.Namespace) -> bytes:
@@ -75,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--offset needs --partition", USAGE)
     if args.partition is not None and args.group:
         raise CliError("--partition reads outside any group: do not combine it with --group", USAGE)
+    if args.timeout_ms is not None:
+        args.timeout = args.timeout_ms / 1000.0
     conn = connection(args)
     check_partition(conn, args.topic, args.partition)
     consumer = open_consumer(
@@ -83,22 +101,52 @@ def run(args: argparse.Namespace) -> int:
         isolation_level=args.isolation_level,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         enable_auto_commit=False,
+        properties=args.consumer_property,
     )
     printed = _Printed()
+    stop = _StopOnCtrlC()
     try:
-        if args.partition is not None:
-            _assign_one_partition(consumer, args)
-        else:
-            consumer.subscribe([args.topic])
-        _print_records(consumer, args, printed)
-        if args.group and not args.no_commit and printed.count:
-            consumer.commit()
-    except KeyboardInterrupt:
-        pass
+        with stop:
+            if args.partition is not None:
+                _assign_one_partition(consumer, args)
+            else:
+                consumer.subscribe([args.topic])
+            _print_records(consumer, args, printed, stop)
+            if args.group and not args.no_commit and printed.next_offsets:
+                # what was printed, not the consumer's position: a poll may return more than was printed
+                consumer.commit(printed.next_offsets)
     finally:
         close_quietly(consumer)
         err(f"processed a total of {printed.count} messages")
-    return 0
+    return INTERRUPTED if stop.requested else SUCCESS
+
+
+class _StopOnCtrlC:
+    """Ctrl-C (SIGINT), the usual end of this command, as a request: the loop stops at its next poll.
+
+    A KeyboardInterrupt raised inside the consumer (a gRPC call in flight) can leave its channel
+    unable to close, and one raised between printing a record and counting it would leave that
+    record out of the commit. So the first Ctrl-C only sets ``requested``; the records at hand are
+    printed and committed, and the command exits 130. A second Ctrl-C interrupts at once.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> _StopOnCtrlC:
+        if threading.current_thread() is threading.main_thread():  # handlers belong to the main thread
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _assign_one_partition(consumer: Consumer, args: argparse.Namespace) -> None:
@@ -121,13 +169,14 @@ class _Printed:
     """The records printed so far: the summary line reports it however the command ends."""
 
     count: int = 0
+    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)  # per partition, the offset after the last
 
 
-def _print_records(consumer: Consumer, args: argparse.Namespace, printed: _Printed) -> None:
-    """Poll and print until --max-messages, or --timeout seconds without a record."""
+def _print_records(consumer: Consumer, args: argparse.Namespace, printed: _Printed, stop: _StopOnCtrlC) -> None:
+    """Poll and print until --max-messages, --timeout seconds without a record, or Ctrl-C."""
     out = sys.stdout.buffer
     last_record = time.monotonic()
-    while args.max_messages is None or printed.count < args.max_messages:
+    while not stop.requested and (args.max_messages is None or printed.count < args.max_messages):
         wait = 1.0
         if args.timeout is not None:
             left = args.timeout - (time.monotonic() - last_record)
@@ -140,6 +189,7 @@ def _print_records(consumer: Consumer, args: argparse.Namespace, printed: _Print
         for rec in records:
             out.write(format_record(rec, args))
             printed.count += 1
+            printed.next_offsets[rec.topic_partition] = rec.offset + 1
             if args.max_messages is not None and printed.count >= args.max_messages:
                 break
         out.flush()

@@ -8,7 +8,9 @@ minus the committed offset, ``-`` where nothing is committed. ``--members`` and 
 the group instead of its offsets.
 
 ``reset-offsets`` follows Kafka's tool: a scope (``--topic T[:P,P...]`` or ``--all-topics``), one
-target (``--to-earliest``, ``--to-latest``, ``--to-offset N``, ``--shift-by N``), and a plan that
+target (``--to-earliest``, ``--to-latest``, ``--to-offset N``, ``--shift-by N``, ``--to-datetime``,
+``--by-duration``: the first offset whose record's timestamp is at least that time, the log end
+when none is), and a plan that
 is only printed (``--dry-run``, the default) unless ``--execute`` is given. Targets are clamped to
 the partition's [earliest, latest] range, as Kafka clamps them. A group with members is refused
 (the members would overwrite the reset with their next commit), as Kafka refuses it.
@@ -17,7 +19,10 @@ the partition's [earliest, latest] range, as Kafka clamps them. A group with mem
 from __future__ import annotations
 
 import argparse
+import re
+import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from sluice.cli.bootstrap import connection
@@ -37,31 +42,43 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     g_list.add_argument(
         "--state", action="append", default=[], help="only this state (Empty, Stable, Reconciling); repeatable"
     )
-    g_list.add_argument("--json", action="store_true")
+    g_list.add_argument("--json", action="store_true", help="as JSON")
     g_desc = g_sub.add_parser("describe", parents=[client], help="offsets and lag (or members, or state)")
-    g_desc.add_argument("group")
+    g_desc.add_argument("group", help="the consumer group")
     shown = g_desc.add_mutually_exclusive_group()
     shown.add_argument("--members", action="store_true", help="the members and their assignments")
     shown.add_argument("--state", action="store_true", help="the group's state, epoch and coordinator")
-    g_desc.add_argument("--json", action="store_true")
+    g_desc.add_argument("--json", action="store_true", help="as JSON")
     g_reset = g_sub.add_parser("reset-offsets", parents=[client], help="move an inactive group's offsets")
-    g_reset.add_argument("group")
+    g_reset.add_argument("group", help="the consumer group (with no members)")
     scope = g_reset.add_mutually_exclusive_group(required=True)
     scope.add_argument(
         "--topic", action="append", default=[], metavar="TOPIC[:P,P...]", help="a topic, or some of its partitions"
     )
     scope.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
     target = g_reset.add_mutually_exclusive_group(required=True)
-    target.add_argument("--to-earliest", action="store_true")
-    target.add_argument("--to-latest", action="store_true")
-    target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument("--to-earliest", action="store_true", help="each partition's first offset")
+    target.add_argument("--to-latest", action="store_true", help="each partition's end (skip everything)")
+    target.add_argument("--to-offset", type=int, metavar="N", help="this offset in every partition (clamped)")
     target.add_argument("--shift-by", type=int, metavar="N", help="from the committed offset (negative: back)")
+    target.add_argument(
+        "--to-datetime",
+        type=datetime_ms,
+        metavar="YYYY-MM-DDTHH:mm:SS.sss",
+        help="the first offset whose record is at least this recent (ISO 8601; no zone: local time, as Kafka)",
+    )
+    target.add_argument(
+        "--by-duration",
+        type=duration_ms,
+        metavar="PnDTnHnMnS",
+        help="the first offset of records at most this old (ISO 8601 duration, e.g. PT30M, P1DT2H)",
+    )
     mode = g_reset.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the plan only (the default)")
     mode.add_argument("--execute", action="store_true", help="commit the new offsets")
-    g_reset.add_argument("--json", action="store_true")
+    g_reset.add_argument("--json", action="store_true", help="the plan as JSON")
     g_del = g_sub.add_parser("delete", parents=[client], help="delete inactive groups (their committed offsets)")
-    g_del.add_argument("groups", nargs="+", metavar="GROUP")
+    g_del.add_argument("groups", nargs="+", metavar="GROUP", help="one or more consumer groups")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,8 +251,13 @@ def plan_reset(
     to_latest: bool = False,
     to_offset: int | None = None,
     shift_by: int | None = None,
+    by_time: dict[TopicPartition, int] | None = None,
 ) -> dict[TopicPartition, int]:
-    """The new offset of each partition, clamped to [earliest, latest] as Kafka's tool clamps it."""
+    """The new offset of each partition, clamped to [earliest, latest] as Kafka's tool clamps it.
+
+    ``by_time``: each partition's first offset at or after a timestamp (-1: no record is that
+    recent, so the log end, as Kafka's tool resets it).
+    """
     plan: dict[TopicPartition, int] = {}
     for tp in tps:
         low, high = earliest[tp], latest[tp]
@@ -243,6 +265,9 @@ def plan_reset(
             wanted = low
         elif to_latest:
             wanted = high
+        elif by_time is not None:
+            found = by_time.get(tp, -1)
+            wanted = high if found < 0 else found
         elif to_offset is not None:
             wanted = to_offset
         else:
@@ -269,6 +294,10 @@ def _reset(admin: Admin, args: argparse.Namespace) -> None:
     tps = _scope(admin, args, committed)
     earliest = {tp: r.offset for tp, r in admin.list_offsets({tp: admin.EARLIEST for tp in tps}).items()}
     latest = {tp: r.offset for tp, r in admin.list_offsets({tp: admin.LATEST for tp in tps}).items()}
+    by_time = None
+    if args.to_datetime is not None or args.by_duration is not None:
+        when = args.to_datetime if args.to_datetime is not None else int(time.time() * 1000) - args.by_duration
+        by_time = {tp: r.offset for tp, r in admin.list_offsets({tp: max(when, 0) for tp in tps}).items()}
     plan = plan_reset(
         tps,
         committed,
@@ -278,6 +307,7 @@ def _reset(admin: Admin, args: argparse.Namespace) -> None:
         to_latest=args.to_latest,
         to_offset=args.to_offset,
         shift_by=args.shift_by,
+        by_time=by_time,
     )
     if args.execute:
         admin.alter_consumer_group_offsets(args.group, plan)
@@ -293,6 +323,31 @@ def _reset(admin: Admin, args: argparse.Namespace) -> None:
         print(table(rows, ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]))
     if not args.execute:
         err("dry run: nothing was changed (add --execute to commit these offsets)")
+
+
+_DURATION = re.compile(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?", re.IGNORECASE)
+
+
+def duration_ms(text: str) -> int:
+    """An ISO 8601 duration as Kafka's --by-duration takes it (``PT30M``, ``P1DT2H``, ``PT0.5S``), in ms."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.groups()) or text.strip().upper().endswith("T"):
+        raise argparse.ArgumentTypeError(f"expected an ISO 8601 duration such as PT30M or P1DT2H, got {text!r}")
+    days, hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+    return int(((days * 24 + hours) * 60 + minutes) * 60_000 + seconds * 1000)
+
+
+def datetime_ms(text: str) -> int:
+    """``YYYY-MM-DDTHH:mm:SS[.sss][zone]`` in ms since the epoch; without a zone, local time (as Kafka's tool)."""
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a date and time such as 2026-11-28T09:30:00.000 (optionally +01:00 or Z), got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.astimezone()  # local time
+    return int(when.timestamp() * 1000)
 
 
 # -- delete ---------------------------------------------------------------------------------------

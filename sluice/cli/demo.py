@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 def register(sub: Subcommands) -> None:
     demo = sub.add_parser("demo", help="exactly-once copy of a topic through transactions, verified")
-    demo.add_argument("--records", type=positive_int, default=2000)
-    demo.add_argument("--partitions", type=positive_int, default=3)
+    demo.add_argument("--records", type=positive_int, default=2000, help="input records (default 2000)")
+    demo.add_argument("--partitions", type=positive_int, default=3, help="partitions per topic (default 3)")
     demo.add_argument("--txn-size", type=positive_int, default=100, help="records per transaction at most")
     demo.add_argument(
         "--abort-every",
@@ -30,15 +30,17 @@ def register(sub: Subcommands) -> None:
         default=4,
         help="abort every Nth transaction on purpose and redo it (default 4; 0: never; not 1)",
     )
-    demo.add_argument("--brokers", type=positive_int, default=3)
+    demo.add_argument("--brokers", type=positive_int, default=3, help="brokers of the local cluster (default 3)")
     demo.add_argument(
         "--no-chaos",
         action="store_true",
         help="do not kill and restart a broker and the copier while copying",
     )
     demo.add_argument("--data", metavar="DIR", help="keep the cluster's data and logs here (default: temporary)")
-    demo.add_argument("--timeout", type=positive_float, default=600.0)
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument(
+        "--timeout", type=positive_float, default=600.0, help="give up after this many seconds (default 600)"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     demo.add_argument(
         "--secure",
         action="store_true",

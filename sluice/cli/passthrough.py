@@ -24,7 +24,7 @@ def register(sub: Subcommands) -> None:
         help="run a broker process (arguments: sluice broker --help)",
         add_help=False,
         prefix_chars="\0",  # never parse broker options here
-    ).add_argument("broker_args", nargs=argparse.REMAINDER)
+    ).add_argument("broker_args", nargs=argparse.REMAINDER, help="the broker's own options (sluice broker --help)")
 
     # operator: the rest of the line goes to the operator's own parser.
     sub.add_parser(
@@ -32,7 +32,7 @@ def register(sub: Subcommands) -> None:
         help="run the Kubernetes operator (arguments: sluice operator --help)",
         add_help=False,
         prefix_chars="\0",
-    ).add_argument("operator_args", nargs=argparse.REMAINDER)
+    ).add_argument("operator_args", nargs=argparse.REMAINDER, help="the operator's options (sluice operator --help)")
 
 
 def run_broker(argv: Sequence[str]) -> int:

@@ -31,7 +31,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce = sub.add_parser(
         "produce", parents=[client], help="send stdin to a topic, one record per line (Ctrl-D ends)"
     )
-    produce.add_argument("topic")
+    produce.add_argument("topic", help="an existing topic")
     produce.add_argument(
         "--key-separator", type=separator, metavar="SEP", help="lines are KEY<SEP>VALUE (e.g. ':' or '\\t')"
     )
@@ -42,7 +42,20 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce.add_argument("--acks", type=acks, default="all", help="all (default), 1 or 0")
     produce.add_argument("--partition", type=non_negative_int, help="default: by key hash, else spread")
     produce.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
-    produce.add_argument("--linger-ms", type=non_negative_int, default=5)
+    produce.add_argument(
+        "--linger-ms", type=non_negative_int, default=5, help="how long a batch waits for more records (default 5)"
+    )
+    produce.add_argument(
+        "--producer-property",
+        "--command-property",
+        dest="producer_property",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any producer setting by Kafka's name (batch.size, delivery.timeout.ms, max.request.size ...), "
+        "overriding the options above; repeatable",
+    )
 
 
 def split_line(line: bytes, sep: bytes | None, lineno: int) -> tuple[bytes | None, bytes]:
@@ -55,6 +68,22 @@ def split_line(line: bytes, sep: bytes | None, lineno: int) -> tuple[bytes | Non
     return key, value
 
 
+def _acknowledged(future: FutureRecordMetadata) -> bool:
+    return future.done() and future.exception(0) is None
+
+
+def _before_the_error(acknowledged: int, sent: int, acks: str) -> str:
+    """What the error left written: only records the brokers acknowledged count, not those handed to the producer."""
+    if acks == "0":
+        return f"{sent} record(s) were sent before the error, with acks=0: none is acknowledged, none known written"
+    if acknowledged == 0:
+        return "no record was written (acknowledged) before the error"
+    return (
+        f"{acknowledged} of {sent} record(s) were written (acknowledged) before the error; "
+        f"{sent - acknowledged} were not acknowledged"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     conn = connection(args)
     check_partition(conn, args.topic, args.partition)
@@ -65,19 +94,25 @@ def run(args: argparse.Namespace) -> int:
         enable_idempotence=args.acks == "all",
         linger_ms=args.linger_ms,
         compression=args.compression,
+        properties=args.producer_property,
     )
     headers = [(k, v.encode()) for k, v in args.header] or None
     sep = args.key_separator.encode() if args.key_separator else None
     pending: deque[FutureRecordMetadata] = deque()
     sent = 0
+    acked = 0  # the records before pending[0], each acknowledged
     in_txn = False
+    failed = False
     stdin = sys.stdin.buffer
     if sys.stdin.isatty():
         err(f"type records for {args.topic}, one per line; Ctrl-D to finish")
 
     def check_done(block: bool) -> None:
+        nonlocal acked
         while pending and (block or pending[0].done()):
-            pending.popleft().result()  # raises the record's error, if any
+            pending[0].result()  # raises the record's error, if any (it stays unacknowledged)
+            pending.popleft()
+            acked += 1
 
     try:
         if args.transactional_id:
@@ -97,17 +132,18 @@ def run(args: argparse.Namespace) -> int:
             producer.commit_transaction()
             in_txn = False
     except BaseException:
+        failed = True
         if in_txn:
             try:
                 producer.abort_transaction()
                 err(f"transaction {args.transactional_id} aborted: none of the {sent} records is visible")
             except Exception as exc:
                 err(f"aborting transaction {args.transactional_id} failed: {exc}")
-        elif sent:
-            err(f"{sent} record(s) were sent before the error")
         raise
     finally:
-        close_quietly(producer)
+        close_quietly(producer)  # flushes: records still in flight get their answer first
+        if failed and not args.transactional_id and sent:
+            err(_before_the_error(acked + sum(1 for f in pending if _acknowledged(f)), sent, args.acks))
     how = f" in transaction {args.transactional_id}" if args.transactional_id else ""
     err(f"produced {sent} record(s) to {args.topic}{how}")
     return 0

@@ -9,7 +9,9 @@ lagging first, lag as ``consumer-groups describe`` computes it: high watermark m
 Bounded in every direction, because it runs unattended on a loaded cluster: every section shows
 at most ``--rows`` lines (with a count of the rest), at most ``--rows`` transactions and groups
 are described per refresh (one request each), each refresh has the admin client's timeout, and
-the loop stops after ``--iterations`` refreshes (default: until Ctrl-C). A refresh the cluster
+the loop stops after ``--iterations`` refreshes (default: until Ctrl-C, or ``q`` on a terminal).
+Each broker's health check (one second at most) gives its STATUS: Metadata lists every
+registered broker, a departed one too, so that column is what says a broker is gone. A refresh the cluster
 does not answer (every broker down, a request timing out) is one line saying so, and the next
 refresh tries again. On a terminal the screen is redrawn in place; otherwise (a pipe, a file)
 each refresh is printed after the last.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,10 +66,13 @@ class Screen:
     groups_total: int
     errors: list[str] = field(default_factory=list)
     taken_at: float = field(default_factory=time.time)
+    # broker id -> its health check's answer (SERVING, NOT_SERVING, UNREACHABLE); missing: not checked.
+    # Metadata lists every registered broker, a departed one too: this is what says it is gone.
+    health: dict[int, str] = field(default_factory=dict)
 
 
-def gather(admin: Admin, rows: int) -> Screen:
-    """One refresh: at most ``rows`` transactions and groups described."""
+def gather(admin: Admin, rows: int, health: Callable[[str], str] | None = None) -> Screen:
+    """One refresh: at most ``rows`` transactions and groups described, each broker's ``health`` asked."""
     from sluice import errors
 
     cluster = admin.describe_cluster()
@@ -110,9 +115,11 @@ def gather(admin: Admin, rows: int) -> Screen:
         known = [x for x in lags if x is not None]
         groups.append((g.group_id, desc.state, len(desc.members), sum(known) if known else None))
     groups.sort(key=lambda x: -(x[3] or 0))
+    brokers = sorted((b.broker_id, f"{b.host}:{b.port}") for b in cluster.brokers)
     return Screen(
         cluster_id=cluster.cluster_id,
-        brokers=sorted((b.broker_id, f"{b.host}:{b.port}") for b in cluster.brokers),
+        brokers=brokers,
+        health={b: health(addr) for b, addr in brokers} if health is not None else {},
         leaders=leaders,
         partitions=count,
         under_replicated=under,
@@ -142,13 +149,18 @@ def render(s: Screen, rows: int) -> str:
         [f"{t}-{p}", "under-replicated", ",".join(map(str, r)), ",".join(map(str, i))]
         for t, p, r, i in s.under_replicated
     ]
+    down = [b for b, _addr in s.brokers if s.health.get(b, "SERVING") != "SERVING"]
+    broker_rows = [
+        [b, addr, _STATUS.get(s.health.get(b, ""), s.health.get(b, "-")), s.leaders.get(b, 0)] for b, addr in s.brokers
+    ]
+    counted = f"brokers {len(s.brokers)}" + (f" ({len(down)} not serving)" if down else "")
     lines = [
-        f"sluice top  cluster {s.cluster_id}  {when}  brokers {len(s.brokers)}  partitions {s.partitions}  "
+        f"sluice top  cluster {s.cluster_id}  {when}  {counted}  partitions {s.partitions}  "
         f"under-replicated {len(s.under_replicated)}  offline {len(s.offline)}  "
         f"open transactions {s.open_total}  groups {s.groups_total}",
         "",
         "BROKERS",
-        _bounded([[b, addr, s.leaders.get(b, 0)] for b, addr in s.brokers], ["ID", "ADDRESS", "LEADERS"], rows),
+        _bounded(broker_rows, ["ID", "ADDRESS", "STATUS", "LEADERS"], rows),
         "",
         "UNDER-REPLICATED / OFFLINE PARTITIONS",
         _bounded(problems, ["PARTITION", "STATE", "REPLICAS", "ISR"], rows),
@@ -174,22 +186,74 @@ def render(s: Screen, rows: int) -> str:
     return "\n".join(lines)
 
 
+_STATUS = {"SERVING": "up", "UNREACHABLE": "DOWN", "NOT_SERVING": "not serving"}
+
+
 def run(args: argparse.Namespace) -> int:
     from sluice import errors
+    from sluice.cli.security import channel_credentials
+    from sluice.testing import check_health
 
-    admin = open_admin(connection(args))
+    conn = connection(args)
+    admin = open_admin(conn)
+    security = getattr(conn, "security", None)
+    credentials = channel_credentials(security) if security is not None else None
+
+    def health(address: str) -> str:
+        return check_health(address, timeout=1.0, credentials=credentials)
+
     redraw = sys.stdout.isatty()
+    keys = _Keys() if redraw and sys.stdin.isatty() else None
     try:
         n = 0
         while args.iterations is None or n < args.iterations:
-            if n:
-                time.sleep(args.interval)
+            if n and _wait(args.interval, keys):
+                break  # q pressed
             try:
-                screen = render(gather(admin, args.rows), args.rows)
+                screen = render(gather(admin, args.rows, health), args.rows)
             except errors.SluiceError as exc:  # the cluster is moving (or down): say so, keep refreshing
                 screen = f"sluice top  {time.strftime('%H:%M:%S')}  the cluster did not answer: {describe_error(exc)}"
-            print((CLEAR if redraw else ("\n" if n else "")) + screen, flush=True)
+            hint = "\n\n(q to quit)" if keys is not None else ""
+            print((CLEAR if redraw else ("\n" if n else "")) + screen + hint, flush=True)
             n += 1
     finally:
+        if keys is not None:
+            keys.restore()
         close_quietly(admin)
     return 0
+
+
+def _wait(seconds: float, keys: _Keys | None) -> bool:
+    """Sleep between refreshes; True when q was pressed meanwhile (a terminal only)."""
+    if keys is None:
+        time.sleep(seconds)
+        return False
+    return keys.quit_within(seconds)
+
+
+class _Keys:
+    """The terminal in cbreak mode (keys arrive unbuffered, unechoed), so ``q`` quits as in top(1)."""
+
+    def __init__(self) -> None:
+        import termios
+        import tty
+
+        self._fd = sys.stdin.fileno()
+        self._saved = termios.tcgetattr(self._fd)
+        tty.setcbreak(self._fd)
+
+    def quit_within(self, seconds: float) -> bool:
+        import os
+        import select
+
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            ready, _, _ = select.select([self._fd], [], [], left)
+            if ready and os.read(self._fd, 1) in (b"q", b"Q"):
+                return True
+        return False
+
+    def restore(self) -> None:
+        import termios
+
+        termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)

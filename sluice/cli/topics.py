@@ -1,4 +1,4 @@
-"""``sluice topics create|list|describe|delete``: kafka-topics.sh.
+"""``sluice topics create|list|describe|alter|delete``: kafka-topics.sh.
 
 ``describe`` prints Kafka's layout (a topic line, then one line per partition with leader,
 leader epoch, replicas and ISR), or the client's TopicDescription as JSON with ``--json``.
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from sluice.cli.argtypes import key_value, positive_int
 from sluice.cli.bootstrap import connection
 from sluice.cli.clients import describe_existing_topic, open_admin, partitions_of
+from sluice.cli.exits import USAGE, CliError
 from sluice.cli.output import close_quietly, err, print_json
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     topics = sub.add_parser("topics", help="create, list, describe and delete topics")
     t_sub = topics.add_subparsers(dest="topics_command", metavar="ACTION", required=True)
     create = t_sub.add_parser("create", parents=[client], help="create a topic")
-    create.add_argument("topic")
+    create.add_argument("topic", help="the new topic's name")
     create.add_argument("--partitions", type=positive_int, help="default: the broker's num.partitions")
     create.add_argument(
         "--replication-factor", type=positive_int, help="default: the broker's default.replication.factor"
@@ -33,12 +34,17 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         "--config", type=key_value, action="append", default=[], metavar="KEY=VALUE", help="e.g. retention.ms=-1"
     )
     t_list = t_sub.add_parser("list", parents=[client], help="list topics")
-    t_list.add_argument("--json", action="store_true")
+    t_list.add_argument("--json", action="store_true", help="the names as a JSON array")
     describe = t_sub.add_parser("describe", parents=[client], help="partitions, leaders, replicas, config")
-    describe.add_argument("topics", nargs="+", metavar="TOPIC")
-    describe.add_argument("--json", action="store_true")
+    describe.add_argument("topics", nargs="+", metavar="TOPIC", help="one or more topics")
+    describe.add_argument("--json", action="store_true", help="the client's TopicDescription as JSON")
     delete = t_sub.add_parser("delete", parents=[client], help="delete topics")
-    delete.add_argument("topics", nargs="+", metavar="TOPIC")
+    delete.add_argument("topics", nargs="+", metavar="TOPIC", help="one or more topics (their records are gone)")
+    alter = t_sub.add_parser("alter", parents=[client], help="add partitions to a topic (kafka-topics --alter)")
+    alter.add_argument("topic", help="an existing topic")
+    alter.add_argument(
+        "--partitions", type=positive_int, required=True, help="the new total, more than it has (never fewer)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,6 +65,16 @@ def run(args: argparse.Namespace) -> int:
                 print_json(descs if len(descs) > 1 else descs[0])
             else:
                 print("\n".join(render_topic(name, d) for name, d in zip(args.topics, descs, strict=True)))
+        elif args.topics_command == "alter":
+            before = len(partitions_of(describe_existing_topic(admin, args.topic, hint_create=False)))
+            if args.partitions <= before:
+                raise CliError(
+                    f"topic {args.topic} has {before} partition(s): --partitions must be more (partitions are only "
+                    "ever added, as in Kafka)",
+                    USAGE,
+                )
+            admin.create_partitions(args.topic, args.partitions)
+            err(f"topic {args.topic}: {before} -> {args.partitions} partitions")
         elif args.topics_command == "delete":
             for topic in args.topics:
                 describe_existing_topic(admin, topic, hint_create=False)

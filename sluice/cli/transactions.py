@@ -41,17 +41,21 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="only transactions open for longer than MS milliseconds (KIP-994)",
     )
-    x_list.add_argument("--json", action="store_true")
+    x_list.add_argument("--json", action="store_true", help="as JSON")
     x_desc = x_sub.add_parser("describe", parents=[client], help="one transactional id in detail")
-    x_desc.add_argument("transactional_ids", nargs="+", metavar="ID")
-    x_desc.add_argument("--json", action="store_true")
+    x_desc.add_argument("transactional_ids", nargs="+", metavar="ID", help="one or more transactional ids")
+    x_desc.add_argument("--json", action="store_true", help="as JSON")
     for action, what in (("commit", "commit"), ("abort", "abort")):
         x_end = x_sub.add_parser(
             action, parents=[client], help=f"{what} a prepared transaction with its handle (id, producer id, epoch)"
         )
-        x_end.add_argument("transactional_id", metavar="ID")
-        x_end.add_argument("--producer-id", type=int, required=True)
-        x_end.add_argument("--producer-epoch", type=int, required=True)
+        x_end.add_argument("transactional_id", metavar="ID", help="the prepared transaction's transactional id")
+        x_end.add_argument(
+            "--producer-id", type=int, required=True, help="its producer id (transactions describe shows it)"
+        )
+        x_end.add_argument(
+            "--producer-epoch", type=int, required=True, help="its producer epoch (transactions describe shows it)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

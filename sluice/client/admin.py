@@ -296,6 +296,14 @@ class Admin:
         Raises TopicAlreadyExistsError, InvalidTopicError, InvalidPartitionsError,
         InvalidReplicationFactorError, InvalidConfigError ...
         """
+        # 0 on the wire means "the broker's default", so 0 (or less) given here must be refused, not
+        # sent: it created a topic of num.partitions partitions. The CLI refuses it the same way.
+        if partitions is not None and partitions < 1:
+            raise errors.InvalidPartitionsError(f"partitions must be at least 1, not {partitions} (None: the default)")
+        if replication_factor is not None and replication_factor < 1:
+            raise errors.InvalidReplicationFactorError(
+                f"replication factor must be at least 1, not {replication_factor} (None: the default)"
+            )
         request = broker_pb2.CreateTopicsRequest(
             topics=[
                 broker_pb2.CreatableTopic(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,9 @@ from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
 
-def test_acls_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_acls_add_list_remove(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     with LocalCluster(brokers=1, data_dir=tmp_path / "c", secure=True) as cluster:
         admin = cluster.client_config("admin")
         config = tmp_path / "admin.properties"
@@ -39,10 +43,28 @@ def test_acls_add_list_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             {"resource_type": "TOPIC", "name": "orders", "pattern_type": "LITERAL", "principal": "User:alice",
              "host": "*", "operation": "WRITE", "permission_type": "ALLOW"}
         ]  # fmt: skip
+        # remove asks first, as kafka-acls does: no answer (EOF) or "n" removes nothing
+        for answer in (b"", b"n\n"):
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(answer)))
+            assert cli.main(["acls", "remove", *common, "--principal", "User:alice"]) == 1
+            out, err = capsys.readouterr()
+            assert out == "" and "ALLOW User:alice WRITE" in err and "remove these 1 ACL(s)? (y/n)" in err
+            assert "nothing removed" in err and "--force" in err
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"y\n")))
         assert cli.main(["acls", "remove", *common, "--principal", "User:alice"]) == 0
         assert "removed ALLOW User:alice WRITE" in capsys.readouterr().out
         assert cli.main(["acls", "list", *common, "--json"]) == 0
         assert json.loads(capsys.readouterr().out) == []
+        assert cli.main(["acls", "list", *common]) == 0  # empty: says so on stderr, stdout stays empty
+        assert capsys.readouterr() == ("", "sluice: no ACLs\n")
+        assert cli.main(["acls", "remove", *common, "--principal", "User:alice"]) == 0
+        assert "no ACLs match: nothing to remove" in capsys.readouterr().err
+        assert cli.main(["acls", "add", *common, "--allow-principal", "User:bob", "--operation", "read",
+                         "--topic", "orders"]) == 0  # fmt: skip
+        capsys.readouterr()
+        assert cli.main(["acls", "remove", *common, "--principal", "User:bob", "--force"]) == 0  # no question
+        out, err = capsys.readouterr()
+        assert "removed ALLOW User:bob READ" in out and "(y/n)" not in err
 
         # bad input: a clear one-line error, exit 2
         bad = tmp_path / "bad.properties"

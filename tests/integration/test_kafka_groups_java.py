@@ -96,6 +96,24 @@ def test_console_consumer_in_a_group_then_consumer_groups_describe_shows_the_lag
     admin.close()
 
 
+def test_console_consumer_pattern_subscription_reads_the_matching_topics(jars: Path, jcluster: LocalCluster) -> None:
+    """``--include REGEX``: the Java consumer's pattern subscription, matched against an all-topics Metadata."""
+    admin = Admin(bootstrap_servers=jcluster.bootstrap_servers)
+    for topic in ("jp-one", "jp-two", "jq-other"):
+        admin.create_topic(topic, partitions=1, replication_factor=1)
+    admin.close()
+    produce(jcluster, "jp-one", 1, 20)
+    produce(jcluster, "jp-two", 1, 20, start=100)
+    produce(jcluster, "jq-other", 1, 20, start=1000)
+    consumed = run_tool(
+        jars,
+        "org.apache.kafka.tools.consumer.ConsoleConsumer",
+        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--include", "^jp-.*", "--group", "java-pattern",
+         "--from-beginning", "--max-messages", "40", "--timeout-ms", "90000"],
+    )  # fmt: skip
+    assert sorted(int(v) for v in consumed.split()) == list(range(20)) + list(range(100, 120))
+
+
 def test_java_consumer_with_the_kip848_protocol_joins_a_sluice_group(jars: Path, jcluster: LocalCluster) -> None:
     """ConsumerGroupHeartbeat over the listener: ``group.protocol=consumer`` is Sluice's own group protocol."""
     topic, group, partitions = "java-kip848-topic", "java-kip848-group", 2

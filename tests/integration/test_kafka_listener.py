@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from sluice.broker.cluster import coordinator_partition
+from sluice.broker.kafka import codec
+from sluice.broker.kafka.messages.metadata_response import MetadataResponse as KMetadataResponse
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 from sluice.testing._net import free_port
@@ -229,7 +231,6 @@ BAD_INPUT = {
     "API not served yet (CreateAcls)": struct.pack(">i", 10) + struct.pack(">hhih", 30, 1, 1, -1),
     "Metadata at a version not served": struct.pack(">i", 11) + struct.pack(">hhih", 3, 99, 1, -1) + b"\x00",
     "undecodable Metadata body": struct.pack(">i", 14) + struct.pack(">hhih", 3, 1, 1, -1) + struct.pack(">i", 5),
-    "bytes left after the body": struct.pack(">i", 15) + struct.pack(">hhih", 3, 1, 1, -1) + b"\x00\x00\x00\x00!",
     "truncated header": struct.pack(">i", 10) + struct.pack(">hhi", 3, 1, 1) + b"\x00\x09ab",
 }
 
@@ -248,6 +249,28 @@ def test_bad_input_closes_the_connection_with_one_log_line(kcluster: LocalCluste
     with connect(kcluster) as sock:
         sock.sendall(_api_versions_frame(5))
         assert ApiVersionsResponse[3].decode(read_frame(sock), header=True).error_code == 0
+
+
+# librdkafka 2.16's all-topics Metadata v13, byte for byte (client id "rdkafka"): its topics count is left as
+# the 4-byte int32 placeholder 00 00 00 00, where a compact null is the 1 byte 00.
+LIBRDKAFKA_ALL_TOPICS_V13 = bytes.fromhex("0003000d00000003000772646b61666b6100" + "00000000010000")
+
+
+def test_bytes_after_a_request_body_are_ignored_as_kafka_does(kcluster: LocalCluster) -> None:
+    """Kafka's broker never checks a request was read whole; librdkafka 2.16's all-topics Metadata relies on it."""
+    Admin(bootstrap_servers=kcluster.bootstrap_servers).create_topic("left-over-bytes", partitions=2)
+    before = close_lines(kcluster)
+    with connect(kcluster) as sock:
+        sock.sendall(struct.pack(">i", len(LIBRDKAFKA_ALL_TOPICS_V13)) + LIBRDKAFKA_ALL_TOPICS_V13)
+        frame = read_frame(sock)
+        assert struct.unpack(">i", frame[:4])[0] == 3  # correlation id; then header v1's empty tag section
+        answer = codec.decode(KMetadataResponse, frame[5:], 13)
+        topic = {t.name: t for t in answer.topics}["left-over-bytes"]  # null topics: every topic
+        assert (topic.error_code, len(topic.partitions)) == (0, 2)
+        # v1 (int32 counts) with an empty topic list and one byte more: brokers only, answered too
+        sock.sendall(struct.pack(">i", 15) + struct.pack(">hhih", 3, 1, 4, -1) + b"\x00\x00\x00\x00!")
+        assert MetadataResponse[1].decode(read_frame(sock), header=True).topics == []
+    assert close_lines(kcluster) == before
 
 
 def test_frame_cut_short_then_closed_by_the_client(kcluster: LocalCluster) -> None:

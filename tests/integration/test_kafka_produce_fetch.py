@@ -31,6 +31,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 from kafka.record.legacy_records import LegacyRecordBatchBuilder  # noqa: E402
 from kafka.record.memory_records import MemoryRecords  # noqa: E402
 
+from .helpers import read_topic  # noqa: E402
 from .test_kafka_listener import ask, connect, kafka_address, read_frame  # noqa: E402
 
 TS = 1_700_000_000_000
@@ -218,6 +219,22 @@ def partition_answer(resp: Any) -> tuple[int, int]:
     [topic] = resp.responses
     [p] = topic.partition_responses
     return p.error_code, p.base_offset
+
+
+def test_a_null_header_value_is_refused_naming_the_record_and_the_header(kcluster: LocalCluster) -> None:
+    """INVALID_RECORD with the reason in error_message and KIP-467's record_errors (the Java client shows them)."""
+    topic = "kafka-null-header"
+    create(kcluster, topic)
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    builder.append(0, TS, None, b"fine", [("h", b"x")])
+    builder.append(1, TS + 1, None, b"null header", [("trace", None)])
+    [answer] = produce_raw(kcluster, 9, topic, bytes(builder.build())).responses
+    [p] = answer.partition_responses
+    assert p.error_code == INVALID_RECORD
+    assert "record 1 of the batch: header 'trace' has a null value" in p.error_message
+    assert "send an empty value, or leave the header out" in p.error_message
+    assert [(e.batch_index, e.batch_index_error_message) for e in p.record_errors] == [(1, p.error_message)]
+    assert read_topic(kcluster.bootstrap_servers, topic) == []  # the whole batch refused
 
 
 def test_produce_versions_and_refusals(kcluster: LocalCluster) -> None:

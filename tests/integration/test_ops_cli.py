@@ -246,14 +246,16 @@ def test_top_shows_brokers_replication_transactions_and_lag(
     partitions = int(title[title.index("partitions") + 1])
     assert partitions >= PARTITIONS + GROUP_PARTITIONS and "offline 0" in lines[0]
     assert [int(b.split()[0]) for b in brokers] == [0, 1, 2]
-    assert sum(int(b.split()[2]) for b in brokers) == partitions  # every partition led, by one of the 3
+    assert [b.split()[2] for b in brokers] == ["up"] * 3  # STATUS: each broker's health check
+    assert sum(int(b.split()[3]) for b in brokers) == partitions  # every partition led, by one of the 3
 
     cluster.kill(2)
 
     def shown_under_replicated() -> bool:
         code, out, _ = cli(capsys, "top", "--iterations", "1", "--rows", "50", *boot)
         assert code == 0
-        return f"{topic}-0" in out and "under-replicated" in out.split("UNDER-REPLICATED / OFFLINE PARTITIONS")[1]
+        shown = "under-replicated" in out.split("UNDER-REPLICATED / OFFLINE PARTITIONS")[1]
+        return f"{topic}-0" in out and shown and "brokers 3 (1 not serving)" in out  # the killed one is DOWN
 
     wait_for(shown_under_replicated, timeout=60, what="top showing the partitions under-replicated after a kill")
     stuck.abort_transaction()

@@ -3,12 +3,14 @@ errors, and the group state the broker reports (KIP-848's names)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from sluice import cli
 from sluice.broker.group.admin import group_state
 from sluice.broker.group.membership import ConsumerGroup, GroupSettings, HeartbeatInput
-from sluice.cli.consumer_groups import parse_topic_scope, plan_reset
+from sluice.cli.consumer_groups import datetime_ms, duration_ms, parse_topic_scope, plan_reset
 from sluice.cli.exits import CliError
 from sluice.client import TopicPartition
 
@@ -92,7 +94,20 @@ def test_top_screen_is_bounded_and_says_what_it_left_out() -> None:
     problems = text.split("UNDER-REPLICATED / OFFLINE PARTITIONS\n")[1].splitlines()
     assert problems[1].split() == ["t-7", "offline", "-", "-"]
     assert "12.3s" in text and "(none)" in text and "COORDINATOR_NOT_AVAILABLE" in text
-    assert [line.split()[2] for line in text.split("BROKERS\n")[1].splitlines()[1:4]] == ["4", "3", "0"]
+    rows = [line.split() for line in text.split("BROKERS\n")[1].splitlines()[1:4]]
+    assert [r[2:4] for r in rows] == [["-", "4"], ["-", "3"], ["-", "0"]]  # STATUS: not checked, LEADERS
+
+
+def test_top_says_which_brokers_are_gone() -> None:
+    """Metadata lists every registered broker; the health check's answer says which are down."""
+    from sluice.cli.top import Screen, render
+
+    screen = Screen("c1", [(0, "h:1"), (1, "h:2"), (2, "h:3")], {0: 2, 2: 1}, 3, [], [], [], 0, [], 0,
+                    health={0: "SERVING", 1: "UNREACHABLE", 2: "NOT_SERVING"})  # fmt: skip
+    text = render(screen, rows=5)
+    assert "brokers 3 (2 not serving)" in text
+    rows = [line.split() for line in text.split("BROKERS\n")[1].splitlines()[1:4]]
+    assert [r[2] for r in rows] == ["up", "DOWN", "not"]  # "not serving"
 
 
 @pytest.mark.parametrize("argv", [["top", "--interval", "0"], ["top", "--rows", "0"], ["top", "--iterations", "0"]])
@@ -115,7 +130,7 @@ def test_top_keeps_refreshing_when_a_refresh_fails(
 
     answers: list[Exception | None] = [errors.BrokerNotAvailableError("every broker is down"), None]
 
-    def gather(admin: object, rows: int) -> top.Screen:
+    def gather(admin: object, rows: int, *_health: object) -> top.Screen:
         exc = answers.pop(0)
         if exc is not None:
             raise exc
@@ -128,3 +143,19 @@ def test_top_keeps_refreshing_when_a_refresh_fails(
     out = capsys.readouterr().out
     assert "the cluster did not answer: BrokerNotAvailableError: every broker is down" in out
     assert "cluster c1" in out and not answers
+
+
+def test_reset_by_time_takes_each_partitions_first_offset_at_the_time_or_the_end() -> None:
+    assert plan_reset([A, B], {}, EARLIEST, LATEST, by_time={A: 6, B: -1}) == {A: 6, B: 5}
+    assert plan_reset([A, B], {}, EARLIEST, LATEST, by_time={A: 0}) == {A: 2, B: 5}  # clamped; B: none found
+
+
+def test_durations_and_datetimes_as_kafkas_tool_writes_them() -> None:
+    assert duration_ms("PT30M") == 1_800_000 and duration_ms("P1DT2H") == 93_600_000 and duration_ms("pt0.5s") == 500
+    for bad in ("P", "PT", "30M", "P1H", "-PT1M"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration_ms(bad)
+    assert datetime_ms("1970-01-01T00:00:01Z") == 1000
+    assert datetime_ms("1970-01-01T01:00:01.500+01:00") == 1500
+    with pytest.raises(argparse.ArgumentTypeError):
+        datetime_ms("yesterday")

@@ -15,6 +15,7 @@ from sluice.broker.kafka.record_batch import (
     COMPRESSION_ZSTD,
     HEADER_SIZE,
     BatchHeader,
+    RecordRefusedError,
     iter_records,
     split_batches,
     to_sluice_batch,
@@ -160,8 +161,9 @@ def test_a_null_header_value_and_a_gap_in_offsets_are_refused() -> None:
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
     builder.append(0, 1, b"k", b"v", [("h", None)])
     [(header, batch)] = split_batches(bytes(builder.build()))
-    with pytest.raises(errors.InvalidRecordError, match="null header value"):
+    with pytest.raises(errors.InvalidRecordError, match="record 0 of the batch: header 'h' has a null value") as exc:
         to_sluice_batch(header, batch)
+    assert isinstance(exc.value, RecordRefusedError) and exc.value.record_index == 0
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
     builder.append(0, 1, b"k", b"v", [])
     builder.append(2, 1, b"k", b"v", [])  # offset delta 2 after 0

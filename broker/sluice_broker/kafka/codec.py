@@ -384,6 +384,22 @@ def decode(cls: type[M], data: bytes | memoryview, version: int) -> M:
     return msg
 
 
+def decode_request(cls: type[M], data: bytes | memoryview, version: int) -> tuple[M, int]:
+    """Decode a request body as Kafka's broker does: its fields in order, bytes after them ignored.
+
+    Returns the message and how many bytes were left over. Kafka's broker (``RequestContext``)
+    never checks that a request body was consumed whole, and clients rely on it without knowing:
+    librdkafka 2.16 writes an all-topics Metadata v9+ request with the topics count still in its
+    4-byte int32 placeholder (``00 00 00 00``) instead of a 1-byte compact null (``00``). Kafka
+    reads the first ``00`` as null (all topics), the next two as the booleans, the third as an
+    empty tag section and ignores the 3 bytes behind; refusing them made every librdkafka
+    ``list_topics()`` and regex subscription fail.
+    """
+    r = Reader(data)
+    msg = _read_struct(r, cls, version, version in cls.SCHEMA.flexible)
+    return msg, r.end - r.pos
+
+
 def decode_from(r: Reader, cls: type[M], version: int) -> M:
     """Decode one struct at the reader's position (a header before the body)."""
     return _read_struct(r, cls, version, version in cls.SCHEMA.flexible)

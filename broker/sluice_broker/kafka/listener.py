@@ -208,7 +208,9 @@ class KafkaListener:
                 f"{api.name} v{version} is not served (versions {handler.versions.lo}-{handler.versions.hi})"
             )
         try:
-            body = codec.decode(api.request, request.body, version)
+            body, left_over = codec.decode_request(api.request, request.body, version)
         except DecodeError as exc:
             raise FrameError(f"undecodable {api.name} v{version} body: {exc}") from None
+        if left_over:  # ignored as Kafka's broker ignores them (librdkafka 2.16's Metadata sends 3)
+            log.debug("%s v%d from %r: %d bytes after the body ignored", api.name, version, header.client_id, left_over)
         return await handler.handle(conn, header, body), version

@@ -212,6 +212,18 @@ def to_sluice_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
     return RecordBatch.FromString(head + records)
 
 
+class RecordRefusedError(errors.InvalidRecordError):
+    """One record of a batch cannot be stored: INVALID_RECORD, with the record's index in its batch.
+
+    Produce v8+ names the record (KIP-467's ``record_errors``); clients show that message where
+    they show nothing for the partition's (librdkafka printed only "Broker failed to validate record").
+    """
+
+    def __init__(self, record_index: int, message: str) -> None:
+        super().__init__(message)
+        self.record_index = record_index
+
+
 def _to_sluice_records(buf: bytes, count: int, base_ts: int) -> tuple[bytes, int, int]:
     """``count`` v2 records straight into Sluice's record encoding: (blob, first timestamp, max timestamp).
 
@@ -282,7 +294,10 @@ def _to_sluice_records(buf: bytes, count: int, base_ts: int) -> tuple[bytes, int
         if vlen > 0:
             add(buf[value_at : value_at + vlen])
         if hcount:
-            encoded, pos = _headers(buf, pos, hcount)
+            try:
+                encoded, pos = _headers(buf, pos, hcount)
+            except errors.InvalidRecordError as exc:
+                raise RecordRefusedError(index, f"record {index} of the batch: {exc.message}") from None
             add(encoded)
         if pos != end or end > len(buf) or klen < -1 or vlen < -1 or hcount < 0:
             raise errors.CorruptMessageError(f"record of {length} bytes does not match its fields")
@@ -301,7 +316,10 @@ def _headers(buf: bytes, pos: int, count: int) -> tuple[bytes, int]:
         pos += hklen
         hvlen, pos = _varint(buf, pos)
         if hvlen < 0:
-            raise errors.InvalidRecordError("a null header value has no Sluice encoding yet")
+            raise errors.InvalidRecordError(
+                f"header {hkey.decode()!r} has a null value, which Sluice cannot store yet (its record format "
+                "has no null header value): send an empty value, or leave the header out"
+            )
         out += _HEADER_KEY.pack(hklen) + hkey + _HEADER_VALUE.pack(hvlen) + buf[pos : pos + hvlen]
         pos += hvlen
     return bytes(out), pos

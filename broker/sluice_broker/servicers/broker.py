@@ -195,7 +195,9 @@ class BrokerService:
                 resp.topics.add(
                     name=name,
                     error_code=pb.UNKNOWN_TOPIC_OR_PARTITION,
-                    error_message=f"topic {name!r} does not exist",
+                    error_message=f"topic {name!r} does not exist: create it first (sluice topics create {name}, "
+                    "Admin.create_topic); Sluice's clients never auto-create topics, Kafka clients do on brokers "
+                    "with auto.create.topics.enable=true",
                 )
                 continue
             self._topic_metadata(resp.topics.add(), info)

@@ -57,6 +57,9 @@ class DemoReport:
     committed_transactions: int = 0
     aborted_transactions: int = 0
     aborted_records: int = 0
+    # the crashed copier's open transaction, aborted by the instance that fenced it (chaos)
+    fenced_transactions: int = 0
+    fenced_records: int = 0
     uncommitted_view_records: int = 0
     offsets_at_end: bool = False
     order_preserved: bool = True
@@ -87,8 +90,16 @@ class DemoReport:
             f"  transactions committed                 {self.committed_transactions:>8,}",
             f"  transactions aborted on purpose, redone{self.aborted_transactions:>8,}"
             f"  ({self.aborted_records:,} records written, then aborted)",
+        ]
+        if self.fenced_transactions:
+            lines.append(
+                f"  aborted by the copier that took over   {self.fenced_transactions:>8,}"
+                f"  ({self.fenced_records:,} records written by the crashed one)"
+            )
+        aborted_copies = self.uncommitted_view_records - self.output_records
+        lines += [
             f"  output records, read_uncommitted       {self.uncommitted_view_records:>8,}"
-            "  (includes the aborted copies)",
+            f"  ({self.output_records:,} committed + {aborted_copies:,} aborted copies)",
             f"  group offsets committed at input end   {yes[self.offsets_at_end]:>8}",
             f"  order per key preserved                {yes[self.order_preserved]:>8}",
             f"  time                                   {self.seconds:>7.1f}s",
@@ -278,6 +289,8 @@ def _copy(
                             obj.close()
                     bar.message("chaos: the copier crashed mid-transaction; a new instance takes over")
                     report.notes.append("the copier was restarted in the middle of a transaction")
+                    report.fenced_transactions += 1
+                    report.fenced_records += len(batch)  # flushed: in the log, aborted by the next instance
                     consumer, producer = _new_copier(bootstrap, txn_size)
                     continue
                 producer.send_offsets_to_transaction(after, consumer.group_metadata())

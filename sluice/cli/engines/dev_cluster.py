@@ -44,11 +44,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice import tls
 from sluice.testing import poll_until
+from sluice.testing.certs import client_tls_dir
 
 STATE_FILE = "dev-cluster.json"
 ADMIN_CONFIG = "admin.properties"  # of a --secure dev cluster: the super user's client settings
 ADMIN_KAFKA_CONFIG = "admin-kafka.properties"  # ... and with --kafka-listener, the same for Kafka's tools
+ADMIN_LIBRDKAFKA_CONFIG = "admin-librdkafka.properties"  # ... and for librdkafka (kcat -F, confluent-kafka)
+USERS_DIR = "users"  # `sluice dev user NAME`: NAME.properties, NAME-kafka.properties, NAME-librdkafka.properties
 SUPERVISOR_LOG = "dev-supervisor.log"
 KAFKA_PORT_OFFSET = 10000  # broker N's Kafka port is its gRPC port + this (19092 beside 9092)
 _SUPERVISOR_MODULE = "sluice.cli.engines.dev_cluster"
@@ -101,6 +105,10 @@ class DevState:
     # both: the super user's settings for Kafka's own tools and clients (Java property names, PEM
     # stores: kafka-topics.sh --command-config FILE)
     admin_kafka_config: str = ""
+    # ... and librdkafka's names for the same (kcat -F FILE; confluent-kafka: the file as a dict)
+    admin_librdkafka_config: str = ""
+    # the --config overrides it was started with: a later `up` with others is refused
+    config: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> DevState:
@@ -268,6 +276,78 @@ def write_client_properties(client_config: Mapping[str, Any], path: Path) -> Pat
     )
 
 
+def librdkafka_properties(tls_dir: Path, kafka_bootstrap_servers: str) -> dict[str, str]:
+    """librdkafka's settings (kcat -F FILE; confluent-kafka takes them as its config dict) for the Kafka
+    listener with the client certificate in ``tls_dir``: its names differ from Java's (ssl.*.location, PEM
+    files directly, no stores)."""
+    return {
+        "bootstrap.servers": kafka_bootstrap_servers,
+        "security.protocol": "ssl",
+        "ssl.ca.location": str(tls_dir / tls.CA_FILE),
+        "ssl.certificate.location": str(tls_dir / tls.CERT_FILE),
+        "ssl.key.location": str(tls_dir / tls.KEY_FILE),
+    }
+
+
+def java_kafka_properties(tls_dir: Path, kafka_bootstrap_servers: str) -> dict[str, str]:
+    """Kafka's Java client settings (--command-config FILE) for the same: PEM stores, the keystore being the
+    key and certificate in one file (``keystore.pem``, mode 0600), as LocalCluster.kafka_client_properties."""
+    keystore = tls_dir / "keystore.pem"
+    if not keystore.exists():
+        tls.write_private(keystore, (tls_dir / tls.KEY_FILE).read_bytes() + (tls_dir / tls.CERT_FILE).read_bytes())
+    return {
+        "bootstrap.servers": kafka_bootstrap_servers,
+        "security.protocol": "SSL",
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls_dir / tls.CA_FILE),
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(keystore),
+    }
+
+
+@dataclass
+class UserFiles:
+    """The client settings ``sluice dev user NAME`` wrote: one certificate, User:NAME, three spellings."""
+
+    sluice: Path  # --command-config of the sluice CLI (security.protocol, ssl.cafile ...)
+    kafka_java: Path | None  # Kafka's tools and Java clients (None: the cluster has no Kafka listener)
+    librdkafka: Path | None  # kcat -F, confluent-kafka
+
+
+def add_user(state: DevState, name: str) -> UserFiles:
+    """A client certificate for ``User:name`` from the dev cluster's clients CA, and the settings files using it."""
+    if not state.secure:
+        raise DevClusterError(
+            "this dev cluster is plaintext: every client is User:ANONYMOUS and no certificate is needed; "
+            "start one with `sluice dev up --secure` for principals and ACLs"
+        )
+    data_dir = Path(state.data_dir)
+    try:
+        tls_dir = client_tls_dir(data_dir, name)
+    except ValueError as exc:
+        raise DevClusterError(str(exc)) from None
+    users = data_dir / USERS_DIR
+    users.mkdir(mode=0o700, exist_ok=True)
+    sluice_file = write_properties(
+        {
+            "security.protocol": "SSL",
+            "ssl.cafile": str(tls_dir / tls.CA_FILE),
+            "ssl.certfile": str(tls_dir / tls.CERT_FILE),
+            "ssl.keyfile": str(tls_dir / tls.KEY_FILE),
+        },
+        users / f"{name}.properties",
+    )
+    java = librdkafka = None
+    if state.kafka_bootstrap_servers:
+        java = write_properties(
+            java_kafka_properties(tls_dir, state.kafka_bootstrap_servers), users / f"{name}-kafka.properties"
+        )
+        librdkafka = write_properties(
+            librdkafka_properties(tls_dir, state.kafka_bootstrap_servers), users / f"{name}-librdkafka.properties"
+        )
+    return UserFiles(sluice_file, java, librdkafka)
+
+
 def write_properties(properties: Mapping[str, str], path: Path) -> Path:
     """A ``KEY=VALUE`` properties file, mode 0600 (it names a private key)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -305,7 +385,8 @@ def serve(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
-    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure)
+    config = _parse_kv(args.config)
+    state = DevState(supervisor_pid=os.getpid(), data_dir=str(data_dir), secure=args.secure, config=config)
     write_state(data_dir, state)
     ports = [args.port + i for i in range(args.brokers)] if args.port else None
     kafka_ports: list[int] | None = None
@@ -315,7 +396,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         cluster = LocalCluster(
             brokers=args.brokers,
             data_dir=data_dir,
-            config=_parse_kv(args.config),
+            config=config,
             ports=ports,
             startup_timeout=args.startup_timeout,
             python=args.python,
@@ -330,6 +411,12 @@ def serve(argv: Sequence[str] | None = None) -> int:
         if args.secure and kafka_ports is not None:
             state.admin_kafka_config = str(
                 write_properties(cluster.kafka_client_properties("admin"), data_dir / ADMIN_KAFKA_CONFIG)
+            )
+            state.admin_librdkafka_config = str(
+                write_properties(
+                    librdkafka_properties(client_tls_dir(data_dir, "admin"), cluster.kafka_bootstrap_servers),
+                    data_dir / ADMIN_LIBRDKAFKA_CONFIG,
+                )
             )
     except Exception as exc:
         state.status, state.error = "failed", str(exc)

@@ -67,6 +67,7 @@ import grpc
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
+from sluice.client._network import probe
 from sluice.client._network import rpc as rpcs
 from sluice.client._network.error_mapping import COORDINATOR_MOVED_CODES, map_rpc_error
 from sluice.client._network.retry import Backoff, Deadline, retry
@@ -109,6 +110,7 @@ READ_ONLY: frozenset[Rpc[Any, Any]] = frozenset(
     }
 )
 # What gRPC says when nothing listens at an address (or the name does not resolve).
+PROBE_TIMEOUT_S = 1.0  # how long a port that failed a gRPC call gets to say what it speaks (probe.py)
 _NOTHING_LISTENS = ("connection refused", "dns resolution failed", "name or service not known", "no address")
 
 
@@ -175,6 +177,8 @@ class Cluster:
         self._unresponsive: dict[str, float] = {}  # address -> until when it is tried last
         self._throttled: dict[str, float] = {}  # address -> until when it asked not to be sent to
         self._reached = False  # some broker answered once: later failures are retriable
+        self._probed: dict[str, tuple[probe.Listener, bytes]] = {}  # what listens where (_not_grpc)
+        self._warned_unknown: set[str] = set()  # topics whose absence was logged (_warn_unknown)
         self._channels: dict[str, grpc.Channel] = {}
         # address -> descriptor -> the channel's callable for it; read without the lock (see _callable)
         self._callables: dict[str, dict[Rpc[Any, Any], grpc.UnaryUnaryMultiCallable[Any, Any]]] = {}
@@ -384,10 +388,41 @@ class Cluster:
                 f"no broker listens at {', '.join(tried)} (connection refused at every address): "
                 "is the cluster running, and are these its client addresses (bootstrap_servers)?"
             )
+        if not self._reached and failures and len(tried) == len(addrs):
+            wrong = self._not_grpc(tried)
+            if wrong is not None:
+                return errors.NoBrokersAvailableError(wrong)
         detail = "; ".join(f"{addr}: {exc}" for addr, exc in failures[-3:]) or "no broker to ask"
         untried = len(addrs) - len(tried)
         more = f" ({untried} not tried before the deadline)" if untried else ""
         return errors.BrokerNotAvailableError(f"no broker answered {rpc.name}{more}: {detail}")
+
+    def _not_grpc(self, addrs: list[str]) -> str | None:
+        """Why none of ``addrs`` can be a Sluice broker's gRPC port, or None when one may be.
+
+        Asked only before any broker answered, when every address accepted a connection and failed
+        the call (a Kafka port fails a gRPC call as a restarting broker does); each address is probed
+        once per client (probe.py), so a cluster that is merely starting costs one probe each.
+        """
+        found: list[tuple[str, probe.Listener, bytes]] = []
+        for addr in addrs:
+            known = self._probed.get(addr)
+            if known is None:
+                known = self._probed[addr] = probe.probe(addr, PROBE_TIMEOUT_S)
+            found.append((addr, *known))
+        if not found or any(kind not in (probe.Listener.KAFKA, probe.Listener.OTHER) for _a, kind, _d in found):
+            return None
+        kafka = [addr for addr, kind, _data in found if kind == probe.Listener.KAFKA]
+        if kafka:
+            verb = "speaks" if len(kafka) == 1 else "speak"
+            return (
+                f"{', '.join(kafka)} {verb} Kafka's protocol, not Sluice's gRPC: a Kafka "
+                "listener (a Sluice broker's Kafka port, or a Kafka broker). Sluice's clients and the sluice CLI "
+                "need the brokers' gRPC address (`sluice dev up` prints both: 127.0.0.1:9092 for Sluice clients, "
+                "127.0.0.1:19092 for Kafka clients); Kafka clients (kcat, confluent-kafka, Java) use this one"
+            )
+        answered = "; ".join(f"{addr} answered {data[:16]!r}" for addr, _kind, data in found)
+        return f"nothing at {', '.join(addrs)} speaks gRPC ({answered}): are these a Sluice cluster's client addresses?"
 
     def call_all(
         self, rpc: Rpc[RequestT, ResponseT], request: RequestT, timeout: float | None = None
@@ -569,6 +604,7 @@ class Cluster:
             return info
         backoff = Backoff()
         last: Exception | None = None
+        unknown = f"topic {name!r} not present in metadata"
         while True:
             try:
                 response = self.refresh([name], deadline.timeout(self.request_timeout))
@@ -581,14 +617,25 @@ class Cluster:
                 for t in response.topics:  # not allowed to Describe it: waiting would not help
                     if t.name == name and t.error_code == records_pb2.TOPIC_AUTHORIZATION_FAILED:
                         raise errors.TopicAuthorizationFailedError(t.error_message)
+                    if t.name == name and t.error_code == records_pb2.UNKNOWN_TOPIC_OR_PARTITION:
+                        unknown = t.error_message or unknown  # the broker's: says how topics get created
+                        self._warn_unknown(name, unknown, deadline)
             info = self.topic(name)
             if info is not None and info.partitions:
                 return info
             if deadline.expired():
                 if last is not None:
                     raise errors.KafkaTimeoutError(f"no metadata for topic {name!r}: {last}")
-                raise errors.UnknownTopicOrPartitionError(f"topic {name!r} not present in metadata")
+                raise errors.UnknownTopicOrPartitionError(unknown)
             backoff.sleep(deadline)
+
+    def _warn_unknown(self, name: str, why: str, deadline: Deadline) -> None:
+        """Say once per topic why a call is waiting: Kafka's clients wait silently for a topic that may be created."""
+        with self._lock:
+            if name in self._warned_unknown:
+                return
+            self._warned_unknown.add(name)
+        log.warning("%s; waiting up to %.0f s for it to be created", why, deadline.remaining())
 
     # ------------------------------------------------------------------ coordinators
 

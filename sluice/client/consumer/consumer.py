@@ -82,6 +82,7 @@ from sluice.client.consumer.subscription_state import PartitionState, Subscripti
 from sluice.client.types import ConsumerRecord, GroupMetadata, OffsetAndTimestamp, TopicPartition
 
 log = logging.getLogger("sluice.client.consumer")
+MISSING_TOPICS_CHECK_S = 3.0  # this long after subscribe(), poll() checks once that its topics exist
 
 #: on_assign / on_revoke / on_lost: ``fn(consumer, partitions)``, partitions sorted.
 RebalanceCallback = Callable[["Consumer", list[TopicPartition]], None]
@@ -199,6 +200,9 @@ class Consumer:
             ),
         )
         self._member: GroupMember | None = None
+        # when subscribe() was called, and whether poll() has since checked that its topics exist
+        self._subscribed_at = 0.0
+        self._topics_checked = True
         self._closed = False
         self._on_assign: RebalanceCallback | None = None
         self._on_revoke: RebalanceCallback | None = None
@@ -244,6 +248,7 @@ class Consumer:
                 raise errors.IllegalStateError("subscribe() and assign() cannot be mixed: call unsubscribe() first")
             subs.subscription = sorted(set(names))
             member = self._member
+            self._subscribed_at, self._topics_checked = time.monotonic(), False
         if member is None:
             member = GroupMember(
                 self._cluster,
@@ -517,6 +522,8 @@ class Consumer:
             with self._lock:
                 assigned = bool(self._subscriptions.assignment)
                 subscribed = self._subscriptions.subscription is not None
+            if not self._topics_checked and time.monotonic() > self._subscribed_at + MISSING_TOPICS_CHECK_S:
+                self._warn_missing_topics()
             if not assigned:
                 if not subscribed:
                     raise errors.IllegalStateError(
@@ -543,6 +550,29 @@ class Consumer:
             if deadline.expired():
                 self._raise_pending()
                 return []
+
+    def _warn_missing_topics(self) -> None:
+        """A while after subscribe(): say which subscribed topics do not exist (once per subscribe()).
+
+        The group assigns only partitions of topics that exist, so a misspelt or not yet created
+        topic made poll() return nothing forever, without a word.
+        """
+        self._topics_checked = True
+        with self._lock:
+            names = list(self._subscriptions.subscription or [])
+        if not names:  # unsubscribed since (and no names would ask for every topic)
+            return
+        try:
+            response = self._cluster.refresh(names, timeout=2.0)
+        except errors.SluiceError:
+            return  # no answer now: the group's own errors will say more
+        missing = sorted(t.name for t in response.topics if t.error_code == records_pb2.UNKNOWN_TOPIC_OR_PARTITION)
+        if missing:
+            log.warning(
+                "subscribed to topic(s) that do not exist: %s; poll() returns nothing from them until they are "
+                "created (sluice topics create NAME)",
+                ", ".join(repr(n) for n in missing),
+            )
 
     def _raise_pending(self) -> None:
         member = self._member

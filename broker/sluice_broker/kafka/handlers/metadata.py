@@ -6,9 +6,13 @@ advertised in its ``brokers/<id>`` document; a broker without a Kafka listener i
 left out (its partitions show their leader id, which a Kafka client cannot
 reach, so it keeps refreshing: what Kafka does for a leader on an unknown
 listener). A partition without a leader is LEADER_NOT_AVAILABLE, a topic that
-does not exist UNKNOWN_TOPIC_OR_PARTITION (topics are never auto-created:
-``allow_auto_topic_creation`` is ignored, as ``auto.create.topics.enable`` is
-refused by the broker).
+does not exist UNKNOWN_TOPIC_OR_PARTITION, unless ``auto.create.topics.enable``
+(Kafka's key; off by default here, on in Kafka) and the request's
+``allow_auto_topic_creation`` (always true before v4) let it be created: then, as
+Kafka, it is created with ``num.partitions`` and ``default.replication.factor`` if
+the caller may Create it (on the cluster or the topic), and answered with its
+partitions, LEADER_NOT_AVAILABLE while they have no leader yet. With the switch
+off, the broker logs once per topic name why the topic is unknown and what to do.
 
 Authorization (Kafka's): Describe on each topic. A topic asked for by name that
 the caller may not Describe is TOPIC_AUTHORIZATION_FAILED with a zero id,
@@ -20,8 +24,10 @@ leaves it out. The authorized-operations bit fields are filled when asked for
 
 from __future__ import annotations
 
+import logging
 import uuid
 
+from sluice import errors
 from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import INTERNAL_TOPICS, TopicInfo
@@ -40,6 +46,9 @@ from sluice.metadata.documents import NO_LEADER
 
 UNKNOWN_TOPIC_ID = 100  # Kafka's; not in records.proto's ErrorCode (gRPC names topics only)
 ZERO_UUID = uuid.UUID(int=0)
+_TOLD_MAX = 1000  # topic names whose absence was logged: bounded, clients may ask for any name
+
+log = logging.getLogger(__name__)
 
 
 def topic_uuid(info: TopicInfo) -> uuid.UUID:
@@ -52,6 +61,9 @@ def topic_uuid(info: TopicInfo) -> uuid.UUID:
 class MetadataHandler:
     api_key = 3
     versions = Versions(0, 13)
+
+    def __init__(self) -> None:
+        self._told: set[str] = set()
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, MetadataRequest)
@@ -71,7 +83,7 @@ class MetadataHandler:
             for name in sorted(set(cluster.topics) - denied):
                 resp.topics.append(self._topic(cluster.topics[name]))
         else:
-            self._wanted(ctx, request, version, resp)
+            self._wanted(ctx, header, request, version, resp)
         if request.include_topic_authorized_operations:
             for topic in resp.topics:
                 if topic.error_code in (0, pb.LEADER_NOT_AVAILABLE) and topic.name:
@@ -80,7 +92,9 @@ class MetadataHandler:
                     )
         return resp
 
-    def _wanted(self, ctx: KafkaContext, request: MetadataRequest, version: int, resp: MetadataResponse) -> None:
+    def _wanted(
+        self, ctx: KafkaContext, header: RequestHeader, request: MetadataRequest, version: int, resp: MetadataResponse
+    ) -> None:
         """The topics asked for by name or id: each one's metadata, or why not."""
         cluster = ctx.cluster
         wanted = request.topics or []
@@ -106,9 +120,40 @@ class MetadataHandler:
                     continue
                 info = cluster.topics.get(w.name)
                 if info is None:
-                    resp.topics.append(MetadataResponseTopic(error_code=pb.UNKNOWN_TOPIC_OR_PARTITION, name=w.name))
+                    allowed = version < 4 or request.allow_auto_topic_creation
+                    resp.topics.append(self._unknown(ctx, header, w.name, allowed))
                     continue
             resp.topics.append(self._topic(info))
+
+    def _unknown(self, ctx: KafkaContext, header: RequestHeader, name: str, allowed: bool) -> MetadataResponseTopic:
+        """A topic asked for by name that does not exist: created if auto-creation is on, else UNKNOWN."""
+        unknown = MetadataResponseTopic(error_code=pb.UNKNOWN_TOPIC_OR_PARTITION, name=name)
+        if not ctx.config.get("auto.create.topics.enable"):
+            if name not in self._told and len(self._told) < _TOLD_MAX:
+                self._told.add(name)  # once: clients ask again every retry.backoff.ms
+                log.info(
+                    "Metadata from %r: topic %r does not exist and auto.create.topics.enable is false: create it "
+                    "(sluice topics create %s, kafka-topics.sh --create) or set auto.create.topics.enable=true",
+                    header.client_id, name, name,
+                )  # fmt: skip
+            return unknown
+        if not allowed or name in INTERNAL_TOPICS:
+            return unknown
+        if not authorization.cluster_allowed(ctx, AclOperation.CREATE) and authorization.denied_topics(
+            ctx, AclOperation.CREATE, [name]
+        ):
+            return unknown  # Kafka answers UNKNOWN_TOPIC_OR_PARTITION to a caller that may not create it
+        try:
+            ctx.cluster.create_topic(name, 0, 0, {})  # 0, 0: num.partitions, default.replication.factor
+            log.info("auto-created topic %r for a Metadata request from %r", name, header.client_id)
+        except errors.TopicAlreadyExistsError:
+            pass  # another request created it first
+        except errors.SluiceError as exc:  # an invalid name, too few brokers for the replication factor
+            return MetadataResponseTopic(error_code=int(exc.code), name=name)
+        info = ctx.cluster.topics.get(name)
+        if info is None:
+            return MetadataResponseTopic(error_code=pb.LEADER_NOT_AVAILABLE, name=name)  # as Kafka: ask again
+        return self._topic(info)
 
     @staticmethod
     def _topic(info: TopicInfo) -> MetadataResponseTopic:

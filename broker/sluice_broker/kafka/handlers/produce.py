@@ -51,6 +51,7 @@ from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
 from sluice.broker.kafka.messages.produce_request import ProduceRequest
 from sluice.broker.kafka.messages.produce_response import (
+    BatchIndexAndErrorMessage,
     LeaderIdAndEpoch,
     NodeEndpoint,
     PartitionProduceResponse,
@@ -58,7 +59,7 @@ from sluice.broker.kafka.messages.produce_response import (
     TopicProduceResponse,
 )
 from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.record_batch import split_batches, to_sluice_batch
+from sluice.broker.kafka.record_batch import RecordRefusedError, split_batches, to_sluice_batch
 from sluice.records import RecordBatch
 
 TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)
@@ -115,6 +116,7 @@ class ProduceHandler:
         denied = authorization.denied_topics(ctx, AclOperation.WRITE, (n for n in names if n))
         # Per partition of the request, in order: the refusal found here, or None (the core answers).
         refusals: list[list[tuple[int, str] | None]] = []
+        refused_records: dict[tuple[int, int], int] = {}  # (topic, partition) in the request -> record index
         for topic, name in zip(request.topic_data, names, strict=True):
             ct = core.topics.add(name=name)
             mine: list[tuple[int, str] | None] = []
@@ -131,6 +133,8 @@ class ProduceHandler:
                 try:
                     batch = convert(p.records)
                 except errors.SluiceError as exc:
+                    if isinstance(exc, RecordRefusedError):
+                        refused_records[(len(refusals), len(mine))] = exc.record_index
                     mine.append((int(exc.code), exc.message))
                     continue
                 ct.partitions.add(partition=p.index, batch=batch)
@@ -146,6 +150,9 @@ class ProduceHandler:
                 part = PartitionProduceResponse(index=p.index, base_offset=-1)
                 if refusal is not None:
                     part.error_code, part.error_message = refusal
+                    index = refused_records.get((t, len(out.partition_responses)))
+                    if index is not None:  # KIP-467: which record, and why
+                        part.record_errors = [BatchIndexAndErrorMessage(index, refusal[1])]
                 else:
                     a = next(answered)
                     part.error_code = int(a.error_code)
