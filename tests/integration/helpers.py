@@ -1,12 +1,16 @@
-"""Small helpers shared by the integration tests: reading a topic to its end, bounded waits, and
-:class:`OffsetMonitor`, which fails a fault test on any regression of a partition's LSO or HW."""
+"""Small helpers shared by the integration tests: reading a topic to its end, bounded waits, a
+size-limited tmpfs for disk-full tests, and :class:`OffsetMonitor`, which fails a fault test on
+any regression of a partition's LSO or HW."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 from sluice import errors
@@ -176,3 +180,14 @@ class OffsetMonitor:
                     f"the monitor sampled {level} {tp} only {len(series)} time(s) "
                     f"({self.failed_samples} failed samples in {self.rounds} rounds)"
                 )
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (mount's syntax: ``64m``) mounted at ``path`` while the block runs (needs root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

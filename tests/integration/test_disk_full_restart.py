@@ -15,10 +15,7 @@ new writes.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,7 +24,7 @@ from sluice import errors
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
-from .helpers import read_topic, values, wait_for
+from .helpers import read_topic, tmpfs, values, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the broker's data volume: needs root")
 
@@ -35,16 +32,6 @@ VOLUME = "64m"
 BALLAST = 8 << 20
 VALUE_BYTES = 60_000  # random: RocksDB cannot compress it, so the bytes on disk are the bytes sent
 MAX_VALUES = 3_000  # 180 MB: far more than the volume holds, a bound on the fill loop
-
-
-@contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def value(i: int) -> bytes:

@@ -19,11 +19,8 @@ other writer on a shared volume would. Then, each bounded in time:
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import subprocess
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from sluice import errors
@@ -31,23 +28,13 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster, scrape
 
-from .helpers import read_topic, values, wait_for
+from .helpers import read_topic, tmpfs, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "3000"}
 FULL = 2  # the broker whose disk fills
 TMPFS_SIZE = "48m"  # under RocksDB's 70 MB WAL preallocation, so every append needs new pages
 PARTITIONS = 3
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str) -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def fill(path: Path) -> int:
