@@ -230,3 +230,20 @@ def test_the_queue_checker_finds_each_kind_of_anomaly() -> None:
     assert verdict.partial and verdict.unknown_visible == 1
     assert verdict.out_of_order and verdict.offset_regressions
     assert "INVALID" in verdict.summary("self-test")
+
+
+def test_the_queue_checker_with_several_workers() -> None:
+    """Several workers: order is per worker and partition; an anomaly of one worker is still found."""
+    w0 = queue_workload.QueueProducer("unused:1", "queue", worker=0)
+    w1 = queue_workload.QueueProducer("unused:1", "queue", worker=1)
+    a0, a1, b0, b1 = b"w0:p0:000000:t0", b"w0:p0:000001:t1", b"w1:p0:000000:t0", b"w1:p0:000001:t1"
+    w0.committed, w1.committed = [[a0], [a1]], [[b0], [b1]]
+    live = queue_workload.LiveReader("unused:1", "queue")
+    live.records = [(0, 0, b0), (0, 1, a0)]
+    interleaved = [(0, 0, None, b0), (0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b1)]
+    assert queue_workload.check([w0, w1], interleaved, live, []).valid
+    swapped = [(0, 0, None, b1), (0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b0)]
+    assert queue_workload.check([w0, w1], swapped, live, []).out_of_order
+    lost = [(0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b1)]  # b0: committed, read live, gone
+    verdict = queue_workload.check([w0, w1], lost, live, [])
+    assert verdict.lost == [b0.decode()] and verdict.vanished and verdict.committed == 4
