@@ -844,14 +844,19 @@ class LocalCluster:
     # -- replica consistency ---------------------------------------------------------------------
 
     def _high_watermarks(self, tps: Iterable[tuple[str, int]], timeout: float) -> dict[tuple[str, int], int]:
-        """The HW (ListOffsets latest, read_uncommitted) of each partition that answers; the others are left out."""
+        """The HW (ListOffsets latest, read_uncommitted) of each partition, one request per topic; a topic
+        that does not answer in ``timeout`` is left out (the check then uses the replicas' HW checkpoints)."""
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in tps:
+            by_topic.setdefault(topic, []).append(partition)
         out: dict[tuple[str, int], int] = {}
         admin = Admin(**self.client_config("admin"), request_timeout_ms=int(timeout * 1000))
         try:
-            for topic, partition in tps:
+            for topic, partitions in by_topic.items():
                 with contextlib.suppress(errors.SluiceError):
-                    found = admin.list_offsets({TopicPartition(topic, partition): Admin.LATEST}, timeout=timeout)
-                    out[(topic, partition)] = next(iter(found.values())).offset
+                    specs = {TopicPartition(topic, p): Admin.LATEST for p in partitions}
+                    for tp, info in admin.list_offsets(specs, timeout=timeout).items():
+                        out[(tp.topic, tp.partition)] = info.offset
         finally:
             admin.close()
         return out

@@ -17,6 +17,9 @@ counters dropped packets) and removes every rule in a finally block.
   all or nothing, no offset regress) is printed in the test output (``pytest -s``) and must be
   VALID. ``SLUICE_QUEUE_FAULT_ROUNDS`` sets the rounds.
 
+Every test on a cluster ends with the replica consistency check (``helpers.checked``: the
+replicas' stored logs compared batch by batch, issue 30).
+
 Every wait is bounded in time; every loop in count.
 """
 
@@ -37,7 +40,7 @@ from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
 
 from . import queue_workload
-from .helpers import OffsetMonitor, read_topic, values, wait_for
+from .helpers import OffsetMonitor, checked, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {
@@ -55,7 +58,7 @@ def endpoints(cluster: LocalCluster) -> list[tuple[int, ...]]:
 def test_a_leader_cut_off_from_followers_and_controller_acknowledges_nothing(tmp_path: Path) -> None:
     with NetworkPartitions(tmp_path / "net") as net:
         cluster = LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=1500, python=net.python)
-        with cluster:
+        with checked(cluster):
             admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
             admin.create_topic("island", partitions=1, replication_factor=3)
             producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
@@ -168,7 +171,7 @@ def test_the_queue_workload_under_faults(tmp_path: Path, fault: str) -> None:
             failure_timeout_ms=1500,
             python=net.python,
         )
-        with cluster:
+        with checked(cluster):
             admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
             admin.create_topic("queue", partitions=queue_workload.PARTITIONS, replication_factor=3)
             admin.close()
