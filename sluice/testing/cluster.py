@@ -876,6 +876,8 @@ class LocalCluster:
             isr: dict[tuple[str, int], list[int]] = {}
             leaders: dict[tuple[str, int], int] = {}
             for stored in self.metadata.list(keys.TOPICS):
+                if stored.value is None:
+                    continue
                 doc = TopicDocument.from_json(stored.value)
                 for p, state in enumerate(doc.partitions):
                     isr[(doc.name, p)] = list(state.isr)

@@ -54,6 +54,13 @@ BATCH_FIELDS = (
 )
 
 
+def _bytes(value: object) -> bytes:
+    """A raw-mode key or value (rocksdict types them as any storable value)."""
+    if not isinstance(value, bytes):
+        raise TypeError(f"expected bytes from a raw-mode RocksDB, got {type(value).__name__}")
+    return value
+
+
 def batch_summary(raw: bytes) -> list[Any]:
     """The BATCH_FIELDS of one stored batch."""
     b = RecordBatch.FromString(raw)
@@ -88,11 +95,12 @@ def dump(path: str) -> dict[str, Any]:
             db.try_catch_up_with_primary()
             meta_cf, log_cf = db.get_column_family("partition_meta"), db.get_column_family("log")
             partitions: dict[bytes, dict[str, Any]] = {}
-            for key, value in meta_cf.items():
+            for raw_key, value in meta_cf.items():
+                key = _bytes(raw_key)
                 if len(key) != PREFIX_BYTES:
                     continue  # not a partition record (the cluster id lives here too)
-                meta = json.loads(bytes(value))
-                partitions[bytes(key)] = {
+                meta = json.loads(_bytes(value))
+                partitions[key] = {
                     "topic": meta["topic"],
                     "partition": meta["partition"],
                     "topic_id": meta["topic_id"],
@@ -101,10 +109,10 @@ def dump(path: str) -> dict[str, Any]:
                     "log_start_offset": meta["log_start_offset"],
                     "batches": [],
                 }
-            for key, value in log_cf.items():  # keys sort by partition prefix, then offset
-                entry = partitions.get(bytes(key)[:PREFIX_BYTES])
+            for raw_key, value in log_cf.items():  # keys sort by partition prefix, then offset
+                entry = partitions.get(_bytes(raw_key)[:PREFIX_BYTES])
                 if entry is not None:
-                    entry["batches"].append(batch_summary(bytes(value)))
+                    entry["batches"].append(batch_summary(_bytes(value)))
             return {"partitions": list(partitions.values())}
         finally:
             db.close()
