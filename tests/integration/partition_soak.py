@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice import errors
 from sluice.client import Admin, TopicPartition
 from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
@@ -305,6 +306,8 @@ def _workload(run: Run, mode: str, seed: int, workers: list[queue_workload.Queue
         for w in workers:
             w.stop(timeout=120)
         run.event("workload stopped")
+    stable = _wait_stable(cluster.bootstrap_servers, tps)
+    run.event("LSO = HW on every partition" if stable else "LSO still below the HW after 60 s: reading anyway")
     final = read_topic(cluster.bootstrap_servers, TOPIC, limit_s=120)
     uncommitted = read_topic(cluster.bootstrap_servers, TOPIC, isolation_level="read_uncommitted", limit_s=120)
     reader.stop()
@@ -322,6 +325,29 @@ def _workload(run: Run, mode: str, seed: int, workers: list[queue_workload.Queue
         "producer_restarts": {f"w{w.worker}": w.restarts for w in workers},
         "monitor_failed_samples": monitor.failed_samples,
     }
+
+
+def _wait_stable(bootstrap: str, tps: list[TopicPartition], timeout: float = 60.0) -> bool:
+    """Wait (bounded) until no transaction is open: LSO = HW on every partition. A worker stopped right
+    after giving up on a transaction leaves it open until the coordinator's timeout (20 s), and a
+    read_committed read stops at the LSO: reading before would report later commits as lost."""
+    admin = Admin(bootstrap_servers=bootstrap, request_timeout_ms=5_000)
+
+    def stable() -> bool:
+        try:
+            hw = admin.list_offsets(dict.fromkeys(tps, Admin.LATEST), timeout=5)
+            lso = admin.list_offsets(dict.fromkeys(tps, Admin.LATEST), isolation_level="read_committed", timeout=5)
+        except errors.SluiceError:
+            return False
+        return all(hw[tp].offset == lso[tp].offset for tp in tps)
+
+    try:
+        wait_for(stable, timeout=timeout, interval=0.5, what="LSO = HW")
+        return True
+    except AssertionError:
+        return False
+    finally:
+        admin.close()
 
 
 def summarize(results: list[RunResult], seconds: float) -> dict[str, Any]:
