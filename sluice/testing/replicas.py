@@ -12,7 +12,8 @@ if the wrong replica happens to lead at the end. This module compares the logs t
 2. **Below the HW, every in-sync replica holds the same batches** as the leader (or, if the
    leader is not in the ISR, as the first ISR member): from the largest log start offset of the
    two up to the HW, the same base offsets with identical batches, and no ISR member ends before
-   the HW.
+   the HW. In a compacted topic (the internal ones included) each replica drops whole batches on
+   its own schedule, so there a batch missing on one side is not a difference; a different one is.
 
 Batches are compared on every header field and a hash of their record bytes (see
 :mod:`sluice.broker.log.dump`, which reads a broker's RocksDB as a secondary instance, safe on a
@@ -132,9 +133,10 @@ def _same_epoch_differences(tp: TopicPartitionKey, replicas: Sequence[ReplicaLog
 
 
 def _below_hw_differences(
-    tp: TopicPartitionKey, reference: ReplicaLog, other: ReplicaLog, hw: int
+    tp: TopicPartitionKey, reference: ReplicaLog, other: ReplicaLog, hw: int, compacted: bool
 ) -> list[tuple[int, str]]:
-    """Rule 2 for one ISR member against the reference replica."""
+    """Rule 2 for one ISR member against the reference replica. A compacted partition's replicas
+    drop whole batches each on its own schedule: there only batches both hold are compared."""
     name = f"{tp[0]}-{tp[1]}"
     start = max(reference.log_start_offset, other.log_start_offset)
     mine = {int(b[_BASE]): b for b in reference.batches if start <= int(b[_BASE]) < hw}
@@ -142,6 +144,8 @@ def _below_hw_differences(
     out = []
     for offset in sorted(set(mine) | set(theirs)):
         a, b = mine.get(offset), theirs.get(offset)
+        if (a is None or b is None) and compacted:
+            continue
         if a is None or b is None:
             has, lacks = (reference, other) if b is None else (other, reference)
             batch = a if b is None else b
@@ -172,11 +176,13 @@ def compare(
     isr: Mapping[TopicPartitionKey, Sequence[int]],
     high_watermarks: Mapping[TopicPartitionKey, int] | None = None,
     leaders: Mapping[TopicPartitionKey, int] | None = None,
+    compacted: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Every difference between the replicas in ``logs`` (by offset, per partition); empty if consistent.
 
     ``isr`` (and ``leaders``) per (topic, partition) come from the metadata; ``high_watermarks``
     from ListOffsets; a partition without one uses the largest HW checkpoint of its replicas.
+    ``compacted``: topics whose replicas may each have compacted batches away (see rule 2).
     """
     by_tp: dict[TopicPartitionKey, list[ReplicaLog]] = {}
     for log in logs:
@@ -192,7 +198,7 @@ def compare(
             reference = next((r for r in in_sync if r.broker == leader), in_sync[0])
             for other in in_sync:
                 if other is not reference:
-                    found += _below_hw_differences(tp, reference, other, hw)
+                    found += _below_hw_differences(tp, reference, other, hw, tp[0] in compacted)
         # by offset; at one offset the same-epoch difference (the cause) before its below-HW symptom
         out += [text for _o, _r, text in sorted((o, " leader epoch " not in t, t) for o, t in found)]
     return out
