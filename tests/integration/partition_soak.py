@@ -237,10 +237,10 @@ def run_one(mode: str, seed: int, work: Path, timing: Timing = DEFAULT, keep_all
             )
             with cluster:
                 run = Run(cluster, net, rng, timing)
+                result.events = run.events  # the same list: events after the workload are kept too
                 try:
                     details = _workload(run, mode, seed, workers)
                 finally:
-                    result.events = run.events
                     net.heal()
                 result.seconds = time.monotonic() - started
                 verdict = details.pop("verdict")
@@ -249,8 +249,10 @@ def run_one(mode: str, seed: int, work: Path, timing: Timing = DEFAULT, keep_all
                 result.anomalies = dict(verdict.anomalies)
                 try:
                     details["batches_compared"] = cluster.check_replica_consistency(timeout=60)
+                    run.event(f"replicas consistent ({details['batches_compared']} stored batches compared)")
                 except ReplicaDivergence as exc:
                     result.anomalies["replica_divergence"] = exc.differences[:20]
+                    run.event(f"replicas differ: {exc.differences[0]}")
     except Exception:
         result.error = traceback.format_exc()
     result.seconds = time.monotonic() - started
