@@ -15,12 +15,15 @@ producer-id blocks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
@@ -41,7 +44,7 @@ from sluice.metadata.documents import (
 from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
 from sluice.metadata.documents import TRANSACTION_STATE_TOPIC as TRANSACTION_STATE_TOPIC
 from sluice.metadata.placement import place_replicas
-from sluice.metadata.store import Document, MetadataStore, VersionConflict
+from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
 from sluice.records import now_ms
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,25 @@ PID_BLOCK_SIZE = 1000
 _INTERNAL_TOPIC_KEYS = {TRANSACTION_STATE_TOPIC: "transaction.state.log", CONSUMER_OFFSETS_TOPIC: "offsets.topic"}
 MAX_PARTITIONS = 10_000
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _retriable_when_unreachable(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An admin write the store cannot take now answers REQUEST_TIMED_OUT (retriable), as Kafka answers
+    when its controller cannot be reached, rather than failing as an internal error. A timed-out write
+    may have happened: the client's retry then finds it done (TOPIC_ALREADY_EXISTS ...), as in Kafka."""
+
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except StoreUnavailable as exc:
+            raise errors.RequestTimedOutError(f"the cluster metadata cannot be reached now: {exc}") from None
+
+    return call
 
 
 def check_topic_name(name: str, *, allow_internal: bool = False) -> None:
@@ -83,6 +105,7 @@ class ClusterView:
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         self._revision = 0
+        self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
 
@@ -161,6 +184,9 @@ class ClusterView:
             else:
                 self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
         elif doc.key.startswith(keys.TOPICS):
+            if doc.version < self._topic_versions.get(doc.key, 0):
+                return  # older than what this broker wrote and applied itself (update_isr)
+            self._topic_versions[doc.key] = doc.version
             name = doc.key[len(keys.TOPICS) :]
             old = self.topics.get(name)
             new = None if doc.value is None else TopicDocument.from_json(doc.value)
@@ -191,7 +217,11 @@ class ClusterView:
         """
         if txn_id in self.declared_transactional_ids:
             return True
-        if self.store.get(keys.transactional_id(txn_id)) is None:
+        try:
+            declared = self.store.get(keys.transactional_id(txn_id)) is not None
+        except StoreUnavailable as exc:  # not known to be undeclared: retriable, never a refusal
+            raise errors.CoordinatorNotAvailableError(f"cannot read TransactionalId declarations now: {exc}") from None
+        if not declared:
             return False
         self.declared_transactional_ids.add(txn_id)
         return True
@@ -224,6 +254,7 @@ class ClusterView:
             raise errors.InvalidReplicationFactorError(str(exc)) from None
         return [PartitionState.initial(r) for r in layout]
 
+    @_retriable_when_unreachable
     def create_topic(
         self,
         name: str,
@@ -260,6 +291,7 @@ class ClusterView:
         self.refresh()
         return topic_id
 
+    @_retriable_when_unreachable
     def delete_topic(self, name: str) -> str:
         self.refresh()
         doc = documents.read(self.store, keys.topic(name), TopicDocument)
@@ -274,6 +306,7 @@ class ClusterView:
         self.refresh()
         return doc.value.topic_id
 
+    @_retriable_when_unreachable
     def create_partitions(self, name: str, count: int, validate_only: bool = False) -> str:
         self.refresh()
         for _ in range(20):
@@ -303,6 +336,7 @@ class ClusterView:
             return value.topic_id
         raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
 
+    @_retriable_when_unreachable
     def alter_topic_config(
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool = False
     ) -> dict[str, str]:
@@ -351,24 +385,36 @@ class ClusterView:
         False when the document moved on (a new leader or epoch): the caller is
         no longer entitled to change the ISR and will hear of its new role.
         """
-        for _ in range(20):
-            doc = documents.read(self.store, keys.topic(topic), TopicDocument)
-            if doc is None:
-                return False
-            value = doc.value
-            if partition >= len(value.partitions):
-                return False
-            p = value.partitions[partition]
-            if p.leader != leader or p.leader_epoch != leader_epoch:
-                self.refresh()
-                return False
-            changed = value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
-            try:
-                documents.replace(self.store, keys.topic(topic), changed, doc.version)
-            except VersionConflict:
-                continue
-            self.refresh()
-            return True
+        key = keys.topic(topic)
+        try:
+            for _ in range(20):
+                doc = documents.read(self.store, key, TopicDocument)
+                if doc is None:
+                    return False
+                value = doc.value
+                if partition >= len(value.partitions):
+                    return False
+                p = value.partitions[partition]
+                if p.leader != leader or p.leader_epoch != leader_epoch:
+                    self.refresh()
+                    return False
+                changed = value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
+                try:
+                    version = documents.replace(self.store, key, changed, doc.version)
+                except VersionConflict:
+                    continue
+                # The view takes the ISR it wrote at once, not at the next refresh, which the store
+                # may not answer now: an ISR grown in the store but not in memory would let the HW
+                # pass a replica the controller may already elect.
+                self._apply(Document(key, changed.to_json(), version, doc.revision))
+                with contextlib.suppress(StoreUnavailable):
+                    self.refresh()
+                return True
+        except StoreUnavailable as exc:
+            # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
+            # implies) until the store takes the change; maintain_isr tries again next round.
+            log.warning("%s-%d: ISR change to %s not written, the store is unreachable: %s", topic, partition, isr, exc)
+            return False
         return False
 
     # -- producer ids -----------------------------------------------------------------------------

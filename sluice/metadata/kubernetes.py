@@ -71,7 +71,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from sluice.metadata.store import Document, VersionConflict
+from sluice.metadata.store import Document, StoreUnavailable, VersionConflict
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,9 @@ PREFIX_LABEL = "sluice.dev/prefix"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 READ_YOUR_WRITES_WAIT_S = 5.0
 WATCH_TIMEOUT_S = 30  # server-side end of one watch request; it is then renewed from where it was
+# (connect, read) deadline of one get/list/write: an API server cut off by a firewall drops packets,
+# and without a deadline the call (and the broker's event loop it runs on) would hang for minutes
+REQUEST_TIMEOUT_S = (3.0, 10.0)
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -141,6 +144,17 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
 def api_status(exc: BaseException) -> int | None:
     """The HTTP status of a failed API server call (404, 409, 410 ...), None for other errors."""
     return getattr(exc, "status", None)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failed call means the API server (or etcd behind it) cannot answer now: no connection,
+    a timeout, or a 429/5xx answer. Those become :class:`StoreUnavailable`; a 4xx is an answer."""
+    import urllib3
+
+    status = api_status(exc)
+    if isinstance(status, int) and status > 0:
+        return status == 429 or status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
 
 
 class KubernetesMetadataStore:
@@ -205,19 +219,26 @@ class KubernetesMetadataStore:
 
     def get(self, key: str) -> Document | None:
         try:
-            obj = self._api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, object_name(key))
+            obj = self._api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, object_name(key), _request_timeout=REQUEST_TIMEOUT_S
+            )
         except Exception as exc:
             if api_status(exc) == 404:
                 return None
+            _raise_if_unreachable(exc)
             raise
         return self._doc(obj)
 
     def list(self, prefix: str) -> builtins.list[Document]:
         label = prefix_label(prefix) if prefix.endswith("/") and prefix.count("/") == 1 else None
         selector = f"{PREFIX_LABEL}={label}" if label else ""
-        result = self._api.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, label_selector=selector
-        )
+        try:
+            result = self._api.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            _raise_if_unreachable(exc)
+            raise
         docs = [self._doc(o) for o in result.get("items", [])]
         return sorted((d for d in docs if d.key.startswith(prefix)), key=lambda d: d.key)
 
@@ -229,15 +250,27 @@ class KubernetesMetadataStore:
         try:
             if expected_version is None:
                 obj = self._api.create_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, self._body(key, value, None)
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    self._body(key, value, None),
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
             else:
                 obj = self._api.replace_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, object_name(key), self._body(key, value, expected_version)
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    object_name(key),
+                    self._body(key, value, expected_version),
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
         except Exception as exc:
             if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
+            _raise_if_unreachable(exc)
             raise
         doc = self._doc(obj)
         self._wrote(doc.revision)
@@ -256,10 +289,12 @@ class KubernetesMetadataStore:
                 body=client.V1DeleteOptions(
                     preconditions=client.V1Preconditions(resource_version=str(expected_version))
                 ),
+                _request_timeout=REQUEST_TIMEOUT_S,
             )
         except Exception as exc:
             if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
+            _raise_if_unreachable(exc)
             raise
         with self._cond:
             self._deleted[key] = expected_version
@@ -383,6 +418,12 @@ class KubernetesMetadataStore:
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
         self._api_client.close()
+
+
+def _raise_if_unreachable(exc: Exception) -> None:
+    """Raise :class:`StoreUnavailable` when ``exc`` says the API server cannot answer (else return)."""
+    if unreachable(exc):
+        raise StoreUnavailable(f"cannot reach the API server: {exc}") from exc
 
 
 def _reason(exc: BaseException) -> str:

@@ -99,6 +99,8 @@ from sluice.testing.certs import (
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
+METADATA_CUT_FILE = "metadata-cut"  # in a broker's data directory: the broker's metadata.cut hook
+CONTROLLER_METADATA_CUT_FILE = "controller-metadata-cut"  # in the cluster's data directory
 MACHINE_BACKGROUND_WRITE_RATE = 192 * 1024 * 1024  # the broker's default, which one broker alone gets
 SUPER_USER = "User:admin"  # of a secure LocalCluster: client_config("admin") may do everything
 _REPLICATION_FACTOR_KEYS = (
@@ -368,6 +370,9 @@ class LocalCluster:
             )
         if common.get("unclean.leader.election.enable", "").lower() == "true":
             controller_args.append("--unclean-leader-election")
+        self.controller_cut_path = self.data_dir / CONTROLLER_METADATA_CUT_FILE
+        if "metadata.cut" in common.get("sluice.test.hooks", "").split(","):  # the controller can be cut too
+            controller_args += ["--test-metadata-cut", str(self.controller_cut_path)]
         self._controller = ControllerProcess(
             self.metadata_path,
             self.data_dir / "controller.log",
@@ -586,6 +591,19 @@ class LocalCluster:
         b.start()
         if wait:
             self.wait_until_healthy(timeout=self.startup_timeout if timeout is None else timeout, brokers=[i])
+
+    def cut_metadata(self, i: int | None, cut: bool = True) -> None:
+        """Cut broker ``i`` (None: the controller) from the metadata store, or heal it with ``cut=False``.
+
+        Test-only: needs ``config={"sluice.test.hooks": "metadata.cut"}`` (every store call of that
+        process then fails as with an unreachable API server while the cut lasts; docs/architecture.md).
+        """
+        path = self.controller_cut_path if i is None else self.broker(i).data_path / METADATA_CUT_FILE
+        if cut:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
 
     def is_healthy(self, i: int, timeout: float = 1.0) -> bool:
         return self.broker(i).health(timeout) == SERVING
