@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import logging
 import re
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 PID_BLOCK_SIZE = 1000
 _INTERNAL_TOPIC_KEYS = {TRANSACTION_STATE_TOPIC: "transaction.state.log", CONSUMER_OFFSETS_TOPIC: "offsets.topic"}
 MAX_PARTITIONS = 10_000
+ISR_WARNING_INTERVAL_S = 10.0  # ISR changes the store could not take: logged at most this often
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
@@ -105,6 +107,7 @@ class ClusterView:
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         self._revision = 0
+        self._isr_warned_at = -ISR_WARNING_INTERVAL_S
         self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
@@ -413,7 +416,10 @@ class ClusterView:
         except StoreUnavailable as exc:
             # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
             # implies) until the store takes the change; maintain_isr tries again next round.
-            log.warning("%s-%d: ISR change to %s not written, the store is unreachable: %s", topic, partition, isr, exc)
+            now = time.monotonic()
+            if now - self._isr_warned_at >= ISR_WARNING_INTERVAL_S:  # one line per interval, not per partition
+                self._isr_warned_at = now
+                log.warning("%s-%d: ISR change to %s not written (nor others, for now): %s", topic, partition, isr, exc)
             return False
         return False
 
