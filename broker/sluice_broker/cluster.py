@@ -386,42 +386,48 @@ class ClusterView:
         """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.
 
         False when the document moved on (a new leader or epoch): the caller is
-        no longer entitled to change the ISR and will hear of its new role.
+        no longer entitled to change the ISR and will hear of its new role. Also
+        False when the store cannot be reached: the ISR stays as it is.
         """
+        return self.isr_written(self.write_isr(topic, partition, leader, leader_epoch, isr))
+
+    def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
+        """The store half of :meth:`update_isr`: the document written, or None. Touches only the store, so
+        it may run in a worker thread: a store call can block (an API server that does not answer), and
+        the broker's event loop must not wait for it."""
         key = keys.topic(topic)
         try:
             for _ in range(20):
                 doc = documents.read(self.store, key, TopicDocument)
-                if doc is None:
-                    return False
-                value = doc.value
-                if partition >= len(value.partitions):
-                    return False
-                p = value.partitions[partition]
+                if doc is None or partition >= len(doc.value.partitions):
+                    return None
+                p = doc.value.partitions[partition]
                 if p.leader != leader or p.leader_epoch != leader_epoch:
-                    self.refresh()
-                    return False
-                changed = value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
+                    return None
+                changed = doc.value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
                 try:
                     version = documents.replace(self.store, key, changed, doc.version)
                 except VersionConflict:
                     continue
-                # The view takes the ISR it wrote at once, not at the next refresh, which the store
-                # may not answer now: an ISR grown in the store but not in memory would let the HW
-                # pass a replica the controller may already elect.
-                self._apply(Document(key, changed.to_json(), version, doc.revision))
-                with contextlib.suppress(StoreUnavailable):
-                    self.refresh()
-                return True
+                return Document(key, changed.to_json(), version, doc.revision)
         except StoreUnavailable as exc:
             # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
-            # implies) until the store takes the change; maintain_isr tries again next round.
+            # implies) until the store takes the change; the caller tries again next round.
             now = time.monotonic()
             if now - self._isr_warned_at >= ISR_WARNING_INTERVAL_S:  # one line per interval, not per partition
                 self._isr_warned_at = now
                 log.warning("%s-%d: ISR change to %s not written (nor others, for now): %s", topic, partition, isr, exc)
-            return False
-        return False
+        return None
+
+    def isr_written(self, written: Document | None) -> bool:
+        """The view half of :meth:`update_isr` (on the event loop): take the ISR written into the view at
+        once, not at the next refresh, which the store may not answer now (an ISR grown in the store but
+        not in memory would let the HW pass a replica the controller may already elect); then refresh."""
+        if written is not None:
+            self._apply(written)
+        with contextlib.suppress(StoreUnavailable):
+            self.refresh()
+        return written is not None
 
     # -- producer ids -----------------------------------------------------------------------------
 

@@ -393,7 +393,7 @@ async def serve(
         while True:
             await asyncio.sleep(interval)
             try:
-                replicas.maintain_isr()
+                await replicas.maintain_isr()
                 replicas.delete_stray_partitions_if_due()
                 replicas.report_storage_failure()
                 replicas.check_log_dir_space()

@@ -131,6 +131,8 @@ class ReplicaManager:
         self.partitions: dict[TopicPartition, PartitionLog] = {}
         self.leader_of: set[TopicPartition] = set()
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
+        # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
+        self._pending_isr: dict[TopicPartition, set[int]] = {}
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
@@ -479,7 +481,7 @@ class ReplicaManager:
             return False
         me = self.config.broker_id
         hw = part.log_end_offset
-        for replica in self.isr(key):
+        for replica in set(self.isr(key)) | self._pending_isr.get(key, set()):
             if replica != me:
                 hw = min(hw, tracker.end_offset(replica))
         if hw > part.high_watermark:
@@ -792,8 +794,14 @@ class ReplicaManager:
                 answer(presp, exc)
         return resp
 
-    def maintain_isr(self) -> None:
-        """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones."""
+    async def maintain_isr(self) -> None:
+        """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones.
+
+        Each change is written to the store in a worker thread (a store call may block: an API
+        server that does not answer) while the loop goes on serving. Meanwhile the HW counts the
+        replicas of both the old and the new ISR (Kafka's "maximal ISR"): a replica being added
+        may be elected once the store has it, so the HW must not pass it before the view has it.
+        """
         me = self.config.broker_id
         lag_max = self.config.int("replica.lag.time.max.ms")
         now = monotonic_ms()
@@ -816,10 +824,22 @@ class ReplicaManager:
                         isr.append(r)
             if me not in isr:
                 isr.insert(0, me)
-            if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(key[0], key[1], me, part.leader_epoch, isr):
+            if sorted(isr) == sorted(pinfo.isr):
+                continue
+            self._pending_isr[key] = set(isr) | set(pinfo.isr)
+            try:
+                written = await asyncio.to_thread(
+                    self.cluster.write_isr, key[0], key[1], me, part.leader_epoch, list(isr)
+                )
+                changed = self.cluster.isr_written(written)
+            finally:
+                self._pending_isr.pop(key, None)
+            part = self.partitions.get(key)  # the loop went on meanwhile
+            if changed and part is not None:
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
                 self.events.isr_changed(pinfo.isr, isr)
-                self._maybe_advance_hw(key, part)
+                if key in self.leader_of:
+                    self._maybe_advance_hw(key, part)
                 self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
 
     def checkpoint_high_watermarks(self) -> None:
