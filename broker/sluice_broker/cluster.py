@@ -389,12 +389,17 @@ class ClusterView:
         no longer entitled to change the ISR and will hear of its new role. Also
         False when the store cannot be reached: the ISR stays as it is.
         """
-        return self.isr_written(self.write_isr(topic, partition, leader, leader_epoch, isr))
+        try:
+            written = self.write_isr(topic, partition, leader, leader_epoch, isr)
+        except StoreUnavailable:
+            written = None
+        return self.isr_written(written)
 
     def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
-        """The store half of :meth:`update_isr`: the document written, or None. Touches only the store, so
-        it may run in a worker thread: a store call can block (an API server that does not answer), and
-        the broker's event loop must not wait for it."""
+        """The store half of :meth:`update_isr`: the document written, or None when this leader may not
+        change it. Raises StoreUnavailable when the store cannot be reached (the write may or may not
+        have happened). Touches only the store, so it may run in a worker thread: a store call can
+        block (an API server that does not answer), and the broker's event loop must not wait for it."""
         key = keys.topic(topic)
         try:
             for _ in range(20):
@@ -417,6 +422,7 @@ class ClusterView:
             if now - self._isr_warned_at >= ISR_WARNING_INTERVAL_S:  # one line per interval, not per partition
                 self._isr_warned_at = now
                 log.warning("%s-%d: ISR change to %s not written (nor others, for now): %s", topic, partition, isr, exc)
+            raise
         return None
 
     def isr_written(self, written: Document | None) -> bool:

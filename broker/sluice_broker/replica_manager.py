@@ -90,6 +90,7 @@ from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
+from sluice.metadata.store import StoreUnavailable
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,7 @@ class ReplicaManager:
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
         # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
         self._pending_isr: dict[TopicPartition, set[int]] = {}
+        self._isr_unsure: set[TopicPartition] = set()  # ISR writes of unknown outcome: read again first
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
@@ -801,11 +803,24 @@ class ReplicaManager:
         server that does not answer) while the loop goes on serving. Meanwhile the HW counts the
         replicas of both the old and the new ISR (Kafka's "maximal ISR"): a replica being added
         may be elected once the store has it, so the HW must not pass it before the view has it.
+        A write whose outcome is unknown (the store unreachable: it may have happened) keeps both
+        counted until the document is read again, at the start of a later round.
         """
         me = self.config.broker_id
         lag_max = self.config.int("replica.lag.time.max.ms")
         now = monotonic_ms()
+        for key in [k for k in self._pending_isr if k not in self.leader_of]:
+            self._pending_isr.pop(key, None)  # no longer led here: a new leadership starts afresh
+            self._isr_unsure.discard(key)
         for key in list(self.leader_of):
+            if key in self._isr_unsure:
+                try:
+                    current = await asyncio.to_thread(self.cluster.store.get, keys.topic(key[0]))
+                except StoreUnavailable:
+                    continue  # still unknown: both ISRs stay counted
+                self.cluster.isr_written(current)  # the view takes the ISR the store has
+                self._isr_unsure.discard(key)
+                self._pending_isr.pop(key, None)
             info = self.cluster.topics.get(key[0])
             part = self.partitions.get(key)
             tracker = self.trackers.get(key)
@@ -827,13 +842,20 @@ class ReplicaManager:
             if sorted(isr) == sorted(pinfo.isr):
                 continue
             self._pending_isr[key] = set(isr) | set(pinfo.isr)
+            unsure = True  # until the write answered (a cancelled round leaves it so: read again)
+            self._isr_unsure.add(key)
             try:
                 written = await asyncio.to_thread(
                     self.cluster.write_isr, key[0], key[1], me, part.leader_epoch, list(isr)
                 )
-                changed = self.cluster.isr_written(written)
+                unsure = False
+            except StoreUnavailable:
+                written = None
             finally:
-                self._pending_isr.pop(key, None)
+                if not unsure:
+                    self._isr_unsure.discard(key)
+                    self._pending_isr.pop(key, None)
+            changed = self.cluster.isr_written(written)
             part = self.partitions.get(key)  # the loop went on meanwhile
             if changed and part is not None:
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
