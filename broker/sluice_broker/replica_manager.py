@@ -109,6 +109,12 @@ ISR_FETCH_RECENCY_MS = 1500
 # data directory, this broker as leader serves followers nothing from the first marker of a client topic on.
 HOOK_HOLD_MARKERS = "replication.hold_markers"
 HOLD_MARKERS_FILE = "hold-markers"
+# Test-only hook: while HOLD_VERIFICATION_FILE exists in the data directory, a transactional produce that
+# the coordinator just verified (KIP-890) waits before its append; VERIFICATION_HELD_FILE says one waits.
+HOOK_HOLD_VERIFICATION = "produce.hold_verification"
+HOLD_VERIFICATION_FILE = "hold-verification"
+VERIFICATION_HELD_FILE = "verification-held"
+HOLD_VERIFICATION_MAX_S = 120.0
 
 
 class ReplicaManager:
@@ -307,7 +313,7 @@ class ReplicaManager:
             if info.leader == me:
                 self.fetchers.unfollow(key)
                 epoch_changed = part.leader_epoch != info.leader_epoch
-                part.set_leader_epoch(info.leader_epoch)
+                part.become_leader(info.leader_epoch)
                 if key not in self.leader_of or epoch_changed:
                     self.leader_of.add(key)
                     # Followers in the ISR get the lag time from now to show up, then leave it.
@@ -321,7 +327,7 @@ class ReplicaManager:
                     self.trackers.pop(key, None)
                     self._wake([key])  # its long polls and replication waits answer NOT_LEADER now
                     self._tell_leadership(new.name, p, False, info.leader_epoch)
-                part.leader_epoch = max(part.leader_epoch, info.leader_epoch)
+                part.become_follower(info.leader_epoch)  # appends admitted at our epoch fail from now on
                 if info.leader >= 0:
                     self.fetchers.follow(key, info.leader, info.leader_epoch)
                 else:
@@ -334,6 +340,8 @@ class ReplicaManager:
         partition is not here, and the stray-partition check deletes the data once it can.
         """
         part = self.partitions.pop(key, None)
+        if part is not None:
+            part.become_follower(-1)  # a request holding this log (awaiting verification) must not append
         self.fetchers.unfollow(key)
         self.trackers.pop(key, None)
         if key in self.leader_of:
@@ -540,7 +548,9 @@ class ReplicaManager:
                 presp = tresp.partitions.add(partition=pdata.partition, base_offset=-1, log_append_time=-1)
                 try:
                     part = self.leader_partition(topic.name, pdata.partition)
-                    base, _dup = await self._produce_one(req, topic.name, part, pdata.batch)
+                    # the epoch this request is admitted at: the append checks it after every await
+                    epoch = part.leader_epoch
+                    base, _dup = await self._produce_one(req, topic.name, part, epoch, pdata.batch)
                     presp.base_offset = base
                     presp.log_start_offset = part.log_start_offset
                     if part.config("message.timestamp.type") == "LogAppendTime":
@@ -555,7 +565,7 @@ class ReplicaManager:
         return resp
 
     async def _produce_one(
-        self, req: bpb.ProduceRequest, topic: str, part: PartitionLog, batch: RecordBatch
+        self, req: bpb.ProduceRequest, topic: str, part: PartitionLog, epoch: int, batch: RecordBatch
     ) -> tuple[int, bool]:
         if req.acks not in (-1, 0, 1):
             raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
@@ -567,7 +577,7 @@ class ReplicaManager:
             self._check_min_isr(key, part)
         needs_verification = batch.transactional and batch.producer_id not in part.open_txns
         if not needs_verification:
-            result = part.append(batch)
+            result = part.append(batch, leader_epoch=epoch)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
@@ -575,10 +585,26 @@ class ReplicaManager:
         async with lock:
             if batch.producer_id not in part.open_txns:
                 await self._verify_txn(req.transactional_id, batch, part)
-            result = part.append(batch, verified_txn=True)
+                await self._hold_after_verification()
+            # leadership may have moved while we waited: append() refuses unless we still lead at `epoch`
+            result = part.append(batch, leader_epoch=epoch, verified_txn=True)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
+
+    async def _hold_after_verification(self) -> None:
+        """The hold-verification test hook: wait (bounded) while its file exists; a no-op otherwise."""
+        if not self.config.hook(HOOK_HOLD_VERIFICATION):
+            return
+        hold = os.path.join(self.config.data_dir, HOLD_VERIFICATION_FILE)
+        held = os.path.join(self.config.data_dir, VERIFICATION_HELD_FILE)
+        deadline = time.monotonic() + HOLD_VERIFICATION_MAX_S
+        if os.path.exists(hold):
+            with open(held, "w"):
+                pass
+            log.warning("test hook %s: holding a verified transactional produce", HOOK_HOLD_VERIFICATION)
+        while os.path.exists(hold) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def _verify_txn(self, transactional_id: str, batch: RecordBatch, part: PartitionLog) -> None:
         """KIP-890's defence against hanging transactions: the partition asks the coordinator."""
@@ -594,15 +620,17 @@ class ReplicaManager:
 
     # -- internal writes (coordinators) ---------------------------------------------------------
 
-    def append_internal(self, topic: str, partition: int, batch: RecordBatch) -> int:
+    def append_internal(self, topic: str, partition: int, batch: RecordBatch, *, leader_epoch: int) -> int:
         """Append a batch a coordinator built (its crc is trusted). Returns the base offset.
 
+        ``leader_epoch`` is the coordinator epoch the coordinator loaded the
+        partition at: its state is only valid while this broker leads at it.
         Coordinators then ``await wait_replicated(...)`` before they answer, as
         Kafka's write their logs with acks=all.
         """
         part = self.leader_partition(topic, partition)
         self._check_min_isr((topic, partition), part)
-        offset, _dup = part.append(batch, verified_txn=True)
+        offset, _dup = part.append(batch, leader_epoch=leader_epoch, verified_txn=True)
         self._after_append(part)
         return offset
 
@@ -634,7 +662,12 @@ class ReplicaManager:
                 try:
                     part = self.leader_partition(marked.topic, marked.partition)
                     offset = part.write_marker(
-                        marker.producer_id, marker.producer_epoch, marker.committed, marker.coordinator_epoch
+                        marker.producer_id,
+                        marker.producer_epoch,
+                        marker.committed,
+                        marker.coordinator_epoch,
+                        transaction_version=marker.transaction_version,
+                        leader_epoch=part.leader_epoch,  # no await since leader_partition(): the epoch admitted
                     )
                     if offset is not None:
                         self._after_append(part)

@@ -235,7 +235,9 @@ def test_expire_and_fail() -> None:
     created = a.incomplete()[0].created
     assert a.expire(created + 0.5) == []
     (batch,) = a.expire(created + 1.0)
-    batch.fail(errors.KafkaTimeoutError("expired"))
+    # out of its queue, but incomplete until failed: a flush meanwhile still waits for it
+    assert a.incomplete() == [batch] and a.queued_count() == 0
+    a.fail(batch, errors.KafkaTimeoutError("expired"))
     assert future is not None
     with pytest.raises(errors.KafkaTimeoutError):
         future.result(0)
@@ -264,7 +266,22 @@ def test_abort_queued_keeps_in_flight_batches() -> None:
     in_flight = drain_one(a)
     dropped = a.abort_queued(lambda b: b.transactional)
     assert len(dropped) == 2
+    assert a.queued_count() == 0
+    for batch in dropped:  # incomplete until the caller fails them
+        a.fail(batch, errors.KafkaTimeoutError("aborted"))
     assert a.incomplete() == [in_flight]
+
+
+def test_a_record_never_joins_a_batch_of_another_transaction() -> None:
+    a = acc(linger_ms=10_000)
+    a.append(TP0, None, b"n", transactional=True, generation=1)
+    a.append(TP0, None, b"n+1", transactional=True, generation=3)
+    first, second = sorted(a.incomplete(), key=lambda b: b.generation)
+    assert (first.generation, first.record_count, second.generation, second.record_count) == (1, 1, 3, 1)
+    assert a.incomplete(3) == [second]
+    # drained only while its transaction is the current one
+    assert a.drain([TP0], 1e12, PID, EPOCH, generation=3) == []
+    assert a.drain([TP0], 1e12, PID, EPOCH, generation=1) == [first]
 
 
 def test_appends_after_close_are_refused() -> None:

@@ -192,7 +192,7 @@ def test_partitions_are_added_once_and_only_while_the_transaction_is_live() -> N
     tm.maybe_add_partition(TP1)
     tm.maybe_add_partition(TP0)
     assert tm.has_pending_partitions()
-    assert tm.take_pending_partitions() == [TP0, TP1]
+    assert tm.take_pending_partitions() == (tm.generation, [TP0, TP1])
     assert tm.adding_partitions()
     tm.maybe_add_partition(TP0)  # under way: not pending again
     assert not tm.has_pending_partitions()
@@ -200,7 +200,7 @@ def test_partitions_are_added_once_and_only_while_the_transaction_is_live() -> N
     tm.partitions_add_failed([TP1], retry=True)
     assert tm.is_partition_added(TP0)
     assert not tm.is_partition_added(TP1)
-    assert tm.take_pending_partitions() == [TP1]
+    assert tm.take_pending_partitions() == (tm.generation, [TP1])
     tm.partitions_added([TP1])
     assert tm.partitions_in_transaction == {TP0, TP1}
     assert tm.needs_end_txn()
@@ -220,12 +220,12 @@ def test_offsets_alone_need_end_txn() -> None:
 def test_batches_wait_while_aborting() -> None:
     tm = in_txn()
     tm.maybe_add_partition(TP0)
-    tm.partitions_added(tm.take_pending_partitions())
+    tm.partitions_added(tm.take_pending_partitions()[1])
     assert tm.is_partition_added(TP0)
     tm.set_abortable_error(errors.MessageTooLargeError("x"))
     assert not tm.is_partition_added(TP0)
     tm.maybe_add_partition(TP1)
-    assert tm.take_pending_partitions() == []
+    assert tm.take_pending_partitions()[1] == []
 
 
 def test_idempotent_producer_uses_the_same_manager() -> None:
@@ -296,3 +296,27 @@ def test_a_kept_prepared_transaction_is_held_with_its_handle() -> None:
     assert tm.needs_end_txn()
     tm.complete_transaction()
     assert tm.state is S.READY
+
+
+def test_what_the_sender_learns_applies_only_to_the_transaction_it_was_for() -> None:
+    """Answers and failures that arrive once their transaction ended leave the next one alone (issue 30)."""
+    tm = in_txn()
+    first = tm.generation
+    tm.maybe_add_partition(TP0)
+    generation, tps = tm.take_pending_partitions()
+    assert (generation, tps) == (first, [TP0])
+    tm.begin_abort()
+    assert tm.aborting_generation() == (first, None)
+    tm.complete_transaction()
+    assert tm.aborting_generation() is None
+    tm.begin_transaction()
+    tm.partitions_added(tps, generation)  # a late answer for the aborted transaction
+    assert not tm.is_partition_added(TP0) and not tm.needs_end_txn()
+    tm.send_failed(first, errors.KafkaTimeoutError("expired"))
+    tm.request_error(first, errors.InvalidTxnStateError("late"))
+    assert tm.state is S.IN_TRANSACTION
+    tm.send_failed(tm.generation, errors.KafkaTimeoutError("expired"))
+    assert tm.state is S.ABORTABLE_ERROR
+    assert tm.aborting_generation() == (tm.generation, tm.last_error)
+    with pytest.raises(errors.KafkaTimeoutError):
+        tm.begin_commit()

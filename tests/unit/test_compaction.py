@@ -16,11 +16,15 @@ NOW = 10**13
 def open_log(path: Path, **overrides: object) -> tuple[RocksStorage, PartitionLog]:
     values = {k: d for k, (_t, d) in DEFAULTS.items()} | {"cleanup.policy": "compact"} | overrides
     s = RocksStorage(str(path))
-    return s, PartitionLog(s, "c", 0, TOPIC_ID, values.__getitem__)
+    p = PartitionLog(s, "c", 0, TOPIC_ID, values.__getitem__)
+    p.become_leader(0)
+    return s, p
 
 
 def put(p: PartitionLog, key: bytes, value: bytes | None, ts: int = NOW, **header: int | bool) -> int:
-    offset, _ = p.append(build_batch([(key, value, None, ts)], **header), verified_txn=True)
+    offset, _ = p.append(
+        build_batch([(key, value, None, ts)], **header), verified_txn=True, leader_epoch=p.leader_epoch
+    )
     p.high_watermark = p.log_end_offset
     return offset
 
@@ -49,9 +53,9 @@ def test_transactions_aborted_dropped_committed_kept_open_untouched(tmp_path: Pa
     s, p = open_log(tmp_path / "db")
     put(p, b"k", b"old")
     put(p, b"k", b"aborted", producer_id=7, producer_epoch=0, base_sequence=-1, transactional=True)
-    p.write_marker(7, 0, False, 0)
+    p.write_marker(7, 0, False, 0, leader_epoch=p.leader_epoch)
     put(p, b"j", b"committed", producer_id=8, producer_epoch=0, base_sequence=-1, transactional=True)
-    p.write_marker(8, 0, True, 0)
+    p.write_marker(8, 0, True, 0, leader_epoch=p.leader_epoch)
     p.high_watermark = p.log_end_offset
     put(p, b"k", b"open", producer_id=9, producer_epoch=0, base_sequence=-1, transactional=True)
     p.compact(NOW)

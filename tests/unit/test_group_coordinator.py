@@ -195,12 +195,12 @@ def test_transactional_offsets_pending_until_commit_marker_and_reloaded(tmp_path
         assert await fetch(b, stable=True) == stable  # "all" lists pending partitions too
 
         part = b.replicas.partitions[(CONSUMER_OFFSETS_TOPIC, b.partition)]
-        assert part.write_marker(5, 0, True, 0) is not None
+        assert part.write_marker(5, 0, True, 0, leader_epoch=part.leader_epoch) is not None
         assert await fetch(b, stable=True) == {("t", 0): 10, ("t", 1): 20}
 
         # another producer: aborted offsets vanish; a third stays open across the restart
         await b.groups.txn_offset_commit(txn_req({("t", 0): 99}, pid=6))
-        part.write_marker(6, 0, False, 0)
+        part.write_marker(6, 0, False, 0, leader_epoch=part.leader_epoch)
         assert await fetch(b, ("t", 0), stable=True) == {("t", 0): 10}
         await b.groups.txn_offset_commit(txn_req({("t", 1): 30}, pid=7))
         assert await fetch(b, ("t", 1), stable=True) == {("t", 1): "UNSTABLE_OFFSET_COMMIT"}
@@ -209,7 +209,9 @@ def test_transactional_offsets_pending_until_commit_marker_and_reloaded(tmp_path
         assert await fetch(b, ("t", 0), ("t", 1)) == {("t", 0): 10, ("t", 1): 20}
         assert await fetch(b, ("t", 1), stable=True) == {("t", 1): "UNSTABLE_OFFSET_COMMIT"}
         part = b.replicas.partitions[(CONSUMER_OFFSETS_TOPIC, b.partition)]
-        part.write_marker(7, 0, True, 0)  # the transaction coordinator finishes it after the restart
+        part.write_marker(
+            7, 0, True, 0, leader_epoch=part.leader_epoch
+        )  # the transaction coordinator finishes it after the restart
         assert await fetch(b, stable=True) == {("t", 0): 10, ("t", 1): 30}
 
     async def third(b: Broker) -> None:

@@ -30,6 +30,7 @@ def storage(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def part(storage: RocksStorage, **overrides: object) -> PartitionLog:
     p = PartitionLog(storage, "t", 0, TOPIC_ID, config(overrides))
+    p.become_leader(0)
     p.high_watermark = p.log_end_offset
     return p
 
@@ -37,7 +38,7 @@ def part(storage: RocksStorage, **overrides: object) -> PartitionLog:
 def append(p: PartitionLog, n: int = 1, **header: int | bool) -> int:
     batch = build_batch([(None, f"v{i}".encode()) for i in range(n)], **header)
     validate_batch(batch, 1 << 20)
-    offset, _dup = p.append(batch, verified_txn=True)
+    offset, _dup = p.append(batch, verified_txn=True, leader_epoch=p.leader_epoch)
     p.high_watermark = p.log_end_offset
     return offset
 
@@ -58,10 +59,10 @@ def test_offsets_are_assigned_in_order_and_survive_reopen(tmp_path: Path) -> Non
 def test_retried_batch_is_stored_once_with_original_offset(storage: RocksStorage) -> None:
     p = part(storage)
     first = build_batch([(None, b"a")], producer_id=9, producer_epoch=0, base_sequence=0)
-    assert p.append(first) == (0, False)
+    assert p.append(first, leader_epoch=p.leader_epoch) == (0, False)
     append(p, 1)
     retry = build_batch([(None, b"a")], producer_id=9, producer_epoch=0, base_sequence=0)
-    assert p.append(retry) == (0, True)
+    assert p.append(retry, leader_epoch=p.leader_epoch) == (0, True)
     assert p.log_end_offset == 2
 
 
@@ -83,7 +84,7 @@ def test_read_committed_stops_at_lso_and_skips_aborted(storage: RocksStorage) ->
     assert p.last_stable_offset == 0
     assert p.read(0, 1 << 20, True).batches == []
     assert len(p.read(0, 1 << 20, False).batches) == 2
-    assert p.write_marker(5, 0, False, 0) == 2  # abort
+    assert p.write_marker(5, 0, False, 0, leader_epoch=p.leader_epoch) == 2  # abort
     p.high_watermark = p.log_end_offset
     committed = p.read(0, 1 << 20, True)
     assert [b.base_offset for b in committed.batches] == [1]
@@ -95,16 +96,39 @@ def test_read_committed_stops_at_lso_and_skips_aborted(storage: RocksStorage) ->
 def test_marker_without_open_transaction_writes_nothing(storage: RocksStorage) -> None:
     p = part(storage)
     append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
-    assert p.write_marker(5, 0, True, 0) == 1
-    assert p.write_marker(5, 0, True, 0) is None  # a coordinator re-sending after failover
+    assert p.write_marker(5, 0, True, 0, leader_epoch=p.leader_epoch) == 1
+    assert p.write_marker(5, 0, True, 0, leader_epoch=p.leader_epoch) is None  # a coordinator re-sending after failover
     assert p.log_end_offset == 2
+
+
+def test_an_append_admitted_at_an_epoch_this_replica_no_longer_leads_writes_nothing(storage: RocksStorage) -> None:
+    """Issue 30: a request admitted at epoch 0 that waited while leadership moved must not be stamped
+    with the new epoch. Refused as follower, and as leader again at a later epoch; markers alike."""
+    p = part(storage)
+    append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)  # offset 0
+    admitted = p.leader_epoch
+    late = build_batch([(None, b"late")], producer_id=6, producer_epoch=0, base_sequence=0, transactional=True)
+    p.become_follower(1)  # another broker leads at epoch 1
+    for attempt in range(2):
+        with pytest.raises(SluiceError) as refused:
+            p.append(late, leader_epoch=admitted, verified_txn=True)
+        assert refused.value.code == pb.NOT_LEADER_OR_FOLLOWER and refused.value.retriable
+        assert "admitted at leader epoch 0" in refused.value.message
+        with pytest.raises(SluiceError) as marker:
+            p.write_marker(5, 0, True, 0, leader_epoch=admitted)
+        assert marker.value.code == pb.NOT_LEADER_OR_FOLLOWER
+        assert p.log_end_offset == 1 and p.epoch_cache[-1][0] == (0 if attempt == 0 else 2)
+        p.become_leader(2)  # leads again, at a later epoch: still not the epoch it was admitted at
+    assert p.append(late, leader_epoch=2, verified_txn=True) == (1, False)
+    p.high_watermark = p.log_end_offset
+    assert p.read(1, 1 << 20, False).batches[0].partition_leader_epoch == 2
 
 
 def test_aborted_index_and_open_transactions_survive_reopen(tmp_path: Path) -> None:
     s = RocksStorage(str(tmp_path / "db"))
     p = part(s)
     append(p, 1, producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
-    p.write_marker(5, 0, False, 0)
+    p.write_marker(5, 0, False, 0, leader_epoch=p.leader_epoch)
     append(p, 1, producer_id=6, producer_epoch=0, base_sequence=0, transactional=True)
     s.close()
     s = RocksStorage(str(tmp_path / "db"))
@@ -136,15 +160,22 @@ def test_retention_never_passes_an_open_transaction(storage: RocksStorage) -> No
 def test_idle_producers_expire_persistently_but_not_with_a_transaction_open(tmp_path: Path) -> None:
     s = RocksStorage(str(tmp_path / "db"))
     p = PartitionLog(s, "t", 0, TOPIC_ID, config({"producer.id.expiration.ms": 1000}))
-    p.append(build_batch([(None, b"a", None, 5_000)], producer_id=7, producer_epoch=0, base_sequence=0))
+    p.become_leader(0)
+    p.append(
+        build_batch([(None, b"a", None, 5_000)], producer_id=7, producer_epoch=0, base_sequence=0),
+        leader_epoch=p.leader_epoch,
+    )
     txn = build_batch([(None, b"b", None, 5_000)], producer_id=8, producer_epoch=0, base_sequence=0, transactional=True)
-    p.append(txn, verified_txn=True)
+    p.append(txn, verified_txn=True, leader_epoch=p.leader_epoch)
     p.high_watermark = p.log_end_offset
     assert p.remove_expired_producers(5_500) == 0  # not idle long enough
     assert p.remove_expired_producers(6_000) == 1  # 7 goes; 8 has its transaction open
     assert set(p.producers) == {8}
     with pytest.raises(SluiceError) as info:  # 7 is a stranger now: its sequence must start again
-        p.append(build_batch([(None, b"c", None, 6_000)], producer_id=7, producer_epoch=0, base_sequence=1))
+        p.append(
+            build_batch([(None, b"c", None, 6_000)], producer_id=7, producer_epoch=0, base_sequence=1),
+            leader_epoch=p.leader_epoch,
+        )
     assert info.value.code == pb.UNKNOWN_PRODUCER_ID
     s.close()
     s = RocksStorage(str(tmp_path / "db"))  # the removal was written, not only forgotten
@@ -154,9 +185,16 @@ def test_idle_producers_expire_persistently_but_not_with_a_transaction_open(tmp_
 
 def test_a_new_producer_is_refused_once_the_partition_holds_the_cap(storage: RocksStorage) -> None:
     p = PartitionLog(storage, "t", 0, TOPIC_ID, config({"producer.id.max.count.per.partition": 2}))
+    p.become_leader(0)
     for pid in (1, 2):
-        p.append(build_batch([(None, b"x")], producer_id=pid, producer_epoch=0, base_sequence=0))
+        p.append(
+            build_batch([(None, b"x")], producer_id=pid, producer_epoch=0, base_sequence=0), leader_epoch=p.leader_epoch
+        )
     with pytest.raises(SluiceError) as info:
-        p.append(build_batch([(None, b"x")], producer_id=3, producer_epoch=0, base_sequence=0))
+        p.append(
+            build_batch([(None, b"x")], producer_id=3, producer_epoch=0, base_sequence=0), leader_epoch=p.leader_epoch
+        )
     assert info.value.code == pb.POLICY_VIOLATION and "producer.id.max.count.per.partition=2" in str(info.value)
-    p.append(build_batch([(None, b"y")], producer_id=1, producer_epoch=0, base_sequence=1))  # known ones go on
+    p.append(
+        build_batch([(None, b"y")], producer_id=1, producer_epoch=0, base_sequence=1), leader_epoch=p.leader_epoch
+    )  # known ones go on

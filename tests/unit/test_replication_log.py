@@ -29,8 +29,10 @@ def logs(tmp_path: Path) -> Iterator[tuple[PartitionLog, PartitionLog]]:
 
 
 def lead(part: PartitionLog, *values: bytes, **header: int | bool) -> None:
+    if not part.leading:
+        part.become_leader(part.leader_epoch)
     for v in values:
-        part.append(build_batch([(None, v)], **header), verified_txn=True)
+        part.append(build_batch([(None, v)], **header), verified_txn=True, leader_epoch=part.leader_epoch)
 
 
 def copy(leader: PartitionLog, follower: PartitionLog) -> None:
@@ -54,10 +56,10 @@ def values(part: PartitionLog) -> list[bytes | None]:
 
 def test_follower_copies_batches_and_their_state(logs: tuple[PartitionLog, PartitionLog]) -> None:
     a, b = logs
-    a.set_leader_epoch(0)
+    a.become_leader(0)
     lead(a, b"x", b"y")
     lead(a, b"t1", producer_id=4, producer_epoch=0, base_sequence=0, transactional=True)
-    a.write_marker(4, 0, False, 0)
+    a.write_marker(4, 0, False, 0, leader_epoch=a.leader_epoch)
     lead(a, b"t2", producer_id=4, producer_epoch=0, base_sequence=1, transactional=True)
     copy(a, b)
     assert values(b) == values(a)
@@ -70,13 +72,13 @@ def test_follower_copies_batches_and_their_state(logs: tuple[PartitionLog, Parti
 
 def test_old_leader_truncates_what_the_new_leader_never_had(logs: tuple[PartitionLog, PartitionLog]) -> None:
     a, b = logs
-    a.set_leader_epoch(0)
+    a.become_leader(0)
     lead(a, b"0", b"1", b"2")
     copy(a, b)
     lead(a, b"lost", producer_id=9, producer_epoch=0, base_sequence=0)  # never reached b
-    b.set_leader_epoch(1)  # b is elected
+    b.become_leader(1)  # b is elected
     lead(b, b"3", b"4")
-    a.leader_epoch = 1  # a comes back as a follower of b
+    a.become_follower(1)  # a comes back as a follower of b
     d = divergence(b, a.log_end_offset, a.latest_epoch)
     assert d is not None and (d.epoch, d.end_offset) == (0, 3)
     copy(b, a)
@@ -89,7 +91,7 @@ def test_old_leader_truncates_what_the_new_leader_never_had(logs: tuple[Partitio
 def test_truncation_survives_reopen(tmp_path: Path) -> None:
     s = RocksStorage(str(tmp_path / "c"))
     p = PartitionLog(s, "t", 0, TOPIC_ID, config())
-    p.set_leader_epoch(0)
+    p.become_leader(0)
     lead(p, b"a", b"b", b"c")
     p.truncate_to(1)
     s.close()
@@ -112,11 +114,11 @@ def test_tracker_lag_and_end_offsets() -> None:
 def test_an_epoch_led_without_writing_is_forgotten(logs: tuple[PartitionLog, PartitionLog]) -> None:
     """A replica that led an epoch and wrote nothing, then follows a leader that never had that epoch."""
     a, b = logs
-    a.set_leader_epoch(0)
+    a.become_leader(0)
     lead(a, b"0")
     copy(a, b)
-    b.set_leader_epoch(1)  # b leads epoch 1 briefly and writes nothing
-    a.set_leader_epoch(2)  # a leads again: it never saw epoch 1
+    b.become_leader(1)  # b leads epoch 1 briefly and writes nothing
+    a.become_leader(2)  # a leads again: it never saw epoch 1
     lead(a, b"1")
     copy(a, b)
     assert values(b) == [b"0", b"1"]
@@ -126,8 +128,8 @@ def test_an_epoch_led_without_writing_is_forgotten(logs: tuple[PartitionLog, Par
 
 def test_empty_replica_with_a_stale_epoch_converges(logs: tuple[PartitionLog, PartitionLog]) -> None:
     a, b = logs
-    b.set_leader_epoch(0)  # b was the first leader of an empty partition
-    a.set_leader_epoch(1)
+    b.become_leader(0)  # b was the first leader of an empty partition
+    a.become_leader(1)
     d = divergence(a, b.log_end_offset, b.latest_epoch)
     assert d is not None
     copy(a, b)

@@ -26,9 +26,10 @@ def config(key: str) -> object:
 
 def fill(storage: RocksStorage, topic_id: str, partition: int) -> PartitionLog:
     log = PartitionLog(storage, "orders", partition, topic_id, config)
+    log.become_leader(0)
     batch = build_batch([(None, b"v")])
     validate_batch(batch, 1 << 20)
-    log.append(batch, verified_txn=True)
+    log.append(batch, verified_txn=True, leader_epoch=log.leader_epoch)
     return log
 
 

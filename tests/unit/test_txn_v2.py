@@ -12,14 +12,17 @@ broker core (tests/unit/test_txn_coordinator.py's harness).
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 from sluice.api.v1 import broker_pb2 as bpb
+from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.txn.log import decode_value, encode_key, encode_value
 from sluice.broker.txn.state import MAX_EPOCH, IllegalTransition, TxnMetadata, TxnState
+from sluice.records import decode_records
 
 from .test_txn_coordinator import TOPIC, Broker, run, state_is, until
 
@@ -213,3 +216,65 @@ def test_a_timeout_bump_is_resumable_and_a_fence_is_not() -> None:
     legacy = decode_value(encode_key("t"), old)
     assert (legacy.resume_producer_epoch, legacy.next_producer_id) == (-1, -1)
     assert not legacy.timed_out and not legacy.tv2
+
+
+def test_a_late_marker_of_the_previous_transaction_does_not_end_the_next_one(tmp_path: Path) -> None:
+    """Issue 30 (Kafka's KIP-1228): under TV2 the next transaction writes with the epoch the previous
+    one's markers carry. A WriteTxnMarkers of the previous transaction delivered late (after a cut
+    heals) would have ended the new one as aborted, and the new one's commit would then find
+    nothing open: a commit acknowledged with its records aborted. TV2 markers go out as version 2
+    and a partition refuses one that is not newer than its open transaction's data."""
+
+    async def test(b: Broker) -> None:
+        pid, epoch = await b.init("tx")
+        assert await add2(b, "tx", pid, epoch, 0) == [pb.NONE]
+        assert await b.produce("tx", pid, epoch, 0, b"first") == pb.NONE
+        assert (await end2(b, "tx", pid, epoch, commit=False)).error_code == pb.NONE
+        await until(state_is(b, "tx", "CompleteAbort"), "CompleteAbort")
+        # the next transaction writes with the bumped epoch, the one the abort's marker carries
+        assert await add2(b, "tx", pid, epoch + 1, 0) == [pb.NONE]
+        assert await b.produce("tx", pid, epoch + 1, 0, b"second") == pb.NONE
+        late = ipb.WriteTxnMarkersRequest(
+            markers=[
+                ipb.TxnMarker(
+                    producer_id=pid,
+                    producer_epoch=epoch + 1,
+                    committed=False,
+                    coordinator_epoch=0,
+                    transaction_version=2,
+                    partitions=[pb.TopicPartition(topic=TOPIC, partition=0)],
+                    transactional_id="tx",
+                )
+            ]
+        )
+        refused = (await b.replicas.write_markers(late)).markers[0].partitions[0]
+        assert refused.error_code == pb.INVALID_PRODUCER_EPOCH and "late marker" in refused.error_message
+        assert b.markers(0) == [False]  # only the first transaction's abort
+        assert (await end2(b, "tx", pid, epoch + 1, commit=True)).error_code == pb.NONE
+        await until(state_is(b, "tx", "CompleteCommit"), "CompleteCommit")
+        assert b.markers(0) == [False, True]
+        part = b.replicas.partitions[(TOPIC, 0)]
+        visible = part.read(0, 1 << 20, read_committed=True)
+        assert [decode_records(x)[0].value for x in visible.batches if not x.control] == [b"second"]
+
+    run(tmp_path, test)
+
+
+def test_markers_say_whether_the_end_bumped_the_epoch() -> None:
+    """The flag survives the log (a coordinator failover re-sends markers from the loaded state)."""
+    meta = TxnMetadata.new("tx", 7, 60_000, 0).add_partitions([(TOPIC, 0)], 1, tv2=True)
+    ends = {
+        "v2 end": meta.prepare_end(True, 2, bump=True),
+        "timeout": meta.abort_timed_out(2),
+        "fence": meta.fence_and_abort(2),
+        "v1 end": meta.prepare_end(True, 2, bump=False),
+    }
+    assert {k: m.end_bumped for k, m in ends.items()} == {
+        "v2 end": True,
+        "timeout": True,
+        "fence": True,
+        "v1 end": False,
+    }
+    for m in ends.values():
+        assert decode_value(encode_key("tx"), encode_value(m)) == m
+    assert "end_bumped" not in json.loads(encode_value(ends["v1 end"]))  # an old record reads as False

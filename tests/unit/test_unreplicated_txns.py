@@ -20,7 +20,9 @@ TOPIC_ID = "fedcba9876543210fedcba9876543210"
 def open_log(path: Path) -> tuple[RocksStorage, PartitionLog]:
     values = {k: d for k, (_t, d) in DEFAULTS.items()}
     storage = RocksStorage(str(path / "db"))
-    return storage, PartitionLog(storage, "t", 0, TOPIC_ID, values.__getitem__)
+    p = PartitionLog(storage, "t", 0, TOPIC_ID, values.__getitem__)
+    p.become_leader(0)
+    return storage, p
 
 
 def txn_batch(pid: int, seq: int, n: int = 2) -> RecordBatch:
@@ -33,11 +35,11 @@ def txn_batch(pid: int, seq: int, n: int = 2) -> RecordBatch:
 
 def test_a_committed_transaction_is_unstable_until_its_marker_is_below_the_hw(tmp_path: Path) -> None:
     storage, p = open_log(tmp_path)
-    p.append(txn_batch(7, 0), verified_txn=True)  # offsets 0-1
-    p.append(txn_batch(7, 2), verified_txn=True)  # offsets 2-3
+    p.append(txn_batch(7, 0), verified_txn=True, leader_epoch=p.leader_epoch)  # offsets 0-1
+    p.append(txn_batch(7, 2), verified_txn=True, leader_epoch=p.leader_epoch)  # offsets 2-3
     p.high_watermark = 4  # the data is on every in-sync replica
     assert p.last_stable_offset == 0
-    assert p.write_marker(7, 0, True, 0) == 4
+    assert p.write_marker(7, 0, True, 0, leader_epoch=p.leader_epoch) == 4
     assert p.open_txns == {}
     # the marker is only on this replica: the transaction is still unstable
     assert p.first_unstable_offset == 0
@@ -52,11 +54,11 @@ def test_a_committed_transaction_is_unstable_until_its_marker_is_below_the_hw(tm
 
 def test_aborted_transactions_wait_for_their_marker_too_and_the_earliest_first_offset_wins(tmp_path: Path) -> None:
     storage, p = open_log(tmp_path)
-    p.append(txn_batch(7, 0), verified_txn=True)  # 0-1, producer 7
-    p.append(txn_batch(8, 0), verified_txn=True)  # 2-3, producer 8
+    p.append(txn_batch(7, 0), verified_txn=True, leader_epoch=p.leader_epoch)  # 0-1, producer 7
+    p.append(txn_batch(8, 0), verified_txn=True, leader_epoch=p.leader_epoch)  # 2-3, producer 8
     p.high_watermark = 4
-    p.write_marker(8, 0, False, 0)  # 4: abort of 8
-    p.write_marker(7, 0, True, 0)  # 5: commit of 7
+    p.write_marker(8, 0, False, 0, leader_epoch=p.leader_epoch)  # 4: abort of 8
+    p.write_marker(7, 0, True, 0, leader_epoch=p.leader_epoch)  # 5: commit of 7
     assert [(m, f) for m, f, _pid in p.unreplicated_txns] == [(4, 2), (5, 0)]
     assert p.last_stable_offset == 0
     p.high_watermark = 5  # 8's abort replicated, 7's commit not yet
@@ -85,12 +87,12 @@ def test_a_follower_keeps_the_rule_for_markers_it_copied(tmp_path: Path) -> None
 
 def test_the_unreplicated_set_is_rebuilt_after_a_restart_from_the_hw_checkpoint(tmp_path: Path) -> None:
     storage, p = open_log(tmp_path)
-    p.append(txn_batch(7, 0), verified_txn=True)  # 0-1
+    p.append(txn_batch(7, 0), verified_txn=True, leader_epoch=p.leader_epoch)  # 0-1
     p.high_watermark = 2
-    p.write_marker(7, 0, True, 0)  # 2
-    p.append(txn_batch(7, 2), verified_txn=True)  # 3-4: the next transaction of 7
+    p.write_marker(7, 0, True, 0, leader_epoch=p.leader_epoch)  # 2
+    p.append(txn_batch(7, 2), verified_txn=True, leader_epoch=p.leader_epoch)  # 3-4: the next transaction of 7
     p.high_watermark = 5
-    p.write_marker(7, 0, True, 0)  # 5
+    p.write_marker(7, 0, True, 0, leader_epoch=p.leader_epoch)  # 5
     p.checkpoint_high_watermark()  # HW 5: the first marker is below it, the second is not
     storage.close()
     storage, p = open_log(tmp_path)
@@ -104,9 +106,9 @@ def test_the_unreplicated_set_is_rebuilt_after_a_restart_from_the_hw_checkpoint(
 
 def test_truncation_rebuilds_the_set_from_what_is_left(tmp_path: Path) -> None:
     storage, p = open_log(tmp_path)
-    p.append(txn_batch(7, 0), verified_txn=True)  # 0-1
+    p.append(txn_batch(7, 0), verified_txn=True, leader_epoch=p.leader_epoch)  # 0-1
     p.high_watermark = 2
-    p.write_marker(7, 0, True, 0)  # 2
+    p.write_marker(7, 0, True, 0, leader_epoch=p.leader_epoch)  # 2
     assert p.last_stable_offset == 0
     p.truncate_to(2)  # the marker was not on the new leader: the transaction is open again
     assert p.open_txns == {7: 0}

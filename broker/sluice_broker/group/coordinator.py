@@ -105,6 +105,7 @@ class OffsetsPartitionState:
     """The groups of one ``__consumer_offsets`` partition this broker leads (the shard's state)."""
 
     partition: int
+    coordinator_epoch: int  # the leader epoch it was loaded at: its writes are valid only while we lead at it
     offsets: OffsetStore = field(default_factory=OffsetStore)
     groups: dict[str, ConsumerGroup] = field(default_factory=dict)
     group_log: GroupRecordLog = field(default_factory=GroupRecordLog)  # group records, while loading
@@ -183,7 +184,7 @@ class GroupCoordinator:
     # -- the shard: replaying __consumer_offsets (the runtime loads and unloads) ------------------
 
     def new_state(self, partition: int, coordinator_epoch: int) -> OffsetsPartitionState:
-        return OffsetsPartitionState(partition)
+        return OffsetsPartitionState(partition, coordinator_epoch)
 
     def replay(self, state: OffsetsPartitionState, partition: int, batch: RecordBatch) -> None:
         try:
@@ -328,7 +329,11 @@ class GroupCoordinator:
             offset_records(group_id, [((i.topic, i.partition), i.value) for i in valid if i.value]), **header
         )
         try:
-            return int(self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch))
+            return int(
+                self.replicas.append_internal(
+                    CONSUMER_OFFSETS_TOPIC, state.partition, batch, leader_epoch=state.coordinator_epoch
+                )
+            )
         except SluiceError as exc:
             code = pb.NOT_COORDINATOR if exc.code == pb.NOT_LEADER_OR_FOLLOWER else exc.code
             for item in valid:
@@ -589,7 +594,9 @@ class GroupCoordinator:
         records = changed_records(group_records(current) if current is not None else {}, group_records(changed))
         if records:
             try:
-                self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records))
+                self.replicas.append_internal(
+                    CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records), leader_epoch=state.coordinator_epoch
+                )
             except SluiceError as exc:
                 raise _coordinator_error(exc) from exc
             except Exception as exc:
@@ -605,7 +612,9 @@ class GroupCoordinator:
     ) -> None:
         """Append records of a group (synchronously); a failure is raised as the coordinator error."""
         try:
-            self.replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records))
+            self.replicas.append_internal(
+                CONSUMER_OFFSETS_TOPIC, state.partition, build_batch(records), leader_epoch=state.coordinator_epoch
+            )
         except SluiceError as exc:
             raise _coordinator_error(exc) from exc
         except Exception as exc:

@@ -23,6 +23,19 @@ index (producer id -> [(first offset, marker offset)]).
 The batch is the unit throughout: append validates its header and CRC and
 stores it as it came (with base offset and leader epoch set); reads return
 stored batches. Records are decoded only for timestamp look-ups.
+
+Leadership and the epoch stamp: a leader append (client batches, coordinator
+batches, markers) names the leader epoch under which its request was admitted,
+and :meth:`PartitionLog.append` / :meth:`PartitionLog.write_marker` refuse it
+with NOT_LEADER_OR_FOLLOWER unless this replica still leads at exactly that
+epoch, in the same synchronous step that stamps the epoch and writes. A request
+may wait between admission and append (KIP-890's verification with the
+transaction coordinator, a lock, a quota), and leadership may move meanwhile: a
+deposed leader that appended anyway would stamp its batch with the *new*
+leader's epoch (its ``leader_epoch`` follows the metadata), so two replicas
+would differ within one epoch and no OffsetsForLeaderEpoch exchange would ever
+find it (issue 30). Kafka guards the same step with the partition's leader/ISR
+lock and re-checks leadership in the verification callback.
 """
 
 from __future__ import annotations
@@ -129,7 +142,8 @@ class PartitionLog:
         # the HW, sorted; see the module docstring. Set before the HW, whose setter prunes it.
         self._unreplicated: list[tuple[int, int, int]] = []
         self._hw = 0
-        self.leader_epoch = 0
+        self.leader_epoch = 0  # the latest epoch this replica knows of, as leader or follower
+        self.leading = False  # this replica leads at ``leader_epoch`` (set by the replica manager)
         self.epoch_cache: list[tuple[int, int]] = []  # (leader epoch, its start offset)
         self.producers: dict[int, ProducerEntry] = {}
         self.open_txns: dict[int, int] = {}  # producer id -> first offset of its open transaction
@@ -253,8 +267,9 @@ class PartitionLog:
                 break
         return None
 
-    def set_leader_epoch(self, epoch: int) -> None:
-        """Become leader at ``epoch``: new batches are stamped with it and it starts at the log end."""
+    def become_leader(self, epoch: int) -> None:
+        """Lead at ``epoch``: new batches are stamped with it and it starts at the log end."""
+        self.leading = True
         if epoch == self.leader_epoch and self.epoch_cache and self.epoch_cache[-1][0] >= epoch:
             return
         self.leader_epoch = epoch
@@ -263,6 +278,21 @@ class PartitionLog:
         ws = WriteSet()
         ws.put("partition_meta", self.prefix, self._meta())
         self.storage.write(ws)
+
+    def become_follower(self, epoch: int) -> None:
+        """Another replica leads at ``epoch`` (or none does): no leader append passes from now on."""
+        self.leading = False
+        self.leader_epoch = max(self.leader_epoch, epoch)
+
+    def check_leader(self, admitted_epoch: int) -> None:
+        """Raise NOT_LEADER_OR_FOLLOWER unless this replica leads at ``admitted_epoch`` now."""
+        if self.leading and self.leader_epoch == admitted_epoch:
+            return
+        now = f"leads at epoch {self.leader_epoch}" if self.leading else f"follows at epoch {self.leader_epoch}"
+        raise errors.NotLeaderOrFollowerError(
+            f"{self.topic}-{self.partition}: the request was admitted at leader epoch {admitted_epoch}, "
+            f"but this replica now {now}; nothing was written",
+        )
 
     @property
     def latest_epoch(self) -> int:
@@ -287,13 +317,16 @@ class PartitionLog:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def append(self, batch: RecordBatch, *, verified_txn: bool = False) -> tuple[int, bool]:
+    def append(self, batch: RecordBatch, *, leader_epoch: int, verified_txn: bool = False) -> tuple[int, bool]:
         """Append a validated data batch as leader. Returns (base offset, is_duplicate).
 
-        ``verified_txn``: the caller checked with the transaction coordinator
-        that this partition is part of the producer's open transaction (needed
-        for the first transactional batch of a transaction on this partition).
+        ``leader_epoch``: the epoch under which the caller's request was
+        admitted (:meth:`check_leader`). ``verified_txn``: the caller checked
+        with the transaction coordinator that this partition is part of the
+        producer's open transaction (needed for the first transactional batch
+        of a transaction on this partition).
         """
+        self.check_leader(leader_epoch)
         pid = batch.producer_id
         if pid > 0:
             entry = self.producers.get(pid)
@@ -357,15 +390,29 @@ class PartitionLog:
             del self.producers[pid]
         return len(expired)
 
-    def write_marker(self, producer_id: int, epoch: int, committed: bool, coordinator_epoch: int) -> int | None:
+    def write_marker(
+        self,
+        producer_id: int,
+        epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        *,
+        leader_epoch: int,
+        transaction_version: int = 1,
+    ) -> int | None:
         """Write a COMMIT/ABORT marker for ``producer_id`` as leader; returns its offset.
 
         None when the producer has no transaction open here: the marker was
         already written (a coordinator retrying after failover) or nothing was
-        ever written, and either way there is nothing to end.
+        ever written, and either way there is nothing to end. ``leader_epoch``
+        as for :meth:`append`; ``transaction_version`` 2: the end bumped the
+        epoch, so the marker must be newer than the open transaction's data.
         """
+        self.check_leader(leader_epoch)
         entry = self.producers.get(producer_id)
-        verdict = check_marker(entry, producer_id, epoch, coordinator_epoch)
+        verdict = check_marker(
+            entry, producer_id, epoch, coordinator_epoch, transaction_version, producer_id in self.open_txns
+        )
         if verdict.action is Action.REJECT:
             raise errors.error_for(verdict.error, verdict.message)
         if entry is None or producer_id not in self.open_txns:

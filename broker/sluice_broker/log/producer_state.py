@@ -198,8 +198,22 @@ def check_append(
     return APPEND
 
 
-def check_marker(entry: ProducerEntry | None, producer_id: int, epoch: int, coordinator_epoch: int) -> Verdict:
-    """Whether a COMMIT/ABORT marker from a coordinator may be written."""
+def check_marker(
+    entry: ProducerEntry | None,
+    producer_id: int,
+    epoch: int,
+    coordinator_epoch: int,
+    transaction_version: int = 1,
+    open_transaction: bool = False,
+) -> Verdict:
+    """Whether a COMMIT/ABORT marker from a coordinator may be written.
+
+    A transaction version 2 marker comes from an end that bumped the epoch, so it is newer than
+    the data of the transaction it ends. One that is not is a late marker of the *previous*
+    transaction (a WriteTxnMarkers delayed until after the next transaction began, which writes
+    with the epoch that marker carries): ending the open transaction with it would commit or
+    abort records its producer never asked to end. Kafka refuses the same (KIP-1228).
+    """
     if entry is None:
         return APPEND
     if coordinator_epoch < entry.coordinator_epoch:
@@ -212,5 +226,11 @@ def check_marker(entry: ProducerEntry | None, producer_id: int, epoch: int, coor
         return Verdict.reject(
             pb.INVALID_PRODUCER_EPOCH,
             f"marker for producer {producer_id} epoch {epoch} is older than the current epoch {entry.epoch}",
+        )
+    if transaction_version >= 2 and open_transaction and epoch <= entry.epoch:
+        return Verdict.reject(
+            pb.INVALID_PRODUCER_EPOCH,
+            f"a transaction version 2 marker for producer {producer_id} at epoch {epoch} is not newer than the "
+            f"open transaction's epoch {entry.epoch}: a late marker of an earlier transaction, refused",
         )
     return APPEND

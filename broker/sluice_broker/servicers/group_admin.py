@@ -170,7 +170,9 @@ class GroupAdmin:
         batch = build_batch([(encode_key(group_id, topic, partition), None) for topic, partition in tps])
         replicas = self.groups.replicas
         try:
-            replicas.append_internal(CONSUMER_OFFSETS_TOPIC, state.partition, batch)
+            replicas.append_internal(
+                CONSUMER_OFFSETS_TOPIC, state.partition, batch, leader_epoch=state.coordinator_epoch
+            )
         except SluiceError as exc:
             if exc.code == pb.NOT_LEADER_OR_FOLLOWER:
                 raise errors.NotCoordinatorError(exc.message) from exc

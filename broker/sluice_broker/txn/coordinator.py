@@ -353,7 +353,9 @@ class TransactionCoordinator:
         entry.pending = new
         try:
             batch = state_batch(new)
-            base = self.replicas.append_internal(TRANSACTION_STATE_TOPIC, cpart.partition, batch)
+            base = self.replicas.append_internal(
+                TRANSACTION_STATE_TOPIC, cpart.partition, batch, leader_epoch=cpart.coordinator_epoch
+            )
             # acks=all for our own log: a decision only counts once the ISR has it
             await self.replicas.wait_replicated(
                 TRANSACTION_STATE_TOPIC, cpart.partition, base + batch.record_count, STATE_REPLICATION_TIMEOUT_S
@@ -696,6 +698,7 @@ class TransactionCoordinator:
             committed=committed,
             coordinator_epoch=cpart.coordinator_epoch,
             partitions=prepared.partitions,
+            transaction_version=2 if prepared.end_bumped else 1,
         )
 
         def still_valid() -> bool:

@@ -10,15 +10,17 @@ record batch appended by the coordinator to the id's partition:
      "timeout_ms": 60000, "state": "Ongoing", "partitions": [["orders", 0], ...],
      "start_ms": 1700000000000, "update_ms": 1700000000123,
      "resume_pid": 4001, "resume_epoch": 2, "next_pid": -1, "timed_out": false,
-     "tv2": true}
+     "tv2": true, "end_bumped": true}
 
 ``resume_pid``/``resume_epoch`` (the handle a non-fencing epoch bump replaced)
 ``next_pid`` (the producer id an exhausted epoch moves to), ``timed_out``
 (the resume handle was replaced by a timeout, not an EndTxn) and ``tv2`` (the
 transaction's producer speaks protocol version 2) came with
-transaction protocol v2; a record without them (written before) reads as -1
-(false), which is what they were then, so the layout version stays 0; each is written
-only when it differs from that (most records do not carry them).
+transaction protocol v2, and ``end_bumped`` (a Prepare* state whose end bumped the
+epoch: its markers go out as transaction version 2) came with issue 30; a record
+without them (written before) reads as -1 (false), which is what they were then,
+so the layout version stays 0; each is written only when it differs from that
+(most records do not carry them).
 
 ``state`` uses the names of :class:`TxnState` (the names DescribeTransactions
 answers), ``partitions`` is sorted so the same state always encodes the same
@@ -41,7 +43,14 @@ from sluice.records import RecordBatch, build_batch, decode_records
 
 VERSION = 0
 # What a record written before transaction protocol v2 (without these keys) reads as.
-_V2_ABSENT: dict[str, Any] = {"resume_pid": -1, "resume_epoch": -1, "next_pid": -1, "timed_out": False, "tv2": False}
+_V2_ABSENT: dict[str, Any] = {
+    "resume_pid": -1,
+    "resume_epoch": -1,
+    "next_pid": -1,
+    "timed_out": False,
+    "tv2": False,
+    "end_bumped": False,
+}
 
 
 class TxnLogError(ValueError):
@@ -72,6 +81,7 @@ def encode_value(meta: TxnMetadata) -> bytes:
         "next_pid": meta.next_producer_id,
         "timed_out": meta.timed_out,
         "tv2": meta.tv2,
+        "end_bumped": meta.end_bumped,
     }
     doc.update({k: v for k, v in v2.items() if v != _V2_ABSENT[k]})
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -99,6 +109,7 @@ def decode_value(key: bytes, value: bytes) -> TxnMetadata:
             next_producer_id=int(doc.get("next_pid", -1)),
             timed_out=bool(doc.get("timed_out", False)),
             tv2=bool(doc.get("tv2", False)),
+            end_bumped=bool(doc.get("end_bumped", False)),
         )
     except TxnLogError:
         raise

@@ -83,6 +83,8 @@ class MarkerJob:
     committed: bool
     coordinator_epoch: int
     partitions: frozenset[TopicPartition]
+    # 2: the end bumped the epoch, so the marker must be newer than the data it ends (KIP-1228)
+    transaction_version: int = 1
 
     def request(self, partitions: Iterable[TopicPartition]) -> ipb.WriteTxnMarkersRequest:
         marker = ipb.TxnMarker(
@@ -91,6 +93,7 @@ class MarkerJob:
             committed=self.committed,
             coordinator_epoch=self.coordinator_epoch,
             transactional_id=self.transactional_id,
+            transaction_version=self.transaction_version,
         )
         for topic, partition in sorted(partitions):
             marker.partitions.add(topic=topic, partition=partition)

@@ -143,6 +143,11 @@ class TxnMetadata:
     # The transaction's producer speaks transaction protocol v2 (it said so when adding
     # partitions): a timeout then aborts it without fencing. Version 1 producers are fenced.
     tv2: bool = False
+    # In Prepare*: this end bumped the epoch above the one the transaction's data was written with
+    # (a TV2 EndTxn, a timeout, a fence), so its markers go out as transaction version 2 and a
+    # partition accepts them only above that data's epoch (KIP-1228): a late marker of the previous
+    # transaction, which carries the epoch the next transaction writes with, cannot end that one.
+    end_bumped: bool = False
 
     @classmethod
     def new(cls, transactional_id: str, producer_id: int, timeout_ms: int, now: int) -> TxnMetadata:
@@ -206,6 +211,7 @@ class TxnMetadata:
         """The fields of an end that bumps the epoch (TV2); the old handle may resume."""
         changes: dict[str, Any] = {
             "producer_epoch": min(self.producer_epoch + 1, MAX_EPOCH),
+            "end_bumped": self.producer_epoch < MAX_EPOCH,
             "resume_producer_id": self.producer_id,
             "resume_producer_epoch": self.producer_epoch,
             "next_producer_id": NO_PRODUCER_ID,
@@ -231,7 +237,7 @@ class TxnMetadata:
         """
         state = S.PREPARE_COMMIT if commit else S.PREPARE_ABORT
         if not bump:
-            return self.transit(state, now)
+            return self.transit(state, now, end_bumped=False)
         return self.transit(state, now, **self._ending_bump(next_producer_id, False))
 
     def abort_timed_out(self, now: int, next_producer_id: int | None = None) -> TxnMetadata:
@@ -261,6 +267,7 @@ class TxnMetadata:
             resume_producer_epoch=resume[1],
             next_producer_id=NO_PRODUCER_ID,
             timed_out=False,
+            end_bumped=bumped > self.producer_epoch,
         )
         return fenced.transit(S.PREPARE_ABORT, now)
 

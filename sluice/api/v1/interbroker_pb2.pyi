@@ -9,20 +9,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class TxnMarker(_message.Message):
-    __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions", "transactional_id")
+    __slots__ = ("producer_id", "producer_epoch", "committed", "coordinator_epoch", "partitions", "transactional_id", "transaction_version")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_VERSION_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     producer_epoch: int
     committed: bool
     coordinator_epoch: int
     partitions: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
     transactional_id: str
-    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., transactional_id: _Optional[str] = ...) -> None: ...
+    transaction_version: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., committed: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ..., transactional_id: _Optional[str] = ..., transaction_version: _Optional[int] = ...) -> None: ...
 
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)

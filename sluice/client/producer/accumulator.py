@@ -27,6 +27,15 @@ Design:
   original offset, which is simply accepted.
 * Every mutation happens under one lock; the sender thread is woken through a
   callback when a batch becomes sendable.
+* A batch stays in the *incomplete* set (what ``flush()`` and a commit wait
+  for) until :meth:`RecordAccumulator.complete` or :meth:`RecordAccumulator.fail`
+  resolves it. Methods that take batches out of their queues to be failed
+  (:meth:`~RecordAccumulator.expire`, :meth:`~RecordAccumulator.abort_queued`,
+  :meth:`~RecordAccumulator.reset_sequences`) leave them incomplete: the caller
+  first records what the failure means for the transaction, then calls
+  ``fail()``. A commit that sees a batch gone thus also sees its error.
+* A transactional batch belongs to one transaction (its ``generation``, see
+  ``transaction_manager``): records of another transaction never join it.
 
 The accumulator does no I/O and knows nothing of brokers; unit tests drive it directly.
 """
@@ -79,6 +88,7 @@ class ProducerBatch(BatchBuilder):
         "attempts",
         "created",
         "done",
+        "generation",
         "last_error",
         "maybe_stored",
         "order",
@@ -92,10 +102,12 @@ class ProducerBatch(BatchBuilder):
         "wire_parts",
     )
 
-    def __init__(self, tp: TopicPartition, transactional: bool, created: float) -> None:
+    def __init__(self, tp: TopicPartition, transactional: bool, created: float, generation: int = 0) -> None:
         super().__init__()
         self.tp = tp
         self.transactional = transactional
+        # The transaction the batch belongs to (TransactionManager.generation when it was created).
+        self.generation = generation
         self.created = created
         self.outcome = BatchOutcome(tp.topic, tp.partition)
         self.sequence = -1  # assigned on first drain when idempotent
@@ -233,8 +245,11 @@ class RecordAccumulator:
         *,
         transactional: bool = False,
         abort_on_new_batch: bool = False,
+        generation: int = 0,
     ) -> FutureRecordMetadata | None:
         """Append a record; its future, or None if ``abort_on_new_batch`` and it needed a new batch.
+
+        ``generation``: the transaction the record belongs to; it only joins a batch of the same one.
 
         A record that can never be sent (larger than max_request_size) gets a
         future failed with MessageTooLargeError.
@@ -251,6 +266,7 @@ class RecordAccumulator:
             size,
             transactional,
             abort_on_new_batch,
+            generation,
         )
 
     def too_large(self, size: int) -> FutureRecordMetadata:
@@ -271,6 +287,7 @@ class RecordAccumulator:
         size: int,
         transactional: bool,
         abort_on_new_batch: bool,
+        generation: int = 0,
     ) -> FutureRecordMetadata | None:
         """:meth:`append` for callers that looked up the queue (:meth:`queue_for`) and sized the record.
 
@@ -283,7 +300,7 @@ class RecordAccumulator:
             if queue:
                 last = queue[-1]
                 new_size = last.size + size
-                if new_size <= self._batch_size and last.wire_parts is None:
+                if new_size <= self._batch_size and last.wire_parts is None and last.generation == generation:
                     index = last.count
                     if headers:
                         last.append(key, value, headers, timestamp)
@@ -317,7 +334,7 @@ class RecordAccumulator:
             if full is None:
                 if abort_on_new_batch:
                     return None
-                full = ProducerBatch(part.tp, transactional, monotonic())
+                full = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 index = full.append(key, value, headers, timestamp)
                 queue.append(full)
                 self._incomplete.add(full)
@@ -381,12 +398,14 @@ class RecordAccumulator:
         producer_id: int = -1,
         producer_epoch: int = -1,
         max_bytes: int | None = None,
+        generation: int | None = None,
     ) -> list[ProducerBatch]:
         """Take one batch from each of ``tps`` (that is still sendable), mark it in flight.
 
         New batches are sealed here with the producer id, epoch and the
         partition's next sequence (when idempotent). ``max_bytes`` bounds the
-        total (one batch is always taken).
+        total (one batch is always taken). With ``generation``, a
+        transactional batch of another transaction is left where it is.
         """
         out: list[ProducerBatch] = []
         to_seal: list[tuple[ProducerBatch, int, int, int]] = []
@@ -403,6 +422,8 @@ class RecordAccumulator:
                     continue
                 head = part.queue[0]
                 if out and total + head.size > limit:
+                    continue
+                if generation is not None and head.transactional and head.generation != generation:
                     continue
                 if part.recovering and not head.sealed and not part.in_flight:
                     part.recovering = False
@@ -448,7 +469,11 @@ class RecordAccumulator:
         self._wakeup()
 
     def fail(self, batch: ProducerBatch, exc: BaseException) -> None:
-        """``batch`` failed for good: fail its records' futures."""
+        """``batch`` failed for good: fail its records' futures; it is no longer incomplete.
+
+        A transactional batch's caller records the failure with the
+        transaction first (``TransactionManager.send_failed``).
+        """
         with self._lock:
             part = self._remove_in_flight(batch)
             if part is not None:
@@ -511,9 +536,12 @@ class RecordAccumulator:
         with self._lock:
             return bool(self._incomplete)
 
-    def incomplete(self) -> list[ProducerBatch]:
+    def incomplete(self, generation: int | None = None) -> list[ProducerBatch]:
+        """Batches not yet completed or failed (with ``generation``: of that transaction only)."""
         with self._lock:
-            return list(self._incomplete)
+            if generation is None:
+                return list(self._incomplete)
+            return [b for b in self._incomplete if b.transactional and b.generation == generation]
 
     def pending_partitions(self) -> set[TopicPartition]:
         """Partitions with queued batches (the sender needs their leaders)."""
@@ -521,7 +549,10 @@ class RecordAccumulator:
             return {tp for tp, p in self._parts.items() if p.queue}
 
     def expire(self, now: float) -> list[ProducerBatch]:
-        """Remove and return queued batches older than delivery_timeout_ms (the caller fails them)."""
+        """Take queued batches older than delivery_timeout_ms out of their queues, for the caller to fail.
+
+        They stay incomplete until the caller's ``fail()``, after it recorded the error.
+        """
         limit = self.config.delivery_timeout_ms / 1000.0
         out: list[ProducerBatch] = []
         with self._lock:
@@ -532,7 +563,6 @@ class RecordAccumulator:
                 for batch in part.queue:
                     if now - batch.created >= limit:
                         out.append(batch)
-                        self._incomplete.discard(batch)
                     else:
                         keep.append(batch)
                 part.queue = keep
@@ -543,7 +573,10 @@ class RecordAccumulator:
         return now - batch.created >= self.config.delivery_timeout_ms / 1000.0
 
     def abort_queued(self, predicate: Callable[[ProducerBatch], bool] | None = None) -> list[ProducerBatch]:
-        """Remove and return every queued (not in-flight) batch matching ``predicate``."""
+        """Take every queued (not in-flight) batch matching ``predicate`` out of its queue, for the caller to fail.
+
+        They stay incomplete until the caller's ``fail()``.
+        """
         out: list[ProducerBatch] = []
         with self._lock:
             for part in self._parts.values():
@@ -551,7 +584,6 @@ class RecordAccumulator:
                 for batch in part.queue:
                     if predicate is None or predicate(batch):
                         out.append(batch)
-                        self._incomplete.discard(batch)
                     else:
                         keep.append(batch)
                 part.queue = keep
@@ -563,8 +595,8 @@ class RecordAccumulator:
 
         Queued batches that were sealed are unsealed and will be sent as new
         batches, except those whose earlier send may have been stored (their
-        outcome is unknown): those are removed and returned, for the caller to
-        fail, so they are never written twice.
+        outcome is unknown): those are taken out and returned, for the caller to
+        fail (they stay incomplete until then), so they are never written twice.
         """
         dropped: list[ProducerBatch] = []
         with self._lock:
@@ -575,7 +607,6 @@ class RecordAccumulator:
                 for batch in part.queue:
                     if batch.sealed and batch.maybe_stored:
                         dropped.append(batch)
-                        self._incomplete.discard(batch)
                         continue
                     if batch.sealed:
                         batch.unseal()

@@ -290,6 +290,7 @@ class Producer:
         if self._closed:
             raise errors.IllegalStateError("cannot send: the producer is closed")
         txn = self._txn
+        generation = txn.generation  # read before the check: the record belongs to the transaction it passed in
         if not txn.send_ok:
             txn.check_can_send()
         if value is not None and value.__class__ is not bytes:
@@ -303,7 +304,7 @@ class Producer:
             try:
                 route = self._route(topic, now_ms)
             except errors.SluiceError as exc:
-                return failed_future(exc)
+                return self._refused(exc, generation)
         size = RECORD_OVERHEAD + (len(value) if value is not None else 0)
         if key is not None:
             size += len(key)
@@ -311,15 +312,19 @@ class Producer:
             size = record_size(key, value, hdrs)
         accumulator = self._accumulator
         if size > self._max_record_size:
-            return accumulator.too_large(size)
+            return self._refused(accumulator.too_large(size), generation)
         ts = now_ms if timestamp_ms is None else timestamp_ms
         transactional = self._transactional
         if partition is None and key is None:
             chosen = route.sticky
-            future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, True)
+            future = accumulator.append_to(
+                route.queues[chosen], key, value, hdrs, ts, size, transactional, True, generation
+            )
             if future is None:  # the sticky batch is full or gone: stick to another partition
                 chosen = self._next_sticky(route, chosen)
-                future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
+                future = accumulator.append_to(
+                    route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
+                )
         else:
             if partition is None:
                 chosen = partition_for_key(key, route.num)  # type: ignore[arg-type]  # key is not None here
@@ -329,20 +334,36 @@ class Producer:
                     self._cluster.refresh_if_stale([topic])
                     num = self._cluster.partition_count(topic) or route.num
                     if not 0 <= partition < num:
-                        return failed_future(
+                        return self._refused(
                             errors.UnknownTopicOrPartitionError(
                                 f"partition {partition} of topic {topic!r} does not exist (it has {num})"
-                            )
+                            ),
+                            generation,
                         )
                     route = self._route(topic, now_ms)
-            future = accumulator.append_to(route.queues[chosen], key, value, hdrs, ts, size, transactional, False)
-        if transactional and route.txn_generation[chosen] != txn.generation:
-            route.txn_generation[chosen] = txn.generation
+            future = accumulator.append_to(
+                route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
+            )
+        if transactional and route.txn_generation[chosen] != generation:
+            route.txn_generation[chosen] = generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
                 self._wakeup()
         if _tracing.tracer is not None and future is not None:  # optional spans (sluice.client.tracing)
             _tracing.sent(topic, chosen, future)
         return future  # type: ignore[return-value]  # None only with abort_on_new_batch
+
+    def _refused(self, refusal: errors.SluiceError | FutureRecordMetadata, generation: int) -> FutureRecordMetadata:
+        """A record send() could not queue (no metadata in time, too large, no such partition): its failed future.
+
+        In a transaction the record's absence breaks the transaction, as
+        Kafka's producer does: otherwise a commit would succeed without it.
+        """
+        future = failed_future(refusal) if isinstance(refusal, errors.SluiceError) else refusal
+        if self._transactional:
+            exc = future.exception(0)
+            if isinstance(exc, errors.SluiceError):
+                self._txn.send_failed(generation, exc)
+        return future
 
     def _route(self, topic: str, now_ms: int) -> _Route:
         """The topic's partitions as send() needs them, rebuilt after any metadata change."""
@@ -594,11 +615,18 @@ class Producer:
     def _commit_transaction(self, timeout: float | None) -> None:
         txn_id = self._txn_id("commit_transaction")
         self._txn.begin_commit()
+        generation = self._txn.generation
         deadline = self._deadline(timeout)
         self._flush(deadline)
+        # A send() that passed its check just before begin_commit may have queued a record after the
+        # flush looked: the transaction is not complete until every batch of it is resolved.
+        while self._accumulator.incomplete(generation):
+            self._flush(deadline)
+        # A batch of this transaction that failed recorded its error before it stopped counting as
+        # incomplete (Sender._fail_batch): this raises it.
         self._txn.raise_if_error("commit_transaction")
         if self._txn.needs_end_txn():
-            self._take_handle(self._end_txn(txn_id, True, deadline))
+            self._take_handle(self._end_txn(txn_id, True, deadline), committed=True)
         self._txn.complete_transaction()
 
     def prepare_transaction(self, timeout: float | None = None) -> PreparedTransaction:
@@ -651,10 +679,11 @@ class Producer:
         txn_id = self._txn_id("abort_transaction")
         self._txn.begin_abort()
         deadline = self._deadline(timeout)
-        self._sender.abort_undrained()  # the sender does it too, for batches that come back for a retry
+        # the sender does it too, for batches that come back for a retry
+        self._sender.abort_undrained(self._txn.generation)
         self._wait_in_flight(deadline)
         if self._txn.needs_end_txn():
-            self._take_handle(self._end_txn(txn_id, False, deadline))
+            self._take_handle(self._end_txn(txn_id, False, deadline), committed=False)
         if self._txn.epoch_bump_needed:
             producer_id, producer_epoch = self._txn.producer_id_and_epoch()
             try:
@@ -664,7 +693,7 @@ class Producer:
             self._txn.complete_epoch_bump(new_id, new_epoch)
             aborted = TransactionAbortedError("the transaction was aborted before the record was sent")
             for batch in self._accumulator.reset_sequences():
-                batch.fail(aborted)
+                self._accumulator.fail(batch, aborted)
         self._txn.complete_transaction()
         self._wakeup()
 
@@ -679,7 +708,7 @@ class Producer:
                 raise errors.KafkaTimeoutError("timed out waiting for AddPartitionsToTxn")
             threading.Event().wait(0.005)
 
-    def _take_handle(self, handle: tuple[int, int]) -> None:
+    def _take_handle(self, handle: tuple[int, int], committed: bool) -> None:
         """Go on with the handle EndTxn answered: the epoch is bumped at every end (TV2).
 
         A new epoch starts every partition at sequence 0 again. Nothing is
@@ -687,14 +716,38 @@ class Producer:
         was queued), so nothing is dropped; should anything be, it fails
         rather than being written twice. An answer without a handle (-1, from
         a broker before TV2) changes nothing.
+
+        A successful answer with the producer's *current* handle ended
+        nothing: a coordinator that ends a transaction bumps the epoch, and a
+        retry of an end that completed answers the bumped one. It is the
+        answer for a transactional id whose last transaction was already
+        complete, i.e. the coordinator never had this one. Taking it as
+        success would report a commit of records that were not committed:
+        the producer and the coordinator disagree, and the producer ends
+        (InvalidTxnStateError, fatal; a new producer's init_transactions()
+        settles the id). Except for a prepared transaction: another client
+        may have ended it with the same outcome (Admin speaks protocol
+        version 1, which does not bump), and the answer says so truthfully.
         """
         producer_id, producer_epoch = handle
-        if producer_id < 0 or (producer_id, producer_epoch) == self._txn.producer_id_and_epoch():
+        if producer_id < 0:
             return
+        current = (producer_id, producer_epoch) == self._txn.producer_id_and_epoch()
+        if current and self._txn.was_prepared:
+            return
+        if current:
+            outcome = "committed" if committed else "aborted"
+            exc = errors.InvalidTxnStateError(
+                f"EndTxn answered the producer's current handle ({producer_id}/{producer_epoch}): "
+                f"the coordinator ended no transaction, so this one was not {outcome}; "
+                "close the producer and create a new one"
+            )
+            self._txn.set_fatal_error(exc)
+            raise self._txn.last_error or exc
         self._txn.complete_epoch_bump(producer_id, producer_epoch)
         aborted = TransactionAbortedError("the transaction ended before the record was sent")
         for batch in self._accumulator.reset_sequences():
-            batch.fail(aborted)
+            self._accumulator.fail(batch, aborted)
 
     def _end_txn(self, txn_id: str, committed: bool, deadline: Deadline) -> tuple[int, int]:
         """EndTxn; the handle (producer id, epoch) to go on with."""

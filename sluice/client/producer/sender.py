@@ -18,8 +18,11 @@ One loop, one thread, and every decision about a batch's fate made in it:
    used for the first time in this transaction, all of them in one request.
    Their batches are not drained before the coordinator confirmed them.
    A transaction that can only abort (ABORTABLE_ERROR, ABORTING) fails
-   every batch still waiting to be sent, retries included: they belong to a
-   transaction that will not commit, and abort_transaction() waits for them.
+   every batch of it still waiting to be sent, retries included: they belong
+   to a transaction that will not commit, and abort_transaction() waits for
+   them. Only batches of *that* transaction (its generation, read with the
+   decision): by the time they are failed the application may have ended the
+   abort and queued the next transaction's records.
 4. Expire batches older than delivery_timeout_ms.
 5. Ask the accumulator which partitions are ready, group them by leader
    (refreshing metadata for partitions without a known leader) and send one
@@ -28,7 +31,9 @@ One loop, one thread, and every decision about a batch's fate made in it:
 6. Sleep until the next batch's linger time, a retry backoff, or a wakeup.
 
 Errors that break a transaction (a batch that cannot be delivered) move the
-transaction manager to ABORTABLE_ERROR; fencing errors move it to FATAL_ERROR.
+transaction manager to ABORTABLE_ERROR, if the batch's transaction is still
+the current one, and before the batch stops counting as incomplete (a commit
+that finds it gone finds the error); fencing errors move it to FATAL_ERROR.
 """
 
 from __future__ import annotations
@@ -58,7 +63,6 @@ from sluice.client.producer.transaction_manager import (
     CONCURRENT_TRANSACTIONS_RETRY_S,
     TransactionManager,
     TransactionState,
-    ends_the_producer,
 )
 from sluice.client.types import TopicPartition
 from sluice.records import varint
@@ -167,7 +171,7 @@ class Sender(threading.Thread):
         self._add_backoff = Backoff(0.02, 0.5)
         self._add_retry_at = 0.0
         self._add_request: (
-            tuple[list[TopicPartition], grpc.Future[broker_pb2.AddPartitionsToTxnResponse], str] | None
+            tuple[list[TopicPartition], grpc.Future[broker_pb2.AddPartitionsToTxnResponse], str, int] | None
         ) = None
         self._stopped_event = threading.Event()
 
@@ -198,10 +202,10 @@ class Sender(threading.Thread):
                 self._run_once_safely()
         finally:
             exc = ProducerClosedError("the producer was closed before the record was delivered")
-            for batch in self.accumulator.abort_queued():
-                batch.fail(exc)
+            self.accumulator.abort_queued()  # out of their queues; failed with the rest just below
             for batch in self.accumulator.incomplete():
-                self.accumulator.fail(batch, exc)
+                # through the transaction: a commit still flushing on another thread must not succeed
+                self._fail_batch(batch, exc)
             self._stopped_event.set()
 
     def _run_once_safely(self) -> None:
@@ -219,10 +223,11 @@ class Sender(threading.Thread):
         if self.txn.state is TransactionState.FATAL_ERROR:
             err = self.txn.last_error or errors.IllegalStateError("the producer is in a fatal error state")
             for batch in self.accumulator.abort_queued():
-                batch.fail(err)
+                self.accumulator.fail(batch, err)
 
-        if self.txn.state in (TransactionState.ABORTING_TRANSACTION, TransactionState.ABORTABLE_ERROR):
-            self.abort_undrained()
+        aborting = self.txn.aborting_generation()
+        if aborting is not None:
+            self.abort_undrained(*aborting)
 
         idempotent_only = self.config.idempotent and not self.txn.is_transactional
         if idempotent_only and not self._ensure_producer_id(now):
@@ -250,6 +255,9 @@ class Sender(threading.Thread):
             return
 
         producer_id, producer_epoch = self.txn.producer_id_and_epoch()
+        # Only the current transaction's batches are sent (a record that raced its transaction's end waits
+        # and expires instead of joining the next transaction under its epoch).
+        generation = self.txn.generation if self.txn.is_transactional else None
         if self.config.idempotent and (producer_id < 0 or not self.txn.has_producer_id):
             self._sleep(min(wait, 0.05))
             return
@@ -273,13 +281,15 @@ class Sender(threading.Thread):
             if throttled > 0:  # the broker said how long to wait (KIP-219): its batches keep until then
                 wait = min(wait, throttled)
                 continue
-            batches = self.accumulator.drain(tps, now, producer_id, producer_epoch, self.config.max_request_size)
+            batches = self.accumulator.drain(
+                tps, now, producer_id, producer_epoch, self.config.max_request_size, generation
+            )
             if batches:
                 self._send(addr, batches)
         self._sleep(wait)
 
-    def abort_undrained(self) -> None:
-        """A transaction that can only abort sends nothing more: fail what waits to be sent.
+    def abort_undrained(self, generation: int, error: errors.SluiceError | None = None) -> None:
+        """The transaction ``generation`` can only abort and sends nothing more: fail what waits to be sent.
 
         That includes batches sent before and queued again for a retry (their
         partition no longer counts as added once the transaction is aborting,
@@ -288,15 +298,19 @@ class Sender(threading.Thread):
         its sequence: the abort bumps the epoch, which restarts sequences.
         Called on this thread every round while the transaction can only abort,
         and by abort_transaction() itself (the accumulator's lock makes that safe).
+        ``generation`` is the transaction the caller decided to abort
+        (``TransactionManager.aborting_generation``): the application may have
+        ended that abort and queued the next transaction's records since, and
+        those must not be touched. ``error`` broke the transaction (None: a
+        plain abort).
         """
-        if self.txn.state is TransactionState.ABORTING_TRANSACTION:
-            exc: errors.SluiceError = TransactionAbortedError("the transaction was aborted before the record was sent")
-        else:
-            exc = self.txn.last_error or TransactionAbortedError("the transaction failed before the record was sent")
-        for batch in self.accumulator.abort_queued(lambda b: b.transactional):
+        exc: errors.SluiceError = error or TransactionAbortedError(
+            "the transaction was aborted before the record was sent"
+        )
+        for batch in self.accumulator.abort_queued(lambda b: b.transactional and b.generation == generation):
             if batch.sealed:
                 self.txn.request_epoch_bump()
-            batch.fail(exc)
+            self.accumulator.fail(batch, exc)
 
     def _sleep(self, seconds: float) -> None:
         if seconds > 0 and not self._completions:
@@ -312,7 +326,7 @@ class Sender(threading.Thread):
                 f"the producer was closed in state {self.txn.state.value}: the record was not sent"
             )
             for batch in self.accumulator.abort_queued():
-                batch.fail(exc)
+                self.accumulator.fail(batch, exc)
 
     # ------------------------------------------------------------------ producer id (idempotent)
 
@@ -382,11 +396,11 @@ class Sender(threading.Thread):
         must not stop batches from expiring.
         """
         if self._add_request is not None:
-            tps, future, addr = self._add_request
+            tps, future, addr, generation = self._add_request
             if not future.done():
                 return
             self._add_request = None
-            self._handle_add_response(tps, future, addr)
+            self._handle_add_response(tps, future, addr, generation)
         if now < self._add_retry_at or not self.txn.has_pending_partitions():
             return
         txn_id = self.txn.transactional_id or ""
@@ -394,9 +408,10 @@ class Sender(threading.Thread):
         try:
             _node, addr = self.cluster.find_coordinator(txn_id, TRANSACTION, Deadline(timeout), once=True)
         except errors.SluiceError as exc:
-            self._add_failed([], exc)
+            self._add_failed([], exc, self.txn.generation)
             return
-        tps = self.txn.take_pending_partitions()
+        # The answer is applied to this transaction only: it may have ended by the time it comes.
+        generation, tps = self.txn.take_pending_partitions()
         if not tps:
             return
         producer_id, producer_epoch = self.txn.producer_id_and_epoch()
@@ -415,23 +430,27 @@ class Sender(threading.Thread):
         except Exception as exc:
             self.cluster.forget_coordinator(txn_id, TRANSACTION)
             err = exc if isinstance(exc, errors.SluiceError) else errors.BrokerNotAvailableError(str(exc))
-            self._add_failed(tps, err)
+            self._add_failed(tps, err, generation)
             return
-        self._add_request = (tps, future, addr)
+        self._add_request = (tps, future, addr, generation)
         future.add_done_callback(lambda _f: self.wakeup())
 
     def _handle_add_response(
-        self, tps: list[TopicPartition], future: grpc.Future[broker_pb2.AddPartitionsToTxnResponse], addr: str
+        self,
+        tps: list[TopicPartition],
+        future: grpc.Future[broker_pb2.AddPartitionsToTxnResponse],
+        addr: str,
+        generation: int,
     ) -> None:
         txn_id = self.txn.transactional_id or ""
         try:
             response: broker_pb2.AddPartitionsToTxnResponse = future.result()
         except grpc.RpcError as rpc_exc:
             self.cluster.forget_coordinator(txn_id, TRANSACTION)
-            self._add_failed(tps, map_rpc_error(rpc_exc, addr, rpcs.ADD_PARTITIONS_TO_TXN.name))
+            self._add_failed(tps, map_rpc_error(rpc_exc, addr, rpcs.ADD_PARTITIONS_TO_TXN.name), generation)
             return
         except Exception as other:
-            self._add_failed(tps, errors.BrokerNotAvailableError(str(other)))
+            self._add_failed(tps, errors.BrokerNotAvailableError(str(other)), generation)
             return
         results = {TopicPartition(r.topic, r.partition): r for r in response.results}
         added: list[TopicPartition] = []
@@ -451,13 +470,13 @@ class Sender(threading.Thread):
             else:
                 fatal = fatal or err
         if added:
-            self.txn.partitions_added(added)
+            self.txn.partitions_added(added, generation)
             self._add_backoff.reset()
         if fatal is not None:
-            self.txn.partitions_add_failed([tp for tp in tps if tp not in added], retry=False)
-            self._txn_error(fatal)
+            self.txn.partitions_add_failed([tp for tp in tps if tp not in added], False, generation)
+            self.txn.request_error(generation, fatal)
         elif retry:
-            self.txn.partitions_add_failed(retry, retry=True)
+            self.txn.partitions_add_failed(retry, True, generation)
             self._add_retry_at = time.monotonic() + self._add_retry_delay(retry, results)
         self.wakeup()
 
@@ -470,21 +489,14 @@ class Sender(threading.Thread):
             return CONCURRENT_TRANSACTIONS_RETRY_S
         return self._add_backoff.next()
 
-    def _add_failed(self, tps: list[TopicPartition], exc: errors.SluiceError) -> None:
+    def _add_failed(self, tps: list[TopicPartition], exc: errors.SluiceError, generation: int) -> None:
         if exc.retriable:
-            self.txn.partitions_add_failed(tps, retry=True)
+            self.txn.partitions_add_failed(tps, True, generation)
             self._add_retry_at = time.monotonic() + self._add_backoff.next()
             log.debug("AddPartitionsToTxn failed, retrying: %s", exc)
         else:
-            self.txn.partitions_add_failed(tps, retry=False)
-            self._txn_error(exc)
-
-    def _txn_error(self, exc: errors.SluiceError) -> None:
-        """A transactional request failed for good: by its category the producer ends, or the transaction."""
-        if ends_the_producer(exc):
-            self.txn.set_fatal_error(exc)
-        else:
-            self.txn.set_abortable_error(exc)
+            self.txn.partitions_add_failed(tps, False, generation)
+            self.txn.request_error(generation, exc)  # the producer ends, or that transaction
 
     # ------------------------------------------------------------------ produce
 
@@ -668,9 +680,11 @@ class Sender(threading.Thread):
         self.accumulator.requeue(batch, now, exc)
 
     def _fail_batch(self, batch: ProducerBatch, exc: errors.SluiceError) -> None:
-        self.accumulator.fail(batch, exc)
         if batch.transactional:
-            self.txn.set_abortable_error(exc)  # fencing errors make it fatal
+            # First, while the batch still counts as incomplete: a commit whose flush finds it gone
+            # must find its transaction broken. Only its own transaction (fencing ends the producer).
+            self.txn.send_failed(batch.generation, exc)
+        self.accumulator.fail(batch, exc)
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped_event.wait(timeout)

@@ -45,6 +45,17 @@ the current transaction: ``send()`` registers a partition
 pending ones in one AddPartitionsToTxn (:meth:`TransactionManager.take_pending_partitions`),
 and only drains batches of partitions the coordinator has confirmed
 (:meth:`TransactionManager.is_partition_added`).
+
+Generations: :attr:`TransactionManager.generation` is bumped when a
+transaction begins and when it ends, so each transaction has its own number.
+Every batch records the generation it was created in, and whatever the
+sender learns about a batch or a request is applied only if it belongs to the
+current generation: the sender runs concurrently with the application, which
+may finish an abort and begin (and fill) the next transaction while the
+sender still acts on the previous one. A failure of the previous
+transaction's batch must neither drop the next transaction's records
+(:meth:`TransactionManager.aborting_generation` names the transaction an
+abort is for) nor break it (:meth:`TransactionManager.send_failed`).
 """
 
 from __future__ import annotations
@@ -263,6 +274,20 @@ class TransactionManager:
 
     # ------------------------------------------------------------------ transaction
 
+    def aborting_generation(self) -> tuple[int, errors.SluiceError | None] | None:
+        """The transaction that can only abort now: (its generation, the error that broke it), or None.
+
+        Read as one decision, so a caller that fails that transaction's queued
+        batches later touches only them, even if the application has meanwhile
+        ended it and begun the next one. The error is None for a plain abort.
+        """
+        with self._lock:
+            if self._state is S.ABORTING_TRANSACTION:
+                return self.generation, None
+            if self._state is S.ABORTABLE_ERROR:
+                return self.generation, self._last_error
+            return None
+
     def begin_transaction(self) -> None:
         with self._lock:
             self._require_transactional("begin_transaction")
@@ -270,8 +295,10 @@ class TransactionManager:
                 raise errors.IllegalStateError("cannot begin_transaction: call init_transactions() first")
             if self._state is S.IN_TRANSACTION:
                 raise errors.IllegalStateError("cannot begin_transaction: a transaction is already open")
+            if S.IN_TRANSACTION in TRANSITIONS[self._state]:
+                # before send_ok turns True: a send() that passes its check reads the new generation
+                self.generation += 1
             self._transition(S.IN_TRANSACTION, "begin_transaction")
-            self.generation += 1
 
     def check_can_send(self) -> None:
         """Raise unless a record may be sent now."""
@@ -324,24 +351,33 @@ class TransactionManager:
         with self._lock:
             return bool(self._pending) and self._state in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION)
 
-    def take_pending_partitions(self) -> list[TopicPartition]:
-        """The partitions to add in one AddPartitionsToTxn (empty unless the transaction is live)."""
+    def take_pending_partitions(self) -> tuple[int, list[TopicPartition]]:
+        """The generation and partitions to add in one AddPartitionsToTxn (none unless the transaction is live)."""
         with self._lock:
             if self._state not in (S.IN_TRANSACTION, S.COMMITTING_TRANSACTION) or not self._pending:
-                return []
+                return self.generation, []
             tps = sorted(self._pending)
             self._in_flight_add.update(tps)
             self._pending.clear()
-            return tps
+            return self.generation, tps
 
-    def partitions_added(self, tps: Iterable[TopicPartition]) -> None:
+    def partitions_added(self, tps: Iterable[TopicPartition], generation: int | None = None) -> None:
+        """The coordinator added ``tps`` to the transaction ``generation`` (None: the current one).
+
+        An answer for a transaction that has ended since is ignored: the next
+        transaction must add its partitions itself.
+        """
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             for tp in tps:
                 self._in_flight_add.discard(tp)
                 self._added.add(tp)
 
-    def partitions_add_failed(self, tps: Iterable[TopicPartition], retry: bool) -> None:
+    def partitions_add_failed(self, tps: Iterable[TopicPartition], retry: bool, generation: int | None = None) -> None:
         with self._lock:
+            if generation is not None and generation != self.generation:
+                return
             for tp in tps:
                 self._in_flight_add.discard(tp)
                 if retry:
@@ -393,6 +429,12 @@ class TransactionManager:
             self.producer_id = producer_id
             self.producer_epoch = producer_epoch
             self._prepared = True
+
+    @property
+    def was_prepared(self) -> bool:
+        """Was the open transaction prepared (so another client may end it: Admin.commit_prepared_transaction)?"""
+        with self._lock:
+            return self._prepared
 
     @property
     def is_prepared(self) -> bool:
@@ -498,6 +540,38 @@ class TransactionManager:
                 self._state = S.ABORTABLE_ERROR
                 if self._last_error is None:
                     self._last_error = exc
+
+    def send_failed(self, generation: int, exc: errors.SluiceError) -> None:
+        """A transactional batch created in ``generation`` (or a record send() refused) failed for good.
+
+        Breaks that transaction if it is still the current one (its commit
+        then raises); a failure of an earlier, ended transaction must not
+        break the next one. A fencing error ends the producer either way.
+        Call it *before* the batch leaves the accumulator's incomplete set,
+        so that a commit whose flush sees the batch gone also sees the error.
+        """
+        with self._lock:
+            if generation != self.generation and not (
+                self.is_fencing(exc) or exc.category is errors.Category.APPLICATION_RECOVERABLE
+            ):
+                return
+            self.set_abortable_error(exc)
+
+    def request_error(self, generation: int, exc: errors.SluiceError) -> None:
+        """A transactional request of ``generation`` (AddPartitionsToTxn) failed for good.
+
+        By its category the producer ends or the transaction breaks, if it
+        is still the current one; the answer to a request of an ended
+        transaction only counts if it fences the producer (fenced is fenced).
+        """
+        with self._lock:
+            if generation != self.generation:
+                if self.is_fencing(exc) or exc.category is errors.Category.APPLICATION_RECOVERABLE:
+                    self._set_fatal(exc)
+            elif ends_the_producer(exc):
+                self._set_fatal(exc)
+            else:
+                self.set_abortable_error(exc)
 
     def raise_if_error(self, action: str) -> None:
         """Raise the stored error if the manager is in ABORTABLE_ERROR or FATAL_ERROR."""
