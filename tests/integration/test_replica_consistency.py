@@ -32,9 +32,9 @@ def stored_log(path: Path, values: list[list[bytes]], epochs: list[int]) -> Path
     storage = RocksStorage(str(path))
     log = PartitionLog(storage, "q", 0, TOPIC_ID, config.__getitem__)
     for batch_values, epoch in zip(values, epochs, strict=True):
-        if epoch != log.leader_epoch:
-            log.set_leader_epoch(epoch)
-        log.append(build_batch([(None, v, None, 10**12) for v in batch_values]))
+        if not log.leading or epoch != log.leader_epoch:
+            log.become_leader(epoch)  # each log believes it leads: how a deposed leader wrote in issue 30
+        log.append(build_batch([(None, v, None, 10**12) for v in batch_values]), leader_epoch=epoch)
         log.high_watermark = log.log_end_offset
     log.checkpoint_high_watermark()
     storage.close()
