@@ -15,12 +15,16 @@ producer-id blocks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import re
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Sequence
+from typing import ParamSpec, TypeVar
 
 from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
@@ -41,7 +45,7 @@ from sluice.metadata.documents import (
 from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
 from sluice.metadata.documents import TRANSACTION_STATE_TOPIC as TRANSACTION_STATE_TOPIC
 from sluice.metadata.placement import place_replicas
-from sluice.metadata.store import Document, MetadataStore, VersionConflict
+from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
 from sluice.records import now_ms
 
 log = logging.getLogger(__name__)
@@ -52,7 +56,27 @@ log = logging.getLogger(__name__)
 PID_BLOCK_SIZE = 1000
 _INTERNAL_TOPIC_KEYS = {TRANSACTION_STATE_TOPIC: "transaction.state.log", CONSUMER_OFFSETS_TOPIC: "offsets.topic"}
 MAX_PARTITIONS = 10_000
+ISR_WARNING_INTERVAL_S = 10.0  # ISR changes the store could not take: logged at most this often
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _retriable_when_unreachable(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """An admin write the store cannot take now answers REQUEST_TIMED_OUT (retriable), as Kafka answers
+    when its controller cannot be reached, rather than failing as an internal error. A timed-out write
+    may have happened: the client's retry then finds it done (TOPIC_ALREADY_EXISTS ...), as in Kafka."""
+
+    @functools.wraps(method)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return method(*args, **kwargs)
+        except StoreUnavailable as exc:
+            raise errors.RequestTimedOutError(f"the cluster metadata cannot be reached now: {exc}") from None
+
+    return call
 
 
 def check_topic_name(name: str, *, allow_internal: bool = False) -> None:
@@ -83,6 +107,8 @@ class ClusterView:
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         self._revision = 0
+        self._isr_warned_at = -ISR_WARNING_INTERVAL_S
+        self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
 
@@ -161,6 +187,9 @@ class ClusterView:
             else:
                 self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
         elif doc.key.startswith(keys.TOPICS):
+            if doc.version < self._topic_versions.get(doc.key, 0):
+                return  # older than what this broker wrote and applied itself (update_isr)
+            self._topic_versions[doc.key] = doc.version
             name = doc.key[len(keys.TOPICS) :]
             old = self.topics.get(name)
             new = None if doc.value is None else TopicDocument.from_json(doc.value)
@@ -191,7 +220,11 @@ class ClusterView:
         """
         if txn_id in self.declared_transactional_ids:
             return True
-        if self.store.get(keys.transactional_id(txn_id)) is None:
+        try:
+            declared = self.store.get(keys.transactional_id(txn_id)) is not None
+        except StoreUnavailable as exc:  # not known to be undeclared: retriable, never a refusal
+            raise errors.CoordinatorNotAvailableError(f"cannot read TransactionalId declarations now: {exc}") from None
+        if not declared:
             return False
         self.declared_transactional_ids.add(txn_id)
         return True
@@ -224,6 +257,7 @@ class ClusterView:
             raise errors.InvalidReplicationFactorError(str(exc)) from None
         return [PartitionState.initial(r) for r in layout]
 
+    @_retriable_when_unreachable
     def create_topic(
         self,
         name: str,
@@ -260,6 +294,7 @@ class ClusterView:
         self.refresh()
         return topic_id
 
+    @_retriable_when_unreachable
     def delete_topic(self, name: str) -> str:
         self.refresh()
         doc = documents.read(self.store, keys.topic(name), TopicDocument)
@@ -274,6 +309,7 @@ class ClusterView:
         self.refresh()
         return doc.value.topic_id
 
+    @_retriable_when_unreachable
     def create_partitions(self, name: str, count: int, validate_only: bool = False) -> str:
         self.refresh()
         for _ in range(20):
@@ -303,6 +339,7 @@ class ClusterView:
             return value.topic_id
         raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
 
+    @_retriable_when_unreachable
     def alter_topic_config(
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool = False
     ) -> dict[str, str]:
@@ -349,27 +386,54 @@ class ClusterView:
         """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.
 
         False when the document moved on (a new leader or epoch): the caller is
-        no longer entitled to change the ISR and will hear of its new role.
+        no longer entitled to change the ISR and will hear of its new role. Also
+        False when the store cannot be reached: the ISR stays as it is.
         """
-        for _ in range(20):
-            doc = documents.read(self.store, keys.topic(topic), TopicDocument)
-            if doc is None:
-                return False
-            value = doc.value
-            if partition >= len(value.partitions):
-                return False
-            p = value.partitions[partition]
-            if p.leader != leader or p.leader_epoch != leader_epoch:
-                self.refresh()
-                return False
-            changed = value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
-            try:
-                documents.replace(self.store, keys.topic(topic), changed, doc.version)
-            except VersionConflict:
-                continue
+        try:
+            written = self.write_isr(topic, partition, leader, leader_epoch, isr)
+        except StoreUnavailable:
+            written = None
+        return self.isr_written(written)
+
+    def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
+        """The store half of :meth:`update_isr`: the document written, or None when this leader may not
+        change it. Raises StoreUnavailable when the store cannot be reached (the write may or may not
+        have happened). Touches only the store, so it may run in a worker thread: a store call can
+        block (an API server that does not answer), and the broker's event loop must not wait for it."""
+        key = keys.topic(topic)
+        try:
+            for _ in range(20):
+                doc = documents.read(self.store, key, TopicDocument)
+                if doc is None or partition >= len(doc.value.partitions):
+                    return None
+                p = doc.value.partitions[partition]
+                if p.leader != leader or p.leader_epoch != leader_epoch:
+                    return None
+                changed = doc.value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
+                try:
+                    version = documents.replace(self.store, key, changed, doc.version)
+                except VersionConflict:
+                    continue
+                return Document(key, changed.to_json(), version, doc.revision)
+        except StoreUnavailable as exc:
+            # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
+            # implies) until the store takes the change; the caller tries again next round.
+            now = time.monotonic()
+            if now - self._isr_warned_at >= ISR_WARNING_INTERVAL_S:  # one line per interval, not per partition
+                self._isr_warned_at = now
+                log.warning("%s-%d: ISR change to %s not written (nor others, for now): %s", topic, partition, isr, exc)
+            raise
+        return None
+
+    def isr_written(self, written: Document | None) -> bool:
+        """The view half of :meth:`update_isr` (on the event loop): take the ISR written into the view at
+        once, not at the next refresh, which the store may not answer now (an ISR grown in the store but
+        not in memory would let the HW pass a replica the controller may already elect); then refresh."""
+        if written is not None:
+            self._apply(written)
+        with contextlib.suppress(StoreUnavailable):
             self.refresh()
-            return True
-        return False
+        return written is not None
 
     # -- producer ids -----------------------------------------------------------------------------
 

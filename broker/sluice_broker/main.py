@@ -49,7 +49,9 @@ from sluice.broker.server import BrokerServicer, open_listeners
 from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
+from sluice.metadata.faults import CuttableStore
 from sluice.metadata.kubernetes import KubernetesStoreError
+from sluice.metadata.store import StoreUnavailable
 from sluice.tls import TlsError, load_dir
 
 log = logging.getLogger("sluice.broker")
@@ -59,6 +61,7 @@ LIVENESS_SERVICE = "sluice.liveness"
 ISR_CHECK_S = 0.5
 HW_CHECKPOINT_S = 1.0
 BROKERS_WAIT_S = 30.0
+METADATA_CUT_FILE = "metadata-cut"  # the metadata.cut test hook's file, in the data directory
 
 
 async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
@@ -270,6 +273,8 @@ async def serve(
 ) -> None:
     os.makedirs(config.data_dir, exist_ok=True)
     store = open_store(config.metadata_url)
+    if config.hook("metadata.cut"):  # test-only: cut off from the store while DATA/metadata-cut exists
+        store = CuttableStore(store, os.path.join(config.data_dir, METADATA_CUT_FILE))
     storage = RocksStorage(
         os.path.join(config.data_dir, "rocksdb"), config.int("log.background.write.max.bytes.per.second")
     )
@@ -341,8 +346,10 @@ async def serve(
 
     internal_topics_missing = True
 
+    unreachable_since: float | None = None
+
     async def watch_metadata() -> None:
-        nonlocal started_up, internal_topics_missing
+        nonlocal started_up, internal_topics_missing, unreachable_since
         while True:
             try:
                 cluster.refresh()
@@ -350,6 +357,14 @@ async def serve(
                     internal_topics_missing = bool(cluster.ensure_internal_topics())
                 servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
                 servicer.broker.client_quotas.refresh()  # client quotas: the quotas/ documents
+                if unreachable_since is not None:
+                    log.warning("metadata store reachable again after %.1f s", time.monotonic() - unreachable_since)
+                    unreachable_since = None
+            except StoreUnavailable as exc:
+                # The broker goes on with the metadata it has (docs/faults.md): said once, not every poll.
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    log.warning("metadata store unreachable, serving with the metadata last read: %s", exc)
             except Exception:
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
@@ -378,7 +393,7 @@ async def serve(
         while True:
             await asyncio.sleep(interval)
             try:
-                replicas.maintain_isr()
+                await replicas.maintain_isr()
                 replicas.delete_stray_partitions_if_due()
                 replicas.report_storage_failure()
                 replicas.check_log_dir_space()

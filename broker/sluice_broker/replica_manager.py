@@ -90,6 +90,7 @@ from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
+from sluice.metadata.store import StoreUnavailable
 from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class ReplicaManager:
         self.partitions: dict[TopicPartition, PartitionLog] = {}
         self.leader_of: set[TopicPartition] = set()
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
+        # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
+        self._pending_isr: dict[TopicPartition, set[int]] = {}
+        self._isr_unsure: set[TopicPartition] = set()  # ISR writes of unknown outcome: read again first
         self.txn_verifier: TxnVerifier | None = None
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
@@ -479,7 +483,7 @@ class ReplicaManager:
             return False
         me = self.config.broker_id
         hw = part.log_end_offset
-        for replica in self.isr(key):
+        for replica in set(self.isr(key)) | self._pending_isr.get(key, set()):
             if replica != me:
                 hw = min(hw, tracker.end_offset(replica))
         if hw > part.high_watermark:
@@ -792,12 +796,31 @@ class ReplicaManager:
                 answer(presp, exc)
         return resp
 
-    def maintain_isr(self) -> None:
-        """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones."""
+    async def maintain_isr(self) -> None:
+        """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones.
+
+        Each change is written to the store in a worker thread (a store call may block: an API
+        server that does not answer) while the loop goes on serving. Meanwhile the HW counts the
+        replicas of both the old and the new ISR (Kafka's "maximal ISR"): a replica being added
+        may be elected once the store has it, so the HW must not pass it before the view has it.
+        A write whose outcome is unknown (the store unreachable: it may have happened) keeps both
+        counted until the document is read again, at the start of a later round.
+        """
         me = self.config.broker_id
         lag_max = self.config.int("replica.lag.time.max.ms")
         now = monotonic_ms()
+        for key in [k for k in self._pending_isr if k not in self.leader_of]:
+            self._pending_isr.pop(key, None)  # no longer led here: a new leadership starts afresh
+            self._isr_unsure.discard(key)
         for key in list(self.leader_of):
+            if key in self._isr_unsure:
+                try:
+                    current = await asyncio.to_thread(self.cluster.store.get, keys.topic(key[0]))
+                except StoreUnavailable:
+                    continue  # still unknown: both ISRs stay counted
+                self.cluster.isr_written(current)  # the view takes the ISR the store has
+                self._isr_unsure.discard(key)
+                self._pending_isr.pop(key, None)
             info = self.cluster.topics.get(key[0])
             part = self.partitions.get(key)
             tracker = self.trackers.get(key)
@@ -816,10 +839,29 @@ class ReplicaManager:
                         isr.append(r)
             if me not in isr:
                 isr.insert(0, me)
-            if sorted(isr) != sorted(pinfo.isr) and self.cluster.update_isr(key[0], key[1], me, part.leader_epoch, isr):
+            if sorted(isr) == sorted(pinfo.isr):
+                continue
+            self._pending_isr[key] = set(isr) | set(pinfo.isr)
+            unsure = True  # until the write answered (a cancelled round leaves it so: read again)
+            self._isr_unsure.add(key)
+            try:
+                written = await asyncio.to_thread(
+                    self.cluster.write_isr, key[0], key[1], me, part.leader_epoch, list(isr)
+                )
+                unsure = False
+            except StoreUnavailable:
+                written = None
+            finally:
+                if not unsure:
+                    self._isr_unsure.discard(key)
+                    self._pending_isr.pop(key, None)
+            changed = self.cluster.isr_written(written)
+            part = self.partitions.get(key)  # the loop went on meanwhile
+            if changed and part is not None:
                 log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
                 self.events.isr_changed(pinfo.isr, isr)
-                self._maybe_advance_hw(key, part)
+                if key in self.leader_of:
+                    self._maybe_advance_hw(key, part)
                 self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
 
     def checkpoint_high_watermarks(self) -> None:

@@ -71,7 +71,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from sluice.metadata.store import Document, VersionConflict
+from sluice.metadata.store import Document, StoreUnavailable, VersionConflict
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,12 @@ PREFIX_LABEL = "sluice.dev/prefix"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 READ_YOUR_WRITES_WAIT_S = 5.0
 WATCH_TIMEOUT_S = 30  # server-side end of one watch request; it is then renewed from where it was
+# (connect, read) deadline of one get/list/write: an API server cut off by a firewall drops packets,
+# and without a deadline the call (and the broker's event loop it runs on) would hang for minutes
+REQUEST_TIMEOUT_S = (3.0, 10.0)
+# after a call found the API server unreachable, calls fail at once for this long: a cut-off broker
+# would otherwise spend a connect deadline per call (per partition whose ISR it wants to change)
+FAIL_FAST_S = 5.0
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -122,18 +128,24 @@ def parse_url(url: str) -> tuple[str, dict[str, str]]:
     return namespace, options
 
 
-def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A ``kubernetes.client.ApiClient``: in-cluster credentials in a pod, else the kubeconfig."""
+def api_client(kubeconfig: str | None = None, context: str | None = None, *, retries: Any = None) -> Any:
+    """A ``kubernetes.client.ApiClient``: in-cluster credentials in a pod, else the kubeconfig.
+
+    ``retries``: urllib3's retry policy for its connections (None: urllib3's default, 3 of each kind).
+    """
     from kubernetes import client
     from kubernetes import config as kube_config
 
     config: Any = kube_config  # partly typed: treated as untyped
+    cfg = client.Configuration()
     if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        cfg = client.Configuration()
         config.load_incluster_config(client_configuration=cfg)
+        cfg.retries = retries
         return client.ApiClient(cfg)
     try:
-        return config.new_client_from_config(config_file=kubeconfig, context=context)
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+        cfg.retries = retries
+        return client.ApiClient(cfg)
     except Exception as exc:  # ConfigException, a missing file
         raise KubernetesStoreError(f"cannot load the kubeconfig ({kubeconfig or '$KUBECONFIG'}): {exc}") from exc
 
@@ -141,6 +153,17 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
 def api_status(exc: BaseException) -> int | None:
     """The HTTP status of a failed API server call (404, 409, 410 ...), None for other errors."""
     return getattr(exc, "status", None)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a failed call means the API server (or etcd behind it) cannot answer now: no connection,
+    a timeout, or a 429/5xx answer. Those become :class:`StoreUnavailable`; a 4xx is an answer."""
+    import urllib3
+
+    status = api_status(exc)
+    if isinstance(status, int) and status > 0:
+        return status == 429 or status >= 500
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
 
 
 class KubernetesMetadataStore:
@@ -162,6 +185,8 @@ class KubernetesMetadataStore:
         self._watcher: threading.Thread | None = None
         self._closed = threading.Event()
         self._response: Any = None
+        self._unreachable_until = 0.0  # monotonic: calls fail at once until then (_fail_fast)
+        self._given_up_at = -1  # the watch's revision when changes_since last stopped waiting for it
         try:
             self._api.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, limit=1)
         except Exception as exc:
@@ -176,7 +201,9 @@ class KubernetesMetadataStore:
         namespace, options = parse_url(url)
         kubeconfig, context = options.get("kubeconfig"), options.get("context")
         api_client(kubeconfig, context).close()  # fail now, with a clear error, if credentials are missing
-        return cls(namespace, lambda: api_client(kubeconfig, context))
+        # A connection that cannot be made fails at once, not after urllib3's three retries of a
+        # connect deadline each: a store call may run on a broker's event loop (module docstring).
+        return cls(namespace, lambda: api_client(kubeconfig, context, retries=_store_retries()))
 
     # -- objects <-> documents --------------------------------------------------------------------
 
@@ -203,21 +230,41 @@ class KubernetesMetadataStore:
 
     # -- reads and writes (straight to the API server) --------------------------------------------
 
+    def _fail_fast(self) -> None:
+        """Within FAIL_FAST_S of a call that found the API server unreachable, fail without trying."""
+        if time.monotonic() < self._unreachable_until:
+            raise StoreUnavailable(f"cannot reach the API server (failed {FAIL_FAST_S:.0f} s ago or less)")
+
+    def _raise_if_unreachable(self, exc: Exception) -> None:
+        """Raise :class:`StoreUnavailable` when ``exc`` says the API server cannot answer (else return)."""
+        if unreachable(exc):
+            self._unreachable_until = time.monotonic() + FAIL_FAST_S
+            raise StoreUnavailable(f"cannot reach the API server: {exc}") from exc
+
     def get(self, key: str) -> Document | None:
+        self._fail_fast()
         try:
-            obj = self._api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, object_name(key))
+            obj = self._api.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, object_name(key), _request_timeout=REQUEST_TIMEOUT_S
+            )
         except Exception as exc:
             if api_status(exc) == 404:
                 return None
+            self._raise_if_unreachable(exc)
             raise
         return self._doc(obj)
 
     def list(self, prefix: str) -> builtins.list[Document]:
+        self._fail_fast()
         label = prefix_label(prefix) if prefix.endswith("/") and prefix.count("/") == 1 else None
         selector = f"{PREFIX_LABEL}={label}" if label else ""
-        result = self._api.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, label_selector=selector
-        )
+        try:
+            result = self._api.list_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, label_selector=selector, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            self._raise_if_unreachable(exc)
+            raise
         docs = [self._doc(o) for o in result.get("items", [])]
         return sorted((d for d in docs if d.key.startswith(prefix)), key=lambda d: d.key)
 
@@ -226,18 +273,31 @@ class KubernetesMetadataStore:
             self._wanted = max(self._wanted, revision)
 
     def compare_and_set(self, key: str, value: dict[str, Any], expected_version: int | None) -> Document:
+        self._fail_fast()
         try:
             if expected_version is None:
                 obj = self._api.create_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, self._body(key, value, None)
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    self._body(key, value, None),
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
             else:
                 obj = self._api.replace_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, PLURAL, object_name(key), self._body(key, value, expected_version)
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    PLURAL,
+                    object_name(key),
+                    self._body(key, value, expected_version),
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
         except Exception as exc:
             if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
+            self._raise_if_unreachable(exc)
             raise
         doc = self._doc(obj)
         self._wrote(doc.revision)
@@ -246,6 +306,7 @@ class KubernetesMetadataStore:
     def delete(self, key: str, expected_version: int) -> None:
         from kubernetes import client
 
+        self._fail_fast()
         try:
             self._api.delete_namespaced_custom_object(
                 GROUP,
@@ -256,10 +317,12 @@ class KubernetesMetadataStore:
                 body=client.V1DeleteOptions(
                     preconditions=client.V1Preconditions(resource_version=str(expected_version))
                 ),
+                _request_timeout=REQUEST_TIMEOUT_S,
             )
         except Exception as exc:
             if api_status(exc) in (404, 409):
                 raise VersionConflict(f"{key}: expected version {expected_version}: {_reason(exc)}") from None
+            self._raise_if_unreachable(exc)
             raise
         with self._cond:
             self._deleted[key] = expected_version
@@ -270,12 +333,19 @@ class KubernetesMetadataStore:
         self._start_watch()
         deadline = time.monotonic() + READ_YOUR_WRITES_WAIT_S
         with self._cond:
-            while not self._closed.is_set() and not self._caught_up():
+            # Waited in vain before and the watch has delivered nothing since (the API server cut
+            # off, say): answer from the cache at once rather than wait again on every poll.
+            stalled = self._given_up_at >= 0 and self._synced <= self._given_up_at
+            while not stalled and not self._closed.is_set() and not self._caught_up():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     log.warning("the metadata watch is behind this process's own writes; answering from the cache")
+                    self._given_up_at = self._synced
                     break
                 self._cond.wait(left)
+            else:
+                if not stalled:
+                    self._given_up_at = -1
             docs = [d for d in self._cache.values() if d.revision > revision and d.key.startswith(prefix)]
         return sorted(docs, key=lambda d: d.revision)
 
@@ -383,6 +453,13 @@ class KubernetesMetadataStore:
         if self._watcher is not None:
             self._watcher.join(timeout=2.0)
         self._api_client.close()
+
+
+def _store_retries() -> Any:
+    """No retry of a connect; one of anything else (a pooled connection the server closed meanwhile)."""
+    import urllib3
+
+    return urllib3.Retry(total=1, connect=0, backoff_factor=0)
 
 
 def _reason(exc: BaseException) -> str:

@@ -25,6 +25,13 @@ class VersionConflict(Exception):
     """The document changed (or appeared, or vanished) since the caller read it."""
 
 
+class StoreUnavailable(Exception):
+    """The store cannot be reached now (the API server is down or cut off): nothing was read or written,
+    or a write's outcome is unknown. Transient: the caller tries again later, or answers a retriable
+    error. Every backend raises this for a connection failure, and so does the test-only cut
+    (:mod:`sluice.metadata.faults`), so a broker handles both one way."""
+
+
 @dataclass(frozen=True)
 class Document:
     key: str

@@ -61,6 +61,7 @@ leadership (clients learn it later, through metadata requests).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -76,10 +77,12 @@ from typing import Any
 
 import grpc
 
-from sluice import cert_rotation, tls
+from sluice import cert_rotation, errors, tls
+from sluice.client import Admin, TopicPartition
 from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument, TopicDocument
 from sluice.metadata.store import MetadataStore
+from sluice.testing import replicas as replica_check
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
 from sluice.testing.certs import (
@@ -96,6 +99,8 @@ from sluice.testing.certs import (
 __all__ = ["BrokerProcess", "ClusterError", "ControllerProcess", "LocalCluster"]
 
 DEFAULT_FAILURE_TIMEOUT_MS = 5000
+METADATA_CUT_FILE = "metadata-cut"  # in a broker's data directory: the broker's metadata.cut hook
+CONTROLLER_METADATA_CUT_FILE = "controller-metadata-cut"  # in the cluster's data directory
 MACHINE_BACKGROUND_WRITE_RATE = 192 * 1024 * 1024  # the broker's default, which one broker alone gets
 SUPER_USER = "User:admin"  # of a secure LocalCluster: client_config("admin") may do everything
 _REPLICATION_FACTOR_KEYS = (
@@ -365,6 +370,9 @@ class LocalCluster:
             )
         if common.get("unclean.leader.election.enable", "").lower() == "true":
             controller_args.append("--unclean-leader-election")
+        self.controller_cut_path = self.data_dir / CONTROLLER_METADATA_CUT_FILE
+        if "metadata.cut" in common.get("sluice.test.hooks", "").split(","):  # the controller can be cut too
+            controller_args += ["--test-metadata-cut", str(self.controller_cut_path)]
         self._controller = ControllerProcess(
             self.metadata_path,
             self.data_dir / "controller.log",
@@ -583,6 +591,19 @@ class LocalCluster:
         b.start()
         if wait:
             self.wait_until_healthy(timeout=self.startup_timeout if timeout is None else timeout, brokers=[i])
+
+    def cut_metadata(self, i: int | None, cut: bool = True) -> None:
+        """Cut broker ``i`` (None: the controller) from the metadata store, or heal it with ``cut=False``.
+
+        Test-only: needs ``config={"sluice.test.hooks": "metadata.cut"}`` (every store call of that
+        process then fails as with an unreachable API server while the cut lasts; docs/architecture.md).
+        """
+        path = self.controller_cut_path if i is None else self.broker(i).data_path / METADATA_CUT_FILE
+        if cut:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        else:
+            path.unlink(missing_ok=True)
 
     def is_healthy(self, i: int, timeout: float = 1.0) -> bool:
         return self.broker(i).health(timeout) == SERVING
@@ -837,6 +858,65 @@ class LocalCluster:
             )
         start = read_cluster_ca(self.data_dir).phase == cert_rotation.READY
         return self._certificate_steps(lambda: self.certificate_step(rotate_ca=start), timeout, stop_at)
+
+    # -- replica consistency ---------------------------------------------------------------------
+
+    def _high_watermarks(self, tps: Iterable[tuple[str, int]], timeout: float) -> dict[tuple[str, int], int]:
+        """The HW (ListOffsets latest, read_uncommitted) of each partition, one request per topic; a topic
+        that does not answer in ``timeout`` is left out (the check then uses the replicas' HW checkpoints)."""
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition in tps:
+            by_topic.setdefault(topic, []).append(partition)
+        out: dict[tuple[str, int], int] = {}
+        admin = Admin(**self.client_config("admin"), request_timeout_ms=int(timeout * 1000))
+        try:
+            for topic, partitions in by_topic.items():
+                with contextlib.suppress(errors.SluiceError):
+                    specs = {TopicPartition(topic, p): Admin.LATEST for p in partitions}
+                    for tp, info in admin.list_offsets(specs, timeout=timeout).items():
+                        out[(tp.topic, tp.partition)] = info.offset
+        finally:
+            admin.close()
+        return out
+
+    def check_replica_consistency(self, timeout: float = 60.0, *, brokers: Iterable[int] | None = None) -> int:
+        """Compare every partition's replicas batch by batch (:mod:`sluice.testing.replicas`); raise on a difference.
+
+        Call it after a fault test healed. It reads the HWs (ListOffsets) and the ISRs (the
+        metadata) first, then each broker's stored log (a RocksDB secondary open: safe on running,
+        stopped or killed brokers), and reads again (bounded by ``timeout``) while an ISR member
+        still ends before the HW. Raises :class:`~sluice.testing.replicas.ReplicaDivergence`
+        naming the first difference; returns how many batches were compared.
+        """
+        ids = sorted(range(len(self._brokers)) if brokers is None else brokers)
+        deadline = time.monotonic() + timeout
+        while True:
+            isr: dict[tuple[str, int], list[int]] = {}
+            leaders: dict[tuple[str, int], int] = {}
+            compacted: set[str] = set()
+            for stored in self.metadata.list(keys.TOPICS):
+                if stored.value is None:
+                    continue
+                doc = TopicDocument.from_json(stored.value)
+                if doc.internal or "compact" in doc.config.get("cleanup.policy", ""):
+                    compacted.add(doc.name)
+                for p, state in enumerate(doc.partitions):
+                    isr[(doc.name, p)] = list(state.isr)
+                    leaders[(doc.name, p)] = state.leader
+            hws = self._high_watermarks(sorted(isr), timeout=min(10.0, timeout))
+            logs: list[replica_check.ReplicaLog] = []
+            for i in ids:
+                logs += replica_check.read_replica_logs(self._python, i, self.broker(i).data_path / "rocksdb")
+            behind = replica_check.lagging(logs, isr, hws)
+            if not behind or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        found = replica_check.compare(logs, isr, hws, leaders, frozenset(compacted)) + [
+            f"still behind at the deadline: {b}" for b in behind
+        ]
+        if found:
+            raise replica_check.ReplicaDivergence(found)
+        return sum(len(log.batches) for log in logs)
 
     # -- introspection ---------------------------------------------------------------------------
 

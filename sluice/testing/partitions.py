@@ -8,10 +8,12 @@ cuts traffic between two groups with DROP rules:
 * **Group ids.** ``LocalCluster(python=partitions.python)`` starts every process through a small
   wrapper executable written by this class: it reads which process it is from the command line
   (``-m sluice.broker ... --id N``: group ``gid_base + N``; the local controller: ``gid_base +
-  CONTROLLER``), drops every supplementary group, sets real, effective and saved group ids, and
-  execs the real interpreter. The user id stays root, so files are reached as before. Changing
-  credentials clears the parent-death signal LocalCluster's launcher set, so the wrapper sets it
-  again (and exits if its parent is already gone): brokers still die with a crashed test.
+  CONTROLLER``; any process whose environment sets ``SLUICE_TEST_GID``: that group, e.g. an
+  operator replica of the Kubernetes tests), drops every supplementary group, sets real,
+  effective and saved group ids, and execs the real interpreter. The user id stays root, so
+  files are reached as before. Changing credentials clears the parent-death signal
+  LocalCluster's launcher set, so the wrapper sets it again (and exits if its parent is already
+  gone): brokers still die with a crashed test.
 * **Rules.** All in one chain of this harness (``SLUICE-<pid>``), jumped to from ``OUTPUT -o lo
   -p tcp``. Cutting brokers A and B drops packets of group A to B's port and of group B to A's
   port; dropping the request direction of each flow stalls the replies too, and DROP (not
@@ -67,7 +69,9 @@ def _wrapper_source(interpreter: str, gid_base: int, parent_pid: int) -> str:
 import ctypes, os, sys
 args = sys.argv[1:]
 gid = None
-if "sluice.broker" in args and "--id" in args:
+if os.environ.get("SLUICE_TEST_GID"):
+    gid = int(os.environ["SLUICE_TEST_GID"])
+elif "sluice.broker" in args and "--id" in args:
     gid = {gid_base} + int(args[args.index("--id") + 1])
 elif "sluice.operator.controller.local" in args:
     gid = {gid_base} + {CONTROLLER}
@@ -154,6 +158,11 @@ class NetworkPartitions:
     def _drop(self, gid: int, port: int) -> None:
         self._run("-A", self.chain, "-m", "owner", "--gid-owner", str(gid), "-p", "tcp", "--dport", str(port),
                   "-j", "DROP")  # fmt: skip
+
+    def cut_port(self, gid: int, port: int) -> None:
+        """Cut the processes of group ``gid`` from a loopback TCP ``port`` (a Kubernetes API server's, say)."""
+        self.install()
+        self._drop(gid, port)
 
     def cut_brokers(self, a: tuple[int, ...], b: tuple[int, ...]) -> None:
         """Cut broker ``a`` = (id, port, ...) from broker ``b`` in both directions.

@@ -1,6 +1,7 @@
 """Small helpers shared by the integration tests: reading a topic to its end, bounded waits, a
-size-limited tmpfs for disk-full tests, and :class:`OffsetMonitor`, which fails a fault test on
-any regression of a partition's LSO or HW."""
+size-limited tmpfs for disk-full tests, :class:`OffsetMonitor`, which fails a fault test on any
+regression of a partition's LSO or HW, and :func:`checked`, which ends a fault test with the
+replica consistency check (issue 30)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import TypeVar
 
 from sluice import errors
 from sluice.client import Admin, Consumer, TopicPartition
+from sluice.testing import LocalCluster
 
 T = TypeVar("T")
 
@@ -50,6 +52,16 @@ def read_topic(
             break
     consumer.close()
     return out
+
+
+@contextlib.contextmanager
+def checked(cluster: LocalCluster, timeout: float = 60.0) -> Iterator[LocalCluster]:
+    """``with checked(LocalCluster(...)) as cluster:``: the cluster as a context manager whose block,
+    when it ends without an exception, is followed by ``cluster.check_replica_consistency()`` (every
+    partition's replicas compared batch by batch) before the cluster stops. A fault test's last word."""
+    with cluster:
+        yield cluster
+        cluster.check_replica_consistency(timeout=timeout)
 
 
 def values(records: list[tuple[int, int, bytes | None, bytes | None]]) -> list[bytes | None]:

@@ -6,6 +6,7 @@ Brokers are killed with SIGKILL or stopped with SIGSTOP; the controller's failur
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -16,14 +17,15 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
 
-from .helpers import OffsetMonitor, read_topic, values, wait_for
+from .helpers import OffsetMonitor, checked, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}
 
 
-def cluster3(tmp_path: Path, **config: str) -> LocalCluster:
-    return LocalCluster(brokers=3, data_dir=tmp_path, config={**CONFIG, **config}, failure_timeout_ms=1000)
+def cluster3(tmp_path: Path, **config: str) -> contextlib.AbstractContextManager[LocalCluster]:
+    """Three brokers; the test ends with the replica consistency check (helpers.checked)."""
+    return checked(LocalCluster(brokers=3, data_dir=tmp_path, config={**CONFIG, **config}, failure_timeout_ms=1000))
 
 
 def leader_of(admin: Admin, topic: str, partition: int = 0) -> tuple[int, int]:
@@ -255,7 +257,7 @@ def test_abort_does_not_wait_for_a_batch_retrying_against_a_paused_leader(tmp_pa
 def test_controlled_shutdown_moves_leadership_before_the_failure_timeout(tmp_path: Path) -> None:
     """SIGTERM: the broker says it is leaving, the controller moves its leaderships at once (the
     failure detector's timeout here is a minute), and the broker exits only after that."""
-    with LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=60_000) as cluster:
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=60_000)) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("moving", partitions=3, replication_factor=3)
         leader, epoch = leader_of(admin, "moving")

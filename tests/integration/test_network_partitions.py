@@ -17,6 +17,9 @@ counters dropped packets) and removes every rule in a finally block.
   all or nothing, no offset regress) is printed in the test output (``pytest -s``) and must be
   VALID. ``SLUICE_QUEUE_FAULT_ROUNDS`` sets the rounds.
 
+Every test on a cluster ends with the replica consistency check (``helpers.checked``: the
+replicas' stored logs compared batch by batch, issue 30).
+
 Every wait is bounded in time; every loop in count.
 """
 
@@ -37,7 +40,7 @@ from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
 
 from . import queue_workload
-from .helpers import OffsetMonitor, read_topic, values, wait_for
+from .helpers import OffsetMonitor, checked, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {
@@ -55,7 +58,7 @@ def endpoints(cluster: LocalCluster) -> list[tuple[int, ...]]:
 def test_a_leader_cut_off_from_followers_and_controller_acknowledges_nothing(tmp_path: Path) -> None:
     with NetworkPartitions(tmp_path / "net") as net:
         cluster = LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=1500, python=net.python)
-        with cluster:
+        with checked(cluster):
             admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
             admin.create_topic("island", partitions=1, replication_factor=3)
             producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
@@ -168,7 +171,7 @@ def test_the_queue_workload_under_faults(tmp_path: Path, fault: str) -> None:
             failure_timeout_ms=1500,
             python=net.python,
         )
-        with cluster:
+        with checked(cluster):
             admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
             admin.create_topic("queue", partitions=queue_workload.PARTITIONS, replication_factor=3)
             admin.close()
@@ -230,3 +233,20 @@ def test_the_queue_checker_finds_each_kind_of_anomaly() -> None:
     assert verdict.partial and verdict.unknown_visible == 1
     assert verdict.out_of_order and verdict.offset_regressions
     assert "INVALID" in verdict.summary("self-test")
+
+
+def test_the_queue_checker_with_several_workers() -> None:
+    """Several workers: order is per worker and partition; an anomaly of one worker is still found."""
+    w0 = queue_workload.QueueProducer("unused:1", "queue", worker=0)
+    w1 = queue_workload.QueueProducer("unused:1", "queue", worker=1)
+    a0, a1, b0, b1 = b"w0:p0:000000:t0", b"w0:p0:000001:t1", b"w1:p0:000000:t0", b"w1:p0:000001:t1"
+    w0.committed, w1.committed = [[a0], [a1]], [[b0], [b1]]
+    live = queue_workload.LiveReader("unused:1", "queue")
+    live.records = [(0, 0, b0), (0, 1, a0)]
+    interleaved = [(0, 0, None, b0), (0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b1)]
+    assert queue_workload.check([w0, w1], interleaved, live, []).valid
+    swapped = [(0, 0, None, b1), (0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b0)]
+    assert queue_workload.check([w0, w1], swapped, live, []).out_of_order
+    lost = [(0, 1, None, a0), (0, 2, None, a1), (0, 3, None, b1)]  # b0: committed, read live, gone
+    verdict = queue_workload.check([w0, w1], lost, live, [])
+    assert verdict.lost == [b0.decode()] and verdict.vanished and verdict.committed == 4

@@ -11,7 +11,7 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
-from .helpers import read_topic, values, wait_for
+from .helpers import checked, read_topic, values, wait_for
 from .wire import Wire, batch_of
 
 CONFIG = {"replica.lag.time.max.ms": "1500", "min.insync.replicas": "2"}
@@ -23,7 +23,7 @@ def partition_state(admin: Admin, topic: str) -> tuple[int, list[int], int]:
 
 
 def test_acks_all_waits_for_the_isr_and_min_insync_refuses_writes(tmp_path: Path) -> None:
-    with LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG) as cluster:
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG)) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("replicated", partitions=1, replication_factor=3)
         producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=1)
@@ -61,7 +61,7 @@ def test_acks_all_waits_for_the_isr_and_min_insync_refuses_writes(tmp_path: Path
 
 
 def test_internal_topics_are_replicated_on_three_brokers(tmp_path: Path) -> None:
-    with LocalCluster(brokers=3, data_dir=tmp_path) as cluster:
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path)) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         for name in ("__transaction_state", "__consumer_offsets"):
             topic = admin.describe_topic(name)

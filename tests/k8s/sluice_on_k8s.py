@@ -67,6 +67,8 @@ class SluiceOnK8s:
         self.custom: Any = client.CustomObjectsApi(self.api)
         self.store: KubernetesMetadataStore = open_store(self.url)  # type: ignore[assignment]
         self.brokers: dict[int, ManagedProcess] = {}
+        # the interpreter every process starts with: a NetworkPartitions wrapper gives each its own group id
+        self.python = sys.executable
         self.operator: ManagedProcess | None = None
         self.extra_operators: list[ManagedProcess] = []
         # each broker's --broker-tls-dir: by default a certificate of a local CA (sluice.testing.certs);
@@ -129,7 +131,7 @@ class SluiceOnK8s:
     def start_broker(self, i: int, config: Mapping[str, str] | None = None) -> None:
         settings = {**BROKER_CONFIG, **(config or {})}
         argv = [
-            sys.executable, "-m", "sluice.broker",
+            self.python, "-m", "sluice.broker",
             "--id", str(i),
             "--listen", self.address(i),
             "--data", str(self.workdir / f"broker-{i}"),
@@ -170,9 +172,10 @@ class SluiceOnK8s:
 
     # -- operator ---------------------------------------------------------------------------------
 
-    def start_operator(self, *extra: str, identity: str = "operator-a") -> None:
+    def start_operator(self, *extra: str, identity: str = "operator-a", gid: int | None = None) -> None:
+        """Start the operator; ``gid``: its group id under a NetworkPartitions wrapper (``python``)."""
         argv = [
-            sys.executable, "-m", "sluice.operator.main",
+            self.python, "-m", "sluice.operator.main",
             "--namespace", self.namespace,
             "--metadata", self.url,
             "--broker-selector", ",".join(f"{k}={v}" for k, v in SELECTOR.items()),
@@ -185,14 +188,14 @@ class SluiceOnK8s:
             *extra,
         ]  # fmt: skip
         if self.operator is None:
-            env = {**self.env, "HOSTNAME": identity}
+            env = {**self.env, "HOSTNAME": identity, **({} if gid is None else {"SLUICE_TEST_GID": str(gid)})}
             self.operator = ManagedProcess("operator", argv, self.workdir / "operator.log", env=env)
         self.operator.start()
 
-    def start_second_operator(self, identity: str = "operator-b") -> ManagedProcess:
+    def start_second_operator(self, identity: str = "operator-b", gid: int | None = None) -> ManagedProcess:
         """Another replica, as a Deployment with replicas: 2 would run."""
         assert self.operator is not None
-        env = {**self.env, "HOSTNAME": identity}
+        env = {**self.env, "HOSTNAME": identity, **({} if gid is None else {"SLUICE_TEST_GID": str(gid)})}
         second = ManagedProcess("operator-2", self.operator.argv, self.workdir / "operator-2.log", env=env)
         second.start()
         self.extra_operators.append(second)

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 import grpc
 
 from sluice import tls
-from sluice.metadata import open_store
+from sluice.metadata import MetadataStore, open_store
+from sluice.metadata.faults import CuttableStore
 from sluice.operator import metrics
 from sluice.operator.controller.loop import DEFAULT_INTERVAL_MS, DEFAULT_PREFERRED_LEADER_DELAY_MS, ControllerLoop, log
 from sluice.operator.liveness.brokers import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
@@ -79,6 +80,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="health-check brokers over TLS with DIR/{ca.crt,tls.crt,tls.key} (brokers whose client listener "
         "requires certificates; the local cluster's own, from its cluster CA)",
     )
+    ap.add_argument(
+        "--test-metadata-cut",
+        metavar="FILE",
+        default=None,
+        help="test-only: every metadata store call fails, as with an unreachable store, while FILE exists",
+    )
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
@@ -110,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         m = tls.load_dir(args.tls_dir)
         credentials = grpc.ssl_channel_credentials(m.ca_pem, m.key_pem, m.cert_pem)
     checker = GrpcHealthChecker(deadline_ms, credentials=credentials)
-    store = open_store(args.metadata)
+    store: MetadataStore = open_store(args.metadata)
+    if args.test_metadata_cut:
+        store = CuttableStore(store, args.test_metadata_cut)
     controller = ControllerLoop(
         store,
         FailureDetector(checker, timeout_ms=args.failure_timeout_ms),

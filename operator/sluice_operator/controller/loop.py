@@ -61,7 +61,7 @@ from typing import Protocol
 
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, Versioned
-from sluice.metadata.store import MetadataStore, VersionConflict
+from sluice.metadata.store import MetadataStore, StoreUnavailable, VersionConflict
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
@@ -330,13 +330,21 @@ class ControllerLoop:
         """Rounds every ``interval_ms`` until ``stop`` is set (or a newer controller fences this one)."""
         if self.epoch < 0:
             self.claim()
+        unreachable_since: float | None = None
         while not stop.is_set():
             started = time.monotonic()
             try:
                 self.run_round()
+                if unreachable_since is not None:
+                    log.warning("metadata store reachable again after %.1f s", started - unreachable_since)
+                    unreachable_since = None
             except ControllerFenced as exc:
                 log.warning("stopping: %s", exc)
                 return
+            except StoreUnavailable as exc:  # no decision without the store; said once per outage
+                if unreachable_since is None:
+                    unreachable_since = started
+                    log.warning("metadata store unreachable, no elections until it is back: %s", exc)
             except Exception:
                 log.exception("controller round failed; trying again")
             stop.wait(max(0.0, interval_ms / 1000 - (time.monotonic() - started)))
