@@ -13,7 +13,7 @@ mkdir "$tmp/src"
 cp -r "$root"/{pyproject.toml,setup.py,README.md,sluice,broker,operator} "$tmp/src/"
 python -m pip wheel -q --no-deps -w "$tmp/dist" "$tmp/src"
 python3 -m venv "$tmp/venv"
-"$tmp/venv/bin/python" -m pip install -q "$tmp/dist"/sluice-*.whl
+"$tmp/venv/bin/python" -m pip install -q "$tmp/dist"/sluice_broker-*.whl
 cd "$tmp"
 "$tmp/venv/bin/python" - <<'PY'
 import importlib, pkgutil, operator, json

@@ -138,7 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("SLUICE_TRACING") or None,
         metavar="EXPORTER",
         help="OpenTelemetry spans of Produce, Fetch and EndTxn to otlp, console or file:PATH "
-        "(default: $SLUICE_TRACING, else off; needs sluice[otel])",
+        "(default: $SLUICE_TRACING, else off; needs the otel extra)",
     )
     parser.add_argument(
         "--inter-broker-listen",

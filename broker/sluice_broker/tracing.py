@@ -4,8 +4,8 @@ Off unless configured (``sluice broker --tracing EXPORTER``), and then free when
 are added by wrapping the three handlers once, when the service is registered
 (:func:`wrap`, called by ``servicers.registration.service``); without tracing the handlers are
 registered unwrapped, so the request path runs no tracing code at all, not even a check.
-OpenTelemetry itself is an optional dependency (``pip install 'sluice[otel]'``): imported only
-when tracing is configured, with a clear error when it is missing.
+OpenTelemetry itself is an optional dependency (the ``otel`` extra of ``sluice-broker``):
+imported only when tracing is configured, with a clear error when it is missing.
 
 Spans follow OpenTelemetry's messaging semantic conventions for Kafka, from the broker's side
 (kind SERVER: the broker serves the producer's send and the consumer's receive):
@@ -63,7 +63,10 @@ def configure(exporter: str, broker_id: int, service_name: str = "sluice-broker"
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
     except ImportError as exc:
-        raise ConfigError(f"--tracing needs OpenTelemetry: pip install 'sluice[otel]' ({exc})") from None
+        raise ConfigError(
+            "--tracing needs OpenTelemetry: pip install opentelemetry-api opentelemetry-sdk"
+            f" (the otel extra of sluice-broker) ({exc})"
+        ) from None
     span_exporter: SpanExporter
     if exporter == "console":
         span_exporter = ConsoleSpanExporter()

@@ -8,12 +8,12 @@
 #   K8S_API=https://10.0.0.1:6443 DRIVER_HOST=10.0.0.5 IMAGE=registry.example.com/sluice-spark-executor:0.1.0 \
 #   BOOTSTRAP=10.0.0.7:9092 TOKEN_FILE=token CA_FILE=ca.crt bash manifests/spark/spark-submit-client.sh
 #
-# Needs: spark-submit from the same pyspark release as the image (pip install 'sluice[spark]'
-# installs it; build the image with --build-arg PYSPARK_VERSION=<that release>), python3 on PATH
-# with sluice installed (the executors run the driver's PYSPARK_PYTHON, "python3", which the
-# image also has), manifests/spark/rbac.yaml applied, and the credentials of its service
-# account: TOKEN_FILE (kubectl -n sluice-jobs create token spark > token) and CA_FILE (the API
-# server's CA).
+# Needs: spark-submit from the same pyspark release as the image (the spark extra of sluice-broker
+# installs it: pip install -e '.[spark]' in a clone; build the image with --build-arg
+# PYSPARK_VERSION=<that release>), python3 on PATH with sluice installed (the executors run the
+# driver's PYSPARK_PYTHON, "python3", which the image also has), manifests/spark/rbac.yaml
+# applied, and the credentials of its service account: TOKEN_FILE (kubectl -n sluice-jobs create
+# token spark > token) and CA_FILE (the API server's CA).
 #
 # HOST_NETWORK=true (the default) adds the executor pod template with the host network, for
 # clusters without a pod network (the brokers then also run with the chart's hostNetwork.enabled,

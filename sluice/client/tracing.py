@@ -6,7 +6,7 @@ Off unless the application turns it on, and free when off::
     tracing.enable(tracer_provider)   # an opentelemetry.sdk.trace.TracerProvider (or any API one)
 
 Until then :data:`tracer` is None and each hook in the producer and the consumer is one
-attribute test. OpenTelemetry is an optional dependency (``pip install 'sluice[otel]'``),
+attribute test. OpenTelemetry is an optional dependency (the ``otel`` extra of ``sluice-broker``),
 imported only by :func:`enable`.
 
 Spans follow OpenTelemetry's messaging semantic conventions for Kafka (``messaging.system`` =
@@ -48,7 +48,10 @@ def enable(tracer_provider: Any = None) -> None:
     try:
         from opentelemetry import trace
     except ImportError as exc:
-        raise ImportError(f"tracing needs OpenTelemetry: pip install 'sluice[otel]' ({exc})") from None
+        raise ImportError(
+            "tracing needs OpenTelemetry: pip install opentelemetry-api opentelemetry-sdk"
+            f" (the otel extra of sluice-broker) ({exc})"
+        ) from None
     provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
     tracer = provider.get_tracer(INSTRUMENTATION)
 

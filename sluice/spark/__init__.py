@@ -19,7 +19,8 @@ Modules: ``source`` (the data source and its readers), ``options``,
 ``planning`` (partitions, offsets, task ranges), ``fetch`` (a task's gRPC
 reads), ``arrow`` (wire batches to Arrow), ``writer`` (exactly-once writes).
 
-Installing: ``pip install 'sluice[spark]'`` (pyspark and pyarrow).
+Installing: the ``spark`` extra of the ``sluice-broker`` distribution (pyspark, pyarrow, numpy):
+``pip install -e '.[spark]'`` in a clone, or a wheel's ``[spark]`` (docs/spark.md).
 """
 
 from __future__ import annotations
