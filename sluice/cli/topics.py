@@ -40,10 +40,27 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     describe.add_argument("--json", action="store_true", help="the client's TopicDescription as JSON")
     delete = t_sub.add_parser("delete", parents=[client], help="delete topics")
     delete.add_argument("topics", nargs="+", metavar="TOPIC", help="one or more topics (their records are gone)")
-    alter = t_sub.add_parser("alter", parents=[client], help="add partitions to a topic (kafka-topics --alter)")
+    alter = t_sub.add_parser(
+        "alter",
+        parents=[client],
+        help="add partitions or change config overrides (kafka-topics --alter, kafka-configs --alter)",
+    )
     alter.add_argument("topic", help="an existing topic")
+    alter.add_argument("--partitions", type=positive_int, help="the new total, more than it has (never fewer)")
     alter.add_argument(
-        "--partitions", type=positive_int, required=True, help="the new total, more than it has (never fewer)"
+        "--config",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set a config override, e.g. retention.ms=3600000 (applied without a restart); repeatable",
+    )
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="drop a config override: the broker's value applies again; repeatable",
     )
 
 
@@ -66,15 +83,7 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print("\n".join(render_topic(name, d) for name, d in zip(args.topics, descs, strict=True)))
         elif args.topics_command == "alter":
-            before = len(partitions_of(describe_existing_topic(admin, args.topic, hint_create=False)))
-            if args.partitions <= before:
-                raise CliError(
-                    f"topic {args.topic} has {before} partition(s): --partitions must be more (partitions are only "
-                    "ever added, as in Kafka)",
-                    USAGE,
-                )
-            admin.create_partitions(args.topic, args.partitions)
-            err(f"topic {args.topic}: {before} -> {args.partitions} partitions")
+            _alter(admin, args)
         elif args.topics_command == "delete":
             for topic in args.topics:
                 describe_existing_topic(admin, topic, hint_create=False)
@@ -94,6 +103,30 @@ def _create(admin: Admin, args: argparse.Namespace) -> None:
         config=dict(args.config),
     )
     err(f"created topic {args.topic}")
+
+
+def _alter(admin: Admin, args: argparse.Namespace) -> None:
+    changes: dict[str, str | None] = dict(args.config)
+    for key in args.delete_config:
+        if key in changes:
+            raise CliError(f"--config and --delete-config both name {key}", USAGE)
+        changes[key] = None
+    if args.partitions is None and not changes:
+        raise CliError("nothing to alter: give --partitions, --config or --delete-config", USAGE)
+    before = len(partitions_of(describe_existing_topic(admin, args.topic, hint_create=False)))
+    if args.partitions is not None and args.partitions <= before:
+        raise CliError(
+            f"topic {args.topic} has {before} partition(s): --partitions must be more (partitions are only "
+            "ever added, as in Kafka)",
+            USAGE,
+        )
+    if changes:  # first: a refused config (all or nothing) leaves the partitions as they were too
+        admin.alter_topic_config(args.topic, changes)
+        shown = ", ".join(f"{k}={v}" if v is not None else f"{k} (broker default)" for k, v in changes.items())
+        err(f"topic {args.topic}: {shown}")
+    if args.partitions is not None:
+        admin.create_partitions(args.topic, args.partitions)
+        err(f"topic {args.topic}: {before} -> {args.partitions} partitions")
 
 
 def render_topic(name: str, desc: TopicDescription) -> str:

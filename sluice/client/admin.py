@@ -346,6 +346,37 @@ class Admin:
             no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
         )
 
+    def alter_topic_config(
+        self,
+        name: str,
+        changes: Mapping[str, str | None],
+        *,
+        validate_only: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Change a topic's config overrides without a restart (Kafka's incremental alter).
+
+        ``changes``: key -> new value, or None to drop the override (the broker's value applies
+        again), e.g. ``{"retention.ms": "3600000", "cleanup.policy": None}``. All or nothing:
+        an unknown key or a bad value is InvalidConfigError naming the key, and nothing changes.
+        """
+        configs = [
+            broker_pb2.ConfigAlteration(key=k, operation=broker_pb2.CONFIG_DELETE)
+            if v is None
+            else broker_pb2.ConfigAlteration(key=k, operation=broker_pb2.CONFIG_SET, value=v)
+            for k, v in changes.items()
+        ]
+        request = broker_pb2.AlterTopicConfigsRequest(
+            topics=[broker_pb2.AlterTopicConfigsTopic(name=name, configs=configs)], validate_only=validate_only
+        )
+        self._any(
+            rpcs.ALTER_TOPIC_CONFIGS,
+            request,
+            _topic_error(name),
+            self._deadline(timeout),
+            no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
+        )
+
     def list_topics(self, include_internal: bool = False, timeout: float | None = None) -> list[str]:
         """Names of the cluster's topics (the internal ones too with ``include_internal``)."""
         request = broker_pb2.MetadataRequest(topics=[], include_internal=include_internal)

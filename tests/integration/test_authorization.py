@@ -198,3 +198,16 @@ def test_consumer_groups_need_read_on_the_group(cluster: LocalCluster, admin: Ad
     admin.create_acls([acl("bob-group", AclOperation.READ, "User:bob", rtype=ResourceType.GROUP)])
     assert consume_in_group() == [b"e1"]
     assert admin.list_consumer_group_offsets("bob-group")[TopicPartition("events", 0)] == 1
+
+
+def test_altering_a_topic_s_configs_needs_alter_configs_on_it(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("tuned", 1, 1)
+    with Admin(**cluster.client_config("alice")) as alice:
+        with pytest.raises(errors.TopicAuthorizationFailedError, match="AlterConfigs"):
+            alice.alter_topic_config("tuned", {"retention.ms": "60000"})
+        admin.create_acls([acl("tuned", AclOperation.ALTER, "User:alice")])  # Alter is not AlterConfigs
+        with pytest.raises(errors.TopicAuthorizationFailedError):
+            alice.alter_topic_config("tuned", {"retention.ms": "60000"})
+        admin.create_acls([acl("tuned", AclOperation.ALTER_CONFIGS, "User:alice")])
+        alice.alter_topic_config("tuned", {"retention.ms": "60000"})
+    assert admin.describe_topic("tuned").config["retention.ms"] == "60000"

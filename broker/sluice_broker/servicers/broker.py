@@ -21,6 +21,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,6 +53,7 @@ from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.quotas import QuotaHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
+from sluice.broker.topic_config_ops import ConfigChange
 from sluice.broker.txn import TransactionCoordinator
 
 MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
@@ -149,6 +151,7 @@ class BrokerService:
                 "CreateTopics": (self.create_topics, b.CreateTopicsRequest),
                 "DeleteTopics": (self.delete_topics, b.DeleteTopicsRequest),
                 "CreatePartitions": (self.create_partitions, b.CreatePartitionsRequest),
+                "AlterTopicConfigs": (self.alter_topic_configs, b.AlterTopicConfigsRequest),
                 "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
                 "InitProducerId": (self.init_producer_id, b.InitProducerIdRequest),
                 "AddPartitionsToTxn": (self.add_partitions_to_txn, b.AddPartitionsToTxnRequest),
@@ -356,6 +359,23 @@ class BrokerService:
                 if t.name in denied
                 else functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
             )
+        return resp
+
+    async def alter_topic_configs(self, req: bpb.AlterTopicConfigsRequest, ctx: Ctx) -> bpb.AlterTopicConfigsResponse:
+        """Kafka's IncrementalAlterConfigs on topics: the cluster view applies it (the Kafka listener's rules)."""
+        resp = bpb.AlterTopicConfigsResponse()
+        named = Counter(t.name for t in req.topics)
+        denied = self._denied(ctx, AclOperation.ALTER_CONFIGS, named)
+        for t in req.topics:
+            changes = [ConfigChange(c.key, c.operation, c.value if c.HasField("value") else None) for c in t.configs]
+
+            def alter(name: str = t.name, changes: list[ConfigChange] = changes) -> str:
+                if named[name] > 1:
+                    raise errors.InvalidRequestError(f"topic {name!r} is named more than once in one request")
+                self.cluster.alter_topic_config(name, changes, validate_only=req.validate_only)
+                return self.cluster.topics[name].topic_id if name in self.cluster.topics else ""
+
+            admin_result(resp.topics.add(name=t.name), _refused("AlterConfigs", t.name) if t.name in denied else alter)
         return resp
 
     # -- coordinators -----------------------------------------------------------------------------

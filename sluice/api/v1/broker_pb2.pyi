@@ -9,10 +9,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ConfigOperation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONFIG_SET: _ClassVar[ConfigOperation]
+    CONFIG_DELETE: _ClassVar[ConfigOperation]
+    CONFIG_APPEND: _ClassVar[ConfigOperation]
+    CONFIG_SUBTRACT: _ClassVar[ConfigOperation]
+
 class CoordinatorType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GROUP: _ClassVar[CoordinatorType]
     TRANSACTION: _ClassVar[CoordinatorType]
+CONFIG_SET: ConfigOperation
+CONFIG_DELETE: ConfigOperation
+CONFIG_APPEND: ConfigOperation
+CONFIG_SUBTRACT: ConfigOperation
 GROUP: CoordinatorType
 TRANSACTION: CoordinatorType
 
@@ -361,6 +372,38 @@ class CreatePartitionsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[CreatePartitionsTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
 
 class CreatePartitionsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+
+class ConfigAlteration(_message.Message):
+    __slots__ = ("key", "operation", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    operation: ConfigOperation
+    value: str
+    def __init__(self, key: _Optional[str] = ..., operation: _Optional[_Union[ConfigOperation, str]] = ..., value: _Optional[str] = ...) -> None: ...
+
+class AlterTopicConfigsTopic(_message.Message):
+    __slots__ = ("name", "configs")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CONFIGS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    configs: _containers.RepeatedCompositeFieldContainer[ConfigAlteration]
+    def __init__(self, name: _Optional[str] = ..., configs: _Optional[_Iterable[_Union[ConfigAlteration, _Mapping]]] = ...) -> None: ...
+
+class AlterTopicConfigsRequest(_message.Message):
+    __slots__ = ("topics", "validate_only")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[AlterTopicConfigsTopic]
+    validate_only: bool
+    def __init__(self, topics: _Optional[_Iterable[_Union[AlterTopicConfigsTopic, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+
+class AlterTopicConfigsResponse(_message.Message):
     __slots__ = ("topics",)
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[TopicResult]

@@ -75,6 +75,11 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.AlterTopicConfigs = channel.unary_unary(
+                '/sluice.v1.Broker/AlterTopicConfigs',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/sluice.v1.Broker/FindCoordinator',
                 request_serializer=sluice_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
@@ -227,6 +232,13 @@ class BrokerServicer:
 
     def DescribeTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterTopicConfigs(self, request, context):
+        """Kafka's IncrementalAlterConfigs for topics: a topic's config overrides, changed without a restart.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -406,6 +418,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeTopics,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.MetadataRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.MetadataResponse.SerializeToString,
+            ),
+            'AlterTopicConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterTopicConfigs,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -724,6 +741,33 @@ class Broker:
             '/sluice.v1.Broker/DescribeTopics',
             sluice_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterTopicConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/AlterTopicConfigs',
+            sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -88,6 +88,9 @@ LIST_OFFSETS = _rpc("ListOffsets", broker_pb2.ListOffsetsRequest, broker_pb2.Lis
 CREATE_TOPICS = _rpc("CreateTopics", broker_pb2.CreateTopicsRequest, broker_pb2.CreateTopicsResponse)
 DELETE_TOPICS = _rpc("DeleteTopics", broker_pb2.DeleteTopicsRequest, broker_pb2.DeleteTopicsResponse)
 CREATE_PARTITIONS = _rpc("CreatePartitions", broker_pb2.CreatePartitionsRequest, broker_pb2.CreatePartitionsResponse)
+ALTER_TOPIC_CONFIGS = _rpc(
+    "AlterTopicConfigs", broker_pb2.AlterTopicConfigsRequest, broker_pb2.AlterTopicConfigsResponse
+)
 DESCRIBE_TOPICS = _rpc("DescribeTopics", broker_pb2.MetadataRequest, broker_pb2.MetadataResponse)
 FIND_COORDINATOR = _rpc("FindCoordinator", broker_pb2.FindCoordinatorRequest, broker_pb2.FindCoordinatorResponse)
 INIT_PRODUCER_ID = _rpc("InitProducerId", broker_pb2.InitProducerIdRequest, broker_pb2.InitProducerIdResponse)
