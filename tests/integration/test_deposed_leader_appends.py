@@ -28,7 +28,7 @@ from sluice.metadata import keys
 from sluice.metadata.store import update
 from sluice.testing import LocalCluster
 
-from .helpers import wait_for
+from .helpers import checked, wait_for
 from .wire import Wire, batch_of
 
 TOPIC = "moved"
@@ -67,7 +67,8 @@ def readable(wire: Wire) -> list[tuple[int, bytes | None]] | None:
 
 def test_a_verified_produce_held_while_leadership_moves_is_refused_and_the_replicas_agree(tmp_path: Path) -> None:
     config = {"sluice.test.hooks": "produce.hold_verification", "min.insync.replicas": "2"}
-    with LocalCluster(brokers=3, data_dir=tmp_path, config=config) as cluster:
+    # checked(): once it is over, every partition's replicas are compared batch by batch as well
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=config)) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic(TOPIC, partitions=1, replication_factor=3)
         admin.close()
