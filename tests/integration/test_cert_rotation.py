@@ -34,7 +34,10 @@ from sluice.testing.certs import read_broker_certs, read_cluster_ca
 from .helpers import OffsetMonitor, read_topic
 from .test_copier import Copiers, Watcher
 
-ROUND_MESSAGES = 4000  # per copy round (two copiers, transactions of 100): long enough to outlast a step
+# Per copy round (two copiers, transactions of 100): long enough to outlast a step. 4000 was not on
+# 2026-11-28: a transaction now takes ~50 ms, so a copier finished its 2000 in 1.2 s, before a
+# renewal (reported by every broker ~1.3 s after it began) was over.
+ROUND_MESSAGES = 16000
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "3000"}
 COPY_LIMIT_S = 300.0
 
