@@ -14,6 +14,7 @@ endpoint, not timings, so they hold on a busy machine:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,20 @@ def total(scrapes: list[Scrape], name: str, **labels: str) -> float:
 
 def delta(before: list[Scrape], after: list[Scrape], name: str, **labels: str) -> float:
     return total(after, name, **labels) - total(before, name, **labels)
+
+
+def wait_until_every_broker_hosts(cluster: LocalCluster, topic: str, partitions: int, timeout: float = 30.0) -> None:
+    """Wait (bounded) until every broker has a replica of each of ``topic``'s partitions."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hosted = [
+            {labels["partition"] for labels, _v in s.series("kafka_log_log_logendoffset", topic=topic)}
+            for s in scrape_all(cluster)
+        ]
+        if all(len(h) == partitions for h in hosted):
+            return
+        assert time.monotonic() < deadline, f"{topic} not on every broker after {timeout} s: {hosted}"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +112,9 @@ def test_long_polls_wake_only_for_their_own_partitions(cluster: LocalCluster, tm
 def test_each_transaction_adds_its_partitions_with_one_request(cluster: LocalCluster) -> None:
     admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
     admin.create_topic("txns", partitions=3, replication_factor=3)
+    # CreateTopics answers before every broker has the new topic in its metadata; a coordinator
+    # that has not yet answers UNKNOWN_TOPIC_OR_PARTITION (retriable), which is not what is counted
+    wait_until_every_broker_hosts(cluster, "txns", partitions=3)
     producer = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id="costs-txn", linger_ms=0)
     producer.init_transactions()
     before = scrape_all(cluster)
