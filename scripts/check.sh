@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Static checks: generated code is current, the chart's CRDs equal manifests/crds, ruff (lint and format), mypy,
+# Static checks: generated code (protobuf, Kafka's messages) is current, the chart's CRDs equal manifests/crds, ruff (lint and format), mypy,
 # import-linter contracts.
 #
 # broker/ and operator/ are imported as sluice.broker and sluice.operator
@@ -11,6 +11,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 python scripts/gen_proto.py --check
+# Kafka's messages: needs kafka-clients' jar (~/.m2, else fetched with mvn, about 5 MB once)
+python scripts/gen_kafka_messages.py --check
 python scripts/sync_chart_crds.py --check
 ruff check .
 ruff format --check .

@@ -45,6 +45,7 @@ from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import reload, tokens
+from sluice.broker.security.gate import build_gate
 from sluice.broker.server import BrokerServicer, open_listeners
 from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
@@ -286,7 +287,8 @@ async def serve(
     await txn.start()
     await groups.start()
 
-    servicer = BrokerServicer(config, cluster, replicas, txn, groups)
+    gate = build_gate(config, store)  # one policy for both protocols
+    servicer = BrokerServicer(config, cluster, replicas, txn, groups, gate)
     health = HealthServicer()
     # one token authenticator (one cache of reviews) for both client ports of a token listener
     authenticator = None
@@ -305,9 +307,7 @@ async def serve(
             host, port = metrics_listen
             raise SystemExit(f"sluice broker: cannot serve metrics on {host}:{port}: {exc}") from None
         log.info("broker %d serves metrics at http://%s:%d/metrics", config.broker_id, *metrics_listen)
-    kafka_listener = await start_kafka_listener(
-        kafka, config, cluster, replicas, txn, groups, servicer.broker, authenticator
-    )
+    kafka_listener = await start_kafka_listener(kafka, config, cluster, replicas, txn, groups, gate, authenticator)
     await server.start()
     # Liveness (the process answers) is separate from readiness (""): the controller's failure
     # detector checks liveness, since a broker only becomes ready once it was elected leader of
@@ -355,8 +355,7 @@ async def serve(
                 cluster.refresh()
                 if internal_topics_missing:
                     internal_topics_missing = bool(cluster.ensure_internal_topics())
-                servicer.access.refresh()  # ACLs: the acls/ documents, watched with the rest
-                servicer.broker.client_quotas.refresh()  # client quotas: the quotas/ documents
+                gate.refresh()  # ACLs and client quotas: the acls/ and quotas/ documents, watched with the rest
                 if unreachable_since is not None:
                     log.warning("metadata store reachable again after %.1f s", time.monotonic() - unreachable_since)
                     unreachable_since = None

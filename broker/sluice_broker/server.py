@@ -38,9 +38,8 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import tokens
-from sluice.broker.security.authorizer import Access
 from sluice.broker.security.connections import ConnectionLimitInterceptor, ConnectionQuotas, GrpcConnections
-from sluice.broker.security.peers import ClusterIdentity
+from sluice.broker.security.gate import RequestGate
 from sluice.broker.security.reload import files_for
 from sluice.broker.servicers import BrokerService, InterBrokerService
 from sluice.broker.servicers.interbroker import refusing_handler
@@ -57,12 +56,10 @@ class BrokerServicer:
         replicas: ReplicaManager,
         txn: TransactionCoordinator,
         groups: GroupCoordinator,
+        gate: RequestGate,
     ) -> None:
         self.config = config
-        files = files_for(config) if config.tls_dir else None
-        identity = ClusterIdentity(None if files is None else lambda: files.material.ca_pem)
-        self.access = Access(config, cluster.store, identity)
-        self.broker = BrokerService(cluster, replicas, txn, groups, self.access)
+        self.broker = BrokerService(cluster, replicas, txn, groups, gate)
         self.interbroker = InterBrokerService(replicas)
 
     def client_handlers(self) -> list[grpc.GenericRpcHandler[Any, Any]]:

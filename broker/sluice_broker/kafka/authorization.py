@@ -58,7 +58,8 @@ from collections.abc import Iterable
 from sluice.acls import AclOperation, ResourceType
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.security import coordinator_checks as checks
-from sluice.broker.security.authorizer import CLUSTER_NAME
+from sluice.broker.security.authorizer import CLUSTER_NAME, operation_name
+from sluice.broker.security.authorizer import topic_refusal as topic_refusal  # the handlers' refusals
 
 Op = AclOperation
 # The operations Kafka reports for each resource type (its AclEntry.supportedOperations).
@@ -82,18 +83,12 @@ def cluster_allowed(ctx: KafkaContext, op: AclOperation) -> bool:
 
 
 def denied_topics(ctx: KafkaContext, op: AclOperation, names: Iterable[str]) -> set[str]:
-    """The topics among ``names`` the caller may not ``op`` (none while the authorizer is off)."""
-    if not ctx.access.enabled:
-        return set()
-    return {n for n in set(names) if not ctx.access.allowed(ctx.caller, op, ResourceType.TOPIC, n)}
-
-
-def topic_refusal(op: AclOperation, topic: str) -> str:
-    return f"not authorized to {op.name.title().replace('_', '')} topic {topic!r} (no ACL allows it)"
+    """The topics among ``names`` the connection's caller may not ``op`` (the gate's partial denial)."""
+    return ctx.gate.denied_topics(ctx.caller, op, names)
 
 
 def cluster_refusal(op: AclOperation) -> str:
-    return f"not authorized to {op.name.title().replace('_', '')} the cluster (no ACL allows it)"
+    return f"not authorized to {operation_name(op)} the cluster (no ACL allows it)"
 
 
 def group_refusal(ctx: KafkaContext, op: AclOperation, group: str) -> tuple[int, str] | None:

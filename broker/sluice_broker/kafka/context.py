@@ -5,11 +5,11 @@ handlers read the cluster view and call the replica manager and the
 coordinators exactly as :mod:`sluice.broker.servicers` does, so a record, a
 group or a transaction is one object whichever protocol touches it.
 
-The same holds for security: ``access`` is the gRPC servicer's own
-:class:`~sluice.broker.security.authorizer.Access` (one ACL set, one watch)
-and ``limits`` its own quota and rate buckets, so a principal's bytes and
-producer ids count once per broker whichever protocol it uses, as Kafka counts
-them across its listeners. ``caller`` is per connection: the listener hands
+The same holds for policy: ``gate`` is the broker's one
+:class:`~sluice.broker.security.gate.RequestGate`, the gRPC servicers' too (one ACL set,
+one watch, one set of quota and rate buckets), so a principal's bytes and producer ids
+count once per broker whichever protocol it uses, as Kafka counts them across its
+listeners. ``caller`` is per connection: the listener hands
 each connection its own copy of the context with the principal its TLS
 handshake proved (:mod:`sluice.broker.kafka.transport`), or, on a token listener,
 the one its SASL authentication proved (:mod:`sluice.broker.kafka.authentication`).
@@ -25,9 +25,8 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security.authorizer import Access
-from sluice.broker.security.limits import ByteRateQuota, RateLimit
+from sluice.broker.security.gate import RequestGate
 from sluice.broker.security.peers import ANONYMOUS, Caller
-from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.txn import TransactionCoordinator
 
 if TYPE_CHECKING:
@@ -39,16 +38,6 @@ if TYPE_CHECKING:
 KAFKA_ADDRESS_FIELD = "kafka_address"
 
 
-@dataclass(frozen=True)
-class ClientLimits:
-    """The per-principal limits both protocols share (docs/security.md, "Limits")."""
-
-    producer_ids: RateLimit  # producer.id.rate.per.principal.per.minute
-    produce: ByteRateQuota  # quota.producer.default
-    fetch: ByteRateQuota  # quota.consumer.default
-    client_quotas: ClientQuotas | None = None  # the quota entities both follow (refreshed after an alter)
-
-
 @dataclass
 class KafkaContext:
     config: BrokerConfig
@@ -56,12 +45,16 @@ class KafkaContext:
     replicas: ReplicaManager
     txn: TransactionCoordinator
     groups: GroupCoordinator
-    access: Access
-    limits: ClientLimits
+    gate: RequestGate
     # the connection's caller; the listener's own context (before any connection) is anonymous
     caller: Caller = field(default_factory=lambda: Caller(ANONYMOUS, ""))
     # the connection's SASL authentication (a token listener: sluice.broker.kafka.authentication), else None
     sasl: SaslSession | None = None
+
+    @property
+    def access(self) -> Access:
+        """The broker's authorizer (the gate's)."""
+        return self.gate.access
 
 
 def split_host_port(value: str) -> tuple[str, int]:

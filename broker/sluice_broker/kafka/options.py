@@ -4,8 +4,8 @@ Kept here rather than in main.py so the broker's start-up gains two lines, not
 the listener's details. The listener is off unless ``--kafka-listen`` is given:
 a second client port is opened only on purpose. Its security is the gRPC client
 listener's (``--client-listener``: plaintext, tls or mtls with the same
-certificates, or token: SASL OAUTHBEARER over TLS), its authorization and quotas the gRPC servicer's own objects
-(:class:`~sluice.broker.kafka.context.KafkaContext`).
+certificates, or token: SASL OAUTHBEARER over TLS), its policy the broker's one request gate
+(:class:`~sluice.broker.security.gate.RequestGate`), which the gRPC servicers use too.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.group import GroupCoordinator
-from sluice.broker.kafka.context import ClientLimits, KafkaContext, split_host_port
+from sluice.broker.kafka.context import KafkaContext, split_host_port
 from sluice.broker.kafka.listener import KafkaListener
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.security.gate import RequestGate
 from sluice.broker.security.tokens import TokenAuthenticator
-from sluice.broker.servicers import BrokerService
 from sluice.broker.txn import TransactionCoordinator
 from sluice.tls import TlsError
 
@@ -48,16 +48,16 @@ async def start_kafka_listener(
     replicas: ReplicaManager,
     txn: TransactionCoordinator,
     groups: GroupCoordinator,
-    service: BrokerService,
+    gate: RequestGate,
     authenticator: TokenAuthenticator | None = None,
 ) -> KafkaListener | None:
-    """Open the listener (None when not configured); ``service``'s ACLs and limits are shared with it,
-    and on a token listener the gRPC listener's token ``authenticator`` (its cache of reviews too)."""
+    """Open the listener (None when not configured): the broker's ``gate`` decides its requests as
+    the gRPC servicers', and on a token listener the gRPC listener's token ``authenticator`` (its
+    cache of reviews too) authenticates its connections."""
     if options is None:
         return None
-    limits = ClientLimits(service.producer_ids, service.produce_quota, service.fetch_quota, service.client_quotas)
     try:
-        context = KafkaContext(config, cluster, replicas, txn, groups, service.access, limits)
+        context = KafkaContext(config, cluster, replicas, txn, groups, gate)
         listener = KafkaListener(context, authenticator if config.client_listener == "token" else None)
     except TlsError as exc:
         raise SystemExit(f"sluice broker: {exc}") from None

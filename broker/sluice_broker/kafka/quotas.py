@@ -1,8 +1,8 @@
 """Byte-rate quotas on the Kafka listener, enforced the way Kafka enforces them (KIP-219).
 
 Produce counts the request's bytes (the whole frame, as Kafka's ``request.sizeInBytes``) and
-Fetch the response's against the caller's principal, in the same buckets the gRPC servicer
-fills (:class:`~sluice.broker.security.limits.ByteRateQuota`): a quota entity (user, client id,
+Fetch the response's against the caller's principal, in the broker's one request gate
+(:class:`~sluice.broker.security.gate.RequestGate`), which the gRPC servicers fill too: a quota entity (user, client id,
 both) has one rate per broker whichever protocol its clients use. The throttle time is reported in the response's
 ``throttle_time_ms``.
 
@@ -40,10 +40,10 @@ def throttle(
     client id, which client-id quota entities match); the throttle to apply (None: within quota)."""
     client = client_id or ""
     if api_key == PRODUCE_KEY:
-        quota = ctx.limits.produce
+        quota = ctx.gate.produce
         ms = quota.record(ctx.caller.principal, request_bytes, client) if quota.active else 0
     elif api_key == FETCH_KEY:
-        quota = ctx.limits.fetch
+        quota = ctx.gate.fetch
         ms = quota.record(ctx.caller.principal, response_bytes, client) if quota.active else 0
     else:
         return None

@@ -57,6 +57,16 @@ CLUSTER_NAME = "kafka-cluster"
 _LISTED_MAY = frozenset({AclOperation.WRITE, AclOperation.DESCRIBE})
 
 
+def operation_name(op: AclOperation) -> str:
+    """Kafka's name of an operation: ``AlterConfigs``, ``Write``."""
+    return op.name.title().replace("_", "")
+
+
+def topic_refusal(op: AclOperation, topic: str) -> str:
+    """What a refused topic is told, in both protocols."""
+    return f"not authorized to {operation_name(op)} topic {topic!r} (no ACL allows it)"
+
+
 def _principal_matches(acl: AclBinding, principal: str) -> bool:
     if acl.principal == principal:
         return True
@@ -214,6 +224,13 @@ class Access:
         if caller.is_broker:
             return True  # the brokers of this cluster (cluster CA certificates) are super users, as in Kafka
         return self.authorizer.authorize(caller.principal, caller.host, operation, resource_type, name)
+
+    def denied_topics(self, who: Who, operation: AclOperation, names: Iterable[str]) -> set[str]:
+        """The topics among ``names`` ``who`` may not ``operation``: Kafka's partial denial, where
+        the refused topics are answered TOPIC_AUTHORIZATION_FAILED and the rest is served."""
+        if not self.enabled:
+            return set()
+        return {n for n in set(names) if not self.allowed(who, operation, ResourceType.TOPIC, n)}
 
     def allowed_on_some(self, who: Who, operation: AclOperation, resource_type: ResourceType) -> bool:
         """Whether some resource of the type allows ``operation`` (KIP-679's test for idempotent producers)."""

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.security.authorizer import Access, Who
+from sluice.broker.security.authorizer import Access, Who, topic_refusal
 
 R, W, D = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
@@ -39,14 +39,6 @@ def _group_refusal(op: AclOperation, group: str) -> str:
     return f"not authorized to {op.name.title()} group {group!r} (no ACL allows it)"
 
 
-def _topic_refusal(op: AclOperation, topic: str) -> str:
-    return f"not authorized to {op.name.title()} topic {topic!r} (no ACL allows it)"
-
-
-def _denied_topics(access: Access, ctx: Who, op: AclOperation, names: Iterable[str]) -> set[str]:
-    return {n for n in set(names) if not access.allowed(ctx, op, TOPIC, n)}
-
-
 def _partition_results(
     pairs: Iterable[tuple[str, int]], denied: set[str], op: AclOperation
 ) -> list[bpb.TxnPartitionResult]:
@@ -55,7 +47,7 @@ def _partition_results(
         if topic in denied:
             out.append(bpb.TxnPartitionResult(
                 topic=topic, partition=partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                error_message=_topic_refusal(op, topic),
+                error_message=topic_refusal(op, topic),
             ))  # fmt: skip
         else:
             out.append(bpb.TxnPartitionResult(
@@ -120,7 +112,7 @@ def check_add_partitions(
     refused = check_txn_id(access, ctx, req.transactional_id)
     if refused is not None:
         return bpb.AddPartitionsToTxnResponse(results=_all_results(pairs, *refused))
-    denied = _denied_topics(access, ctx, W, (t.name for t in req.topics))
+    denied = access.denied_topics(ctx, W, (t.name for t in req.topics))
     if denied:
         return bpb.AddPartitionsToTxnResponse(results=_partition_results(pairs, denied, W))
     return None
@@ -135,7 +127,7 @@ def _commit_refusal(
     refused = refused or check_group(access, ctx, R, group)
     if refused is not None:
         return _all_results(pairs, *refused)
-    denied = _denied_topics(access, ctx, R, (t.name for t in topics))
+    denied = access.denied_topics(ctx, R, (t.name for t in topics))
     return _partition_results(pairs, denied, R) if denied else None
 
 
@@ -160,11 +152,11 @@ def check_offset_fetch(access: Access, ctx: Who, req: bpb.OffsetFetchRequest) ->
 
 def filter_offset_fetch(access: Access, ctx: Who, resp: bpb.OffsetFetchResponse) -> bpb.OffsetFetchResponse:
     """Partitions of topics the caller may not Describe: TOPIC_AUTHORIZATION_FAILED, no offset."""
-    denied = _denied_topics(access, ctx, D, (p.topic for p in resp.partitions)) if access.enabled else set()
+    denied = access.denied_topics(ctx, D, (p.topic for p in resp.partitions)) if access.enabled else set()
     for p in resp.partitions:
         if p.topic in denied:
             p.committed_offset, p.committed_leader_epoch, p.metadata = -1, -1, ""
-            p.error_code, p.error_message = pb.TOPIC_AUTHORIZATION_FAILED, _topic_refusal(D, p.topic)
+            p.error_code, p.error_message = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, p.topic)
     return resp
 
 
@@ -173,10 +165,10 @@ def check_heartbeat(
 ) -> bpb.ConsumerGroupHeartbeatResponse | None:
     refused = check_group(access, ctx, R, req.group_id)
     if refused is None:
-        denied = _denied_topics(access, ctx, D, req.subscribed_topic_names)
+        denied = access.denied_topics(ctx, D, req.subscribed_topic_names)
         if denied:
             first = sorted(denied)[0]
-            refused = pb.TOPIC_AUTHORIZATION_FAILED, _topic_refusal(D, first)
+            refused = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, first)
     if refused is None:
         return None
     return bpb.ConsumerGroupHeartbeatResponse(

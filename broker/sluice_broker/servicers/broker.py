@@ -17,10 +17,8 @@ and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordin
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,24 +30,19 @@ from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import (
-    CONSUMER_OFFSETS_TOPIC,
     INTERNAL_TOPICS,
-    TRANSACTION_STATE_TOPIC,
     ClusterView,
     TopicInfo,
-    coordinator_partition,
 )
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
-from sluice.broker.security.authorizer import Access
+from sluice.broker.security.authorizer import topic_refusal
 from sluice.broker.security.client_ids import client_id
-from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
-from sluice.broker.security.limits import ByteRateQuota, RateLimit
+from sluice.broker.security.gate import RequestGate
 from sluice.broker.security.peers import principal
-from sluice.broker.security.quota_watch import ClientQuotas
 from sluice.broker.servicers.acls import AclHandlers
 from sluice.broker.servicers.quotas import QuotaHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
@@ -57,7 +50,6 @@ from sluice.broker.topic_config_ops import ConfigChange
 from sluice.broker.txn import TransactionCoordinator
 
 MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
-HELD_LOG_EVERY_S = 60.0
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +62,9 @@ def admin_result(result: Any, action: Callable[[], str]) -> None:
         answer(result, exc)
 
 
-def _topic_refusal(op: str, name: str) -> str:
-    return f"not authorized to {op} topic {name!r} (no ACL allows it)"
-
-
-def _refused(op: str, name: str) -> Callable[[], str]:
+def _refused(op: AclOperation, name: str) -> Callable[[], str]:
     def refuse() -> str:
-        raise errors.TopicAuthorizationFailedError(_topic_refusal(op, name))
+        raise errors.TopicAuthorizationFailedError(topic_refusal(op, name))
 
     return refuse
 
@@ -90,53 +78,20 @@ class BrokerService:
         replicas: ReplicaManager,
         txn: TransactionCoordinator,
         groups: GroupCoordinator,
-        access: Access | None = None,
+        gate: RequestGate,
     ) -> None:
         self.cluster = cluster
         self.replicas = replicas
         self.txn = txn
         self.groups = groups
         self.group_admin = GroupAdmin(groups, cluster.config.broker_id)
-        self.access = access or Access(cluster.config)
-        self.acls = AclHandlers(cluster.store, self.access)
-        self.producer_ids = RateLimit(cluster.config.int(PRODUCER_ID_RATE_KEY))
-        # client quota entities (users, client ids, both), followed from the store with the ACLs
-        self.client_quotas = ClientQuotas(cluster.store)
-        self.quotas = QuotaHandlers(cluster.store, self.access, self.client_quotas)
-        self.produce_quota = ByteRateQuota(
-            "quota.producer.default",
-            cluster.config.int("quota.producer.default"),
-            rates=self.client_quotas.rates("producer_byte_rate"),
-        )
-        self.fetch_quota = ByteRateQuota(
-            "quota.consumer.default",
-            cluster.config.int("quota.consumer.default"),
-            rates=self.client_quotas.rates("consumer_byte_rate"),
-        )
-        self._held_logged: dict[str, float] = {}  # principal -> when a held-back request was last logged
-
-    async def _wait_quota(self, quota: ByteRateQuota, ctx: Ctx, what: str, who: str, client: str) -> None:
-        """A request from a caller still over its quota waits until it is not (Kafka's muted
-        channel, for clients that do not wait out the throttle time they were told, KIP-219)."""
-        delay = quota.delay(who, client)
-        if delay <= 0:
-            return
-        now = time.monotonic()
-        if now - self._held_logged.get(who, -HELD_LOG_EVERY_S) >= HELD_LOG_EVERY_S:  # once a minute per principal
-            if len(self._held_logged) >= 10_000:  # bounded, whatever the number of principals
-                self._held_logged.clear()
-            self._held_logged[who] = now
-            log.info(
-                "held a %s of %s back %.0f ms: its client did not wait out its throttle time (%s)",
-                what, who, delay * 1000, quota.key,
-            )  # fmt: skip
-        await asyncio.sleep(delay)
+        self.gate = gate
+        self.access = gate.access
+        self.acls = AclHandlers(cluster.store, gate.access)
+        self.quotas = QuotaHandlers(cluster.store, gate.access, gate.client_quotas)
 
     def _denied(self, ctx: Ctx, op: AclOperation, names: Iterable[str]) -> set[str]:
-        """The topics among ``names`` the caller may not ``op`` (none when the authorizer is off)."""
-        if not self.access.enabled:
-            return set()
-        return {n for n in set(names) if not self.access.allowed(ctx, op, ResourceType.TOPIC, n)}
+        return self.gate.denied_topics(ctx, op, names)
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         b = bpb
@@ -190,7 +145,7 @@ class BrokerService:
         for name in names:
             if name in denied:
                 if req.topics:  # asked by name: say why; a listing leaves it out, as Kafka does
-                    refusal = _topic_refusal("Describe", name)
+                    refusal = topic_refusal(AclOperation.DESCRIBE, name)
                     resp.topics.add(name=name, error_code=pb.TOPIC_AUTHORIZATION_FAILED, error_message=refusal)
                 continue
             info = self.cluster.topics.get(name)
@@ -227,12 +182,13 @@ class BrokerService:
     # -- data path --------------------------------------------------------------------------------
 
     async def produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
-        if not self.produce_quota.active:
+        quota = self.gate.produce
+        if not quota.active:
             return await self._produce(req, ctx)
         who, client = principal(ctx), client_id(ctx)
-        await self._wait_quota(self.produce_quota, ctx, "Produce", who, client)
+        await self.gate.hold_while_over(quota, who, client, "Produce")
         resp = await self._produce(req, ctx)
-        resp.throttle_time_ms = self.produce_quota.record(who, req.ByteSize(), client)
+        resp.throttle_time_ms = quota.record(who, req.ByteSize(), client)
         return resp
 
     async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
@@ -253,7 +209,7 @@ class BrokerService:
                 code = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                 message = f"not authorized to Write transactional id {req.transactional_id!r}"
             else:
-                code, message = pb.TOPIC_AUTHORIZATION_FAILED, _topic_refusal("Write", t.name)
+                code, message = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(AclOperation.WRITE, t.name)
             out = refused.topics.add(name=t.name)
             for p in t.partitions:
                 out.partitions.add(partition=p.partition, error_code=code, error_message=message, base_offset=-1)
@@ -262,12 +218,13 @@ class BrokerService:
         return resp
 
     async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
-        if not self.fetch_quota.active:
+        quota = self.gate.fetch
+        if not quota.active:
             return await self._fetch(req, ctx)
         who, client = principal(ctx), client_id(ctx)
-        await self._wait_quota(self.fetch_quota, ctx, "Fetch", who, client)
+        await self.gate.hold_while_over(quota, who, client, "Fetch")
         body = await self._fetch(req, ctx)
-        delay_ms = self.fetch_quota.record(who, len(body), client)
+        delay_ms = quota.record(who, len(body), client)
         # a serialized message and a second one concatenate as their merge: the field is added
         return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
 
@@ -295,7 +252,7 @@ class BrokerService:
             for p in t.partitions:
                 out.partitions.add(
                     partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                    error_message=_topic_refusal("Read", t.name), high_watermark=-1, last_stable_offset=-1,
+                    error_message=topic_refusal(AclOperation.READ, t.name), high_watermark=-1, last_stable_offset=-1,
                     log_start_offset=-1, next_fetch_offset=p.fetch_offset,
                 )  # fmt: skip
         served = await self.replicas.fetch(allowed) if allowed.topics else b""
@@ -315,7 +272,8 @@ class BrokerService:
                 for p in t.partitions:
                     out.partitions.add(
                         partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                        error_message=_topic_refusal("Describe", t.name), offset=-1, timestamp=-1, leader_epoch=-1,
+                        error_message=topic_refusal(AclOperation.DESCRIBE, t.name), offset=-1, timestamp=-1,
+                        leader_epoch=-1,
                     )  # fmt: skip
         return resp
 
@@ -328,7 +286,7 @@ class BrokerService:
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                _refused("Create", t.name)
+                _refused(AclOperation.CREATE, t.name)
                 if t.name in denied
                 else functools.partial(
                     self.cluster.create_topic,
@@ -345,7 +303,11 @@ class BrokerService:
         resp = bpb.DeleteTopicsResponse()
         denied = self._denied(ctx, AclOperation.DELETE, req.names)
         for name in req.names:
-            action = _refused("Delete", name) if name in denied else functools.partial(self.cluster.delete_topic, name)
+            action = (
+                _refused(AclOperation.DELETE, name)
+                if name in denied
+                else functools.partial(self.cluster.delete_topic, name)
+            )
             admin_result(resp.topics.add(name=name), action)
         return resp
 
@@ -355,7 +317,7 @@ class BrokerService:
         for t in req.topics:
             admin_result(
                 resp.topics.add(name=t.name),
-                _refused("Alter", t.name)
+                _refused(AclOperation.ALTER, t.name)
                 if t.name in denied
                 else functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
             )
@@ -375,7 +337,10 @@ class BrokerService:
                 self.cluster.alter_topic_config(name, changes, validate_only=req.validate_only)
                 return self.cluster.topics[name].topic_id if name in self.cluster.topics else ""
 
-            admin_result(resp.topics.add(name=t.name), _refused("AlterConfigs", t.name) if t.name in denied else alter)
+            admin_result(
+                resp.topics.add(name=t.name),
+                _refused(AclOperation.ALTER_CONFIGS, t.name) if t.name in denied else alter,
+            )
         return resp
 
     # -- coordinators -----------------------------------------------------------------------------
@@ -383,34 +348,23 @@ class BrokerService:
     async def find_coordinator(self, req: bpb.FindCoordinatorRequest, ctx: Ctx) -> bpb.FindCoordinatorResponse:
         if not req.key:
             raise InvalidArgumentError("key (group id or transactional id) must not be empty")
-        refused = checks.check_find_coordinator(self.access, ctx, req)
-        if refused is not None:
-            return refused
-        topic = TRANSACTION_STATE_TOPIC if req.key_type == bpb.TRANSACTION else CONSUMER_OFFSETS_TOPIC
-        info = self.cluster.topics.get(topic)
-        resp = bpb.FindCoordinatorResponse(node_id=-1)
-        if info is None:
-            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = self.cluster.internal_topic_missing(topic)
-            return resp
-        leader = info.partitions[coordinator_partition(req.key, len(info.partitions))].leader
-        endpoint = self.cluster.brokers.get(leader)
-        if endpoint is None:
-            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = f"the coordinator partition of {req.key!r} has no live leader"
-            return resp
-        resp.node_id, resp.host, resp.port = endpoint.broker_id, endpoint.host, endpoint.port
-        return resp
+        found = self.gate.find_coordinator(self.cluster, ctx, req.key, req.key_type)
+        if found.refusal is not None:
+            return bpb.FindCoordinatorResponse(
+                node_id=-1, error_code=found.refusal.code, error_message=found.refusal.message
+            )
+        endpoint = self.cluster.brokers[found.broker_id]
+        return bpb.FindCoordinatorResponse(node_id=endpoint.broker_id, host=endpoint.host, port=endpoint.port)
 
     async def init_producer_id(self, req: bpb.InitProducerIdRequest, ctx: Ctx) -> bpb.InitProducerIdResponse:
         refused = checks.check_init_producer_id(self.access, ctx, req)
         if refused is not None:
             return refused
-        if req.producer_id < 0 and not self.producer_ids.take(principal(ctx)):
+        throttled = self.gate.take_producer_id(principal(ctx), req.producer_id)
+        if throttled is not None:
             return bpb.InitProducerIdResponse(
-                producer_id=-1, producer_epoch=-1, error_code=pb.THROTTLING_QUOTA_EXCEEDED,
-                error_message=self.producer_ids.refusal(principal(ctx)),
-            )  # fmt: skip
+                producer_id=-1, producer_epoch=-1, error_code=throttled.code, error_message=throttled.message
+            )
         return await self.txn.init_producer_id(req)
 
     async def add_partitions_to_txn(

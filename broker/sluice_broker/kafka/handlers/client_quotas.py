@@ -91,6 +91,5 @@ class AlterClientQuotasHandler:
                 continue
             if not request.validate_only and changes:
                 quota_store.alter_quotas(ctx.cluster.store, entity, changes)
-        if ctx.limits.client_quotas is not None:
-            ctx.limits.client_quotas.refresh()  # this broker applies its own write at once
+        ctx.gate.client_quotas.refresh()  # this broker applies its own write at once
         return resp

@@ -1,53 +1,43 @@
 """FindCoordinator: the broker leading a group's or transactional id's coordinator partition.
 
-The same rule as the gRPC FindCoordinator (the key's hash picks a partition of
-``__consumer_offsets`` or ``__transaction_state``; its leader coordinates), with
-the coordinator's Kafka address. v0-3 ask for one key; v4+ batch keys and
-answer per key. No leader, or a leader without a Kafka listener, is
-COORDINATOR_NOT_AVAILABLE (retriable: the client asks again). Authorization is
-the gRPC FindCoordinator's check (Describe on the group or the transactional
-id), per key: GROUP_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+The broker's one rule (:meth:`~sluice.broker.security.gate.RequestGate.find_coordinator`,
+the gRPC FindCoordinator's too: the key's hash picks a partition of ``__consumer_offsets``
+or ``__transaction_state``; its leader coordinates), with the coordinator's Kafka address.
+v0-3 ask for one key; v4+ batch keys and answer per key. No leader, or a leader without a
+Kafka listener, is COORDINATOR_NOT_AVAILABLE (retriable: the client asks again).
+Authorization is the gate's too (Describe on the group or the transactional id), per key:
+GROUP_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext, kafka_endpoint
 from sluice.broker.kafka.messages.find_coordinator_request import FindCoordinatorRequest
 from sluice.broker.kafka.messages.find_coordinator_response import Coordinator, FindCoordinatorResponse
 from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.security import coordinator_checks as checks
 
-KEY_TYPES = {0: CONSUMER_OFFSETS_TOPIC, 1: TRANSACTION_STATE_TOPIC}  # 2 (share groups) is not served
+KEY_TYPES = {0: bpb.GROUP, 1: bpb.TRANSACTION}  # 2 (share groups) is not served
 
 
 def find(ctx: KafkaContext, key: str, key_type: int) -> Coordinator:
     out = Coordinator(key=key, node_id=-1, host="", port=-1, error_code=0, error_message=None)
-    topic = KEY_TYPES.get(key_type)
-    if topic is None or not key:
-        out.error_code = pb.INVALID_REQUEST
-        out.error_message = f"key type {key_type} is not served" if topic is None else "the key must not be empty"
+    kind = KEY_TYPES.get(key_type)
+    if kind is None:
+        out.error_code, out.error_message = pb.INVALID_REQUEST, f"key type {key_type} is not served"
         return out
-    asked = bpb.FindCoordinatorRequest(key=key, key_type=bpb.TRANSACTION if key_type == 1 else bpb.GROUP)
-    refused = checks.check_find_coordinator(ctx.access, ctx.caller, asked)
-    if refused is not None:
-        out.error_code, out.error_message = int(refused.error_code), refused.error_message
+    found = ctx.gate.find_coordinator(ctx.cluster, ctx.caller, key, kind)
+    if found.refusal is not None:
+        out.error_code, out.error_message = int(found.refusal.code), found.refusal.message
         return out
-    info = ctx.cluster.topics.get(topic)
-    if info is None:
-        out.error_code = pb.COORDINATOR_NOT_AVAILABLE
-        out.error_message = ctx.cluster.internal_topic_missing(topic)
-        return out
-    leader = info.partitions[coordinator_partition(key, len(info.partitions))].leader
-    endpoint = None if leader < 0 else kafka_endpoint(ctx, leader)
+    endpoint = kafka_endpoint(ctx, found.broker_id)
     if endpoint is None:
         out.error_code = pb.COORDINATOR_NOT_AVAILABLE
-        out.error_message = f"the coordinator of {key!r} has no leader with a Kafka listener"
+        out.error_message = f"the coordinator of {key!r} (broker {found.broker_id}) has no Kafka listener"
         return out
-    out.node_id, (out.host, out.port) = leader, endpoint
+    out.node_id, (out.host, out.port) = found.broker_id, endpoint
     return out
 
 

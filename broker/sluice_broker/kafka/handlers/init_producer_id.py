@@ -22,10 +22,7 @@ set to when the next one can be had.
 
 from __future__ import annotations
 
-import math
-
 from sluice.api.v1 import broker_pb2 as bpb
-from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.transactions import kafka_error
@@ -50,11 +47,11 @@ class InitProducerIdHandler:
         refused = checks.check_init_producer_id(ctx.access, ctx.caller, core)
         if refused is not None:
             return InitProducerIdResponse(error_code=int(refused.error_code), producer_id=-1, producer_epoch=-1)
-        rate = ctx.limits.producer_ids
-        if core.producer_id < 0 and not rate.take(ctx.caller.principal):
+        throttled = ctx.gate.take_producer_id(ctx.caller.principal, core.producer_id)
+        if throttled is not None:
             return InitProducerIdResponse(
-                throttle_time_ms=math.ceil(60_000 / rate.per_minute),  # one token's refill time
-                error_code=pb.THROTTLING_QUOTA_EXCEEDED,
+                throttle_time_ms=throttled.throttle_ms,  # one token's refill time
+                error_code=throttled.code,
                 producer_id=-1,
                 producer_epoch=-1,
             )
