@@ -16,12 +16,12 @@ import pytest
 from kafka.protocol.admin import DescribeGroupsRequest
 from kafka.protocol.consumer import HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest, SyncGroupRequest
 
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.messages.consumer_group_describe_request import ConsumerGroupDescribeRequest
-from sluice.broker.kafka.messages.consumer_group_describe_response import ConsumerGroupDescribeResponse
-from sluice.broker.kafka.messages.consumer_group_heartbeat_request import ConsumerGroupHeartbeatRequest
-from sluice.broker.kafka.messages.consumer_group_heartbeat_response import ConsumerGroupHeartbeatResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.messages.consumer_group_describe_request import ConsumerGroupDescribeRequest
+from sluice.broker.kafka_wire.messages.consumer_group_describe_response import ConsumerGroupDescribeResponse
+from sluice.broker.kafka_wire.messages.consumer_group_heartbeat_request import ConsumerGroupHeartbeatRequest
+from sluice.broker.kafka_wire.messages.consumer_group_heartbeat_response import ConsumerGroupHeartbeatResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.client import Admin
 from sluice.testing import LocalCluster
 

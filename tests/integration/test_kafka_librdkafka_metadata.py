@@ -22,10 +22,10 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest, MetadataRequestTopic
-from sluice.broker.kafka.messages.metadata_response import MetadataResponse, MetadataResponseTopic
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest, MetadataRequestTopic
+from sluice.broker.kafka_wire.messages.metadata_response import MetadataResponse, MetadataResponseTopic
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.client import Admin
 from sluice.client import Producer as SluiceProducer
 from sluice.errors import UnknownTopicOrPartitionError

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from sluice.broker.cluster import coordinator_partition
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.messages.metadata_response import MetadataResponse as KMetadataResponse
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.messages.metadata_response import MetadataResponse as KMetadataResponse
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 from sluice.testing._net import free_port

@@ -15,10 +15,10 @@ import struct
 import time
 from pathlib import Path
 
-from sluice.broker.kafka.codec import encode
 from sluice.broker.kafka.handlers import build_handlers
-from sluice.broker.kafka.messages import APIS
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest, MetadataRequestTopic
+from sluice.broker.kafka_wire.codec import encode
+from sluice.broker.kafka_wire.messages import APIS
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest, MetadataRequestTopic
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 

@@ -37,13 +37,13 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sluice.broker.kafka.codec import Message, decode, encode
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest
-from sluice.broker.kafka.messages.sasl_authenticate_request import SaslAuthenticateRequest
-from sluice.broker.kafka.messages.sasl_authenticate_response import SaslAuthenticateResponse
-from sluice.broker.kafka.messages.sasl_handshake_request import SaslHandshakeRequest
-from sluice.broker.kafka.messages.sasl_handshake_response import SaslHandshakeResponse
 from sluice.broker.kafka.oauthbearer import client_first
+from sluice.broker.kafka_wire.codec import Message, decode, encode
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest
+from sluice.broker.kafka_wire.messages.sasl_authenticate_request import SaslAuthenticateRequest
+from sluice.broker.kafka_wire.messages.sasl_authenticate_response import SaslAuthenticateResponse
+from sluice.broker.kafka_wire.messages.sasl_handshake_request import SaslHandshakeRequest
+from sluice.broker.kafka_wire.messages.sasl_handshake_response import SaslHandshakeResponse
 from sluice.client import (
     AclBinding,
     AclOperation,

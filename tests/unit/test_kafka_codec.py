@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.codec import DecodeError, Field, Message, decode, encode
-from sluice.broker.kafka.messages import APIS
-from sluice.broker.kafka.messages.api_versions_request import ApiVersionsRequest
-from sluice.broker.kafka.messages.api_versions_response import ApiVersion, ApiVersionsResponse
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest, MetadataRequestTopic
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.codec import DecodeError, Field, Message, decode, encode
+from sluice.broker.kafka_wire.messages import APIS
+from sluice.broker.kafka_wire.messages.api_versions_request import ApiVersionsRequest
+from sluice.broker.kafka_wire.messages.api_versions_response import ApiVersion, ApiVersionsResponse
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest, MetadataRequestTopic
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 INT_RANGES = {
     "int8": (-128, 127),

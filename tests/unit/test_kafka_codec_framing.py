@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from sluice.broker.config import BrokerConfig, ConfigError
-from sluice.broker.kafka import codec, transport
+from sluice.broker.kafka import transport
 from sluice.broker.kafka.framing import FrameError, parse_request, read_frame, request_header_version, response_frame
-from sluice.broker.kafka.messages.api_versions_response import ApiVersionsResponse
-from sluice.broker.kafka.messages.metadata_response import MetadataResponse
 from sluice.broker.kafka.options import KafkaOptions
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.messages.api_versions_response import ApiVersionsResponse
+from sluice.broker.kafka_wire.messages.metadata_response import MetadataResponse
 from sluice.broker.main import main
 from sluice.testing.certs import broker_tls_dirs, clients_ca_file
 from sluice.tls import TlsError

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.codec import DecodeError
 from sluice.broker.kafka.framing import parse_request
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.codec import DecodeError
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest
 
 # The body of an all-topics request, allow_auto_topic_creation true, every other flag false, by version.
 NULL_TOPICS = {

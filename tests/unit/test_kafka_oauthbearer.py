@@ -22,9 +22,9 @@ from sluice.broker.kafka.authentication import (
     SaslSession,
     State,
 )
-from sluice.broker.kafka.messages.sasl_authenticate_response import SaslAuthenticateResponse
-from sluice.broker.kafka.messages.sasl_handshake_response import SaslHandshakeResponse
 from sluice.broker.kafka.oauthbearer import MalformedMessage, client_first, parse_client_first
+from sluice.broker.kafka_wire.messages.sasl_authenticate_response import SaslAuthenticateResponse
+from sluice.broker.kafka_wire.messages.sasl_handshake_response import SaslHandshakeResponse
 from sluice.broker.security.tokens import Review, ReviewUnavailable, TokenAuthenticator
 
 METADATA, PRODUCE, API_VERSIONS = 3, 0, 18

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import struct
 
-from sluice.broker.kafka.codec import DecodeError, Message, Reader, decode_from
-from sluice.broker.kafka.messages.consumer_protocol_assignment import ConsumerProtocolAssignment
-from sluice.broker.kafka.messages.consumer_protocol_subscription import ConsumerProtocolSubscription
+from sluice.broker.kafka_wire.codec import DecodeError, Message, Reader, decode_from
+from sluice.broker.kafka_wire.messages.consumer_protocol_assignment import ConsumerProtocolAssignment
+from sluice.broker.kafka_wire.messages.consumer_protocol_subscription import ConsumerProtocolSubscription
 
 CONSUMER = "consumer"  # the protocol type of Kafka's consumers
 _VERSION = struct.Struct(">h")

@@ -42,9 +42,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.broker.kafka import oauthbearer
-from sluice.broker.kafka.codec import Message
-from sluice.broker.kafka.messages.sasl_authenticate_response import SaslAuthenticateResponse
-from sluice.broker.kafka.messages.sasl_handshake_response import SaslHandshakeResponse
+from sluice.broker.kafka_wire.codec import Message
+from sluice.broker.kafka_wire.messages.sasl_authenticate_response import SaslAuthenticateResponse
+from sluice.broker.kafka_wire.messages.sasl_handshake_response import SaslHandshakeResponse
 from sluice.broker.security.peers import Caller
 from sluice.broker.security.tokens import (
     SERVICE_ACCOUNT_USER,

@@ -18,10 +18,10 @@ import asyncio
 import struct
 from dataclasses import dataclass
 
-from sluice.broker.kafka import codec
-from sluice.broker.kafka.codec import DecodeError, Message
-from sluice.broker.kafka.messages import APIS
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.codec import DecodeError, Message
+from sluice.broker.kafka_wire.messages import APIS
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 API_VERSIONS_KEY = 18
 _SIZE = struct.Struct(">i")

@@ -42,9 +42,8 @@ import asyncio
 import dataclasses
 import logging
 
-from sluice.broker.kafka import codec, quotas, transport
+from sluice.broker.kafka import quotas, transport
 from sluice.broker.kafka.authentication import ReviewFailed, SaslSession
-from sluice.broker.kafka.codec import DecodeError, Message
 from sluice.broker.kafka.context import KAFKA_ADDRESS_FIELD, KafkaContext
 from sluice.broker.kafka.framing import (
     API_VERSIONS_KEY,
@@ -56,7 +55,9 @@ from sluice.broker.kafka.framing import (
 )
 from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
-from sluice.broker.kafka.messages import APIS
+from sluice.broker.kafka_wire import codec
+from sluice.broker.kafka_wire.codec import DecodeError, Message
+from sluice.broker.kafka_wire.messages import APIS
 from sluice.broker.security.connections import ConnectionQuotas
 from sluice.broker.security.tokens import TokenAuthenticator
 from sluice.metadata import documents, keys

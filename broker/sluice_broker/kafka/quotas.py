@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.broker.kafka.codec import Message
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.fetch_response import FetchResponse
-from sluice.broker.kafka.messages.produce_response import ProduceResponse
+from sluice.broker.kafka_wire.codec import Message
+from sluice.broker.kafka_wire.messages.fetch_response import FetchResponse
+from sluice.broker.kafka_wire.messages.produce_response import ProduceResponse
 
 PRODUCE_KEY, FETCH_KEY = 0, 1
 # The first version whose clients throttle themselves (KIP-219): below it the broker holds the response.

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.base import Handler
-from sluice.broker.kafka.messages.api_versions_response import ApiVersion, ApiVersionsResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.api_versions_response import ApiVersion, ApiVersionsResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 # Kafka's UNSUPPORTED_VERSION; not in records.proto's ErrorCode (the gRPC API never needed it).
 UNSUPPORTED_VERSION = 35

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 
 class Handler(Protocol):

@@ -25,17 +25,17 @@ from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.classic import JoinInput
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.heartbeat_request import HeartbeatRequest
-from sluice.broker.kafka.messages.heartbeat_response import HeartbeatResponse
-from sluice.broker.kafka.messages.join_group_request import JoinGroupRequest
-from sluice.broker.kafka.messages.join_group_response import JoinGroupResponse, JoinGroupResponseMember
-from sluice.broker.kafka.messages.leave_group_request import LeaveGroupRequest
-from sluice.broker.kafka.messages.leave_group_response import LeaveGroupResponse, MemberResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.messages.sync_group_request import SyncGroupRequest
-from sluice.broker.kafka.messages.sync_group_response import SyncGroupResponse
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.heartbeat_request import HeartbeatRequest
+from sluice.broker.kafka_wire.messages.heartbeat_response import HeartbeatResponse
+from sluice.broker.kafka_wire.messages.join_group_request import JoinGroupRequest
+from sluice.broker.kafka_wire.messages.join_group_response import JoinGroupResponse, JoinGroupResponseMember
+from sluice.broker.kafka_wire.messages.leave_group_request import LeaveGroupRequest
+from sluice.broker.kafka_wire.messages.leave_group_response import LeaveGroupResponse, MemberResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.sync_group_request import SyncGroupRequest
+from sluice.broker.kafka_wire.messages.sync_group_response import SyncGroupResponse
 
 
 class JoinGroupHandler:

@@ -14,20 +14,20 @@ from __future__ import annotations
 from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.alter_client_quotas_request import AlterClientQuotasRequest
-from sluice.broker.kafka.messages.alter_client_quotas_response import AlterClientQuotasResponse
-from sluice.broker.kafka.messages.alter_client_quotas_response import EntityData as AlterEntity
-from sluice.broker.kafka.messages.alter_client_quotas_response import EntryData as AlterResult
-from sluice.broker.kafka.messages.describe_client_quotas_request import DescribeClientQuotasRequest
-from sluice.broker.kafka.messages.describe_client_quotas_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.alter_client_quotas_request import AlterClientQuotasRequest
+from sluice.broker.kafka_wire.messages.alter_client_quotas_response import AlterClientQuotasResponse
+from sluice.broker.kafka_wire.messages.alter_client_quotas_response import EntityData as AlterEntity
+from sluice.broker.kafka_wire.messages.alter_client_quotas_response import EntryData as AlterResult
+from sluice.broker.kafka_wire.messages.describe_client_quotas_request import DescribeClientQuotasRequest
+from sluice.broker.kafka_wire.messages.describe_client_quotas_response import (
     DescribeClientQuotasResponse,
     EntityData,
     EntryData,
     ValueData,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import quota_admin
 from sluice.broker.security.quota_admin import QuotaRequestError
 from sluice.metadata import quota_store

@@ -31,16 +31,16 @@ from collections import defaultdict
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.membership import JOIN_EPOCH, HeartbeatInput
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.metadata import topic_uuid
-from sluice.broker.kafka.messages.consumer_group_heartbeat_request import ConsumerGroupHeartbeatRequest
-from sluice.broker.kafka.messages.consumer_group_heartbeat_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.consumer_group_heartbeat_request import ConsumerGroupHeartbeatRequest
+from sluice.broker.kafka_wire.messages.consumer_group_heartbeat_response import (
     Assignment,
     ConsumerGroupHeartbeatResponse,
     TopicPartitions,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext, kafka_brokers
-from sluice.broker.kafka.messages.describe_cluster_request import DescribeClusterRequest
-from sluice.broker.kafka.messages.describe_cluster_response import DescribeClusterBroker, DescribeClusterResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.describe_cluster_request import DescribeClusterRequest
+from sluice.broker.kafka_wire.messages.describe_cluster_response import DescribeClusterBroker, DescribeClusterResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 BROKER_ENDPOINTS = 1
 

@@ -22,16 +22,16 @@ from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import DEFAULTS, TOPIC_KEYS
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.describe_configs_request import DescribeConfigsRequest, DescribeConfigsResource
-from sluice.broker.kafka.messages.describe_configs_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.describe_configs_request import DescribeConfigsRequest, DescribeConfigsResource
+from sluice.broker.kafka_wire.messages.describe_configs_response import (
     DescribeConfigsResourceResult,
     DescribeConfigsResponse,
     DescribeConfigsResult,
     DescribeConfigsSynonym,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 TOPIC, BROKER = 2, 4
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5

@@ -16,16 +16,16 @@ from __future__ import annotations
 from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.describe_producers_request import DescribeProducersRequest
-from sluice.broker.kafka.messages.describe_producers_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.describe_producers_request import DescribeProducersRequest
+from sluice.broker.kafka_wire.messages.describe_producers_response import (
     DescribeProducersResponse,
     PartitionResponse,
     ProducerState,
     TopicResponse,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.errors import SluiceError
 
 

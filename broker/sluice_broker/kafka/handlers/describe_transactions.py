@@ -24,13 +24,13 @@ from collections import defaultdict
 from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages import describe_transactions_response as dtr
-from sluice.broker.kafka.messages import list_transactions_response as ltr
-from sluice.broker.kafka.messages.describe_transactions_request import DescribeTransactionsRequest
-from sluice.broker.kafka.messages.list_transactions_request import ListTransactionsRequest
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages import describe_transactions_response as dtr
+from sluice.broker.kafka_wire.messages import list_transactions_response as ltr
+from sluice.broker.kafka_wire.messages.describe_transactions_request import DescribeTransactionsRequest
+from sluice.broker.kafka_wire.messages.list_transactions_request import ListTransactionsRequest
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
 
 STATES = {

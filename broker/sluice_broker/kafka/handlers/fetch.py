@@ -37,13 +37,14 @@ from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.list_offsets import KAFKA_READ_COMMITTED
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
-from sluice.broker.kafka.messages.fetch_request import FetchRequest
-from sluice.broker.kafka.messages.fetch_response import (
+from sluice.broker.kafka.record_batch import to_v2_batch
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.fetch_request import FetchRequest
+from sluice.broker.kafka_wire.messages.fetch_response import (
     AbortedTransaction,
     FetchableTopicResponse,
     FetchResponse,
@@ -51,8 +52,7 @@ from sluice.broker.kafka.messages.fetch_response import (
     NodeEndpoint,
     PartitionData,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.record_batch import to_v2_batch
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 TOPIC_IDS_FROM = 13  # Fetch v13 names topics by id (KIP-516)
 FETCH_SESSION_ID_NOT_FOUND = 70  # Kafka's; sessions do not exist over gRPC

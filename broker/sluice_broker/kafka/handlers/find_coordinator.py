@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext, kafka_endpoint
-from sluice.broker.kafka.messages.find_coordinator_request import FindCoordinatorRequest
-from sluice.broker.kafka.messages.find_coordinator_response import Coordinator, FindCoordinatorResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.find_coordinator_request import FindCoordinatorRequest
+from sluice.broker.kafka_wire.messages.find_coordinator_response import Coordinator, FindCoordinatorResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 KEY_TYPES = {0: bpb.GROUP, 1: bpb.TRANSACTION}  # 2 (share groups) is not served
 

@@ -47,22 +47,22 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.metadata import topic_uuid
-from sluice.broker.kafka.messages import consumer_group_describe_response as cgd
-from sluice.broker.kafka.messages.consumer_group_describe_request import ConsumerGroupDescribeRequest
-from sluice.broker.kafka.messages.delete_groups_request import DeleteGroupsRequest
-from sluice.broker.kafka.messages.delete_groups_response import DeletableGroupResult, DeleteGroupsResponse
-from sluice.broker.kafka.messages.describe_groups_request import DescribeGroupsRequest
-from sluice.broker.kafka.messages.describe_groups_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages import consumer_group_describe_response as cgd
+from sluice.broker.kafka_wire.messages.consumer_group_describe_request import ConsumerGroupDescribeRequest
+from sluice.broker.kafka_wire.messages.delete_groups_request import DeleteGroupsRequest
+from sluice.broker.kafka_wire.messages.delete_groups_response import DeletableGroupResult, DeleteGroupsResponse
+from sluice.broker.kafka_wire.messages.describe_groups_request import DescribeGroupsRequest
+from sluice.broker.kafka_wire.messages.describe_groups_response import (
     DescribedGroup,
     DescribedGroupMember,
     DescribeGroupsResponse,
 )
-from sluice.broker.kafka.messages.list_groups_request import ListGroupsRequest
-from sluice.broker.kafka.messages.list_groups_response import ListedGroup, ListGroupsResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.list_groups_request import ListGroupsRequest
+from sluice.broker.kafka_wire.messages.list_groups_response import ListedGroup, ListGroupsResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 CONSUMER = "consumer"  # Kafka's protocol type of every Sluice group, and the KIP-848 group type
 CLASSIC = "classic"

@@ -25,17 +25,17 @@ from collections import Counter
 from sluice import errors
 from sluice.acls import AclOperation, ResourceType
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.incremental_alter_configs_request import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.incremental_alter_configs_request import (
     AlterConfigsResource,
     IncrementalAlterConfigsRequest,
 )
-from sluice.broker.kafka.messages.incremental_alter_configs_response import (
+from sluice.broker.kafka_wire.messages.incremental_alter_configs_response import (
     AlterConfigsResourceResponse,
     IncrementalAlterConfigsResponse,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.topic_config_ops import ConfigChange
 from sluice.errors import SluiceError
 

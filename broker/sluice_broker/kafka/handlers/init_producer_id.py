@@ -23,12 +23,12 @@ set to when the next one can be had.
 from __future__ import annotations
 
 from sluice.api.v1 import broker_pb2 as bpb
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.transactions import kafka_error
-from sluice.broker.kafka.messages.init_producer_id_request import InitProducerIdRequest
-from sluice.broker.kafka.messages.init_producer_id_response import InitProducerIdResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.init_producer_id_request import InitProducerIdRequest
+from sluice.broker.kafka_wire.messages.init_producer_id_response import InitProducerIdResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
 
 

@@ -22,15 +22,15 @@ from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.list_offsets_request import ListOffsetsRequest
-from sluice.broker.kafka.messages.list_offsets_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.list_offsets_request import ListOffsetsRequest
+from sluice.broker.kafka_wire.messages.list_offsets_response import (
     ListOffsetsPartitionResponse,
     ListOffsetsResponse,
     ListOffsetsTopicResponse,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 EARLIEST, EARLIEST_LOCAL = -2, -4
 KAFKA_READ_COMMITTED = 1  # Kafka's isolation levels: 0 read_uncommitted, 1 read_committed

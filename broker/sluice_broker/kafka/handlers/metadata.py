@@ -32,16 +32,16 @@ from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import INTERNAL_TOPICS, TopicInfo
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext, kafka_brokers
-from sluice.broker.kafka.messages.metadata_request import MetadataRequest
-from sluice.broker.kafka.messages.metadata_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.metadata_request import MetadataRequest
+from sluice.broker.kafka_wire.messages.metadata_response import (
     MetadataResponse,
     MetadataResponseBroker,
     MetadataResponsePartition,
     MetadataResponseTopic,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.metadata.documents import NO_LEADER
 
 UNKNOWN_TOPIC_ID = 100  # Kafka's; not in records.proto's ErrorCode (gRPC names topics only)

@@ -17,15 +17,15 @@ from sluice.acls import AclOperation
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.offset_for_leader_epoch_request import OffsetForLeaderEpochRequest
-from sluice.broker.kafka.messages.offset_for_leader_epoch_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.offset_for_leader_epoch_request import OffsetForLeaderEpochRequest
+from sluice.broker.kafka_wire.messages.offset_for_leader_epoch_response import (
     EpochEndOffset,
     OffsetForLeaderEpochResponse,
     OffsetForLeaderTopicResult,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 
 
 class OffsetForLeaderEpochHandler:

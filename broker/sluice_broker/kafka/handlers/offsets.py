@@ -31,15 +31,18 @@ from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages import offset_commit_response as ocr
-from sluice.broker.kafka.messages import offset_fetch_response as ofr
-from sluice.broker.kafka.messages import txn_offset_commit_response as tcr
-from sluice.broker.kafka.messages.offset_commit_request import OffsetCommitRequest, OffsetCommitRequestTopic
-from sluice.broker.kafka.messages.offset_fetch_request import OffsetFetchRequest
-from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.messages.txn_offset_commit_request import TxnOffsetCommitRequest, TxnOffsetCommitRequestTopic
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages import offset_commit_response as ocr
+from sluice.broker.kafka_wire.messages import offset_fetch_response as ofr
+from sluice.broker.kafka_wire.messages import txn_offset_commit_response as tcr
+from sluice.broker.kafka_wire.messages.offset_commit_request import OffsetCommitRequest, OffsetCommitRequestTopic
+from sluice.broker.kafka_wire.messages.offset_fetch_request import OffsetFetchRequest
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.txn_offset_commit_request import (
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitRequestTopic,
+)
 from sluice.broker.security import coordinator_checks as checks
 
 

@@ -44,13 +44,14 @@ from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
-from sluice.broker.kafka.messages.produce_request import ProduceRequest
-from sluice.broker.kafka.messages.produce_response import (
+from sluice.broker.kafka.record_batch import RecordRefusedError, split_batches, to_sluice_batch
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.produce_request import ProduceRequest
+from sluice.broker.kafka_wire.messages.produce_response import (
     BatchIndexAndErrorMessage,
     LeaderIdAndEpoch,
     NodeEndpoint,
@@ -58,8 +59,7 @@ from sluice.broker.kafka.messages.produce_response import (
     ProduceResponse,
     TopicProduceResponse,
 )
-from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.record_batch import RecordRefusedError, split_batches, to_sluice_batch
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.records import RecordBatch
 
 TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)

@@ -12,11 +12,11 @@ connection's context, which every later request's authorization asks about.
 from __future__ import annotations
 
 from sluice.broker.kafka.authentication import SASL_AUTHENTICATE_KEY, SASL_HANDSHAKE_KEY
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.request_header import RequestHeader
-from sluice.broker.kafka.messages.sasl_authenticate_request import SaslAuthenticateRequest
-from sluice.broker.kafka.messages.sasl_handshake_request import SaslHandshakeRequest
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.sasl_authenticate_request import SaslAuthenticateRequest
+from sluice.broker.kafka_wire.messages.sasl_handshake_request import SaslHandshakeRequest
 
 
 class SaslHandshakeHandler:

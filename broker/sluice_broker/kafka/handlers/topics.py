@@ -28,23 +28,23 @@ from sluice import errors
 from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.describe_configs import topic_config_entries
-from sluice.broker.kafka.messages.create_partitions_request import CreatePartitionsRequest
-from sluice.broker.kafka.messages.create_partitions_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.create_partitions_request import CreatePartitionsRequest
+from sluice.broker.kafka_wire.messages.create_partitions_response import (
     CreatePartitionsResponse,
     CreatePartitionsTopicResult,
 )
-from sluice.broker.kafka.messages.create_topics_request import CreateTopicsRequest
-from sluice.broker.kafka.messages.create_topics_response import (
+from sluice.broker.kafka_wire.messages.create_topics_request import CreateTopicsRequest
+from sluice.broker.kafka_wire.messages.create_topics_response import (
     CreatableTopicConfigs,
     CreatableTopicResult,
     CreateTopicsResponse,
 )
-from sluice.broker.kafka.messages.delete_topics_request import DeleteTopicsRequest
-from sluice.broker.kafka.messages.delete_topics_response import DeletableTopicResult, DeleteTopicsResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.delete_topics_request import DeleteTopicsRequest
+from sluice.broker.kafka_wire.messages.delete_topics_response import DeletableTopicResult, DeleteTopicsResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.errors import SluiceError
 
 

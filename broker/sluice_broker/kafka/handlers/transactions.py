@@ -26,19 +26,19 @@ from __future__ import annotations
 from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.kafka.codec import Message, Versions
 from sluice.broker.kafka.context import KafkaContext
-from sluice.broker.kafka.messages.add_offsets_to_txn_request import AddOffsetsToTxnRequest
-from sluice.broker.kafka.messages.add_offsets_to_txn_response import AddOffsetsToTxnResponse
-from sluice.broker.kafka.messages.add_partitions_to_txn_request import AddPartitionsToTxnRequest
-from sluice.broker.kafka.messages.add_partitions_to_txn_response import (
+from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka_wire.messages.add_offsets_to_txn_request import AddOffsetsToTxnRequest
+from sluice.broker.kafka_wire.messages.add_offsets_to_txn_response import AddOffsetsToTxnResponse
+from sluice.broker.kafka_wire.messages.add_partitions_to_txn_request import AddPartitionsToTxnRequest
+from sluice.broker.kafka_wire.messages.add_partitions_to_txn_response import (
     AddPartitionsToTxnPartitionResult,
     AddPartitionsToTxnResponse,
     AddPartitionsToTxnTopicResult,
 )
-from sluice.broker.kafka.messages.end_txn_request import EndTxnRequest
-from sluice.broker.kafka.messages.end_txn_response import EndTxnResponse
-from sluice.broker.kafka.messages.request_header import RequestHeader
+from sluice.broker.kafka_wire.messages.end_txn_request import EndTxnRequest
+from sluice.broker.kafka_wire.messages.end_txn_response import EndTxnResponse
+from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
 
 
