@@ -62,9 +62,10 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
+from sluice.broker.data_path import FetchedPartition, FetchInput, ProduceInput, ProduceResult
 from sluice.broker.errors import answer
 from sluice.broker.log.dir_space import LowSpaceTracker, read_space
-from sluice.broker.log.fetch_response import FetchResponseWriter, ReplicaFetchResponseWriter
+from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.storage import Storage, WriteSet
 from sluice.broker.log.stray import (
@@ -96,7 +97,7 @@ from sluice.records import RecordBatch, now_ms
 log = logging.getLogger(__name__)
 
 # a per-partition result to fill in, and the (topic, partition, end offset) it waits to see replicated
-ReplicationWait = tuple[bpb.ProducePartitionResponse | ipb.MarkerPartitionResult, str, int, int]
+ReplicationWait = tuple[ProduceResult | ipb.MarkerPartitionResult, str, int, int]
 # (transactional id, producer id, epoch, topic, partition) -> (error code, message)
 TxnVerifier = Callable[[str, int, int, str, int], Awaitable[tuple[pb.ErrorCode, str]]]
 LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, is_leader, leader epoch
@@ -543,33 +544,36 @@ class ReplicaManager:
 
     # -- produce ----------------------------------------------------------------------------------
 
-    async def produce(self, req: bpb.ProduceRequest) -> bpb.ProduceResponse:
-        resp = bpb.ProduceResponse()
+    async def produce(self, req: ProduceInput) -> list[ProduceResult]:
+        """Append each partition's batch (as leader) and answer per partition, in the request's order.
+
+        acks=all answers once the in-sync replicas have every batch, or ``timeout_ms`` passed.
+        """
+        results: list[ProduceResult] = []
         waits: list[ReplicationWait] = []
-        for topic in req.topics:
-            tresp = resp.topics.add(name=topic.name)
-            for pdata in topic.partitions:
-                presp = tresp.partitions.add(partition=pdata.partition, base_offset=-1, log_append_time=-1)
-                try:
-                    part = self.leader_partition(topic.name, pdata.partition)
-                    # the epoch this request is admitted at: the append checks it after every await
-                    epoch = part.leader_epoch
-                    base, _dup = await self._produce_one(req, topic.name, part, epoch, pdata.batch)
-                    presp.base_offset = base
-                    presp.log_start_offset = part.log_start_offset
-                    if part.config("message.timestamp.type") == "LogAppendTime":
-                        presp.log_append_time = pdata.batch.max_timestamp
-                    if req.acks == -1:
-                        waits.append((presp, topic.name, pdata.partition, base + pdata.batch.record_count))
-                except SluiceError as exc:
-                    self.events.produce_failed(topic.name, topic.name in self.cluster.topics)
-                    answer(presp, exc)
+        for one in req.batches:
+            result = ProduceResult(one.topic, one.partition)
+            results.append(result)
+            try:
+                part = self.leader_partition(one.topic, one.partition)
+                # the epoch this request is admitted at: the append checks it after every await
+                epoch = part.leader_epoch
+                base, _dup = await self._produce_one(req, one.topic, part, epoch, one.batch)
+                result.base_offset = base
+                result.log_start_offset = part.log_start_offset
+                if part.config("message.timestamp.type") == "LogAppendTime":
+                    result.log_append_time = one.batch.max_timestamp
+                if req.acks == -1:
+                    waits.append((result, one.topic, one.partition, base + one.batch.record_count))
+            except SluiceError as exc:
+                self.events.produce_failed(one.topic, one.topic in self.cluster.topics)
+                answer(result, exc)
         # Every partition is appended before any waits, so replication of all of them overlaps.
         await self._await_replication(waits, (req.timeout_ms or 30_000) / 1000)
-        return resp
+        return results
 
     async def _produce_one(
-        self, req: bpb.ProduceRequest, topic: str, part: PartitionLog, epoch: int, batch: RecordBatch
+        self, req: ProduceInput, topic: str, part: PartitionLog, epoch: int, batch: RecordBatch
     ) -> tuple[int, bool]:
         if req.acks not in (-1, 0, 1):
             raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
@@ -875,92 +879,72 @@ class ReplicaManager:
 
     # -- fetch ------------------------------------------------------------------------------------
 
-    async def fetch(self, req: bpb.FetchRequest, client_filters_aborted: bool = False) -> bytes:
-        """The FetchResponse, serialized (FetchResponseWriter): the servicer sends the bytes as they are.
-
-        ``client_filters_aborted`` (Kafka's clients): read_committed stops at the LSO but keeps aborted
-        batches and markers and answers the aborted list, as Kafka does; the client drops them.
-        """
+    async def fetch(self, req: FetchInput) -> list[FetchedPartition]:
+        """Read each partition (as leader), in the request's order; a long poll until ``min_bytes``
+        are there, an error is, or ``max_wait_ms`` passed."""
         deadline = time.monotonic() + max(0, req.max_wait_ms) / 1000
         max_bytes = req.max_bytes or self.config.int("fetch.max.bytes")
         min_bytes = max(req.min_bytes, 0)
-        read_committed = req.isolation_level == pb.READ_COMMITTED
         woken = False
         # woken only by a moved high watermark of the partitions of this fetch (see replication/wakeups)
-        with self._advanced.watching((t.name, p.partition) for t in req.topics for p in t.partitions) as advanced:
+        with self._advanced.watching((p.topic, p.partition) for p in req.partitions) as advanced:
             while True:
                 advanced.clear()
                 tally = FetchTally()
-                resp, total, any_error = self._fetch_once(req, max_bytes, read_committed, tally, client_filters_aborted)
+                found, total, any_error = self._fetch_once(req, max_bytes, tally)
                 remaining = deadline - time.monotonic()
                 answered = total >= max(min_bytes, 1) or any_error or remaining <= 0
                 if woken:
                     self.events.woke("fetch", answered)
                 if answered:
                     self.events.fetched(tally)
-                    return resp
+                    return found
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(advanced.wait(), remaining)
                 woken = advanced.is_set()
 
     def _fetch_once(
-        self,
-        req: bpb.FetchRequest,
-        max_bytes: int,
-        read_committed: bool,
-        tally: FetchTally | None = None,
-        client_filters_aborted: bool = False,
-    ) -> tuple[bytes, int, bool]:
-        """One pass over the requested partitions: (serialized FetchResponse, bytes found, any error)."""
-        out = FetchResponseWriter()
+        self, req: FetchInput, max_bytes: int, tally: FetchTally | None = None
+    ) -> tuple[list[FetchedPartition], int, bool]:
+        """One pass over the requested partitions: (their answers, bytes found, any error)."""
+        found: list[FetchedPartition] = []
         total = 0
         any_error = False
-        for topic in req.topics:
-            out.topic(topic.name)
-            for fp in topic.partitions:
-                presp = bpb.FetchPartitionResponse(
-                    partition=fp.partition,
-                    high_watermark=-1,
-                    last_stable_offset=-1,
-                    log_start_offset=-1,
-                    next_fetch_offset=fp.fetch_offset,
-                )
-                raw: list[bytes] = []
-                try:
-                    part = self.leader_partition(topic.name, fp.partition)
-                    if fp.current_leader_epoch >= 0 and fp.current_leader_epoch != part.leader_epoch:
-                        code = (
-                            pb.FENCED_LEADER_EPOCH
-                            if fp.current_leader_epoch < part.leader_epoch
-                            else pb.UNKNOWN_LEADER_EPOCH
-                        )
-                        raise errors.error_for(
-                            code, f"leader epoch {fp.current_leader_epoch}, the partition is at {part.leader_epoch}"
-                        )
-                    presp.high_watermark = part.high_watermark
-                    presp.last_stable_offset = part.last_stable_offset
-                    presp.log_start_offset = part.log_start_offset
-                    budget = min(fp.partition_max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(max_bytes - total, 1))
-                    if read_committed and client_filters_aborted:
-                        result = part.read(fp.fetch_offset, budget, False, upto=part.last_stable_offset)
-                    else:
-                        result = part.read(fp.fetch_offset, budget, read_committed)
-                    raw = result.raw
-                    presp.next_fetch_offset = result.next_fetch_offset
-                    for pid, first in result.aborted:
-                        presp.aborted_transactions.add(producer_id=pid, first_offset=first)
-                    total += result.size
-                    if tally is not None:
-                        tally.read(topic.name, result.size)
-                    if result.next_fetch_offset > fp.fetch_offset and not result.batches:
-                        total += 1  # stepped over aborted data: worth answering now
-                except SluiceError as exc:
-                    answer(presp, exc)
-                    any_error = True
-                    if tally is not None:
-                        tally.error(topic.name, topic.name in self.cluster.topics)
-                out.partition(presp, raw)
-        return out.getvalue(), total, any_error
+        for want in req.partitions:
+            out = FetchedPartition(want.topic, want.partition, next_fetch_offset=want.fetch_offset)
+            found.append(out)
+            try:
+                part = self.leader_partition(want.topic, want.partition)
+                if want.current_leader_epoch >= 0 and want.current_leader_epoch != part.leader_epoch:
+                    code = (
+                        pb.FENCED_LEADER_EPOCH
+                        if want.current_leader_epoch < part.leader_epoch
+                        else pb.UNKNOWN_LEADER_EPOCH
+                    )
+                    raise errors.error_for(
+                        code, f"leader epoch {want.current_leader_epoch}, the partition is at {part.leader_epoch}"
+                    )
+                out.high_watermark = part.high_watermark
+                out.last_stable_offset = part.last_stable_offset
+                out.log_start_offset = part.log_start_offset
+                budget = min(want.max_bytes or DEFAULT_PARTITION_MAX_BYTES, max(max_bytes - total, 1))
+                if req.read_committed and req.keep_aborted:
+                    result = part.read(want.fetch_offset, budget, False, upto=part.last_stable_offset)
+                else:
+                    result = part.read(want.fetch_offset, budget, req.read_committed)
+                out.batches, out.raw, out.aborted = result.batches, result.raw, result.aborted
+                out.next_fetch_offset = result.next_fetch_offset
+                total += result.size
+                if tally is not None:
+                    tally.read(want.topic, result.size)
+                if result.next_fetch_offset > want.fetch_offset and not result.batches:
+                    total += 1  # stepped over aborted data: worth answering now
+            except SluiceError as exc:
+                answer(out, exc)
+                any_error = True
+                if tally is not None:
+                    tally.error(want.topic, want.topic in self.cluster.topics)
+        return found, total, any_error
 
     # -- list offsets -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
+from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.main import parse_metrics_listen
@@ -101,15 +102,8 @@ async def scrape(port: int) -> Scrape:
     return Scrape.parse(body.decode())
 
 
-def produce_request(batch: bpb.RecordBatch, partition: int = 0, tid: str = "") -> bpb.ProduceRequest:
-    return bpb.ProduceRequest(
-        transactional_id=tid,
-        acks=-1,
-        timeout_ms=1000,
-        topics=[
-            bpb.ProduceTopicData(name=TOPIC, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)])
-        ],
-    )
+def produce_request(batch: bpb.RecordBatch, partition: int = 0, tid: str = "") -> ProduceInput:
+    return ProduceInput([ProducePartition(TOPIC, partition, batch)], acks=-1, timeout_ms=1000, transactional_id=tid)
 
 
 def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) -> None:
@@ -127,8 +121,9 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
 
         # Plain produce: bytes and messages in, offsets.
         batch = build_batch([(None, b"x" * 100), (None, b"y" * 100)])
-        resp = await rm.produce(produce_request(batch))
-        assert resp.topics[0].partitions[0].error_code == pb.NONE
+        sent = batch.ByteSize()  # the core assigns offsets in the batch it is given
+        (produced,) = await rm.produce(produce_request(batch))
+        assert produced.error_code == pb.NONE
         # A transaction left open on partition 1.
         init = await txn.init_producer_id(
             bpb.InitProducerIdRequest(transactional_id="t", transaction_timeout_ms=60_000)
@@ -144,8 +139,9 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         )
         assert added.results[0].error_code == pb.NONE
         tb = build_batch([(None, b"t")], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True)
-        resp = await rm.produce(produce_request(tb, partition=1, tid="t"))
-        assert resp.topics[0].partitions[0].error_code == pb.NONE
+        sent += tb.ByteSize()
+        (produced,) = await rm.produce(produce_request(tb, partition=1, tid="t"))
+        assert produced.error_code == pb.NONE
         # A group with a committed offset behind the end of partition 0.
         commit = await groups.offset_commit(
             bpb.OffsetCommitRequest(
@@ -159,18 +155,13 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         )
         assert commit.results[0].error_code == pb.NONE
         # A consumer fetch of partition 0.
-        fetched = await rm.fetch(
-            bpb.FetchRequest(
-                max_wait_ms=0,
-                topics=[bpb.FetchTopic(name=TOPIC, partitions=[bpb.FetchPartition(partition=0, fetch_offset=0)])],
-            )
-        )
-        assert fetched
+        (fetched,) = await rm.fetch(FetchInput([FetchPartition(TOPIC, 0, fetch_offset=0, max_bytes=1 << 20)]))
+        assert fetched.error_code == pb.NONE and len(fetched.batches) == 1
 
         await asyncio.sleep(0.05)
         m = await scrape(port)
         # bytes in: the batches as the producer sent them; bytes out: as stored (offsets assigned)
-        assert m.value("kafka_server_brokertopicmetrics_bytesin_total", topic=TOPIC) == batch.ByteSize() + tb.ByteSize()
+        assert m.value("kafka_server_brokertopicmetrics_bytesin_total", topic=TOPIC) == sent
         assert m.value("kafka_server_brokertopicmetrics_messagesin_total", topic=TOPIC) == 3
         assert m.value("kafka_server_brokertopicmetrics_messagesin_total") == 3  # all topics
         assert (

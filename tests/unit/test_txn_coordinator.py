@@ -17,6 +17,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
+from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
@@ -106,19 +107,10 @@ class Broker:
         batch = build_batch(
             [(None, value)], producer_id=pid, producer_epoch=epoch, base_sequence=seq, transactional=True
         )
-        resp = await self.replicas.produce(
-            bpb.ProduceRequest(
-                transactional_id=tid,
-                acks=-1,
-                timeout_ms=1000,
-                topics=[
-                    bpb.ProduceTopicData(
-                        name=TOPIC, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)]
-                    )
-                ],
-            )
+        (produced,) = await self.replicas.produce(
+            ProduceInput([ProducePartition(TOPIC, partition, batch)], acks=-1, timeout_ms=1000, transactional_id=tid)
         )
-        return resp.topics[0].partitions[0].error_code
+        return produced.error_code
 
     def describe(self, tid: str) -> bpb.TransactionState:
         resp = self.coord.describe_transactions(bpb.DescribeTransactionsRequest(transactional_ids=[tid]))

@@ -25,6 +25,7 @@ from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
+from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
@@ -116,18 +117,10 @@ class Node:
 
     async def produce(self, tid: str, pid: int, epoch: int, partition: int) -> int:
         batch = build_batch([(None, b"v")], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True)
-        resp = await self.replicas.produce(
-            bpb.ProduceRequest(
-                transactional_id=tid,
-                acks=-1,
-                topics=[
-                    bpb.ProduceTopicData(
-                        name=TOPIC, partitions=[bpb.ProducePartitionData(partition=partition, batch=batch)]
-                    )
-                ],
-            )
+        (produced,) = await self.replicas.produce(
+            ProduceInput([ProducePartition(TOPIC, partition, batch)], acks=-1, timeout_ms=1000, transactional_id=tid)
         )
-        return resp.topics[0].partitions[0].error_code
+        return produced.error_code
 
 
 async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

@@ -34,9 +34,11 @@ from sluice.broker.cluster import (
     ClusterView,
     TopicInfo,
 )
+from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.admin import GroupAdmin
+from sluice.broker.log.fetch_response import FetchResponseWriter
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
 from sluice.broker.security.authorizer import topic_refusal
@@ -194,27 +196,38 @@ class BrokerService:
     async def _produce(self, req: bpb.ProduceRequest, ctx: Ctx) -> bpb.ProduceResponse:
         nonneg(req.timeout_ms, "timeout_ms")
         denied = self._denied(ctx, AclOperation.WRITE, (t.name for t in req.topics))
-        txn_denied = bool(req.transactional_id) and not self.access.allowed(
+        txn_refusal = ""
+        if req.transactional_id and not self.access.allowed(
             ctx, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, req.transactional_id
+        ):
+            txn_refusal = f"not authorized to Write transactional id {req.transactional_id!r}"
+        allowed = ProduceInput(
+            [
+                ProducePartition(t.name, p.partition, p.batch)
+                for t in req.topics
+                if not txn_refusal and t.name not in denied
+                for p in t.partitions
+            ],
+            acks=req.acks,
+            timeout_ms=req.timeout_ms,
+            transactional_id=req.transactional_id,
         )
-        if not denied and not txn_denied:
-            return await self.replicas.produce(req)
-        allowed = bpb.ProduceRequest(transactional_id=req.transactional_id, acks=req.acks, timeout_ms=req.timeout_ms)
-        refused = bpb.ProduceResponse()
+        answered = iter(await self.replicas.produce(allowed) if allowed.batches else ())
+        resp = bpb.ProduceResponse()
         for t in req.topics:
-            if not txn_denied and t.name not in denied:
-                allowed.topics.append(t)
-                continue
-            if txn_denied:
-                code = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-                message = f"not authorized to Write transactional id {req.transactional_id!r}"
-            else:
-                code, message = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(AclOperation.WRITE, t.name)
-            out = refused.topics.add(name=t.name)
+            out = resp.topics.add(name=t.name)
             for p in t.partitions:
-                out.partitions.add(partition=p.partition, error_code=code, error_message=message, base_offset=-1)
-        resp = await self.replicas.produce(allowed) if allowed.topics else bpb.ProduceResponse()
-        resp.topics.extend(refused.topics)
+                presp = out.partitions.add(partition=p.partition, base_offset=-1, log_append_time=-1)
+                if txn_refusal:
+                    presp.error_code, presp.error_message = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, txn_refusal
+                elif t.name in denied:
+                    presp.error_code = pb.TOPIC_AUTHORIZATION_FAILED
+                    presp.error_message = topic_refusal(AclOperation.WRITE, t.name)
+                else:
+                    r = next(answered)
+                    presp.error_code, presp.error_message = r.error_code, r.error_message
+                    presp.base_offset, presp.log_start_offset = r.base_offset, r.log_start_offset
+                    presp.log_append_time = r.log_append_time
         return resp
 
     async def fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
@@ -229,6 +242,7 @@ class BrokerService:
         return body + bpb.FetchResponse(throttle_time_ms=delay_ms).SerializeToString() if delay_ms else body
 
     async def _fetch(self, req: bpb.FetchRequest, ctx: Ctx) -> bytes:
+        """The serialized FetchResponse (FetchResponseWriter): stored batches are sent as they are."""
         nonneg(req.max_wait_ms, "max_wait_ms")
         nonneg(req.min_bytes, "min_bytes")
         nonneg(req.max_bytes, "max_bytes")
@@ -238,26 +252,42 @@ class BrokerService:
             for fp in topic.partitions:
                 nonneg(fp.partition_max_bytes, "partition_max_bytes")
         denied = self._denied(ctx, AclOperation.READ, (t.name for t in req.topics))
-        if not denied:
-            return await self.replicas.fetch(req)
-        allowed = bpb.FetchRequest()
-        allowed.CopyFrom(req)
-        del allowed.topics[:]
-        refused = bpb.FetchResponse()
+        wanted = FetchInput(
+            [
+                FetchPartition(t.name, p.partition, p.fetch_offset, p.partition_max_bytes, p.current_leader_epoch)
+                for t in req.topics
+                if t.name not in denied
+                for p in t.partitions
+            ],
+            max_wait_ms=req.max_wait_ms,
+            min_bytes=req.min_bytes,
+            max_bytes=req.max_bytes,
+            read_committed=req.isolation_level == pb.READ_COMMITTED,
+        )
+        answered = iter(await self.replicas.fetch(wanted) if wanted.partitions else ())
+        out = FetchResponseWriter()
         for t in req.topics:
-            if t.name not in denied:
-                allowed.topics.append(t)
-                continue
-            out = refused.topics.add(name=t.name)
+            out.topic(t.name)
             for p in t.partitions:
-                out.partitions.add(
-                    partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                    error_message=topic_refusal(AclOperation.READ, t.name), high_watermark=-1, last_stable_offset=-1,
-                    log_start_offset=-1, next_fetch_offset=p.fetch_offset,
+                if t.name in denied:
+                    refused = bpb.FetchPartitionResponse(
+                        partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                        error_message=topic_refusal(AclOperation.READ, t.name), high_watermark=-1,
+                        last_stable_offset=-1, log_start_offset=-1, next_fetch_offset=p.fetch_offset,
+                    )  # fmt: skip
+                    out.partition(refused, [])
+                    continue
+                r = next(answered)
+                header = bpb.FetchPartitionResponse(
+                    partition=r.partition, error_code=r.error_code, error_message=r.error_message,
+                    high_watermark=r.high_watermark, last_stable_offset=r.last_stable_offset,
+                    log_start_offset=r.log_start_offset, next_fetch_offset=r.next_fetch_offset,
+                    aborted_transactions=[
+                        bpb.AbortedTransaction(producer_id=pid, first_offset=first) for pid, first in r.aborted
+                    ],
                 )  # fmt: skip
-        served = await self.replicas.fetch(allowed) if allowed.topics else b""
-        # Serialized protobuf messages concatenate as a merge: the refused topics are appended.
-        return served + refused.SerializeToString()
+                out.partition(header, r.raw)
+        return out.getvalue()
 
     async def list_offsets(self, req: bpb.ListOffsetsRequest, ctx: Ctx) -> bpb.ListOffsetsResponse:
         denied = self._denied(ctx, AclOperation.DESCRIBE, (t.name for t in req.topics))

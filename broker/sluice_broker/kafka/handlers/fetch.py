@@ -1,6 +1,6 @@
 """Fetch: the replica manager's fetch, its batches handed to Kafka clients as v2 batches.
 
-The gRPC Fetch does the work (long poll on min_bytes/max_wait_ms, HW or LSO
+The core's fetch does the work, as for the gRPC Fetch (long poll on min_bytes/max_wait_ms, HW or LSO
 by isolation level, the aborted-transaction list, FENCED_LEADER_EPOCH /
 UNKNOWN_LEADER_EPOCH on a stale ``current_leader_epoch``,
 NOT_LEADER_OR_FOLLOWER off the leader, OFFSET_OUT_OF_RANGE); this handler
@@ -34,8 +34,8 @@ UNKNOWN_TOPIC_ID first, as in Kafka). The byte-rate quota is the listener's
 from __future__ import annotations
 
 from sluice.acls import AclOperation
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.data_path import FetchedPartition, FetchInput, FetchPartition
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
@@ -59,9 +59,8 @@ FETCH_SESSION_ID_NOT_FOUND = 70  # Kafka's; sessions do not exist over gRPC
 LEADER_HINTS_FROM, NODE_ENDPOINTS_FROM = 12, 16  # KIP-951: current_leader from v12, node_endpoints from v16
 
 
-def aborted(answer: bpb.FetchPartitionResponse) -> list[AbortedTransaction]:
-    found = answer.aborted_transactions
-    return [AbortedTransaction(producer_id=x.producer_id, first_offset=x.first_offset) for x in found]
+def aborted(answer: FetchedPartition) -> list[AbortedTransaction]:
+    return [AbortedTransaction(producer_id=pid, first_offset=first) for pid, first in answer.aborted]
 
 
 class FetchHandler:
@@ -75,16 +74,11 @@ class FetchHandler:
             return FetchResponse(error_code=FETCH_SESSION_ID_NOT_FOUND, session_id=0)
         read_committed = request.isolation_level == KAFKA_READ_COMMITTED
         by_id = {topic_uuid(t): t.name for t in ctx.cluster.topics.values()} if version >= TOPIC_IDS_FROM else {}
-        core = bpb.FetchRequest(
-            max_wait_ms=max(request.max_wait_ms, 0),
-            min_bytes=max(request.min_bytes, 0),
-            max_bytes=max(request.max_bytes, 1),
-            isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,
-        )
         names = [by_id.get(t.topic_id, "") if version >= TOPIC_IDS_FROM else t.topic for t in request.topics]
         denied = authorization.denied_topics(ctx, AclOperation.READ, (n for n in names if n))
         # topic indexes of the request not read: their id names no topic, or the caller may not Read them
         refused: dict[int, int] = {}
+        wanted: list[FetchPartition] = []
         for t, (topic, name) in enumerate(zip(request.topics, names, strict=True)):
             if version >= TOPIC_IDS_FROM and not name:
                 refused[t] = UNKNOWN_TOPIC_ID
@@ -92,20 +86,19 @@ class FetchHandler:
             if name in denied:
                 refused[t] = pb.TOPIC_AUTHORIZATION_FAILED
                 continue
-            ct = core.topics.add(name=name)
-            for p in topic.partitions:
-                ct.partitions.add(
-                    partition=p.partition,
-                    fetch_offset=p.fetch_offset,
-                    partition_max_bytes=max(p.partition_max_bytes, 1),
-                    current_leader_epoch=p.current_leader_epoch,
-                )
-        answer = bpb.FetchResponse()
-        if core.topics:
-            # The core answers serialized bytes (its gRPC fast path); parsing them back is part of the
-            # conversion this first path pays (docs/kafka-compatibility.md).
-            answer = bpb.FetchResponse.FromString(await ctx.replicas.fetch(core, client_filters_aborted=True))
-        answered = iter(answer.topics)
+            wanted.extend(
+                FetchPartition(name, p.partition, p.fetch_offset, max(p.partition_max_bytes, 1), p.current_leader_epoch)
+                for p in topic.partitions
+            )
+        core = FetchInput(
+            wanted,
+            max_wait_ms=max(request.max_wait_ms, 0),
+            min_bytes=max(request.min_bytes, 0),
+            max_bytes=max(request.max_bytes, 1),
+            read_committed=read_committed,
+            keep_aborted=True,  # as Kafka answers: the client drops aborted records itself
+        )
+        answered = iter(await ctx.replicas.fetch(core) if wanted else ())
         resp = FetchResponse(session_id=0)
         hints: dict[int, LeaderHint] = {}
         for t, topic in enumerate(request.topics):
@@ -117,8 +110,8 @@ class FetchHandler:
                     )
                 resp.responses.append(out)
                 continue
-            answered_topic = next(answered)
-            for p, a in zip(topic.partitions, answered_topic.partitions, strict=True):
+            for p in topic.partitions:
+                a = next(answered)
                 part = PartitionData(
                     partition_index=p.partition,
                     error_code=int(a.error_code),
@@ -128,7 +121,7 @@ class FetchHandler:
                     aborted_transactions=aborted(a) if read_committed else None,
                     records=b"".join(to_v2_batch(b) for b in a.batches),
                 )
-                hint = leader_hint(ctx, answered_topic.name, p.partition, part.error_code)
+                hint = leader_hint(ctx, a.topic, p.partition, part.error_code)
                 if hint is not None and version >= LEADER_HINTS_FROM:
                     part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
                     hints[hint.leader_id] = hint

@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from sluice import errors
 from sluice.acls import AclOperation, ResourceType
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
@@ -108,17 +108,14 @@ class ProduceHandler:
         assert isinstance(request, ProduceRequest)
         version = header.request_api_version
         by_id = {topic_uuid(t): t.name for t in ctx.cluster.topics.values()} if version >= TOPIC_IDS_FROM else {}
-        core = bpb.ProduceRequest(
-            transactional_id=request.transactional_id or "", acks=request.acks, timeout_ms=request.timeout_ms
-        )
         names = [by_id.get(t.topic_id, "") if version >= TOPIC_IDS_FROM else t.name for t in request.topic_data]
         txn_refused = _txn_refused(ctx, request)
         denied = authorization.denied_topics(ctx, AclOperation.WRITE, (n for n in names if n))
         # Per partition of the request, in order: the refusal found here, or None (the core answers).
         refusals: list[list[tuple[int, str] | None]] = []
         refused_records: dict[tuple[int, int], int] = {}  # (topic, partition) in the request -> record index
+        batches: list[ProducePartition] = []
         for topic, name in zip(request.topic_data, names, strict=True):
-            ct = core.topics.add(name=name)
             mine: list[tuple[int, str] | None] = []
             for p in topic.partition_data:
                 if txn_refused is not None:
@@ -137,14 +134,16 @@ class ProduceHandler:
                         refused_records[(len(refusals), len(mine))] = exc.record_index
                     mine.append((int(exc.code), exc.message))
                     continue
-                ct.partitions.add(partition=p.index, batch=batch)
+                batches.append(ProducePartition(name, p.index, batch))
                 mine.append(None)
             refusals.append(mine)
-        answer = await ctx.replicas.produce(core) if any(t.partitions for t in core.topics) else None
+        core = ProduceInput(
+            batches, acks=request.acks, timeout_ms=request.timeout_ms, transactional_id=request.transactional_id or ""
+        )
+        answered = iter(await ctx.replicas.produce(core) if batches else ())
         resp = ProduceResponse()
         hints: dict[int, LeaderHint] = {}
         for t, topic in enumerate(request.topic_data):
-            answered = iter(answer.topics[t].partitions) if answer is not None else iter(())
             out = TopicProduceResponse(name=topic.name, topic_id=topic.topic_id)
             for p, refusal in zip(topic.partition_data, refusals[t], strict=True):
                 part = PartitionProduceResponse(index=p.index, base_offset=-1)
@@ -162,7 +161,7 @@ class ProduceHandler:
                     part.base_offset = a.base_offset
                     part.log_append_time_ms = a.log_append_time
                     part.log_start_offset = a.log_start_offset
-                    hint = leader_hint(ctx, core.topics[t].name, p.index, part.error_code)
+                    hint = leader_hint(ctx, names[t], p.index, part.error_code)
                     if hint is not None and version >= LEADER_HINTS_FROM:
                         part.current_leader = LeaderIdAndEpoch(leader_id=hint.leader_id, leader_epoch=hint.leader_epoch)
                         hints[hint.leader_id] = hint
