@@ -93,3 +93,32 @@ class FetchedPartition:
     aborted: list[tuple[int, int]] = field(default_factory=list)  # (producer id, first offset)
     batches: list[RecordBatch] = field(default_factory=list)
     raw: list[bytes] = field(default_factory=list)  # each batch as stored: what gRPC sends, never re-serialized
+
+
+# ListOffsets' offset specs (Kafka's): the latest (HW, or LSO for read_committed), the log start, and
+# the record with the largest timestamp; a spec >= 0 is a timestamp (the first record at or after it).
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetQuery:
+    """One partition of a ListOffsets: which offset (:data:`LATEST`, :data:`EARLIEST`,
+    :data:`MAX_TIMESTAMP`, or a timestamp in ms)."""
+
+    topic: str
+    partition: int
+    spec: int
+    current_leader_epoch: int = -1  # the client's view (KIP-320); -1: not checked
+
+
+@dataclass(slots=True)
+class OffsetAnswer:
+    """One partition's answer to a ListOffsets, in the order asked; -1s with an error."""
+
+    topic: str
+    partition: int
+    error_code: pb.ErrorCode = pb.NONE
+    error_message: str = ""
+    offset: int = -1  # -1 when no record matches the timestamp
+    timestamp: int = -1  # -1 for latest and earliest
+    leader_epoch: int = -1

@@ -56,13 +56,22 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from sluice import errors
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
 from sluice.broker.config import BrokerConfig
-from sluice.broker.data_path import FetchedPartition, FetchInput, ProduceInput, ProduceResult
+from sluice.broker.data_path import (
+    EARLIEST,
+    LATEST,
+    MAX_TIMESTAMP,
+    FetchedPartition,
+    FetchInput,
+    OffsetAnswer,
+    OffsetQuery,
+    ProduceInput,
+    ProduceResult,
+)
 from sluice.broker.errors import answer
 from sluice.broker.log.dir_space import LowSpaceTracker, read_space
 from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
@@ -103,7 +112,6 @@ TxnVerifier = Callable[[str, int, int, str, int], Awaitable[tuple[pb.ErrorCode, 
 LeadershipListener = Callable[[str, int, bool, int], None]  # topic, partition, is_leader, leader epoch
 
 DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
-LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 MARKER_REPLICATION_TIMEOUT_S = 30.0
 # a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
 ISR_FETCH_RECENCY_MS = 1500
@@ -948,33 +956,42 @@ class ReplicaManager:
 
     # -- list offsets -----------------------------------------------------------------------------
 
-    def list_offsets(self, req: bpb.ListOffsetsRequest) -> bpb.ListOffsetsResponse:
-        resp = bpb.ListOffsetsResponse()
-        read_committed = req.isolation_level == pb.READ_COMMITTED
-        for topic in req.topics:
-            tresp = resp.topics.add(name=topic.name)
-            for lp in topic.partitions:
-                presp = tresp.partitions.add(partition=lp.partition, offset=-1, timestamp=-1)
-                try:
-                    part = self.leader_partition(topic.name, lp.partition)
-                    presp.leader_epoch = part.leader_epoch
-                    if lp.timestamp == LATEST:
+    def list_offsets(self, queries: list[OffsetQuery], read_committed: bool) -> list[OffsetAnswer]:
+        """The offsets asked (as leader), in the order asked."""
+        answers: list[OffsetAnswer] = []
+        for q in queries:
+            out = OffsetAnswer(q.topic, q.partition)
+            answers.append(out)
+            try:
+                part = self.leader_partition(q.topic, q.partition)
+                if q.current_leader_epoch >= 0 and q.current_leader_epoch != part.leader_epoch:
+                    code = (
+                        pb.FENCED_LEADER_EPOCH
+                        if q.current_leader_epoch < part.leader_epoch
+                        else pb.UNKNOWN_LEADER_EPOCH
+                    )
+                    raise errors.error_for(
+                        code, f"leader epoch {q.current_leader_epoch}, the partition is at {part.leader_epoch}"
+                    )
+                if q.spec == LATEST:
+                    self._check_offsets_vouched(part)
+                    out.offset = part.last_stable_offset if read_committed else part.high_watermark
+                elif q.spec == EARLIEST:
+                    out.offset = part.log_start_offset
+                elif q.spec == MAX_TIMESTAMP:
+                    self._check_offsets_vouched(part)  # the latest record may be above this HW
+                    out.offset, out.timestamp = part.max_timestamp_offset()
+                elif q.spec >= 0:
+                    out.offset, out.timestamp = part.offset_for_timestamp(q.spec)
+                    if out.offset < 0:  # "none below the HW" may be a record the old leader exposed
                         self._check_offsets_vouched(part)
-                        presp.offset = part.last_stable_offset if read_committed else part.high_watermark
-                    elif lp.timestamp == EARLIEST:
-                        presp.offset = part.log_start_offset
-                    elif lp.timestamp == MAX_TIMESTAMP:
-                        self._check_offsets_vouched(part)  # the latest record may be above this HW
-                        presp.offset, presp.timestamp = part.max_timestamp_offset()
-                    elif lp.timestamp >= 0:
-                        presp.offset, presp.timestamp = part.offset_for_timestamp(lp.timestamp)
-                        if presp.offset < 0:  # "none below the HW" may be a record the old leader exposed
-                            self._check_offsets_vouched(part)
-                    else:
-                        raise errors.InvalidRequestError(f"unknown offset spec {lp.timestamp}")
-                except SluiceError as exc:
-                    answer(presp, exc)
-        return resp
+                else:
+                    raise errors.InvalidRequestError(f"unknown offset spec {q.spec}")
+                out.leader_epoch = part.leader_epoch
+            except SluiceError as exc:
+                answer(out, exc)
+                out.offset = out.timestamp = out.leader_epoch = -1
+        return answers
 
     @staticmethod
     def _check_offsets_vouched(part: PartitionLog) -> None:

@@ -24,7 +24,8 @@ import grpc
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.replica_manager import LATEST, ReplicaManager
+from sluice.broker.data_path import LATEST
+from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)

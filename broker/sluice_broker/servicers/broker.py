@@ -34,7 +34,7 @@ from sluice.broker.cluster import (
     ClusterView,
     TopicInfo,
 )
-from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
+from sluice.broker.data_path import FetchInput, FetchPartition, OffsetQuery, ProduceInput, ProducePartition
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.admin import GroupAdmin
@@ -291,20 +291,30 @@ class BrokerService:
 
     async def list_offsets(self, req: bpb.ListOffsetsRequest, ctx: Ctx) -> bpb.ListOffsetsResponse:
         denied = self._denied(ctx, AclOperation.DESCRIBE, (t.name for t in req.topics))
-        if not denied:
-            return self.replicas.list_offsets(req)
-        allowed = bpb.ListOffsetsRequest(isolation_level=req.isolation_level)
-        allowed.topics.extend(t for t in req.topics if t.name not in denied)
-        resp = self.replicas.list_offsets(allowed) if allowed.topics else bpb.ListOffsetsResponse()
+        queries = [
+            OffsetQuery(t.name, p.partition, p.timestamp)
+            for t in req.topics
+            if t.name not in denied
+            for p in t.partitions
+        ]
+        read_committed = req.isolation_level == pb.READ_COMMITTED
+        answered = iter(self.replicas.list_offsets(queries, read_committed) if queries else ())
+        resp = bpb.ListOffsetsResponse()
         for t in req.topics:
-            if t.name in denied:
-                out = resp.topics.add(name=t.name)
-                for p in t.partitions:
+            out = resp.topics.add(name=t.name)
+            for p in t.partitions:
+                if t.name in denied:
                     out.partitions.add(
                         partition=p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
                         error_message=topic_refusal(AclOperation.DESCRIBE, t.name), offset=-1, timestamp=-1,
                         leader_epoch=-1,
                     )  # fmt: skip
+                    continue
+                a = next(answered)
+                out.partitions.add(
+                    partition=a.partition, error_code=a.error_code, error_message=a.error_message,
+                    offset=a.offset, timestamp=a.timestamp, leader_epoch=a.leader_epoch,
+                )  # fmt: skip
         return resp
 
     # -- topic admin ------------------------------------------------------------------------------
