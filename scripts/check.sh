@@ -25,7 +25,9 @@ done
 ln -s "$root/broker/sluice_broker" "$tmp/sluice/broker"
 ln -s "$root/operator/sluice_operator" "$tmp/sluice/operator"
 (cd "$tmp" && mypy --config-file "$root/pyproject.toml" -p sluice)
-# Test support code that is not in the package (the Kubernetes test control plane) is typed too.
-mypy --config-file "$root/pyproject.toml" tests/support
+# Test support code that is not in the package (the Kubernetes test control plane, the in-process
+# broker harness) is typed too, in the same layout (it imports sluice.broker).
+ln -s "$root/tests" "$tmp/tests"
+(cd "$tmp" && mypy --config-file "$root/pyproject.toml" tests/support)
 (cd "$tmp" && PYTHONPATH="$tmp" lint-imports --config "$root/pyproject.toml")
 echo "static checks passed"

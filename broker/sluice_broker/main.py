@@ -39,15 +39,12 @@ from grpc_health.v1._async import HealthServicer
 from sluice.broker import tracing
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig, ConfigError
-from sluice.broker.group import GroupCoordinator
+from sluice.broker.core import build_core
 from sluice.broker.kafka.options import KafkaOptions, start_kafka_listener
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.metrics.exporter import BrokerMetrics
-from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import reload, tokens
-from sluice.broker.security.gate import build_gate
 from sluice.broker.server import BrokerServicer, open_listeners
-from sluice.broker.txn import TransactionCoordinator
 from sluice.errors import KafkaStorageError
 from sluice.metadata import open_store
 from sluice.metadata.faults import CuttableStore
@@ -279,15 +276,18 @@ async def serve(
     storage = RocksStorage(
         os.path.join(config.data_dir, "rocksdb"), config.int("log.background.write.max.bytes.per.second")
     )
-    cluster = ClusterView(store, config)
+    core = build_core(config, store, storage)
+    cluster, logs, replicas, txn, groups, gate = (
+        core.cluster,
+        core.logs,
+        core.replicas,
+        core.txn,
+        core.groups,
+        core.gate,
+    )
     cluster.register()
-    replicas = ReplicaManager(storage, cluster, config)
-    txn = TransactionCoordinator(replicas, cluster, config)
-    groups = GroupCoordinator(replicas, cluster, config)
-    await txn.start()
-    await groups.start()
+    await core.start()
 
-    gate = build_gate(config, store)  # one policy for both protocols
     servicer = BrokerServicer(config, cluster, replicas, txn, groups, gate)
     health = HealthServicer()
     # one token authenticator (one cache of reviews) for both client ports of a token listener
@@ -322,7 +322,7 @@ async def serve(
     for waiting in cluster.ensure_internal_topics():  # else from watch_metadata, when brokers come
         log.warning("%s; coordinators answer COORDINATOR_NOT_AVAILABLE meanwhile", waiting)
     cluster.refresh()
-    replicas.delete_stray_partitions()  # the whole metadata is read now: what it does not assign goes
+    logs.delete_stray_partitions()  # the whole metadata is read now: what it does not assign goes
     replicas.fetchers.start()
 
     stopping = asyncio.Event()
@@ -368,7 +368,7 @@ async def serve(
                 log.exception("metadata refresh failed")
             # a broker whose log directory is offline is alive but not ready (sluice.broker.log.storage)
             started_up = started_up or (txn.is_ready() and groups.is_ready())
-            serving = started_up and not stopping.is_set() and not replicas.storage_failure
+            serving = started_up and not stopping.is_set() and not logs.storage_failure
             status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
             await health.set("", status)
             await health.set("sluice.v1.Broker", status)
@@ -378,13 +378,13 @@ async def serve(
         interval = config.int("log.retention.check.interval.ms") / 1000
         while True:
             await asyncio.sleep(interval)
-            replicas.apply_retention()
+            await logs.apply_retention()
 
     async def producer_expiry() -> None:
         interval = config.int("producer.id.expiration.check.interval.ms") / 1000
         while True:
             await asyncio.sleep(interval)
-            replicas.expire_producers()
+            await logs.expire_producers()
 
     async def replication_housekeeping() -> None:
         interval = min(config.int("replica.lag.time.max.ms") / 4000, ISR_CHECK_S)
@@ -393,11 +393,11 @@ async def serve(
             await asyncio.sleep(interval)
             try:
                 await replicas.maintain_isr()
-                replicas.delete_stray_partitions_if_due()
-                replicas.report_storage_failure()
-                replicas.check_log_dir_space()
+                logs.delete_stray_partitions_if_due()
+                logs.report_storage_failure()
+                logs.check_log_dir_space()
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
-                    replicas.checkpoint_high_watermarks()
+                    logs.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()
             except Exception:
                 log.exception("replication housekeeping failed")
@@ -436,13 +436,7 @@ async def serve(
         await kafka_listener.stop()
     if metrics is not None:
         await metrics.stop()
-    await replicas.fetchers.stop()
-    replicas.checkpoint_high_watermarks()
-    await replicas.channels.close()
-    await groups.stop()
-    await txn.stop()
-    replicas.close()
-    storage.close()
+    await core.stop()
     store.close()
 
 

@@ -48,12 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 from sluice import errors
 from sluice.api.v1 import interbroker_pb2 as ipb
@@ -73,19 +71,11 @@ from sluice.broker.data_path import (
     ProduceResult,
 )
 from sluice.broker.errors import answer
-from sluice.broker.log.dir_space import LowSpaceTracker, read_space
 from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
+from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition import PartitionLog, validate_batch
-from sluice.broker.log.storage import Storage, WriteSet
 from sluice.broker.log.stray import (
-    CLUSTER_ID_KEY,
-    PARTITION_COLUMN_FAMILIES,
-    assigned_partitions,
-    delete_partition_keys,
-    key_range,
     normalize_topic_id,
-    stored_partitions,
-    stray_partitions,
 )
 from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
@@ -98,10 +88,9 @@ from sluice.broker.replication.fetcher import now_ms as monotonic_ms
 from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
-from sluice.metadata import documents, keys
-from sluice.metadata.documents import BrokerDocument
+from sluice.metadata import keys
 from sluice.metadata.store import StoreUnavailable
-from sluice.records import RecordBatch, now_ms
+from sluice.records import RecordBatch
 
 log = logging.getLogger(__name__)
 
@@ -130,21 +119,22 @@ HOLD_VERIFICATION_MAX_S = 120.0
 class ReplicaManager:
     def __init__(
         self,
-        storage: Storage,
+        logs: LogManager,
         cluster: ClusterView,
         config: BrokerConfig,
-        channels: BrokerChannels | None = None,
+        channels: BrokerChannels,
     ) -> None:
-        self.storage = storage
+        self.logs = logs
+        self.storage = logs.storage
         self.cluster = cluster
         self.config = config
-        self.partitions: dict[TopicPartition, PartitionLog] = {}
+        self.partitions = logs.partitions  # the logs held here (the log manager opens and deletes them)
         self.leader_of: set[TopicPartition] = set()
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
         # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
         self._pending_isr: dict[TopicPartition, set[int]] = {}
         self._isr_unsure: set[TopicPartition] = set()  # ISR writes of unknown outcome: read again first
-        self.txn_verifier: TxnVerifier | None = None
+        self.txn_verifier: TxnVerifier | None = None  # the transaction coordinator's (verify_transactions_with)
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -152,21 +142,11 @@ class ReplicaManager:
         # consumers' fetches and acks=all/coordinator writes by a moved high watermark.
         self._appended = PartitionWaits()
         self._advanced = PartitionWaits()
-        # Stray partitions are looked for once the first full metadata read is done (main calls
-        # delete_stray_partitions), then again after every topic change.
-        self._stray_check_ready = False
-        self._failure_reported = False
-        self._cluster_mismatch_logged = False
         try:  # the loop the broker runs on (None when built outside one, as unit tests do)
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             self._loop = None
-        self._space = LowSpaceTracker(config.int("log.dir.free.space.warn.percent"))
-        self._space_unreported: bool | None = None  # a low-space change not yet in the metadata
-        self._stray_check_due = False
-        # One thread compacts deleted key ranges; close() waits for it before storage closes.
-        self._reclaimer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reclaim")
-        self.channels = channels or BrokerChannels(cluster)
+        self.channels = channels
         self.fetchers = ReplicaFetcherManager(
             config.broker_id,
             self.partitions,
@@ -175,29 +155,9 @@ class ReplicaManager:
             self._wake,
         )
         cluster.listeners.append(self._on_topic_change)
-        storage.failure_listeners.append(self._on_storage_failure)
+        logs.storage.failure_listeners.append(self._on_storage_failure)
 
     # -- partitions follow the cluster view ------------------------------------------------------
-
-    def _config_lookup(self, topic: str) -> Callable[[str], object]:
-        def lookup(key: str) -> object:
-            info = self.cluster.topics.get(topic)
-            return self.config.topic_value(info.config if info else {}, key)
-
-        return lookup
-
-    @property
-    def storage_failure(self) -> str | None:
-        """Why the log directory is offline, or None while it works."""
-        return self.storage.failure
-
-    def _check_storage(self) -> None:
-        failure = self.storage.failure
-        if failure is not None:
-            raise errors.KafkaStorageError(
-                f"broker {self.config.broker_id}'s log directory is offline ({failure}); "
-                "its partitions are served by other replicas"
-            )
 
     def _on_storage_failure(self, reason: str) -> None:
         """Storage's failure listener: handle it on the event loop, after the failing call has unwound.
@@ -231,74 +191,11 @@ class ReplicaManager:
             self.fetchers.unfollow(key)
         self._appended.wake_all()  # acks=all waits and long polls see the change at once
         self._advanced.wake_all()
-        self.report_storage_failure()
-
-    def check_log_dir_space(self) -> None:
-        """Read the data volume's free space; record a change of "low" in this broker's document.
-
-        Called every housekeeping round, offline or not (statvfs needs no RocksDB). See
-        :mod:`sluice.broker.log.dir_space`; a failed metadata write is tried again next round.
-        """
-        try:
-            reading = read_space(self.config.data_dir)
-        except OSError as exc:
-            log.warning("cannot read the free space of %s: %s", self.config.data_dir, exc)
-            return
-        change = self._space.observe(reading)
-        if change is not None:
-            self._space_unreported = change
-            if change:
-                log.warning(
-                    "data volume low on space: %s (warning below %d%%: log.dir.free.space.warn.percent)",
-                    reading.describe(),
-                    self.config.int("log.dir.free.space.warn.percent"),
-                )
-            else:
-                log.info("data volume has space again: %s", reading.describe())
-        low = self._space_unreported
-        if low is None:
-            return
-
-        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
-            if current is None:
-                return None
-            return dataclasses.replace(
-                current,
-                log_dir_low_space=low,
-                log_dir_free_bytes=reading.free_bytes if low else -1,
-                log_dir_size_bytes=reading.size_bytes if low else -1,
-            )
-
-        try:
-            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
-        except Exception:
-            log.exception("recording the data volume's free space in the metadata failed; trying again")
-            return
-        self._space_unreported = None
-
-    def report_storage_failure(self) -> bool:
-        """Record the offline log directory in this broker's ``brokers/<id>`` document (the controller
-        fences the broker on it). True once recorded; the housekeeping loop calls it again until then."""
-        failure = self.storage.failure
-        if failure is None or self._failure_reported:
-            return self._failure_reported
-
-        def mark(current: BrokerDocument | None) -> BrokerDocument | None:
-            if current is None or current.log_dir_failure == failure:
-                return None
-            return dataclasses.replace(current, log_dir_failure=failure)
-
-        try:
-            documents.update_document(self.cluster.store, keys.broker(self.config.broker_id), BrokerDocument, mark)
-        except Exception:
-            log.exception("recording the offline log directory in the metadata failed; trying again")
-            return False
-        self._failure_reported = True
-        return True
+        self.logs.report_storage_failure()
 
     def _on_topic_change(self, old: TopicInfo | None, new: TopicInfo | None) -> None:
         me = self.config.broker_id
-        self._stray_check_due = True
+        self.logs.topics_changed()
         if self.storage.failure is not None:
             # Offline: nothing on disk changes now. Forget deleted topics; the stray check at the
             # next start deletes their data.
@@ -319,10 +216,7 @@ class ReplicaManager:
                 if key in self.partitions:  # reassigned away from this broker
                     self._drop_partition(key)
                 continue
-            part = self.partitions.get(key)
-            if part is None:
-                part = PartitionLog(self.storage, new.name, p, new.topic_id, self._config_lookup(new.name))
-                self.partitions[key] = part
+            part = self.logs.open(key, new.topic_id)
             if info.leader == me:
                 self.fetchers.unfollow(key)
                 epoch_changed = part.leader_epoch != info.leader_epoch
@@ -347,12 +241,8 @@ class ReplicaManager:
                     self.fetchers.unfollow(key)
 
     def _drop_partition(self, key: TopicPartition) -> None:
-        """Stop serving and following one partition and delete its data (its topic is gone or moved away).
-
-        A failed delete (the disk is offline) is logged, not raised: the metadata already says the
-        partition is not here, and the stray-partition check deletes the data once it can.
-        """
-        part = self.partitions.pop(key, None)
+        """Stop serving and following one partition and delete its data (its topic is gone or moved away)."""
+        part = self.partitions.get(key)
         if part is not None:
             part.become_follower(-1)  # a request holding this log (awaiting verification) must not append
         self.fetchers.unfollow(key)
@@ -361,99 +251,13 @@ class ReplicaManager:
             self.leader_of.discard(key)
             self._wake([key])
             self._tell_leadership(key[0], key[1], False, -1)
-        if part is None:
-            return
-        try:
-            part.delete_all()
-        except SluiceError as exc:
-            log.warning("%s-%d: deleting its data failed (%s); it is deleted as a stray partition later", *key, exc)
-            return
-        self._reclaim([part.prefix])
+        if part is not None:
+            self.logs.delete(part)
 
-    def delete_stray_partitions(self) -> list[str]:
-        """Delete every partition on disk the metadata does not assign to this broker (by topic id).
-
-        Call once the cluster view holds the whole metadata (after the first full refresh):
-        before that every partition would look stray. Returns the partitions deleted, described.
-        """
-        self._stray_check_ready = True
-        self._stray_check_due = False
-        if not self._same_cluster():
-            return []
-        assigned = assigned_partitions(self.cluster.topics.values(), self.config.broker_id)
-        held = {part.prefix for part in self.partitions.values()}
-        deleted: list[str] = []
-        reclaim: list[bytes] = []
-        for stray in stray_partitions(stored_partitions(self.storage), assigned):
-            if stray.prefix in held:
-                continue  # a partition still served: the topic listener drops it, not this scan
-            try:
-                delete_partition_keys(self.storage, stray.prefix)
-            except SluiceError as exc:
-                log.warning("stray partition %s: delete failed (%s); trying again later", stray.describe(), exc)
-                self._stray_check_due = True
-                continue
-            log.info(
-                "deleted stray partition %s: the metadata does not assign it to broker %d",
-                stray.describe(),
-                self.config.broker_id,
-            )
-            deleted.append(stray.describe())
-            reclaim.append(stray.prefix)
-        self._reclaim(reclaim)
-        return deleted
-
-    def _same_cluster(self) -> bool:
-        """Whether this data directory belongs to the metadata's cluster (recorded on first use)."""
-        current = self.cluster.cluster_id
-        if not current:
-            return False
-        stored = self.storage.get("partition_meta", CLUSTER_ID_KEY)
-        if stored is None:
-            ws = WriteSet()
-            ws.put("partition_meta", CLUSTER_ID_KEY, current.encode())
-            self.storage.write(ws)
-            return True
-        if stored.decode() == current:
-            return True
-        if not self._cluster_mismatch_logged:
-            log.error(
-                "the data directory belongs to cluster %s but the metadata is cluster %s: stray partitions are "
-                "NOT deleted (is --metadata the right store?)",
-                stored.decode(),
-                current,
-            )
-            self._cluster_mismatch_logged = True
-        return False
-
-    def delete_stray_partitions_if_due(self) -> list[str]:
-        """:meth:`delete_stray_partitions` after a topic change (or a failed delete), once started."""
-        if not (self._stray_check_ready and self._stray_check_due) or self.storage.failure is not None:
-            return []
-        return self.delete_stray_partitions()
-
-    def _reclaim(self, prefixes: list[bytes]) -> None:
-        """Compact deleted partitions' key ranges on the reclaim thread, so their bytes leave the disk."""
-        if not prefixes:
-            return
-
-        def compact() -> None:
-            for prefix in prefixes:
-                start, end = key_range(prefix)
-                for cf in PARTITION_COLUMN_FAMILIES:
-                    try:
-                        self.storage.compact(cf, start, end)
-                    except Exception:
-                        log.exception("compacting a deleted partition's keys failed")
-                        return
-
-        # shutting down (RuntimeError): RocksDB compacts the range tombstones in its own time
-        with contextlib.suppress(RuntimeError):
-            self._reclaimer.submit(compact)
-
-    def close(self) -> None:
-        """Wait for pending compactions of deleted partitions (before the storage closes)."""
-        self._reclaimer.shutdown(wait=True)
+    def verify_transactions_with(self, verifier: TxnVerifier) -> None:
+        """KIP-890: a partition's first transactional batch of a producer is appended only once
+        ``verifier`` (the transaction coordinator) says the partition is in its open transaction."""
+        self.txn_verifier = verifier
 
     def _tell_leadership(self, topic: str, partition: int, is_leader: bool, epoch: int) -> None:
         for listener in self.leadership_listeners:
@@ -467,7 +271,7 @@ class ReplicaManager:
         info = self.cluster.topics.get(topic)
         if info is None or not 0 <= partition < len(info.partitions):
             raise errors.UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
-        self._check_storage()
+        self.logs.check_storage()
         part = self.partitions.get((topic, partition))
         if part is None or (topic, partition) not in self.leader_of:
             raise errors.NotLeaderOrFollowerError(f"broker {self.config.broker_id} does not lead {topic}-{partition}")
@@ -530,7 +334,7 @@ class ReplicaManager:
     def _replicated(self, key: TopicPartition, end_offset: int, deadline: float) -> bool:
         """Whether the HW of ``key`` reached ``end_offset``; raises why the wait is over without it."""
         topic, partition = key
-        self._check_storage()
+        self.logs.check_storage()
         part = self.partitions.get(key)
         if part is None or key not in self.leader_of:
             raise errors.NotLeaderOrFollowerError(
@@ -876,15 +680,6 @@ class ReplicaManager:
                     self._maybe_advance_hw(key, part)
                 self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
 
-    def checkpoint_high_watermarks(self) -> None:
-        if self.storage.failure is not None:
-            return  # offline: the restart starts from the last checkpoint, as after a crash
-        for part in list(self.partitions.values()):
-            try:
-                part.checkpoint_high_watermark()
-            except Exception:
-                log.exception("high watermark checkpoint failed on %s-%d", part.topic, part.partition)
-
     # -- fetch ------------------------------------------------------------------------------------
 
     async def fetch(self, req: FetchInput) -> list[FetchedPartition]:
@@ -1003,37 +798,3 @@ class ReplicaManager:
                 f"the start of its leader epoch {part.leader_epoch} at offset {start}; retry once its followers "
                 "have caught up",
             )
-
-    # -- housekeeping -----------------------------------------------------------------------------
-
-    def expire_producers(self) -> int:
-        """Forget idle producer states (producer.id.expiration.ms) on every replica; how many."""
-        if self.storage.failure is not None:
-            return 0
-        now = now_ms()
-        removed = 0
-        for key, part in list(self.partitions.items()):
-            try:
-                removed += part.remove_expired_producers(now)
-            except Exception:
-                log.exception("expiring producer states failed on %s-%d", *key)
-        if removed:
-            log.info("%d idle producer state(s) expired (producer.id.expiration.ms)", removed)
-        return removed
-
-    def apply_retention(self) -> None:
-        """Retention and compaction, on every replica (each cleans its own copy the same way)."""
-        if self.storage.failure is not None:
-            return
-        now = now_ms()
-        for key, part in list(self.partitions.items()):
-            policy = str(part.config("cleanup.policy")).split(",")
-            try:
-                if "compact" in policy:
-                    dropped = part.compact(now)
-                    if dropped:
-                        log.info("compacted %s-%d: %d batch(es) dropped", key[0], key[1], dropped)
-                if "delete" in policy and key[0] not in INTERNAL_TOPICS:
-                    part.apply_retention(now)
-            except Exception:
-                log.exception("retention or compaction failed on %s-%d", *key)

@@ -8,7 +8,6 @@ straight to the core. The values asserted are the ones the broker's own state sa
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,30 +16,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import ClusterView
-from sluice.broker.config import BrokerConfig, ConfigError
+from sluice.broker.config import ConfigError
 from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
 from sluice.broker.group import GroupCoordinator
-from sluice.broker.log.storage import RocksStorage
 from sluice.broker.main import parse_metrics_listen
 from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats, stall_seconds
 from sluice.broker.metrics.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
-from sluice.metadata import open_store
 from sluice.records import build_batch
 from sluice.testing import Scrape, free_port
+from tests.support.broker_core import InProcessBroker, until
 
 TOPIC = "orders"
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def http_get(port: int, path: str = "/metrics", method: str = "GET") -> tuple[int, bytes]:
@@ -57,41 +46,18 @@ def run(
     tmp: Path, test: Callable[[ReplicaManager, TransactionCoordinator, GroupCoordinator, int], Awaitable[None]]
 ) -> None:
     async def main() -> None:
-        meta = str(tmp / "metadata.sqlite")
-        data = str(tmp / "data")
-        os.makedirs(data, exist_ok=True)
-        store = open_store(meta)
-        config = BrokerConfig.build(
-            0,
-            "127.0.0.1",
-            1,
-            data,
-            meta,
-            {"transaction.state.log.num.partitions": "2", "offsets.topic.num.partitions": "2"},
+        config = {"transaction.state.log.num.partitions": "2", "offsets.topic.num.partitions": "2"}
+        broker = await InProcessBroker(tmp, config).open(topics={TOPIC: 2})
+        metrics = BrokerMetrics(
+            broker.config, broker.storage, broker.cluster, broker.replicas, broker.txn, broker.groups
         )
-        cluster = ClusterView(store, config)
-        cluster.register()
-        storage = RocksStorage(os.path.join(data, "rocksdb"))
-        replicas = ReplicaManager(storage, cluster, config)
-        txn = TransactionCoordinator(replicas, cluster, config)
-        groups = GroupCoordinator(replicas, cluster, config)
-        await txn.start()
-        await groups.start()
-        cluster.ensure_internal_topics()
-        cluster.create_topic(TOPIC, 2, 1, {})
-        cluster.refresh()
-        await until(lambda: txn.is_ready() and groups.is_ready(), "the coordinators to load")
-        metrics = BrokerMetrics(config, storage, cluster, replicas, txn, groups)
         port = free_port()
         await metrics.start("127.0.0.1", port)
         try:
-            await test(replicas, txn, groups, port)
+            await test(broker.replicas, broker.txn, broker.groups, port)
         finally:
             await metrics.stop()
-            await groups.stop()
-            await txn.stop()
-            storage.close()
-            store.close()
+            await broker.close()
 
     asyncio.run(main())
 

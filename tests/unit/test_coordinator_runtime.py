@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import LoadStatus
 from sluice.broker.coordination.runtime import LOAD_YIELD_EVERY, coordinator_error
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.coordinator import OffsetsPartitionState
+from sluice.broker.log.manager import LogManager
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import MetadataStore, open_store
 from sluice.records import RecordBatch, build_batch
+from tests.support.broker_core import until
 
 TOPIC = "orders"
 PARTITIONS = 4
@@ -55,7 +58,10 @@ class FlakyStorage(RocksStorage):
 
 
 class Core:
-    """One broker's core without gRPC, reopenable on the same directories."""
+    """A broker's replica manager without coordinators, reopenable on the same directories.
+
+    Not the shared harness (tests/support/broker_core.py), which builds the broker's own
+    coordinators: these tests build theirs around the runtime (one failing on purpose)."""
 
     def __init__(self, tmp: Path) -> None:
         data = tmp / "data"
@@ -65,7 +71,10 @@ class Core:
         self.cluster = ClusterView(self.store, self.config)
         self.cluster.register()
         self.storage = FlakyStorage(str(data / "rocksdb"))
-        self.replicas = ReplicaManager(self.storage, self.cluster, self.config)
+        self.channels = BrokerChannels(self.cluster)
+        self.replicas = ReplicaManager(
+            LogManager(self.storage, self.cluster, self.config), self.cluster, self.config, self.channels
+        )
 
     def create_topics(self) -> None:
         self.cluster.ensure_internal_topics()
@@ -76,14 +85,6 @@ class Core:
     def close(self) -> None:
         self.storage.close()
         self.store.close()
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # -- the transaction coordinator (the bug: it never retried a failed load) ----------------------------
@@ -116,7 +117,7 @@ def test_a_failed_transaction_state_load_is_retried_without_a_restart(tmp_path: 
 
     async def main() -> None:
         core = Core(tmp_path)
-        coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+        coord = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
         await coord.start()
         core.create_topics()
         await until(coord.is_ready, "the first load")
@@ -127,7 +128,7 @@ def test_a_failed_transaction_state_load_is_retried_without_a_restart(tmp_path: 
         # Restart; the first read of __transaction_state-p fails part-way through.
         core = Core(tmp_path)
         core.storage.fail_log_scans, core.storage.fail_after = 1, 5
-        coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+        coord = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
         coord.runtime.retry_initial_s = 0.3  # long enough to observe the failed state
         await coord.start()
         core.create_topics()
@@ -167,7 +168,7 @@ def test_losing_leadership_stops_the_retries(tmp_path: Path) -> None:
 
     async def main() -> None:
         core = Core(tmp_path)
-        coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+        coord = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
         await coord.start()
         core.create_topics()
         await until(coord.is_ready, "the first load")
@@ -177,7 +178,7 @@ def test_losing_leadership_stops_the_retries(tmp_path: Path) -> None:
 
         core = Core(tmp_path)
         core.storage.fail_log_scans, core.storage.fail_after = 100, 0  # fails every time
-        coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+        coord = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
         coord.runtime.retry_initial_s = coord.runtime.retry_max_s = 0.05
         await coord.start()
         core.create_topics()
@@ -282,7 +283,7 @@ def test_offsets_partition_is_a_shard_on_the_runtime(tmp_path: Path) -> None:
     async def main() -> None:
         core = Core(tmp_path)
         groups = GroupCoordinator(core.replicas, core.cluster, core.config)
-        txn = TransactionCoordinator(core.replicas, core.cluster, core.config)
+        txn = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
         await groups.start()
         await txn.start()
         core.create_topics()
@@ -303,7 +304,7 @@ def test_leadership_told_outside_the_loop_is_loaded_by_the_supervisor(tmp_path: 
     """A synchronous metadata refresh between loop runs: no task can start then; the runtime starts it later."""
     loop = asyncio.new_event_loop()
     core = Core(tmp_path)
-    coord = TransactionCoordinator(core.replicas, core.cluster, core.config)
+    coord = TransactionCoordinator(core.replicas, core.cluster, core.config, core.channels)
     try:
         loop.run_until_complete(coord.start())
         core.create_topics()  # leadership of every partition is told here, with no loop running

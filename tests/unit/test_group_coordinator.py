@@ -8,71 +8,50 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView, coordinator_partition
-from sluice.broker.config import BrokerConfig
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, coordinator_partition
 from sluice.broker.group import GroupCoordinator
-from sluice.broker.log.storage import RocksStorage
-from sluice.broker.replica_manager import ReplicaManager
-from sluice.metadata import keys, open_store
-from sluice.metadata.store import MetadataStore, update
+from sluice.metadata import keys
+from sluice.metadata.store import update
+from tests.support.broker_core import InProcessBroker
 
 OFFSETS_PARTITIONS = 3
 GROUP = "g"
 
 
-@dataclass
-class Broker:
-    store: MetadataStore
-    storage: RocksStorage
-    cluster: ClusterView
-    replicas: ReplicaManager
-    groups: GroupCoordinator
-    now: list[float] = field(default_factory=lambda: [0.0])
+class Broker(InProcessBroker):
+    """One broker's core; the group coordinator's clock is ``now[0]`` (ms), moved by the tests."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(
+            tmp,
+            {
+                "offsets.topic.num.partitions": OFFSETS_PARTITIONS,
+                "transaction.state.log.num.partitions": 1,
+                "group.consumer.heartbeat.interval.ms": 200,
+                "group.consumer.session.timeout.ms": 3000,
+            },
+            port=9092,
+        )
+        self.now = [0.0]
 
     @property
     def partition(self) -> int:
         return int(coordinator_partition(GROUP, OFFSETS_PARTITIONS))
 
-    async def close(self) -> None:
-        await self.groups.stop()
-        self.storage.close()
-        self.store.close()
-
 
 async def start_broker(tmp: Path, *, wait: bool = True) -> Broker:
-    data = tmp / "data"
-    config = BrokerConfig.build(
-        0,
-        "127.0.0.1",
-        9092,
-        str(data),
-        str(tmp / "metadata.sqlite"),
-        {
-            "offsets.topic.num.partitions": OFFSETS_PARTITIONS,
-            "transaction.state.log.num.partitions": 1,
-            "group.consumer.heartbeat.interval.ms": 200,
-            "group.consumer.session.timeout.ms": 3000,
-        },
-    )
-    store = open_store(config.metadata_url)
-    cluster = ClusterView(store, config)
-    cluster.register()
-    storage = RocksStorage(str(data / "rocksdb"))
-    replicas = ReplicaManager(storage, cluster, config)
-    now = [0.0]
-    groups = GroupCoordinator(replicas, cluster, config, clock=lambda: now[0])
-    await groups.start()
-    cluster.ensure_internal_topics()
-    cluster.refresh()
-    broker = Broker(store, storage, cluster, replicas, groups, now)
+    broker = Broker(tmp)
+    broker.build().groups.clock = lambda: broker.now[0]
+    await broker.core.start()
+    broker.cluster.ensure_internal_topics()
+    broker.cluster.refresh()
     if wait:
-        await wait_ready(groups)
+        await wait_ready(broker.groups)
     return broker
 
 
@@ -184,7 +163,7 @@ def test_transactional_offsets_pending_until_commit_marker_and_reloaded(tmp_path
     calls: list[tuple[Any, ...]] = []
 
     async def first(b: Broker) -> None:
-        b.replicas.txn_verifier = verifier(calls)
+        b.replicas.verify_transactions_with(verifier(calls))
         await b.groups.offset_commit(commit_req({("t", 0): 1}))
         resp = await b.groups.txn_offset_commit(txn_req({("t", 0): 10, ("t", 1): 20}, pid=5))
         assert codes(resp) == {("t", 0): pb.NONE, ("t", 1): pb.NONE}
@@ -225,13 +204,14 @@ def test_transactional_offsets_pending_until_commit_marker_and_reloaded(tmp_path
 def test_txn_offset_commit_errors(tmp_path: Path) -> None:
     async def body(b: Broker) -> None:
         resp = await b.groups.txn_offset_commit(txn_req({("t", 0): 1}, pid=5))
-        assert codes(resp) == {("t", 0): pb.COORDINATOR_NOT_AVAILABLE}  # no transaction coordinator wired
+        # the broker's own transaction coordinator knows no such transactional id
+        assert codes(resp) == {("t", 0): pb.INVALID_TXN_STATE}
         calls: list[tuple[Any, ...]] = []
-        b.replicas.txn_verifier = verifier(calls, pb.INVALID_TXN_STATE)
+        b.replicas.verify_transactions_with(verifier(calls, pb.INVALID_TXN_STATE))
         assert codes(await b.groups.txn_offset_commit(txn_req({("t", 0): 1}, pid=5))) == {
             ("t", 0): pb.INVALID_TXN_STATE
         }
-        b.replicas.txn_verifier = verifier(calls)
+        b.replicas.verify_transactions_with(verifier(calls))
         assert codes(await b.groups.txn_offset_commit(txn_req({("t", 0): 1}, pid=5, epoch=3))) == {("t", 0): pb.NONE}
         # an older epoch of the same producer is fenced by the partition
         assert codes(await b.groups.txn_offset_commit(txn_req({("t", 0): 2}, pid=5, epoch=2))) == {
@@ -248,7 +228,7 @@ def test_membership_and_commit_fencing(tmp_path: Path) -> None:
     async def body(b: Broker) -> None:
         g = b.groups
         calls: list[tuple[Any, ...]] = []
-        b.replicas.txn_verifier = verifier(calls)
+        b.replicas.verify_transactions_with(verifier(calls))
         join = await g.heartbeat(
             bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"])
         )
@@ -374,44 +354,39 @@ def test_load_in_progress_before_the_replay_ran(tmp_path: Path) -> None:
 
 def test_with_the_real_transaction_coordinator(tmp_path: Path) -> None:
     """AddOffsetsToTxn + TxnOffsetCommit + EndTxn: the markers of the real coordinator apply the offsets."""
-    from sluice.broker.txn import TransactionCoordinator
 
     async def body(b: Broker) -> None:
-        txn = TransactionCoordinator(b.replicas, b.cluster, b.groups.config)
-        await txn.start()
-        try:
-            for _ in range(500):
-                if txn.is_ready():
-                    break
+        txn = b.txn  # the broker's own, as wired by build_core
+        for _ in range(500):
+            if txn.is_ready():
+                break
+            await asyncio.sleep(0.01)
+        init = await txn.init_producer_id(
+            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
+        )
+        assert init.error_code == pb.NONE, init.error_message
+        pid, epoch = init.producer_id, init.producer_epoch
+        ids = {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch}
+
+        async def end(commit: bool) -> None:
+            assert (await txn.end_txn(bpb.EndTxnRequest(committed=commit, **ids))).error_code == pb.NONE
+            for _ in range(200):  # markers are sent in the background
+                if (await fetch(b, ("t", 0), stable=True))[("t", 0)] != "UNSTABLE_OFFSET_COMMIT":
+                    return
                 await asyncio.sleep(0.01)
-            init = await txn.init_producer_id(
-                bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
-            )
-            assert init.error_code == pb.NONE, init.error_message
-            pid, epoch = init.producer_id, init.producer_epoch
-            ids = {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch}
+            raise AssertionError("the marker never reached the offsets partition")
 
-            async def end(commit: bool) -> None:
-                assert (await txn.end_txn(bpb.EndTxnRequest(committed=commit, **ids))).error_code == pb.NONE
-                for _ in range(200):  # markers are sent in the background
-                    if (await fetch(b, ("t", 0), stable=True))[("t", 0)] != "UNSTABLE_OFFSET_COMMIT":
-                        return
-                    await asyncio.sleep(0.01)
-                raise AssertionError("the marker never reached the offsets partition")
+        for offset, commit in ((42, True), (99, False)):
+            added = await txn.add_offsets_to_txn(bpb.AddOffsetsToTxnRequest(group_id=GROUP, **ids))
+            assert added.error_code == pb.NONE, added.error_message
+            resp = await b.groups.txn_offset_commit(txn_req({("t", 0): offset}, pid=pid, epoch=epoch))
+            assert codes(resp) == {("t", 0): pb.NONE}
+            assert await fetch(b, ("t", 0), stable=True) == {("t", 0): "UNSTABLE_OFFSET_COMMIT"}
+            await end(commit)
+            assert await fetch(b, ("t", 0), stable=True) == {("t", 0): 42}
 
-            for offset, commit in ((42, True), (99, False)):
-                added = await txn.add_offsets_to_txn(bpb.AddOffsetsToTxnRequest(group_id=GROUP, **ids))
-                assert added.error_code == pb.NONE, added.error_message
-                resp = await b.groups.txn_offset_commit(txn_req({("t", 0): offset}, pid=pid, epoch=epoch))
-                assert codes(resp) == {("t", 0): pb.NONE}
-                assert await fetch(b, ("t", 0), stable=True) == {("t", 0): "UNSTABLE_OFFSET_COMMIT"}
-                await end(commit)
-                assert await fetch(b, ("t", 0), stable=True) == {("t", 0): 42}
-
-            # outside a transaction (no AddOffsetsToTxn) the verifier refuses it
-            resp = await b.groups.txn_offset_commit(txn_req({("t", 0): 7}, pid=pid, epoch=epoch))
-            assert codes(resp) == {("t", 0): pb.INVALID_TXN_STATE}
-        finally:
-            await txn.stop()
+        # outside a transaction (no AddOffsetsToTxn) the verifier refuses it
+        resp = await b.groups.txn_offset_commit(txn_req({("t", 0): 7}, pid=pid, epoch=epoch))
+        assert codes(resp) == {("t", 0): pb.INVALID_TXN_STATE}
 
     run(tmp_path, body)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
+from sluice.broker.log.manager import LogManager
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.metadata import documents, keys, open_store
@@ -38,7 +40,8 @@ def test_the_leader_refuses_a_fetch_for_the_deleted_topic_of_the_same_name(tmp_p
     follower = BrokerDocument(1, "127.0.0.1", 2)
     documents.update_document(store, keys.broker(1), BrokerDocument, lambda _v: follower)
     storage = RocksStorage(str(tmp_path / "rocksdb"))
-    replicas = ReplicaManager(storage, cluster, config)
+    logs = LogManager(storage, cluster, config)
+    replicas = ReplicaManager(logs, cluster, config, BrokerChannels(cluster))
     try:
         cluster.refresh()
         old_id = cluster.create_topic("t", 1, 2, {})
@@ -53,6 +56,6 @@ def test_the_leader_refuses_a_fetch_for_the_deleted_topic_of_the_same_name(tmp_p
         # the refused fetch did not count as the follower's position
         assert replicas.trackers[("t", 0)].end_offset(1) == 0
     finally:
-        replicas.close()
+        logs.close()
         storage.close()
         store.close()

@@ -77,9 +77,11 @@ def test_nothing_is_stray_when_everything_stored_is_assigned(tmp_path: Path) -> 
         storage.close()
 
 
-def replica_manager(tmp_path: Path, metadata: str, storage: RocksStorage):  # type: ignore[no-untyped-def]
+def log_manager(tmp_path: Path, metadata: str, storage: RocksStorage):  # type: ignore[no-untyped-def]
+    from sluice.broker.channels import BrokerChannels
     from sluice.broker.cluster import ClusterView
     from sluice.broker.config import BrokerConfig
+    from sluice.broker.log.manager import LogManager
     from sluice.broker.replica_manager import ReplicaManager
     from sluice.metadata import open_store
 
@@ -88,33 +90,35 @@ def replica_manager(tmp_path: Path, metadata: str, storage: RocksStorage):  # ty
     cluster = ClusterView(store, config)
     cluster.register()
     cluster.refresh()
-    return store, cluster, ReplicaManager(storage, cluster, config)
+    logs = LogManager(storage, cluster, config)
+    ReplicaManager(logs, cluster, config, BrokerChannels(cluster))  # it opens the logs of assigned partitions
+    return store, cluster, logs
 
 
 def test_strays_are_deleted_only_while_the_data_directory_belongs_to_the_metadata_s_cluster(tmp_path: Path) -> None:
     storage = RocksStorage(str(tmp_path / "db"))
     try:
-        store, cluster, replicas = replica_manager(tmp_path, "a.sqlite", storage)
+        store, cluster, logs = log_manager(tmp_path, "a.sqlite", storage)
         cluster.create_topic("kept", 1, 1, {})
         fill(storage, OLD_ID, 0)  # a partition no metadata knows
-        assert replicas.delete_stray_partitions() == [f"orders-0 (topic id {OLD_ID})"]
-        replicas.close()
+        assert logs.delete_stray_partitions() == [f"orders-0 (topic id {OLD_ID})"]
+        logs.close()
         store.close()
 
         # the same data directory, pointed at another cluster's metadata (a fresh file): every
         # partition would look stray; nothing is deleted
         fill(storage, OLD_ID, 1)
-        store, cluster, replicas = replica_manager(tmp_path, "b.sqlite", storage)
-        assert replicas.delete_stray_partitions() == []
+        store, cluster, logs = log_manager(tmp_path, "b.sqlite", storage)
+        assert logs.delete_stray_partitions() == []
         assert sorted(s.topic for s in stored_partitions(storage)) == ["kept", "orders"]
-        replicas.close()
+        logs.close()
         store.close()
 
         # back on its own cluster's metadata: deleted
-        store, cluster, replicas = replica_manager(tmp_path, "a.sqlite", storage)
-        assert replicas.delete_stray_partitions() == [f"orders-1 (topic id {OLD_ID})"]
+        store, cluster, logs = log_manager(tmp_path, "a.sqlite", storage)
+        assert logs.delete_stray_partitions() == [f"orders-1 (topic id {OLD_ID})"]
         assert [s.topic for s in stored_partitions(storage)] == ["kept"]
-        replicas.close()
+        logs.close()
         store.close()
     finally:
         storage.close()

@@ -1,29 +1,25 @@
 """The transaction coordinator against the real broker core, in one process, without gRPC.
 
-Wired the way broker/sluice_broker/main.py wires a broker: SQLite metadata store, ClusterView,
-RocksStorage in a tmp dir, ReplicaManager, then the coordinator. One broker, so
-every marker is written locally. Each test runs its own event loop (asyncio.run).
+Wired as the broker process wires it (sluice.broker.core.build_core, through the unit tests'
+one harness, tests/support/broker_core.py): SQLite metadata store and RocksDB in a tmp dir. One
+broker, so every marker is written locally. Each test runs its own event loop (asyncio.run).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
-from sluice.broker.config import BrokerConfig
+from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from sluice.broker.data_path import ProduceInput, ProducePartition
-from sluice.broker.log.storage import RocksStorage
-from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
 from sluice.broker.txn.state import MAX_EPOCH
-from sluice.metadata import MetadataStore, open_store
 from sluice.records import RecordBatch, build_batch, decode_records, parse_control
+from tests.support.broker_core import InProcessBroker, until
 
 TOPIC = "orders"
 TXN_PARTITIONS = 4
@@ -33,42 +29,19 @@ BASE_CONFIG = {
 }
 
 
-class Broker:
+class Broker(InProcessBroker):
     """One broker's core (no gRPC server), closable and reopenable on the same data."""
 
     def __init__(self, tmp: Path, config: dict[str, str] | None = None) -> None:
-        self.tmp = tmp
-        self.overrides = {**BASE_CONFIG, **(config or {})}
-        self.store: MetadataStore
-        self.storage: RocksStorage
-        self.cluster: ClusterView
-        self.replicas: ReplicaManager
-        self.coord: TransactionCoordinator
+        super().__init__(tmp, {**BASE_CONFIG, **(config or {})})
 
-    async def open(self, *, wait_ready: bool = True) -> Broker:
-        meta_path = str(self.tmp / "metadata.sqlite")
-        data = str(self.tmp / "data")
-        os.makedirs(data, exist_ok=True)
-        self.store = open_store(meta_path)
-        config = BrokerConfig.build(0, "127.0.0.1", 1, data, meta_path, self.overrides)
-        self.cluster = ClusterView(self.store, config)
-        self.cluster.register()
-        self.storage = RocksStorage(os.path.join(data, "rocksdb"))
-        self.replicas = ReplicaManager(self.storage, self.cluster, config)
-        self.coord = TransactionCoordinator(self.replicas, self.cluster, config)
-        await self.coord.start()
-        self.cluster.ensure_internal_topics()
-        self.cluster.refresh()
-        if TOPIC not in self.cluster.topics:
-            self.cluster.create_topic(TOPIC, 2, 1, {})
-        if wait_ready:
-            await until(self.coord.is_ready, "the coordinator to load")
+    @property
+    def coord(self) -> TransactionCoordinator:
+        return self.txn
+
+    async def open(self, *, wait_ready: bool = True) -> Broker:  # type: ignore[override]
+        await super().open(topics={TOPIC: 2}, wait_ready=wait_ready)
         return self
-
-    async def close(self) -> None:
-        await self.coord.stop()
-        self.storage.close()
-        self.store.close()
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -122,14 +95,6 @@ class Broker:
     def markers(self, partition: int = 0) -> list[bool]:
         """The COMMIT (True) / ABORT (False) markers of a partition, in order."""
         return [parse_control(b)[0] for b in self.batches(partition) if b.control]
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def run(tmp: Path, test: Callable[[Broker], Awaitable[None]], config: dict[str, str] | None = None) -> None:

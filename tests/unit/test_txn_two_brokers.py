@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +22,12 @@ from sluice.api.v1 import broker_pb2_grpc, interbroker_pb2_grpc
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
-from sluice.broker.config import BrokerConfig
 from sluice.broker.data_path import ProduceInput, ProducePartition
-from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
 from sluice.broker.txn import TransactionCoordinator
-from sluice.metadata import MetadataStore, open_store
 from sluice.records import build_batch, parse_control
+from tests.support.broker_core import InProcessBroker, until
 
 TOPIC = "orders"
 N = 4
@@ -58,18 +54,32 @@ class _Broker(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
 
 class Node:
+    """One broker's core (tests/support/broker_core.py) behind a gRPC server with the two calls
+    brokers make of each other here (WriteTxnMarkers, DescribeTransactions)."""
+
     def __init__(self, tmp: Path, broker_id: int) -> None:
         self.tmp = tmp
         self.broker_id = broker_id
         self.port = 0
         self.server: grpc.aio.Server | None = None
-        self.store: MetadataStore
-        self.cluster: ClusterView
-        self.storage: RocksStorage
-        self.replicas: ReplicaManager
-        self.coord: TransactionCoordinator
+        self.broker: InProcessBroker | None = None
         self.tls_dir = tmp / f"tls-{broker_id}"
         tls.write_dir(self.tls_dir, _CA.cert_pem, tls.issue_broker(_CA, broker_id, ["127.0.0.1"]))
+
+    @property
+    def cluster(self) -> ClusterView:
+        assert self.broker is not None
+        return self.broker.cluster
+
+    @property
+    def replicas(self) -> ReplicaManager:
+        assert self.broker is not None
+        return self.broker.replicas
+
+    @property
+    def coord(self) -> TransactionCoordinator:
+        assert self.broker is not None
+        return self.broker.txn
 
     async def serve(self) -> None:
         server = grpc.aio.server()
@@ -89,28 +99,19 @@ class Node:
 
     async def open(self) -> None:
         await self.serve()
-        meta = str(self.tmp / "metadata.sqlite")
-        data = str(self.tmp / f"broker-{self.broker_id}")
-        os.makedirs(data, exist_ok=True)
-        self.store = open_store(meta)
-        config = BrokerConfig.build(
-            self.broker_id, "127.0.0.1", self.port, data, meta, CONFIG,
+        self.broker = InProcessBroker(
+            self.tmp, CONFIG, broker_id=self.broker_id, port=self.port, data=f"broker-{self.broker_id}",
             inter_broker_port=self.port, tls_dir=str(self.tls_dir),
         )  # fmt: skip
-        self.cluster = ClusterView(self.store, config)
-        self.cluster.register()
-        self.storage = RocksStorage(os.path.join(data, "rocksdb"))
-        self.replicas = ReplicaManager(self.storage, self.cluster, config)
-        self.coord = TransactionCoordinator(self.replicas, self.cluster, config)
-        await self.coord.start()
+        await self.broker.open(internal_topics=False, wait_ready=False)
         self.coord.markers.max_backoff_s = 0.2
 
     async def close(self) -> None:
-        await self.coord.stop()
+        if self.broker is not None:
+            await self.broker.close()
         if self.server is not None:
             await self.halt()
-        self.storage.close()
-        self.store.close()
+        self.broker = None
 
     def markers(self, partition: int) -> list[bool]:
         return [parse_control(b)[0] for b in self.replicas.iter_batches(TOPIC, partition) if b.control]
@@ -121,14 +122,6 @@ class Node:
             ProduceInput([ProducePartition(TOPIC, partition, batch)], acks=-1, timeout_ms=1000, transactional_id=tid)
         )
         return produced.error_code
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def test_markers_reach_a_remote_leader_and_remote_verification_works(tmp_path: Path) -> None:

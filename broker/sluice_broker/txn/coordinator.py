@@ -209,12 +209,14 @@ TXN_ID_CAP_KEY = "transactional.id.max.count"
 class TransactionCoordinator:
     """The requests of the transaction protocol; a shard of the coordinator runtime."""
 
-    def __init__(self, replicas: ReplicaManager, cluster: ClusterView, config: BrokerConfig) -> None:
+    def __init__(
+        self, replicas: ReplicaManager, cluster: ClusterView, config: BrokerConfig, channels: BrokerChannels
+    ) -> None:
         self.replicas = replicas
         self.cluster = cluster
         self.config = config
         self.clock: Callable[[], int] = now_ms  # tests may replace it
-        self.channels = BrokerChannels(cluster)
+        self.channels = channels  # to other brokers, for markers and DescribeTransactions (the builder's)
         self.markers = MarkerSender(replicas, cluster, config, self.channels)
         self.runtime: CoordinatorRuntime[TxnPartitionState] = CoordinatorRuntime(
             TRANSACTION_STATE_TOPIC, self, replicas, cluster, config
@@ -224,7 +226,6 @@ class TransactionCoordinator:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.replicas.txn_verifier = self.verify_partition
         await self.runtime.start()
         cfg = self.config
         self._loops = [
@@ -243,15 +244,12 @@ class TransactionCoordinator:
         ]
 
     async def stop(self) -> None:
-        if self.replicas.txn_verifier == self.verify_partition:
-            self.replicas.txn_verifier = None
         loops = list(self._loops)
         for task in loops:
             task.cancel()
         await self.runtime.stop()
         await asyncio.gather(*loops, return_exceptions=True)
         self._loops = []
-        await self.channels.close()
 
     def is_ready(self) -> bool:
         return self.runtime.is_ready()
