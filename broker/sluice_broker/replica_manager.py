@@ -1,9 +1,10 @@
-"""The partitions this broker holds, and the data-path requests on them.
+"""The partitions this broker holds, the leader side of replication, and the data-path requests on them.
 
-The ReplicaManager creates a :class:`PartitionLog` for every partition the
-cluster view places on this broker, drops it when its topic is deleted, and
-answers Produce, Fetch, ListOffsets and WriteTxnMarkers for the partitions it
-leads. Coordinators use it to write to and replay their internal partitions,
+The ReplicaManager follows the cluster view: it opens a :class:`PartitionLog` (through the log
+manager) for every partition placed on this broker, leads or follows it at the metadata's
+leader epoch, drops it when its topic is deleted, and answers Produce, Fetch, ListOffsets and
+WriteTxnMarkers for the partitions it leads, in the core's own types
+(:mod:`sluice.broker.data_path`). Coordinators use it to write to and replay their internal partitions,
 and hear about leadership of those partitions through ``leadership_listeners``.
 
 Concurrency: the broker runs one asyncio loop; an append is synchronous code
@@ -21,12 +22,9 @@ replica.lag.time.max.ms leaves the ISR, and one that caught up rejoins it; both
 are compare-and-set into the topic document, and only while this broker is
 still the leader at its epoch there, so a deposed leader cannot change an ISR.
 
-Stray partitions (:mod:`sluice.broker.log.stray`): a topic deleted, or deleted and created
-again under its name, while this broker was down leaves keys nobody would ever delete. At start
-(:meth:`ReplicaManager.delete_stray_partitions`, once the first full metadata read is done) and
-after every metadata change, partitions on disk that the metadata does not assign to this broker,
-by topic id, are deleted, and their key ranges compacted on a thread of their own so the space is
-given back without holding up the event loop.
+The logs themselves are the :class:`~sluice.broker.log.manager.LogManager`'s (disk, free space,
+stray partitions, retention): this class opens a partition's log there when the metadata places
+it here and deletes it when it goes.
 
 A failed log directory (a full disk: :mod:`sluice.broker.log.storage`) takes every partition
 offline here at once, as Kafka does for the partitions of an offline log dir: this broker stops
