@@ -11,23 +11,14 @@ them.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
 
 from sluice.metadata.store import MetadataStore, VersionConflict, update
+from tests.support.waiting import wait_for
 
 StoreFactory = Callable[[], MetadataStore]
-
-
-def _wait_for(cond: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def check_create_get_list(open_store: StoreFactory) -> None:
@@ -96,14 +87,24 @@ def check_changes_since(open_store: StoreFactory) -> None:
     assert [(d.key, d.value) for d in gone] == [("topics/w1", None)]
     assert gone[0].revision > a2.revision
     # The other store catches up (through its watch, for Kubernetes) and sees the deletion too.
-    assert _wait_for(lambda: any(d.key == "topics/w1" and d.value is None for d in watcher.changes_since(start)))
+    wait_for(
+        lambda: any(d.key == "topics/w1" and d.value is None for d in watcher.changes_since(start)),
+        10.0,
+        "the watch to see topics/w1 deleted",
+        interval=0.05,
+    )
     seen = watcher.changes_since(start)
     assert {d.key: d.value for d in seen} == {"brokers/7": {"broker_id": 7}, "topics/w1": None}
     # Polling from the last revision seen returns nothing new.
     last = max(d.revision for d in seen)
     assert watcher.changes_since(last) == []
     later = writer.compare_and_set("topics/w2", {"v": 3}, None)
-    assert _wait_for(lambda: [d.key for d in watcher.changes_since(last)] == ["topics/w2"])
+    wait_for(
+        lambda: [d.key for d in watcher.changes_since(last)] == ["topics/w2"],
+        10.0,
+        "the watch to see topics/w2 alone",
+        interval=0.05,
+    )
     assert watcher.changes_since(last)[0].revision == later.revision
     writer.close()
     watcher.close()

@@ -10,15 +10,13 @@ import itertools
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 from sluice import errors
 from sluice.client import Admin, Consumer, TopicPartition
 from sluice.testing import LocalCluster
-
-T = TypeVar("T")
+from tests.support.waiting import wait_for
 
 
 def read_topic(
@@ -66,17 +64,6 @@ def checked(cluster: LocalCluster, timeout: float = 60.0) -> Iterator[LocalClust
 
 def values(records: list[tuple[int, int, bytes | None, bytes | None]]) -> list[bytes | None]:
     return [r[3] for r in records]
-
-
-def wait_for(check: Callable[[], T | None], timeout: float = 30.0, interval: float = 0.1, what: str = "") -> T:
-    """Poll ``check`` until it returns something truthy; bounded in time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
 
 
 class OffsetMonitor:

@@ -53,9 +53,10 @@ from sluice.client import Admin, TopicPartition
 from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
 from sluice.testing.replicas import ReplicaDivergence
+from tests.support.waiting import wait_for
 
 from . import queue_workload
-from .helpers import OffsetMonitor, read_topic, wait_for
+from .helpers import OffsetMonitor, read_topic
 
 MODES = ("none", "leader", "follower", "split", "controller", "kill", "mixed")
 FAULTS = ("leader", "follower", "split", "controller", "kill")

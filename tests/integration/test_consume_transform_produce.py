@@ -11,8 +11,8 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import wait_for
 from .wire import Wire
 
 

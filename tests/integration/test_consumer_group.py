@@ -10,8 +10,7 @@ import pytest
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 HEARTBEAT_MS = 200
 

@@ -45,9 +45,9 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
+from tests.support.waiting import wait_for
 
 from . import partition_soak, queue_workload
-from .helpers import wait_for
 from .wire import Wire
 
 GID_BASE = 52000  # not NetworkPartitions' default 47000: other partition suites may run meanwhile

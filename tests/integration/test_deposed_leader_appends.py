@@ -27,8 +27,9 @@ from sluice.client import Admin
 from sluice.metadata import keys
 from sluice.metadata.store import update
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import checked, wait_for
+from .helpers import checked
 from .wire import Wire, batch_of
 
 TOPIC = "moved"

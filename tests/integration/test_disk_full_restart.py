@@ -23,8 +23,9 @@ import pytest
 from sluice import errors
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, tmpfs, values, wait_for
+from .helpers import read_topic, tmpfs, values
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs for the broker's data volume: needs root")
 

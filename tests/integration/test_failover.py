@@ -16,8 +16,9 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import OffsetMonitor, checked, read_topic, values, wait_for
+from .helpers import OffsetMonitor, checked, read_topic, values
 from .wire import Wire, batch_of
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}

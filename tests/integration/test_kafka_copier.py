@@ -35,8 +35,9 @@ from bench.kafka.fetch import ensure_jars
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, wait_for
+from .helpers import read_topic
 from .wire import Wire
 
 COPIER = "org.apache.kafka.tools.TransactionalMessageCopier"

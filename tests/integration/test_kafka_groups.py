@@ -19,8 +19,8 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Consumer, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import wait_for
 from .test_kafka_listener import ask
 from .wire import Wire
 

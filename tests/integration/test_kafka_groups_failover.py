@@ -15,8 +15,8 @@ import pytest
 
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import wait_for
 from .test_kafka_copier import coordinator_of
 from .test_kafka_groups import Member, create, kconsumer, split
 

@@ -16,8 +16,8 @@ import pytest
 
 from sluice.client import Admin
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import wait_for
 from .test_kafka_groups import create
 
 ck = pytest.importorskip("confluent_kafka")  # the dev extra installs confluent-kafka

@@ -14,8 +14,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import broker_pb2_grpc
 from sluice.client import Admin
 from sluice.testing import LocalCluster
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 
 def _channel(address: str) -> grpc.Channel:

@@ -10,8 +10,9 @@ from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, values, wait_for
+from .helpers import read_topic, values
 from .wire import Wire, batch_of
 
 

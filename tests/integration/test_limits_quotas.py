@@ -28,8 +28,7 @@ from sluice.client._network import rpc as rpcs
 from sluice.client._network.security import ClientSecurity
 from sluice.records import build_batch
 from sluice.testing import LocalCluster
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 HELD = "did not wait out its throttle time"
 

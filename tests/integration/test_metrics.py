@@ -18,8 +18,7 @@ from pathlib import Path
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster, Scrape, free_port, scrape
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 TXN_PARTITIONS = 3
 GROUP_PARTITIONS = 3

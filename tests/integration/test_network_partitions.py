@@ -38,9 +38,10 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
 from sluice.testing.partitions import NetworkPartitions
+from tests.support.waiting import wait_for
 
 from . import queue_workload
-from .helpers import OffsetMonitor, checked, read_topic, values, wait_for
+from .helpers import OffsetMonitor, checked, read_topic, values
 from .wire import Wire, batch_of
 
 CONFIG = {

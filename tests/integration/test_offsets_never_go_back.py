@@ -32,8 +32,9 @@ from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import OffsetMonitor, read_topic, values, wait_for
+from .helpers import OffsetMonitor, read_topic, values
 from .wire import Wire
 
 HOLD = {

@@ -14,8 +14,7 @@ from collections.abc import Callable
 
 from sluice.client import Admin
 from sluice.testing import LocalCluster, Scrape, scrape
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 FAILURE_TIMEOUT_MS = 1000
 

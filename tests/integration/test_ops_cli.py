@@ -20,8 +20,7 @@ import pytest
 from sluice.cli import main
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster, scrape
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 GROUP_PARTITIONS = 3
 PARTITIONS = 3

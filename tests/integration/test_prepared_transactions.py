@@ -21,8 +21,9 @@ from sluice import errors
 from sluice.cli import main as cli_main
 from sluice.client import Admin, PreparedTransaction, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, values, wait_for
+from .helpers import read_topic, values
 
 FAST_ABORT = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": "200",

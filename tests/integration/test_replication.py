@@ -10,8 +10,9 @@ from pathlib import Path
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import checked, read_topic, values, wait_for
+from .helpers import checked, read_topic, values
 from .wire import Wire, batch_of
 
 CONFIG = {"replica.lag.time.max.ms": "1500", "min.insync.replicas": "2"}

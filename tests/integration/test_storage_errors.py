@@ -27,8 +27,9 @@ from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster, scrape
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, tmpfs, values, wait_for
+from .helpers import read_topic, tmpfs, values
 from .wire import Wire, batch_of
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "3000"}

@@ -20,8 +20,7 @@ from sluice.broker.log.stray import PARTITION_COLUMN_FAMILIES, stored_partitions
 from sluice.client import Admin, Producer
 from sluice.records import RecordBatch, decode_records
 from sluice.testing import LocalCluster
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "3000"}
 OLD_TOKEN = b"OLD-DATA-OF-A-DELETED-TOPIC-9c41e7"

@@ -10,8 +10,9 @@ import pytest
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
-from .helpers import read_topic, values, wait_for
+from .helpers import read_topic, values
 
 # A first write must land before the timeout, on a loaded machine too; the abort follows soon after.
 SHORT_TIMEOUT_MS = 3000

@@ -26,8 +26,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition, tracing
 from sluice.testing import LocalCluster
-
-from .helpers import wait_for
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

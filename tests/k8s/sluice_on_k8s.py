@@ -11,6 +11,7 @@ kubeconfig. Nothing is mocked: the brokers, the operator and the API server are 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -23,7 +24,12 @@ from sluice.metadata.kubernetes import KubernetesMetadataStore, api_client
 from sluice.testing._net import SERVING, check_health, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess
 from sluice.testing.certs import broker_tls_dirs
+from tests.support import waiting
 from tests.support.k8s_env import KubeCluster
+
+# tests/support/waiting.wait_for as the Kubernetes tests use it: resources move between states, so a
+# check that raises (a resource not there yet, a broker moving) is "not yet"; the last error is reported.
+wait_for = functools.partial(waiting.wait_for, interval=0.2, tolerate=(Exception,))
 
 HOSTS = ("127.0.0.10", "127.0.0.11", "127.0.0.12")
 SELECTOR = {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "broker"}

@@ -30,7 +30,7 @@ from sluice.metadata.documents import BrokerDocument
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
-from .sluice_on_k8s import SluiceOnK8s
+from .sluice_on_k8s import SluiceOnK8s, wait_for
 
 CA_SECRET = "sluice-cluster-ca"
 BROKER_SECRET = "sluice-broker-certs"
@@ -114,16 +114,6 @@ def data_of(obj: Any) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
 
 
-def wait_for(what: str, check: Callable[[], Any], sok: SluiceOnK8s, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f} s: {what}\n{sok.logs()}")
-
-
 def reports(sok: SluiceOnK8s) -> dict[int, tuple[frozenset[str], str]]:
     docs = documents.list_documents(sok.store, keys.BROKERS, BrokerDocument)
     return {d.value.broker_id: (frozenset(d.value.tls_trusted), d.value.tls_certificate) for d in docs}
@@ -155,7 +145,7 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
 
     # 1. The Secrets, before any broker exists (the operator knows to expect three).
     created = wait_for(
-        "the certificate Secrets", lambda: secret(sok, BROKER_SECRET) and secret(sok, CA_CERT_SECRET), sok
+        lambda: secret(sok, BROKER_SECRET) and secret(sok, CA_CERT_SECRET), 90, "the certificate Secrets", logs=sok.logs
     )
     ca_data = data_of(secret(sok, CA_SECRET))
     ca0 = tls.KeyPair(ca_data["ca.crt"], ca_data["ca.key"])
@@ -181,8 +171,12 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         sok.start()
         pids = {i: p.pid for i, p in sok.brokers.items()}
         fp0 = tls.fingerprint(ca0.cert_pem)
-        wait_for("every broker to report its certificate", lambda: len(reports(sok)) == 3 and all(
-            r[0] == {fp0} for r in reports(sok).values()), sok)  # fmt: skip
+        wait_for(
+            lambda: len(reports(sok)) == 3 and all(r[0] == {fp0} for r in reports(sok).values()),
+            90,
+            "every broker to report its certificate",
+            logs=sok.logs,
+        )
         admin = Admin(bootstrap_servers=sok.bootstrap_servers)
         admin.create_topic("orders", partitions=1, replication_factor=3)
 
@@ -192,12 +186,19 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
             "broker-1.crt": base64.b64encode(short.cert_pem).decode(),
             "broker-1.key": base64.b64encode(short.key_pem).decode(),
         }})  # fmt: skip
-        renewed = wait_for("the expiring certificate renewed", lambda: (
-            (c := data_of(secret(sok, BROKER_SECRET))["broker-1.crt"]) != short.cert_pem and c), sok)  # fmt: skip
+        renewed = wait_for(
+            lambda: (c := data_of(secret(sok, BROKER_SECRET))["broker-1.crt"]) != short.cert_pem and c,
+            90,
+            "the expiring certificate renewed",
+            logs=sok.logs,
+        )
         assert tls.not_after(renewed) > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=300)
         assert tls.signed_by(renewed, ca0.cert_pem)
         wait_for(
-            "broker 1 presenting the renewed certificate", lambda: reports(sok)[1][1] == tls.fingerprint(renewed), sok
+            lambda: reports(sok)[1][1] == tls.fingerprint(renewed),
+            90,
+            "broker 1 presenting the renewed certificate",
+            logs=sok.logs,
         )
 
         # 4. A CA rotation, the kubelet slow to deliver: the operator waits in TrustNewCa.
@@ -206,13 +207,14 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         sok.core.patch_namespaced_secret(
             CA_SECRET, sok.namespace, {"metadata": {"annotations": {"sluice.dev/force-renew": "true"}}}
         )
-        wait_for("the rotation started", lambda: phase_of(sok) == (cert_rotation.TRUST_NEW_CA, 1), sok)
+        wait_for(lambda: phase_of(sok) == (cert_rotation.TRUST_NEW_CA, 1), 90, "the rotation started", logs=sok.logs)
         ca1_cert = data_of(secret(sok, CA_SECRET))["ca.crt"]
         fp1 = tls.fingerprint(ca1_cert)
         wait_for(
-            "old + new CA in the brokers' Secret",
             lambda: tls.bundle_fingerprints(data_of(secret(sok, BROKER_SECRET))["ca.crt"]) == [fp0, fp1],
-            sok,
+            90,
+            "old + new CA in the brokers' Secret",
+            logs=sok.logs,
         )
         assert "sluice.dev/force-renew" not in (secret(sok, CA_SECRET).metadata.annotations or {})
         time.sleep(3.0)
@@ -221,7 +223,12 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         # ... and is restarted meanwhile: the new process continues the same rotation.
         sok.stop_operator()
         kubelet.hold.clear()
-        wait_for("the brokers trusting old + new", lambda: all(r[0] == {fp0, fp1} for r in reports(sok).values()), sok)
+        wait_for(
+            lambda: all(r[0] == {fp0, fp1} for r in reports(sok).values()),
+            90,
+            "the brokers trusting old + new",
+            logs=sok.logs,
+        )
         assert phase_of(sok) == (cert_rotation.TRUST_NEW_CA, 1)
         sok.start_operator()
         seen: list[str] = []
@@ -232,7 +239,7 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
                 seen.append(phase[0])
             return phase == (cert_rotation.READY, 1)
 
-        wait_for("the rotation to finish", finished, sok, timeout=120)
+        wait_for(finished, 120, "the rotation to finish", logs=sok.logs)
         order = [
             cert_rotation.TRUST_NEW_CA,
             cert_rotation.REISSUE_CERTS,
@@ -248,13 +255,14 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
         for i in range(3):
             assert tls.signed_by(final[f"broker-{i}.crt"], ca1_cert)
         want = {i: (frozenset({fp1}), tls.fingerprint(final[f"broker-{i}.crt"])) for i in range(3)}
-        wait_for("the brokers trusting the new CA only", lambda: reports(sok) == want, sok)
+        wait_for(lambda: reports(sok) == want, 90, "the brokers trusting the new CA only", logs=sok.logs)
         assert {i: p.pid for i, p in sok.brokers.items()} == pids, "a broker was restarted"
         assert kubelet.error is None, kubelet.error
         wait_for(
-            "an Event for the rotation",
             lambda: any("CA rotation to generation 1 complete" in str(e.get("message")) for e in sok.events()),
-            sok,
+            90,
+            "an Event for the rotation",
+            logs=sok.logs,
         )
 
         # Replication and transactions still run, over the new certificates.
@@ -277,7 +285,7 @@ def test_operator_creates_renews_and_rotates_certificates(sok: SluiceOnK8s, tmp_
             doc = sok.topic_doc("orders") or {"partitions": [{}]}
             return sorted(doc["partitions"][0].get("isr", []))
 
-        wait_for("a whole ISR", lambda: isr() == [0, 1, 2], sok)
+        wait_for(lambda: isr() == [0, 1, 2], 90, "a whole ISR", logs=sok.logs)
         admin.close()
     finally:
         kubelet.stop.set()

@@ -30,8 +30,8 @@ from sluice.client import Admin, Consumer
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import BrokerDocument
 from tests.k8s.crds import install_crds
-from tests.k8s.sluice_on_k8s import SluiceOnK8s
-from tests.k8s.test_certificates import Kubelet, data_of, secret, wait_for
+from tests.k8s.sluice_on_k8s import SluiceOnK8s, wait_for
+from tests.k8s.test_certificates import Kubelet, data_of, secret
 from tests.k8s.test_users import can_produce
 from tests.k8s.tokens import ONE_BROKER
 from tests.support.k8s_env import KubeCluster
@@ -105,7 +105,7 @@ def mtls(k8s: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     kubelets: list[Kubelet] = []
     try:
         sok.start_operator()
-        wait_for("the operator's Secrets", lambda: all(secret(sok, name) for name in mounts), sok)
+        wait_for(lambda: all(secret(sok, name) for name in mounts), 90, "the operator's Secrets", logs=sok.logs)
         for name, directory in mounts.items():
             kubelet = Kubelet(lambda name=name: (s := secret(sok, name)) and data_of(s), {0: directory})
             kubelet.sync()
@@ -145,9 +145,9 @@ def test_the_operator_owns_a_clients_ca_apart_from_the_cluster_ca(mtls: tuple[Sl
     assert pair.common_name == "sluice-operator" and tls.signed_by(pair.cert_pem, clients_ca.cert_pem)
     # the broker reports the clients CA it loaded (what a clients CA rotation waits for)
     fp = tls.fingerprint(clients_ca.cert_pem)
-    wait_for("the broker reporting the clients CA", lambda: [
+    wait_for(lambda: [
         d.value.tls_clients_trusted for d in documents.list_documents(sok.store, keys.BROKERS, BrokerDocument)
-    ] == [(fp,)], sok)  # fmt: skip
+    ] == [(fp,)], 90, "the broker reporting the clients CA", logs=sok.logs)  # fmt: skip
 
 
 def test_a_tls_user_connects_with_its_secret_as_itself(k8s: KubeCluster, mtls: tuple[SluiceOnK8s, Path]) -> None:
@@ -155,13 +155,18 @@ def test_a_tls_user_connects_with_its_secret_as_itself(k8s: KubeCluster, mtls: t
     # The operator is a client of the mtls listener too, with its own certificate (a super user).
     sok.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "orders"},
                "spec": {"partitions": 1, "replicationFactor": 1}})  # fmt: skip
-    wait_for("Topic orders Ready", lambda: condition(sok.get("topics", "orders"), "Ready").get("status") == "True", sok)
+    wait_for(
+        lambda: condition(sok.get("topics", "orders"), "Ready").get("status") == "True",
+        90,
+        "Topic orders Ready",
+        logs=sok.logs,
+    )
     readers = {"resource": {"type": "group", "name": "alice-", "patternType": "prefixed"}, "operations": ["Read"]}
     sok.apply(user("alice", acl("topic", "orders", "Read", "Write"), readers))
     sok.apply(user("bob", acl("topic", "audit", "Read")))
     for name in ("alice", "bob"):
-        wait_for(f"{name}'s certificate", lambda name=name: condition(sok.get("sluiceusers", name),
-                 "CertificateIssued").get("status") == "True", sok)  # fmt: skip
+        wait_for(lambda name=name: condition(sok.get("sluiceusers", name),
+                 "CertificateIssued").get("status") == "True", 90, f"{name}'s certificate", logs=sok.logs)  # fmt: skip
     status = sok.get("sluiceusers", "alice")["status"]
     assert status["principal"] == "User:alice" and status["secret"] == "alice"
     assert "Secret alice (user.crt, user.key, ca.crt)" in condition(sok.get("sluiceusers", "alice"),
@@ -181,7 +186,7 @@ def test_a_tls_user_connects_with_its_secret_as_itself(k8s: KubeCluster, mtls: t
     )
 
     alice = files_of(sok, "alice", tmp / "alice")
-    wait_for("alice may produce", lambda: can_produce(alice), sok)
+    wait_for(lambda: can_produce(alice), 90, "alice may produce", logs=sok.logs)
 
     def consume(group: str) -> list[bytes | None]:
         consumer = Consumer(**alice, group_id=group, auto_offset_reset="earliest")
@@ -223,15 +228,15 @@ def test_a_renewed_certificate_keeps_working_and_the_secret_goes_with_the_user(
     sok, tmp = mtls
     ns = sok.namespace
     sok.apply(user("carol", acl("topic", "orders", "Write")))
-    wait_for("carol's certificate", lambda: secret(sok, "carol"), sok)
+    wait_for(lambda: secret(sok, "carol"), 90, "carol's certificate", logs=sok.logs)
     old = files_of(sok, "carol", tmp / "carol-old")
-    wait_for("carol may produce", lambda: can_produce(old), sok)
+    wait_for(lambda: can_produce(old), 90, "carol may produce", logs=sok.logs)
     before = data_of(secret(sok, "carol"))["user.crt"]
 
     # Renewal (here asked for by hand; due renewals and a rotated clients CA take the same path).
     k8s.kubectl("annotate", "secret", "carol", "-n", ns, "sluice.dev/force-renew=true")
-    renewed = wait_for("the renewed certificate", lambda: (c := data_of(secret(sok, "carol"))["user.crt"]) != before
-                       and c, sok)  # fmt: skip
+    renewed = wait_for(lambda: (c := data_of(secret(sok, "carol"))["user.crt"]) != before
+                       and c, 90, "the renewed certificate", logs=sok.logs)  # fmt: skip
     assert tls.KeyPair(renewed, b"").common_name == "carol"
     assert "sluice.dev/force-renew" not in (secret(sok, "carol").metadata.annotations or {})
     new = files_of(sok, "carol", tmp / "carol-new")
@@ -241,8 +246,8 @@ def test_a_renewed_certificate_keeps_working_and_the_secret_goes_with_the_user(
     # Deleting the user deletes its Secret (the operator does it; no garbage collector runs here)
     # and its ACLs.
     k8s.kubectl("delete", "sluiceuser", "carol", "-n", ns, "--timeout=30s")
-    wait_for("carol's Secret deleted", lambda: secret(sok, "carol") is None, sok)
-    wait_for("carol refused", lambda: not can_produce(new), sok)
+    wait_for(lambda: secret(sok, "carol") is None, 90, "carol's Secret deleted", logs=sok.logs)
+    wait_for(lambda: not can_produce(new), 90, "carol refused", logs=sok.logs)
 
 
 def test_bad_inputs_are_refused_with_a_clear_error_or_condition(
@@ -257,16 +262,16 @@ def test_bad_inputs_are_refused_with_a_clear_error_or_condition(
 
     # The operator's own name would be a super user's certificate.
     sok.apply(user("sluice-operator", acl("topic", "orders", "Read")))
-    wait_for("InvalidSpec", lambda: condition(sok.get("sluiceusers", "sluice-operator"), "Ready").get("reason")
-             == "InvalidSpec", sok)  # fmt: skip
+    wait_for(lambda: condition(sok.get("sluiceusers", "sluice-operator"), "Ready").get("reason")
+             == "InvalidSpec", 90, "InvalidSpec", logs=sok.logs)  # fmt: skip
     assert "cluster's own" in condition(sok.get("sluiceusers", "sluice-operator"), "Ready")["message"]
     assert secret(sok, "sluice-operator") is None
 
     # A Secret of that name that is not the user's is never overwritten.
     k8s.kubectl("create", "secret", "generic", "erin", "-n", ns, "--from-literal=password=hunter2")
     sok.apply(user("erin", acl("topic", "orders", "Read")))
-    wait_for("SecretConflict", lambda: condition(sok.get("sluiceusers", "erin"), "CertificateIssued").get("reason")
-             == "SecretConflict", sok)  # fmt: skip
+    wait_for(lambda: condition(sok.get("sluiceusers", "erin"), "CertificateIssued").get("reason")
+             == "SecretConflict", 90, "SecretConflict", logs=sok.logs)  # fmt: skip
     assert data_of(secret(sok, "erin")) == {"password": b"hunter2"}
     # its ACLs are still applied (a certificate made elsewhere may carry the name)
     assert condition(sok.get("sluiceusers", "erin"), "Ready")["status"] == "True"
@@ -282,9 +287,9 @@ def test_a_clients_ca_rotation_reissues_user_certificates_and_keeps_the_old_ones
     ns = sok.namespace
     ca_name = SECRETS["SLUICE_CLIENTS_CA_SECRET"]
     sok.apply(user("frank", acl("topic", "orders", "Write")))
-    wait_for("frank's certificate", lambda: secret(sok, "frank"), sok)
+    wait_for(lambda: secret(sok, "frank"), 90, "frank's certificate", logs=sok.logs)
     old = files_of(sok, "frank", tmp / "frank-old")
-    wait_for("frank may produce", lambda: can_produce(old), sok)
+    wait_for(lambda: can_produce(old), 90, "frank may produce", logs=sok.logs)
     ca0 = data_of(secret(sok, ca_name))["ca.crt"]
 
     k8s.kubectl("annotate", "secret", ca_name, "-n", ns, "sluice.dev/force-renew=true")
@@ -295,23 +300,31 @@ def test_a_clients_ca_rotation_reissues_user_certificates_and_keeps_the_old_ones
 
     # TrustNewCa until the broker reloaded a bundle of both; then users are re-issued by the new CA,
     # and the old CA stays trusted until it expires (clients may not have picked up their new files).
-    wait_for("phase ReissueCerts", lambda: phase() == (cert_rotation.REISSUE_CERTS, "1"), sok)
+    wait_for(lambda: phase() == (cert_rotation.REISSUE_CERTS, "1"), 90, "phase ReissueCerts", logs=sok.logs)
     ca1 = data_of(secret(sok, ca_name))["ca.crt"]
     assert tls.KeyPair(ca1, b"").common_name == "sluice-clients-ca v1"
     trusted = {tls.fingerprint(ca0), tls.fingerprint(ca1)}
     assert {d.value.broker_id: set(d.value.tls_clients_trusted)
             for d in documents.list_documents(sok.store, keys.BROKERS, BrokerDocument)} == {0: trusted}  # fmt: skip
-    reissued = wait_for("frank's certificate from the new CA", lambda: tls.signed_by(
-        c := data_of(secret(sok, "frank"))["user.crt"], ca1) and c, sok)  # fmt: skip
+    reissued = wait_for(
+        lambda: tls.signed_by(c := data_of(secret(sok, "frank"))["user.crt"], ca1) and c,
+        90,
+        "frank's certificate from the new CA",
+        logs=sok.logs,
+    )
     assert tls.KeyPair(reissued, b"").common_name == "frank"
     new = files_of(sok, "frank", tmp / "frank-new")
     assert can_produce(new)
     assert can_produce(old)
     # The operator's own certificate moved to the new CA too, and it still works the brokers.
-    wait_for("the operator's certificate from the new CA", lambda: tls.signed_by(
-        data_of(secret(sok, SECRETS["SLUICE_OPERATOR_CLIENT_SECRET"]))["tls.crt"], ca1), sok)  # fmt: skip
+    wait_for(
+        lambda: tls.signed_by(data_of(secret(sok, SECRETS["SLUICE_OPERATOR_CLIENT_SECRET"]))["tls.crt"], ca1),
+        90,
+        "the operator's certificate from the new CA",
+        logs=sok.logs,
+    )
     sok.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "after-rotation"},
                "spec": {"partitions": 1, "replicationFactor": 1}})  # fmt: skip
-    wait_for("Topic after-rotation Ready", lambda: condition(sok.get("topics", "after-rotation"), "Ready")
-             .get("status") == "True", sok)  # fmt: skip
+    wait_for(lambda: condition(sok.get("topics", "after-rotation"), "Ready")
+             .get("status") == "True", 90, "Topic after-rotation Ready", logs=sok.logs)  # fmt: skip
     assert phase() == (cert_rotation.REISSUE_CERTS, "1")  # until the old CA expires

@@ -44,8 +44,7 @@ from tests.integration.helpers import OffsetMonitor, read_topic
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
-from .sluice_on_k8s import SluiceOnK8s
-from .test_operator import wait_for
+from .sluice_on_k8s import SluiceOnK8s, wait_for
 
 GID_BASE = 52000
 OPERATOR_A_GID = GID_BASE + 998
@@ -66,7 +65,9 @@ def cut(k8s: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             k8s.kubectl("apply", "-n", namespace, "-f", str(peering))
             cluster.start({"replica.lag.time.max.ms": "10000"})
             cluster.start_operator(identity="operator-a", gid=OPERATOR_A_GID)
-            wait_for(lambda: cluster.lease_holder() == "operator-a", 60, "operator-a holding the lease", cluster)
+            wait_for(
+                lambda: cluster.lease_holder() == "operator-a", 60, "operator-a holding the lease", logs=cluster.logs
+            )
             cluster.start_second_operator("operator-b", gid=OPERATOR_B_GID)
             yield cluster, net
         finally:
@@ -89,7 +90,9 @@ class Workload:
         self.topic = topic
         with Admin(sluice.bootstrap_servers) as admin:
             admin.create_topic(topic, partitions=queue_workload.PARTITIONS, replication_factor=3)
-        wait_for(lambda: all(leader >= 0 for leader in sluice.leaders(topic)), 60, f"leaders of {topic}", sluice)
+        wait_for(
+            lambda: all(leader >= 0 for leader in sluice.leaders(topic)), 60, f"leaders of {topic}", logs=sluice.logs
+        )
         self.tps = [TopicPartition(topic, p) for p in range(queue_workload.PARTITIONS)]
         self.workers = queue_workload.workers(sluice.bootstrap_servers, topic, 3, seed=seed, max_seconds=300)
         self.reader = queue_workload.LiveReader(sluice.bootstrap_servers, topic)
@@ -103,7 +106,7 @@ class Workload:
         for w in self.workers:
             w.start()
         self.reader.start()
-        wait_for(lambda: self.committed() >= 3, 90, "commits before the fault", self.sluice)
+        wait_for(lambda: self.committed() >= 3, 90, "commits before the fault", logs=self.sluice.logs)
         time.sleep(3.0)
 
     def whole(self) -> None:
@@ -113,9 +116,9 @@ class Workload:
             doc = self.sluice.topic_doc(self.topic) or {}
             return all(p["leader"] >= 0 and len(p["isr"]) == 3 for p in doc.get("partitions", []))
 
-        wait_for(isr_whole, 120, f"every ISR of {self.topic} whole", self.sluice)
+        wait_for(isr_whole, 120, f"every ISR of {self.topic} whole", logs=self.sluice.logs)
         before = self.committed()
-        wait_for(lambda: self.committed() > before + 3, 90, "commits after the fault", self.sluice)
+        wait_for(lambda: self.committed() > before + 3, 90, "commits after the fault", logs=self.sluice.logs)
 
     def finish(self, what: str) -> queue_workload.Verdict:
         for w in self.workers:
@@ -204,7 +207,12 @@ def _cut_brokers(sluice: SluiceOnK8s, net: NetworkPartitions, brokers: list[int]
 
 def test_a_leader_cut_from_the_api_server(cut: tuple[SluiceOnK8s, NetworkPartitions]) -> None:
     sluice, net = cut
-    wait_for(lambda: all(leader >= 0 for leader in sluice.leaders("__transaction_state")), 60, "coordinators", sluice)
+    wait_for(
+        lambda: all(leader >= 0 for leader in sluice.leaders("__transaction_state")),
+        60,
+        "coordinators",
+        logs=sluice.logs,
+    )
     victim = 0
     _cut_brokers(sluice, net, [victim], "one")
     assert sluice.brokers[victim].is_alive()  # it was never restarted for it
@@ -220,7 +228,7 @@ def test_the_operator_cut_and_its_lease_lost_mid_failover(cut: tuple[SluiceOnK8s
     sluice, net = cut
     assert sluice.operator is not None
     operator_a_log = sluice.workdir / "operator.log"
-    wait_for(lambda: sluice.lease_holder() == "operator-a", 30, "operator-a holding the lease", sluice)
+    wait_for(lambda: sluice.lease_holder() == "operator-a", 30, "operator-a holding the lease", logs=sluice.logs)
     work = Workload(sluice, "queue-lease", seed=7)
     work.start()
     controller_epoch = int((sluice.store.get(keys.CONTROLLER).value or {}).get("epoch", 0))  # type: ignore[union-attr]
@@ -233,9 +241,11 @@ def test_the_operator_cut_and_its_lease_lost_mid_failover(cut: tuple[SluiceOnK8s
     net.cut_port(OPERATOR_A_GID, api_port(sluice.k8s))
     cut_at = time.monotonic()
     print(f"\nbroker {victim} killed and NotReady; operator-a cut from the API server")
-    wait_for(lambda: sluice.lease_holder() == "operator-b", 60, "operator-b taking the lease", sluice)
+    wait_for(lambda: sluice.lease_holder() == "operator-b", 60, "operator-b taking the lease", logs=sluice.logs)
     took_s = time.monotonic() - cut_at
-    wait_for(lambda: leader_of(sluice, work.topic, 0) not in (-1, victim), 60, "the failover by operator-b", sluice)
+    wait_for(
+        lambda: leader_of(sluice, work.topic, 0) not in (-1, victim), 60, "the failover by operator-b", logs=sluice.logs
+    )
     print(f"operator-b took the lease {took_s:.1f} s after the cut and finished the failover")
     epoch_b = int((sluice.store.get(keys.CONTROLLER).value or {}).get("epoch", 0))  # type: ignore[union-attr]
     assert epoch_b > controller_epoch
@@ -252,7 +262,7 @@ def test_the_operator_cut_and_its_lease_lost_mid_failover(cut: tuple[SluiceOnK8s
         ),
         60,
         "operator-a standing down",
-        sluice,
+        logs=sluice.logs,
     )
     time.sleep(3.0)
     assert sluice.lease_holder() == "operator-b"

@@ -16,9 +16,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -27,25 +27,9 @@ from sluice.client import Admin, Consumer, Producer, TopicPartition
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
-from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s
+from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s, wait_for
 
-T = TypeVar("T")
 V1 = "sluice.dev/v1alpha1"
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, cluster: SluiceOnK8s | None = None) -> T:
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # a resource not there yet, a broker moving
-            last_error = exc
-        time.sleep(0.2)
-    logs = cluster.logs() if cluster is not None else ""
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last_error})\n{logs}")
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -105,7 +89,7 @@ def test_topics_become_real_topics_with_status(sluice: SluiceOnK8s) -> None:
         current = obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
         return obj if current and condition(obj, "Ready").get("status") == "True" else None
 
-    obj = wait_for(ready, 60, "Topic orders Ready", sluice)
+    obj = wait_for(ready, 60, "Topic orders Ready", logs=sluice.logs)
     status = obj["status"]
     assert status["observedGeneration"] == obj["metadata"]["generation"]
     assert [p["partition"] for p in status["partitions"]] == [0, 1, 2]
@@ -138,12 +122,16 @@ def test_topics_become_real_topics_with_status(sluice: SluiceOnK8s) -> None:
 
     # Grow it, change its config: the real topic follows.
     sluice.apply(topic("orders", partitions=5, replicationFactor=3, config={"retention.ms": "7200000"}))
-    wait_for(lambda: len(sluice.leaders("orders")) == 5, 30, "orders grown to 5 partitions", sluice)
-    wait_for(lambda: len(sluice.get("topics", "orders")["status"]["partitions"]) == 5, 30, "status rows", sluice)
+    wait_for(lambda: len(sluice.leaders("orders")) == 5, 30, "orders grown to 5 partitions", logs=sluice.logs)
+    wait_for(
+        lambda: len(sluice.get("topics", "orders")["status"]["partitions"]) == 5, 30, "status rows", logs=sluice.logs
+    )
     wait_for(
         lambda: (sluice.topic_doc("orders") or {}).get("config", {}).get("retention.ms") == "7200000",
-        30, "the new retention.ms", sluice,
-    )  # fmt: skip
+        30,
+        "the new retention.ms",
+        logs=sluice.logs,
+    )
 
 
 def test_what_the_operator_cannot_do_is_reported_as_conditions(sluice: SluiceOnK8s) -> None:
@@ -151,8 +139,10 @@ def test_what_the_operator_cannot_do_is_reported_as_conditions(sluice: SluiceOnK
     sluice.apply(topic("too-wide", partitions=1, replicationFactor=4))
     obj = wait_for(
         lambda: (o := sluice.get("topics", "too-wide")) and condition(o, "Ready").get("reason") and o,
-        30, "a verdict on too-wide", sluice,
-    )  # fmt: skip
+        30,
+        "a verdict on too-wide",
+        logs=sluice.logs,
+    )
     ready = condition(obj, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidReplicationFactor"), ready
     assert "exceeds the 3 broker(s)" in ready["message"]
@@ -161,38 +151,52 @@ def test_what_the_operator_cannot_do_is_reported_as_conditions(sluice: SluiceOnK
     sluice.apply(topic("orders", partitions=5, replicationFactor=2, config={"retention.ms": "7200000"}))
     obj = wait_for(
         lambda: (o := sluice.get("topics", "orders")) and condition(o, "NotSupported").get("status") == "True" and o,
-        30, "NotSupported on orders", sluice,
-    )  # fmt: skip
+        30,
+        "NotSupported on orders",
+        logs=sluice.logs,
+    )
     assert "replication factor is not supported" in condition(obj, "NotSupported")["message"]
     assert (sluice.topic_doc("orders") or {})["replication_factor"] == 3
     sluice.apply(topic("orders", partitions=5, replicationFactor=3, config={"retention.ms": "7200000"}))
     wait_for(
         lambda: condition(sluice.get("topics", "orders"), "NotSupported").get("status") == "False",
-        30, "NotSupported cleared", sluice,
-    )  # fmt: skip
+        30,
+        "NotSupported cleared",
+        logs=sluice.logs,
+    )
     # A config the brokers refuse.
     sluice.apply(topic("bad-config", partitions=1, replicationFactor=1, config={"no.such.setting": "1"}))
     obj = wait_for(
         lambda: (o := sluice.get("topics", "bad-config")) and condition(o, "Ready").get("reason") and o,
-        30, "a verdict on bad-config", sluice,
-    )  # fmt: skip
+        30,
+        "a verdict on bad-config",
+        logs=sluice.logs,
+    )
     assert condition(obj, "Ready")["status"] == "False" and "no.such.setting" in condition(obj, "Ready")["message"]
 
 
 def test_pause_and_delete(sluice: SluiceOnK8s) -> None:
     sluice.apply(topic("paused", partitions=1, replicationFactor=3))
-    wait_for(lambda: len(sluice.leaders("paused")) == 1, 30, "topic paused created", sluice)
+    wait_for(lambda: len(sluice.leaders("paused")) == 1, 30, "topic paused created", logs=sluice.logs)
     sluice.k8s.kubectl("annotate", "topic", "paused", "-n", sluice.namespace, "sluice.dev/paused=true")
     sluice.k8s.kubectl(
         "patch", "topic", "paused", "-n", sluice.namespace, "--type=merge", "-p", '{"spec":{"partitions":4}}'
     )
-    wait_for(lambda: condition(sluice.get("topics", "paused"), "Paused").get("status") == "True", 30, "Paused", sluice)
+    wait_for(
+        lambda: condition(sluice.get("topics", "paused"), "Paused").get("status") == "True",
+        30,
+        "Paused",
+        logs=sluice.logs,
+    )
     time.sleep(4)  # longer than a reconcile interval (3 s): still nothing may change
     assert len(sluice.leaders("paused")) == 1
     sluice.k8s.kubectl("annotate", "topic", "paused", "-n", sluice.namespace, "sluice.dev/paused-")
-    wait_for(lambda: len(sluice.leaders("paused")) == 4, 30, "the topic grown once unpaused", sluice)
+    wait_for(lambda: len(sluice.leaders("paused")) == 4, 30, "the topic grown once unpaused", logs=sluice.logs)
     wait_for(
-        lambda: condition(sluice.get("topics", "paused"), "Paused").get("status") == "False", 30, "unpaused", sluice
+        lambda: condition(sluice.get("topics", "paused"), "Paused").get("status") == "False",
+        30,
+        "unpaused",
+        logs=sluice.logs,
     )
 
     sluice.k8s.kubectl("delete", "topic", "paused", "-n", sluice.namespace, "--wait=true", "--timeout=60s")
@@ -212,8 +216,12 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
     rogue.close()
 
     sluice.apply(txn_id("app-1", transactionTimeoutMs=4000))
-    wait_for(lambda: condition(sluice.get("transactionalids", "app-1"), "Ready").get("status") == "True", 30,
-             "app-1 declared", sluice)  # fmt: skip
+    wait_for(
+        lambda: condition(sluice.get("transactionalids", "app-1"), "Ready").get("status") == "True",
+        30,
+        "app-1 declared",
+        logs=sluice.logs,
+    )
     producer = Producer(sluice.bootstrap_servers, transactional_id="app-1", transaction_timeout_ms=60_000)
     producer.init_transactions(timeout=30)
     producer.begin_transaction()
@@ -223,10 +231,13 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
     with Admin(sluice.bootstrap_servers) as admin:
         truth = admin.describe_transactions(["app-1"])[0]
     obj = wait_for(
-        lambda: (o := sluice.get("transactionalids", "app-1"))
-        and (o.get("status") or {}).get("state") == "Ongoing" and o,
-        30, "status Ongoing", sluice,
-    )  # fmt: skip
+        lambda: (
+            (o := sluice.get("transactionalids", "app-1")) and (o.get("status") or {}).get("state") == "Ongoing" and o
+        ),
+        30,
+        "status Ongoing",
+        logs=sluice.logs,
+    )
     st = obj["status"]
     assert (st["producerId"], st["producerEpoch"], st["coordinator"]) == (
         truth.producer_id,
@@ -240,7 +251,7 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
         o = sluice.get("transactionalids", "app-1")
         return o if condition(o, "Hanging").get("status") == "True" else None
 
-    obj = wait_for(hanging, 30, "Hanging", sluice)
+    obj = wait_for(hanging, 30, "Hanging", logs=sluice.logs)
     assert condition(obj, "Hanging")["reason"] == "TransactionTimedOut"
     row = sluice.k8s.kubectl("get", "transactionalids", "-n", sluice.namespace).stdout.splitlines()
     assert row[1].split()[:5] == ["app-1", "Ongoing", str(truth.producer_id), str(truth.producer_epoch),
@@ -250,20 +261,30 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
     sluice.k8s.kubectl("patch", "transactionalid", "app-1", "-n", sluice.namespace, "--type=merge",
                        "-p", '{"spec":{"operation":{"type":"fence","requestId":"1"}}}')  # fmt: skip
     obj = wait_for(
-        lambda: (o := sluice.get("transactionalids", "app-1"))
-        and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "1" and o,
-        30, "the fence operation", sluice,
-    )  # fmt: skip
+        lambda: (
+            (o := sluice.get("transactionalids", "app-1"))
+            and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "1"
+            and o
+        ),
+        30,
+        "the fence operation",
+        logs=sluice.logs,
+    )
     assert obj["status"]["lastOperation"]["result"] == "Succeeded", obj["status"]["lastOperation"]
     with pytest.raises((errors.ProducerFencedError, errors.InvalidProducerEpochError)):
         producer.send("orders", value=b"after-fence", partition=1)
         producer.commit_transaction(timeout=30)
     producer.close()
     obj = wait_for(
-        lambda: (o := sluice.get("transactionalids", "app-1"))
-        and (o.get("status") or {}).get("state") in ("CompleteAbort", "Empty") and o,
-        30, "the transaction aborted", sluice,
-    )  # fmt: skip
+        lambda: (
+            (o := sluice.get("transactionalids", "app-1"))
+            and (o.get("status") or {}).get("state") in ("CompleteAbort", "Empty")
+            and o
+        ),
+        30,
+        "the transaction aborted",
+        logs=sluice.logs,
+    )
     assert obj["status"]["producerEpoch"] > truth.producer_epoch
     assert condition(obj, "Hanging")["status"] == "False"
     consumer = Consumer(sluice.bootstrap_servers, group_id=None, isolation_level="read_committed")
@@ -285,37 +306,55 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
     sluice.k8s.kubectl("patch", "transactionalid", "app-1", "-n", sluice.namespace, "--type=merge",
                        "-p", '{"spec":{"operation":{"type":"abort","requestId":"2"}}}')  # fmt: skip
     obj = wait_for(
-        lambda: (o := sluice.get("transactionalids", "app-1"))
-        and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "2" and o,
-        30, "the abort operation", sluice,
-    )  # fmt: skip
+        lambda: (
+            (o := sluice.get("transactionalids", "app-1"))
+            and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "2"
+            and o
+        ),
+        30,
+        "the abort operation",
+        logs=sluice.logs,
+    )
     assert "no open transaction" in obj["status"]["lastOperation"]["message"]
 
 
 def test_abort_through_the_resource_aborts_a_live_transaction(sluice: SluiceOnK8s) -> None:
     sluice.apply(txn_id("app-2"))
-    wait_for(lambda: condition(sluice.get("transactionalids", "app-2"), "Ready").get("status") == "True", 30,
-             "app-2 declared", sluice)  # fmt: skip
+    wait_for(
+        lambda: condition(sluice.get("transactionalids", "app-2"), "Ready").get("status") == "True",
+        30,
+        "app-2 declared",
+        logs=sluice.logs,
+    )
     producer = Producer(sluice.bootstrap_servers, transactional_id="app-2")
     producer.init_transactions(timeout=30)
     producer.begin_transaction()
     producer.send("orders", value=b"to-abort", partition=2)
     producer.flush()
-    wait_for(lambda: sluice.get("transactionalids", "app-2")["status"]["state"] == "Ongoing", 30, "Ongoing", sluice)
+    wait_for(
+        lambda: sluice.get("transactionalids", "app-2")["status"]["state"] == "Ongoing", 30, "Ongoing", logs=sluice.logs
+    )
     sluice.k8s.kubectl("patch", "transactionalid", "app-2", "-n", sluice.namespace, "--type=merge",
                        "-p", '{"spec":{"operation":{"type":"abort","requestId":"a"}}}')  # fmt: skip
     obj = wait_for(
-        lambda: (o := sluice.get("transactionalids", "app-2"))
-        and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "a" and o,
-        30, "the abort operation", sluice,
-    )  # fmt: skip
+        lambda: (
+            (o := sluice.get("transactionalids", "app-2"))
+            and ((o.get("status") or {}).get("lastOperation") or {}).get("requestId") == "a"
+            and o
+        ),
+        30,
+        "the abort operation",
+        logs=sluice.logs,
+    )
     assert obj["status"]["lastOperation"]["result"] == "Succeeded"
     assert "aborted the open transaction (partitions orders-2)" in obj["status"]["lastOperation"]["message"]
     with pytest.raises((errors.ProducerFencedError, errors.InvalidProducerEpochError)):
         producer.commit_transaction(timeout=30)
     producer.close()
     # The abort bumps the epoch (fencing the producer) and leaves the id Empty, as Kafka's fenceProducers.
-    wait_for(lambda: sluice.get("transactionalids", "app-2")["status"]["state"] == "Empty", 30, "aborted", sluice)
+    wait_for(
+        lambda: sluice.get("transactionalids", "app-2")["status"]["state"] == "Empty", 30, "aborted", logs=sluice.logs
+    )
     assert b"to-abort" not in read_committed(sluice, "orders", 5)
 
 
@@ -391,11 +430,15 @@ def seed(sluice: SluiceOnK8s, tag: str) -> list[bytes]:
     for i in range(2):
         sluice.apply(txn_id(f"copier-{tag}-{i}"))
     for name in (f"in-{tag}", f"out-{tag}"):
-        wait_for(lambda n=name: condition(sluice.get("topics", n), "Ready").get("status") == "True", 60,
-                 f"Topic {name} Ready", sluice)  # fmt: skip
+        wait_for(
+            lambda n=name: condition(sluice.get("topics", n), "Ready").get("status") == "True",
+            60,
+            f"Topic {name} Ready",
+            logs=sluice.logs,
+        )
     for i in range(2):
         wait_for(lambda i=i: condition(sluice.get("transactionalids", f"copier-{tag}-{i}"), "Ready").get("status")
-                 == "True", 30, "copier ids declared", sluice)  # fmt: skip
+                 == "True", 30, "copier ids declared", logs=sluice.logs)  # fmt: skip
     producer = Producer(sluice.bootstrap_servers, acks="all", linger_ms=5)
     sent = []
     for i in range(MESSAGES):
@@ -429,7 +472,7 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
     sent = seed(sluice, tag)
     copiers = Copiers(sluice, tag)
     copiers.start()
-    wait_for(lambda: copiers.progress() >= 4, 120, "the copiers' first commits", sluice)
+    wait_for(lambda: copiers.progress() >= 4, 120, "the copiers' first commits", logs=sluice.logs)
 
     # The victim: the coordinator of copier 0's transactional id, so the coordinator must move too.
     with Admin(sluice.bootstrap_servers) as admin:
@@ -442,7 +485,7 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
         sluice.set_ready(victim, False)
     else:
         sluice.delete_pod(victim)
-    wait_for(lambda: not led_by(sluice, victim), 60, f"broker {victim}'s leaderships moving", sluice)
+    wait_for(lambda: not led_by(sluice, victim), 60, f"broker {victim}'s leaderships moving", logs=sluice.logs)
     failover_s = time.monotonic() - killed_at
     print(f"\nfailover ({how}): every leadership of broker {victim} moved {failover_s:.2f} s after the kill "
           f"(pod grace period 2 s; {sum(len(v) for v in before.values())} partitions)")  # fmt: skip
@@ -457,7 +500,7 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
             and all(victim not in r["isr"] for r in rows)
         )
 
-    wait_for(statuses_moved, 30, "statuses to show the new leaders", sluice)
+    wait_for(statuses_moved, 30, "statuses to show the new leaders", logs=sluice.logs)
     events = sluice.events()
     moved = [
         e for e in events if e.get("reason") == "LeaderElected" and f"broker {victim} dead" in e.get("message", "")
@@ -472,7 +515,7 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
     sluice.restart(victim)
     sluice.set_ready(victim, True)
     back_at = time.monotonic()
-    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", sluice)
+    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", logs=sluice.logs)
     print(f"preferred leaders back {time.monotonic() - back_at:.2f} s after broker {victim} was Ready again")
     assert led_by(sluice, victim).keys() >= {"__transaction_state"}
 
@@ -506,36 +549,45 @@ def test_with_the_operator_stopped_the_cluster_works_and_it_catches_up(sluice: S
     assert sluice.topic_doc("late") is None and len(sluice.leaders("orders")) == 5 and led_by(sluice, victim)
 
     sluice.start_operator()
-    wait_for(lambda: condition(sluice.get("topics", "late"), "Ready").get("status") == "True", 60, "late Ready", sluice)
-    wait_for(lambda: len(sluice.leaders("orders")) == 6, 60, "orders grown to 6", sluice)
-    wait_for(lambda: not led_by(sluice, victim), 60, "leaderships of the broker that died meanwhile", sluice)
+    wait_for(
+        lambda: condition(sluice.get("topics", "late"), "Ready").get("status") == "True",
+        60,
+        "late Ready",
+        logs=sluice.logs,
+    )
+    wait_for(lambda: len(sluice.leaders("orders")) == 6, 60, "orders grown to 6", logs=sluice.logs)
+    wait_for(lambda: not led_by(sluice, victim), 60, "leaderships of the broker that died meanwhile", logs=sluice.logs)
     sluice.restart(victim)
     sluice.set_ready(victim, True)
-    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", sluice)
+    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", logs=sluice.logs)
     json.dumps(sluice.get("topics", "late"))  # the status is plain JSON
 
 
 def test_two_operator_replicas_one_controller_and_a_takeover(sluice: SluiceOnK8s) -> None:
     """Two replicas: Kopf peering pairs them, one Lease holder runs the controller, the other takes over."""
     assert sluice.operator is not None
-    wait_for(lambda: sluice.lease_holder() == "operator-a", 30, "operator-a holding the lease", sluice)
+    wait_for(lambda: sluice.lease_holder() == "operator-a", 30, "operator-a holding the lease", logs=sluice.logs)
     second = sluice.start_second_operator("operator-b")
     wait_for(
-        lambda: len(sluice.k8s.kubectl_json("get", "kopfpeering", "sluice", "-n", sluice.namespace).get("status") or {})
-        >= 2,
-        30, "both replicas in the KopfPeering", sluice,
-    )  # fmt: skip
+        lambda: (
+            len(sluice.k8s.kubectl_json("get", "kopfpeering", "sluice", "-n", sluice.namespace).get("status") or {})
+            >= 2
+        ),
+        30,
+        "both replicas in the KopfPeering",
+        logs=sluice.logs,
+    )
     time.sleep(3)
     assert sluice.lease_holder() == "operator-a"  # the second one waits
 
     # The active replica dies hard: the other takes the lease and handles the next broker failure.
     sluice.operator.kill()
-    wait_for(lambda: sluice.lease_holder() == "operator-b", 30, "operator-b taking over the lease", sluice)
+    wait_for(lambda: sluice.lease_holder() == "operator-b", 30, "operator-b taking over the lease", logs=sluice.logs)
     victim = 1
     sluice.kill(victim)
     sluice.set_ready(victim, False)
-    wait_for(lambda: not led_by(sluice, victim), 60, "failover by the second replica", sluice)
+    wait_for(lambda: not led_by(sluice, victim), 60, "failover by the second replica", logs=sluice.logs)
     assert "is the active controller" in second.log_path.read_text()
     sluice.restart(victim)
     sluice.set_ready(victim, True)
-    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", sluice)
+    wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", logs=sluice.logs)

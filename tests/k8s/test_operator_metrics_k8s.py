@@ -20,8 +20,8 @@ from sluice.testing import Scrape, free_port, scrape
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
-from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s
-from .test_operator import V1, condition, topic, wait_for
+from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s, wait_for
+from .test_operator import V1, condition, topic
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_the_operator_counts_reconciliations_drift_repairs_and_leaders(metered: 
         lambda: condition(sluice.get("topics", "metered"), "Ready").get("status") == "True",
         60,
         "Topic metered Ready",
-        sluice,
+        logs=sluice.logs,
     )
 
     def counted(m: Scrape) -> bool:
@@ -67,7 +67,10 @@ def test_the_operator_counts_reconciliations_drift_repairs_and_leaders(metered: 
         )
 
     m = wait_for(
-        lambda: (lambda s: s if counted(s) else None)(scrape(url)), 90, "Topic and Coordinator reconciliations", sluice
+        lambda: (lambda s: s if counted(s) else None)(scrape(url)),
+        90,
+        "Topic and Coordinator reconciliations",
+        logs=sluice.logs,
     )
     assert m.total("sluice_operator_reconcile_duration_seconds_count", kind="Topic") >= 1
     assert m.total("sluice_operator_reconciliations_total", kind="Coordinator", result="success") >= 1
@@ -81,9 +84,9 @@ def test_the_operator_counts_reconciliations_drift_repairs_and_leaders(metered: 
         lambda: scrape(url).value("sluice_operator_drift_repairs_total", kind="Topic", repair="created") == 1,
         60,
         "the drift repair counted",
-        sluice,
+        logs=sluice.logs,
     )
-    wait_for(lambda: len(sluice.leaders("metered")) == 2, 30, "topic metered back", sluice)
+    wait_for(lambda: len(sluice.leaders("metered")) == 2, 30, "topic metered back", logs=sluice.logs)
 
     # the active controller's view: every partition led, by the three brokers
     def leaders_add_up() -> bool:
@@ -96,4 +99,4 @@ def test_the_operator_counts_reconciliations_drift_repairs_and_leaders(metered: 
             and m.total("sluice_operator_reconciliations_total", kind="Leadership", result="success") > 0
         )
 
-    wait_for(leaders_add_up, 60, "the controller's leaders per broker", sluice)
+    wait_for(leaders_add_up, 60, "the controller's leaders per broker", logs=sluice.logs)

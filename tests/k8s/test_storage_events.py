@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -27,26 +27,11 @@ from sluice.client import Consumer, Producer, TopicPartition
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
-from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s
+from .sluice_on_k8s import INTERNAL_PARTITIONS, SluiceOnK8s, wait_for
 
-T = TypeVar("T")
 V1 = "sluice.dev/v1alpha1"
 FULL = 2
 PARTITIONS = 3
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, cluster: SluiceOnK8s) -> T:
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # a broker moving, a resource not there yet
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last})\n{cluster.logs()}")
 
 
 def fill(path: Path) -> None:
@@ -99,7 +84,7 @@ def pod_events(cluster: SluiceOnK8s, reason: str) -> list[dict[str, Any]]:
 def test_a_full_disk_is_fenced_by_the_operator_with_an_event_on_the_pod(sluice: SluiceOnK8s) -> None:
     sluice.apply({"apiVersion": V1, "kind": "Topic", "metadata": {"name": "disk"},
                   "spec": {"partitions": PARTITIONS, "replicationFactor": 3}})  # fmt: skip
-    wait_for(lambda: len(sluice.leaders("disk")) == PARTITIONS, 60, "the topic", sluice)
+    wait_for(lambda: len(sluice.leaders("disk")) == PARTITIONS, 60, "the topic", logs=sluice.logs)
     producer = Producer(sluice.bootstrap_servers, acks="all", linger_ms=2)
     acked: list[bytes] = []
 
@@ -120,26 +105,26 @@ def test_a_full_disk_is_fenced_by_the_operator_with_an_event_on_the_pod(sluice: 
         doc = sluice.topic_doc("disk") or {}
         return all(p["leader"] != FULL and FULL not in p["isr"] for p in doc.get("partitions", [])) and bool(doc)
 
-    wait_for(fenced, 60, "leadership and ISR membership off broker 2", sluice)
+    wait_for(fenced, 60, "leadership and ISR membership off broker 2", logs=sluice.logs)
     broker_doc = sluice.store.get(f"brokers/{FULL}")
     assert broker_doc is not None and broker_doc.value is not None
     assert "No space left on device" in broker_doc.value.get("log_dir_failure", "")
-    offline = wait_for(lambda: pod_events(sluice, "LogDirOffline"), 30, "the LogDirOffline Event", sluice)
+    offline = wait_for(lambda: pod_events(sluice, "LogDirOffline"), 30, "the LogDirOffline Event", logs=sluice.logs)
     assert offline[0]["type"] == "Warning" and "log directory is offline" in offline[0]["message"]
-    low = wait_for(lambda: pod_events(sluice, "LogDirLowSpace"), 30, "the LogDirLowSpace Event", sluice)
+    low = wait_for(lambda: pod_events(sluice, "LogDirLowSpace"), 30, "the LogDirLowSpace Event", logs=sluice.logs)
     assert low[0]["type"] == "Warning" and "MiB free of" in low[0]["message"]
     write(100)  # the two others go on
 
     assert sluice.brokers[FULL].stop(timeout=60) == 0, sluice.brokers[FULL].log_tail()
     (sluice.workdir / f"broker-{FULL}" / "filler").unlink()
     sluice.restart(FULL)
-    wait_for(lambda: pod_events(sluice, "LogDirOnline"), 60, "the LogDirOnline Event", sluice)
-    wait_for(lambda: pod_events(sluice, "LogDirSpaceOk"), 60, "the LogDirSpaceOk Event", sluice)
+    wait_for(lambda: pod_events(sluice, "LogDirOnline"), 60, "the LogDirOnline Event", logs=sluice.logs)
+    wait_for(lambda: pod_events(sluice, "LogDirSpaceOk"), 60, "the LogDirSpaceOk Event", logs=sluice.logs)
     wait_for(
         lambda: all(FULL in p["isr"] for p in (sluice.topic_doc("disk") or {}).get("partitions", [])),
         90,
         "broker 2 back in every ISR",
-        sluice,
+        logs=sluice.logs,
     )
     producer.close()
 

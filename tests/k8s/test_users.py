@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from sluice.client import (
 )
 from sluice.metadata import acl_store
 from tests.k8s.crds import install_crds
-from tests.k8s.sluice_on_k8s import SluiceOnK8s
+from tests.k8s.sluice_on_k8s import SluiceOnK8s, wait_for
 from tests.k8s.tokens import request_token, start_token_cluster, write_token
 from tests.support.k8s_env import KubeCluster
 
@@ -57,14 +56,6 @@ def user(name: str, account: str | None, *acls: dict[str, Any]) -> dict[str, Any
 
 def topic_acl(name: str, *ops: str, **extra: Any) -> dict[str, Any]:
     return {"resource": {"type": "topic", "name": name}, "operations": list(ops), **extra}
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0, logs: Callable[[], str] = str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # bounded by the deadline
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{logs()}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -147,8 +138,12 @@ def test_a_sluice_user_is_reconciled_into_acls_the_broker_enforces(
     # The operator is a client of the token listener too: it creates the topic as a super user.
     cluster.apply({"apiVersion": "sluice.dev/v1alpha1", "kind": "Topic", "metadata": {"name": "orders"},
                    "spec": {"partitions": 1, "replicationFactor": 1}})  # fmt: skip
-    wait_for("Topic orders Ready", lambda: condition(cluster.get("topics", "orders"), "Ready").get("status") == "True",
-             logs=cluster.logs)  # fmt: skip
+    wait_for(
+        lambda: condition(cluster.get("topics", "orders"), "Ready").get("status") == "True",
+        60,
+        "Topic orders Ready",
+        logs=cluster.logs,
+    )
     assert not can_produce(app)
 
     # An ACL made by hand for the same principal, which no SluiceUser owns.
@@ -161,25 +156,25 @@ def test_a_sluice_user_is_reconciled_into_acls_the_broker_enforces(
     def app_ready() -> bool:
         return condition(cluster.get("sluiceusers", "app"), "Ready").get("status") == "True"
 
-    wait_for("SluiceUser app Ready", app_ready, logs=cluster.logs)
+    wait_for(app_ready, 60, "SluiceUser app Ready", logs=cluster.logs)
     status = cluster.get("sluiceusers", "app")["status"]
     assert status["principal"] == f"ServiceAccount:{ns}:app" and status["acls"] == 2
     assert not cluster.get("sluiceusers", "app")["metadata"].get("finalizers")  # nothing holds its deletion
-    wait_for("the app may produce", lambda: can_produce(app), logs=cluster.logs)
+    wait_for(lambda: can_produce(app), 60, "the app may produce", logs=cluster.logs)
 
     # A spec change is a diff: Write on orders dropped, the other ACL kept (not rewritten).
     kept = next(d for d in cluster.store.list("acls/") if d.value and d.value.get("name") == "audit"
                 and d.value.get("owner") == f"{ns}/app")  # fmt: skip
     cluster.apply(user("app", "app", topic_acl("audit", "Describe")))
-    wait_for("the Write ACL removed", lambda: not can_produce(app), logs=cluster.logs)
+    wait_for(lambda: not can_produce(app), 60, "the Write ACL removed", logs=cluster.logs)
     again = cluster.store.get(kept.key)
     assert again is not None and again.version == kept.version
     assert {(b.name, b.operation) for b in owned_acls(cluster, f"{ns}/app")} == {("audit", AclOperation.DESCRIBE)}
 
     cluster.apply(user("app", "app", topic_acl("orders", "Write")))
-    wait_for("the app may produce again", lambda: can_produce(app), logs=cluster.logs)
+    wait_for(lambda: can_produce(app), 60, "the app may produce again", logs=cluster.logs)
     k8s.kubectl("delete", "sluiceuser", "app", "-n", ns, "--timeout=30s")  # returns at once: no finalizer
-    wait_for("the app refused after the SluiceUser is gone", lambda: not can_produce(app), logs=cluster.logs)
+    wait_for(lambda: not can_produce(app), 60, "the app refused after the SluiceUser is gone", logs=cluster.logs)
     assert owned_acls(cluster, f"{ns}/app") == []
     assert by_hand in acl_store.list_acls(cluster.store)  # made by hand: left alone
     with Admin(**client_kwargs(cluster, ca_file, tokens["sluice-operator"])) as admin:
@@ -211,8 +206,8 @@ def test_invalid_users_are_refused_by_the_api_server_or_get_a_clear_condition(
         assert message in result.stderr, result.stderr
     # The certificate's CN would be a broker's: only the operator knows that rule.
     cluster.apply(user("sluice-broker-0", None, topic_acl("t", "Read")))
-    wait_for("InvalidSpec", lambda: condition(cluster.get("sluiceusers", "sluice-broker-0"), "Ready").get("reason")
-             == "InvalidSpec", logs=cluster.logs)  # fmt: skip
+    wait_for(lambda: condition(cluster.get("sluiceusers", "sluice-broker-0"), "Ready").get("reason")
+             == "InvalidSpec", 60, "InvalidSpec", logs=cluster.logs)  # fmt: skip
     ready = condition(cluster.get("sluiceusers", "sluice-broker-0"), "Ready")
     assert ready["status"] == "False" and "cluster's own" in ready["message"]
     assert owned_acls(cluster, f"{ns}/sluice-broker-0") == []
@@ -224,8 +219,8 @@ def test_a_tls_user_gets_a_client_certificate_from_the_clients_ca(
     cluster, _, _ = secured
     ns = cluster.namespace
     cluster.apply(user("alice", None, topic_acl("orders", "Read")))
-    wait_for("CertificateIssued", lambda: condition(cluster.get("sluiceusers", "alice"), "CertificateIssued")
-             .get("status") == "True", logs=cluster.logs)  # fmt: skip
+    wait_for(lambda: condition(cluster.get("sluiceusers", "alice"), "CertificateIssued")
+             .get("status") == "True", 60, "CertificateIssued", logs=cluster.logs)  # fmt: skip
     status = cluster.get("sluiceusers", "alice")["status"]
     assert status["principal"] == "User:alice" and status["secret"] == "alice"
     secret = cluster.core.read_namespaced_secret("alice", ns)

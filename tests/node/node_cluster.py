@@ -14,17 +14,22 @@ NODE_IP:9292+N, the address it advertises to Kafka clients.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from sluice.client import Consumer, TopicPartition
+from tests.support import waiting
 from tests.support.k8s_env import ExistingCluster
+
+# tests/support/waiting.wait_for as the node's tests use it: a check that raises (a pod between states,
+# kubectl answering an error) is "not yet"; every check runs kubectl, so it is not repeated too often.
+wait_for = functools.partial(waiting.wait_for, interval=0.5, tolerate=(Exception,))
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_SH = ROOT / "tools" / "k8s-node" / "node.sh"
@@ -33,8 +38,6 @@ CHART = ROOT / "charts" / "sluice"
 MACHINE_CANNOT = 3  # node.sh check's exit status when the machine itself lacks something
 GRPC_PORT_BASE = 9092  # the chart's broker.port: broker N on NODE_IP:9092+N
 KAFKA_PORT_BASE = 9292  # the chart's hostNetwork.kafkaPortBase
-
-T = TypeVar("T")
 
 
 class NodeUnavailable(RuntimeError):
@@ -46,21 +49,6 @@ def node_sh(*args: str, timeout: float, env: dict[str, str] | None = None) -> su
         ["bash", str(NODE_SH), *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
-    """``check()`` until it returns something true (errors count as not yet), bounded by ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # a pod or broker between states
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last error: {last!r})")
 
 
 class Node:

@@ -10,7 +10,6 @@ directories). Tests that need real processes and ports use :class:`sluice.testin
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,16 +25,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import open_store
 from sluice.metadata.store import MetadataStore
-
-
-async def until(check: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-    """Wait, on the running loop, until ``check()`` is true; AssertionError naming ``what`` after ``timeout`` s."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
+from tests.support.waiting import until
 
 
 class InProcessBroker:

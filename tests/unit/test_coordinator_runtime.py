@@ -29,7 +29,7 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
 from sluice.metadata import MetadataStore, open_store
 from sluice.records import RecordBatch, build_batch
-from tests.support.broker_core import until
+from tests.support.waiting import until
 
 TOPIC = "orders"
 PARTITIONS = 4

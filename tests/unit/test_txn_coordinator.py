@@ -19,7 +19,8 @@ from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.txn import TransactionCoordinator
 from sluice.broker.txn.state import MAX_EPOCH
 from sluice.records import RecordBatch, build_batch, decode_records, parse_control
-from tests.support.broker_core import InProcessBroker, until
+from tests.support.broker_core import InProcessBroker
+from tests.support.waiting import until
 
 TOPIC = "orders"
 TXN_PARTITIONS = 4

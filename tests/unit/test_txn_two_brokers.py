@@ -27,7 +27,8 @@ from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
 from sluice.broker.txn import TransactionCoordinator
 from sluice.records import build_batch, parse_control
-from tests.support.broker_core import InProcessBroker, until
+from tests.support.broker_core import InProcessBroker
+from tests.support.waiting import until
 
 TOPIC = "orders"
 N = 4
