@@ -170,9 +170,13 @@ def issue(
     *,
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
+    organizations: Sequence[str] = (),
     validity_days: float = DEFAULT_VALIDITY_DAYS,
 ) -> KeyPair:
-    """A certificate for ``common_name`` signed by ``ca``, good for both TLS server and client use."""
+    """A certificate for ``common_name`` signed by ``ca``, good for both TLS server and client use.
+
+    ``organizations`` go into the subject as O= attributes (a Kubernetes API server reads them as
+    the user's groups)."""
     ca_cert = ca.certificate
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
@@ -184,7 +188,12 @@ def issue(
     names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(
+            x509.Name(
+                [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
+                + [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+            )
+        )
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())

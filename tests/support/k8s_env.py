@@ -11,7 +11,7 @@ What :class:`TestControlPlane` starts, in a work directory of its own:
   the data is thrown away after the run, and fsync on a shared disk is what makes etcd slow);
 * kube-apiserver on ``https://127.0.0.1:<free port>`` with
 
-  - a CA made for this run (:mod:`cryptography`, ECDSA P-256) and a serving certificate for
+  - a CA made for this run (:mod:`sluice.tls`, the brokers' own certificate code) and a serving certificate for
     127.0.0.1/localhost signed by it;
   - client-certificate authentication against that CA: the kubeconfig's user is
     ``sluice-test-admin`` in group ``system:masters``; :meth:`TestControlPlane.user_kubeconfig`
@@ -39,8 +39,6 @@ the same :class:`KubeCluster` interface, so a test suite runs against either.
 from __future__ import annotations
 
 import base64
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -52,11 +50,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from sluice import tls
 from sluice.testing._net import free_port, poll_until
 from sluice.testing._process import ManagedProcess
 
@@ -101,105 +98,6 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-
-
-def _pem_cert(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-class CertificateAuthority:
-    """A CA made for one control plane: signs its serving certificate and its users' certificates."""
-
-    VALIDITY = datetime.timedelta(days=2)
-
-    def __init__(self, common_name: str = "sluice-test-ca") -> None:
-        self.key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + self.VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
-
-    @property
-    def cert_pem(self) -> bytes:
-        return _pem_cert(self.cert)
-
-    def issue(
-        self,
-        common_name: str,
-        *,
-        organizations: Sequence[str] = (),
-        dns_names: Sequence[str] = (),
-        ip_addresses: Sequence[str] = (),
-        server: bool = False,
-    ) -> tuple[bytes, bytes]:
-        """A new key and a certificate for it, as PEM (certificate, key).
-
-        For Kubernetes client certificates the common name is the user name and each
-        organization a group.
-        """
-        key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.UTC)
-        attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, org) for org in organizations]
-        attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attrs))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + self.VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
-        )
-        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
-        if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
-        return _pem_cert(cert), _pem_key(key)
 
 
 def _b64(data: bytes) -> str:
@@ -419,7 +317,7 @@ class TestControlPlane(KubeCluster):
         workdir.mkdir(parents=True, exist_ok=True)
         super().__init__(workdir / "kubeconfig", "", bin_dir, workdir)
         self.extra_apiserver_args = list(extra_apiserver_args)
-        self.ca = CertificateAuthority()
+        self.ca = tls.generate_ca("sluice-test-ca", validity_days=2)  # a CA made for this control plane
         self.etcd: ManagedProcess | None = None
         self.apiserver: ManagedProcess | None = None
         self.etcd_url = ""
@@ -435,7 +333,8 @@ class TestControlPlane(KubeCluster):
 
     def user_kubeconfig(self, user: str, groups: Sequence[str] = ()) -> Path:
         """A kubeconfig for ``user`` in ``groups``, by a client certificate this control plane's CA signs."""
-        cert, key = self.ca.issue(user, organizations=groups)
+        pair = tls.issue(self.ca, user, organizations=groups)
+        cert, key = pair.cert_pem, pair.key_pem
         path = self.workdir / f"kubeconfig-user-{user.replace(':', '_')}"
         path.write_text(kubeconfig_document(self.server, self.ca.cert_pem, user, cert_pem=cert, key_pem=key))
         path.chmod(0o600)
@@ -497,7 +396,8 @@ class TestControlPlane(KubeCluster):
     def _start_apiserver(self, host: str, port: int, deadline: float) -> None:
         assert self.bin_dir is not None
         ca_file = self._write("ca.crt", self.ca.cert_pem, 0o644)
-        serving_cert, serving_key = self.ca.issue(
+        serving = tls.issue(
+            self.ca,
             "kube-apiserver",
             dns_names=[
                 "localhost",
@@ -507,10 +407,9 @@ class TestControlPlane(KubeCluster):
                 "kubernetes.default.svc.cluster.local",
             ],
             ip_addresses=[host, "10.0.0.1"],
-            server=True,
         )
-        cert_file = self._write("apiserver.crt", serving_cert, 0o644)
-        key_file = self._write("apiserver.key", serving_key)
+        cert_file = self._write("apiserver.crt", serving.cert_pem, 0o644)
+        key_file = self._write("apiserver.key", serving.key_pem)
         sa_key = ec.generate_private_key(ec.SECP256R1())
         sa_key_file = self._write("sa.key", _pem_key(sa_key))
         sa_pub_file = self._write(
@@ -520,9 +419,9 @@ class TestControlPlane(KubeCluster):
             ),
             0o644,
         )
-        admin_cert, admin_key = self.ca.issue(ADMIN_USER, organizations=["system:masters"])
-        admin_cert_file = self._write("admin.crt", admin_cert, 0o644)
-        admin_key_file = self._write("admin.key", admin_key)
+        admin = tls.issue(self.ca, ADMIN_USER, organizations=["system:masters"])
+        admin_cert_file = self._write("admin.crt", admin.cert_pem, 0o644)
+        admin_key_file = self._write("admin.key", admin.key_pem)
 
         self.server = f"https://{host}:{port}"
         self.apiserver = ManagedProcess(
@@ -552,7 +451,9 @@ class TestControlPlane(KubeCluster):
         self.apiserver.start()
         self._wait_apiserver(ca_file, admin_cert_file, admin_key_file, deadline)
         self.kubeconfig.write_text(
-            kubeconfig_document(self.server, self.ca.cert_pem, ADMIN_USER, cert_pem=admin_cert, key_pem=admin_key)
+            kubeconfig_document(
+                self.server, self.ca.cert_pem, ADMIN_USER, cert_pem=admin.cert_pem, key_pem=admin.key_pem
+            )
         )
         self.kubeconfig.chmod(0o600)
 
