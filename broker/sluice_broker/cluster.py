@@ -15,11 +15,13 @@ producer-id blocks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
 import logging
 import re
+import threading
 import time
 import uuid
 import zlib
@@ -62,6 +64,9 @@ _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+# Set in the worker thread of ClusterView.admin(): refresh() is the event loop's alone (it calls the
+# listeners, which change the replica manager's state), so there it does nothing.
+_ADMIN_THREAD = threading.local()
 
 
 def _retriable_when_unreachable(method: Callable[_P, _R]) -> Callable[_P, _R]:
@@ -111,6 +116,7 @@ class ClusterView:
         self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
+        self._pid_prefetch: asyncio.Future[ProducerIdBlock] | None = None  # the next block, being claimed
 
     # -- start-up ---------------------------------------------------------------------------------
 
@@ -174,7 +180,12 @@ class ClusterView:
     # -- watching ---------------------------------------------------------------------------------
 
     def refresh(self) -> None:
-        """Apply every change since the last refresh; listeners hear about topic changes."""
+        """Apply every change since the last refresh; listeners hear about topic changes.
+
+        On the event loop only: inside :meth:`admin`'s worker thread it does nothing (the loop
+        refreshes once the action is done)."""
+        if getattr(_ADMIN_THREAD, "active", False):
+            return
         for doc in self.store.changes_since(self._revision):
             self._revision = max(self._revision, doc.revision)
             self._apply(doc)
@@ -244,13 +255,39 @@ class ClusterView:
 
     # -- topic administration ---------------------------------------------------------------------
 
+    async def admin(self, action: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        """Run a topic-admin ``action`` (create_topic, delete_topic, create_partitions,
+        alter_topic_config) in a worker thread, then apply what it wrote to the view.
+
+        Its store calls may block: an API server that does not answer holds each for its request
+        timeout, and the broker's event loop must serve produce, fetch and replication meanwhile
+        (docs/faults.md, "The control plane cut off"). The action reads the view (brokers for
+        placement, topics for validation) but never refreshes it there: the listeners that a
+        refresh calls change the replica manager's state, which is the loop's alone.
+        """
+
+        def run() -> _R:
+            _ADMIN_THREAD.active = True
+            try:
+                return action(*args, **kwargs)
+            finally:
+                _ADMIN_THREAD.active = False
+
+        try:
+            return await asyncio.to_thread(run)
+        finally:
+            with contextlib.suppress(StoreUnavailable):  # cut off now: the metadata watch applies it later
+                self.refresh()
+
     def _place(self, partitions: int, replication_factor: int, offset: int = 0) -> list[PartitionState]:
         """Replicas for new partitions (sluice.metadata.placement); the first replica leads at epoch 0.
 
         Placement is over every registered broker, alive or not: the controller
         moves leadership off a dead one, and its replicas catch up when it returns.
         """
-        brokers = sorted((b.broker_id, b.rack) for b in self.brokers.values()) or [(self.config.broker_id, "")]
+        # list(): a copy taken at once, as admin() may run this in a worker thread while the loop refreshes
+        registered = list(self.brokers.values())
+        brokers = sorted((b.broker_id, b.rack) for b in registered) or [(self.config.broker_id, "")]
         try:
             layout = place_replicas(brokers, partitions, replication_factor, start_partition=offset)
         except ValueError as exc:
@@ -443,20 +480,48 @@ class ClusterView:
         Blocks of 1000 are claimed with a compare-and-set on one document, the
         way Kafka used ZooKeeper's /latest_producer_id_block, so two brokers
         never hand out the same id. Ids start at 1.
+
+        As Kafka's ProducerIdManager does, the next block is claimed in the background (a worker
+        thread: a store write may block) once 90% of the current one is handed out, so the event
+        loop waits for the store only for the very first block, or when the store could not be
+        written for all the time the last tenth lasted.
         """
         if self._pid_next > self._pid_end:
-
-            def claim(last: ProducerIdBlock | None) -> ProducerIdBlock:
-                end = 0 if last is None else last.block_end
-                return ProducerIdBlock(self.config.broker_id, end + 1, end + PID_BLOCK_SIZE)
-
-            block = documents.update_document(self.store, keys.PID_BLOCK, ProducerIdBlock, claim)
-            assert block is not None
+            prefetch, block = self._pid_prefetch, None
+            if prefetch is not None and prefetch.done():
+                self._pid_prefetch = None
+                if not prefetch.cancelled() and prefetch.exception() is None:
+                    block = prefetch.result()
+            if block is None:
+                block = self._claim_pid_block()
             self._pid_next, self._pid_end = block.block_start, block.block_end
-            log.info("claimed producer id block [%d, %d]", self._pid_next, self._pid_end)
         pid = self._pid_next
         self._pid_next += 1
+        prefetch = self._pid_prefetch
+        failed = prefetch is not None and prefetch.done() and (prefetch.cancelled() or prefetch.exception() is not None)
+        if self._pid_end - self._pid_next < PID_BLOCK_SIZE // 10 and (prefetch is None or failed):
+            self._prefetch_pid_block()
         return pid
+
+    def _claim_pid_block(self) -> ProducerIdBlock:
+        def claim(last: ProducerIdBlock | None) -> ProducerIdBlock:
+            end = 0 if last is None else last.block_end
+            return ProducerIdBlock(self.config.broker_id, end + 1, end + PID_BLOCK_SIZE)
+
+        block = documents.update_document(self.store, keys.PID_BLOCK, ProducerIdBlock, claim)
+        assert block is not None
+        log.info("claimed producer id block [%d, %d]", block.block_start, block.block_end)
+        return block
+
+    def _prefetch_pid_block(self) -> None:
+        """Claim the next block in a worker thread (only on a running loop; a failure is claimed again later)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        future = loop.run_in_executor(None, self._claim_pid_block)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" log
+        self._pid_prefetch = future
 
 
 def coordinator_partition(key: str, partitions: int) -> int:

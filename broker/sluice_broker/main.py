@@ -394,8 +394,9 @@ async def serve(
             try:
                 await replicas.maintain_isr()
                 logs.delete_stray_partitions_if_due()
-                logs.report_storage_failure()
-                logs.check_log_dir_space()
+                # both write this broker's document when something changed: a store call may block
+                await asyncio.to_thread(logs.report_storage_failure)
+                await asyncio.to_thread(logs.check_log_dir_space)
                 if time.monotonic() - last_checkpoint >= HW_CHECKPOINT_S:
                     logs.checkpoint_high_watermarks()
                     last_checkpoint = time.monotonic()
@@ -409,7 +410,7 @@ async def serve(
             try:
                 files.check()
                 if files.loaded.version != reported:  # also the first report, after register()
-                    files.report(store)
+                    await asyncio.to_thread(files.report, store)  # a store write may block
                     reported = files.loaded.version
             except Exception:
                 log.exception("checking the TLS files failed")

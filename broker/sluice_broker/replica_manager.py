@@ -189,7 +189,11 @@ class ReplicaManager:
             self.fetchers.unfollow(key)
         self._appended.wake_all()  # acks=all waits and long polls see the change at once
         self._advanced.wake_all()
-        self.logs.report_storage_failure()
+        # into brokers/<id> in a worker thread (a store write may block); housekeeping retries a failure
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_in_executor(None, self.logs.report_storage_failure)
+        else:
+            self.logs.report_storage_failure()
 
     def _on_topic_change(self, old: TopicInfo | None, new: TopicInfo | None) -> None:
         me = self.config.broker_id

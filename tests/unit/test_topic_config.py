@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_create_topics_answers_invalid_config_naming_the_key(tmp_path: Path) -> 
         assert "t" not in cluster.topics
         # What the servicer answers for it: INVALID_CONFIG with the message.
         result = bpb.CreateTopicsResponse().topics.add(name="t")
-        admin_result(result, lambda: cluster.create_topic("t", 1, 1, {"segment.ms": "600000"}))
+        asyncio.run(admin_result(cluster, result, lambda: cluster.create_topic("t", 1, 1, {"segment.ms": "600000"})))
         assert result.error_code == pb.INVALID_CONFIG and "segment.ms" in result.error_message
         assert cluster.create_topic("t", 1, 1, {"retention.ms": "1000"})  # the accepted keys still work
     finally:

@@ -9,6 +9,8 @@ authorizer off there are no ACLs to manage: SECURITY_DISABLED, as Kafka answers.
 
 from __future__ import annotations
 
+import asyncio
+
 from sluice.acls import (
     AclBinding,
     AclBindingFilter,
@@ -85,7 +87,7 @@ class AclHandlers:
             except ValueError as exc:
                 result.error_code, result.error_message = pb.INVALID_REQUEST, str(exc)
                 continue
-            acl_store.create_acl(self.store, binding)
+            await asyncio.to_thread(acl_store.create_acl, self.store, binding)  # a store write may block
         self.access.refresh()  # this broker applies its own write at once
         return resp
 
@@ -97,7 +99,8 @@ class AclHandlers:
             f = filter_of(req.filter)
         except ValueError as exc:
             return bpb.DescribeAclsResponse(error_code=pb.INVALID_REQUEST, error_message=str(exc))
-        return bpb.DescribeAclsResponse(acls=[proto_of(b) for b in acl_store.list_acls(self.store) if f.matches(b)])
+        bindings = await asyncio.to_thread(acl_store.list_acls, self.store)
+        return bpb.DescribeAclsResponse(acls=[proto_of(b) for b in bindings if f.matches(b)])
 
     async def delete_acls(self, req: bpb.DeleteAclsRequest, ctx: Ctx) -> bpb.DeleteAclsResponse:
         resp = bpb.DeleteAclsResponse()
@@ -114,7 +117,8 @@ class AclHandlers:
                 results.append(result)
             except ValueError as exc:
                 result.error_code, result.error_message = pb.INVALID_REQUEST, str(exc)
-        for result, deleted in zip(results, acl_store.delete_acls(self.store, filters), strict=True):
+        removed = await asyncio.to_thread(acl_store.delete_acls, self.store, filters)  # a store write may block
+        for result, deleted in zip(results, removed, strict=True):
             result.deleted.extend(proto_of(b) for b in deleted)
         self.access.refresh()
         return resp

@@ -56,10 +56,12 @@ MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
 log = logging.getLogger(__name__)
 
 
-def admin_result(result: Any, action: Callable[[], str]) -> None:
-    """Fill one topic's result of a topic-admin request: the topic id, or the refusal's code and message."""
+async def admin_result(cluster: ClusterView, result: Any, action: Callable[[], str]) -> None:
+    """Fill one topic's result of a topic-admin request: the topic id, or the refusal's code and message.
+
+    The action runs in a worker thread (:meth:`ClusterView.admin`): its metadata writes may block."""
     try:
-        result.topic_id = action()
+        result.topic_id = await cluster.admin(action)
     except SluiceError as exc:
         answer(result, exc)
 
@@ -324,7 +326,8 @@ class BrokerService:
         on_cluster = not self.access.enabled or self.access.cluster(ctx, AclOperation.CREATE)
         denied = set() if on_cluster else self._denied(ctx, AclOperation.CREATE, (t.name for t in req.topics))
         for t in req.topics:
-            admin_result(
+            await admin_result(
+                self.cluster,
                 resp.topics.add(name=t.name),
                 _refused(AclOperation.CREATE, t.name)
                 if t.name in denied
@@ -348,14 +351,15 @@ class BrokerService:
                 if name in denied
                 else functools.partial(self.cluster.delete_topic, name)
             )
-            admin_result(resp.topics.add(name=name), action)
+            await admin_result(self.cluster, resp.topics.add(name=name), action)
         return resp
 
     async def create_partitions(self, req: bpb.CreatePartitionsRequest, ctx: Ctx) -> bpb.CreatePartitionsResponse:
         resp = bpb.CreatePartitionsResponse()
         denied = self._denied(ctx, AclOperation.ALTER, (t.name for t in req.topics))
         for t in req.topics:
-            admin_result(
+            await admin_result(
+                self.cluster,
                 resp.topics.add(name=t.name),
                 _refused(AclOperation.ALTER, t.name)
                 if t.name in denied
@@ -377,7 +381,8 @@ class BrokerService:
                 self.cluster.alter_topic_config(name, changes, validate_only=req.validate_only)
                 return self.cluster.topics[name].topic_id if name in self.cluster.topics else ""
 
-            admin_result(
+            await admin_result(
+                self.cluster,
                 resp.topics.add(name=t.name),
                 _refused(AclOperation.ALTER_CONFIGS, t.name) if t.name in denied else alter,
             )

@@ -10,6 +10,8 @@ store (:mod:`sluice.metadata.quota_store`), from which every broker follows them
 
 from __future__ import annotations
 
+import asyncio
+
 from sluice.acls import AclOperation
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
@@ -54,7 +56,8 @@ class QuotaHandlers:
             )
         components = [(c.entity_type, int(c.match_type), c.match or None) for c in req.components]
         try:
-            found = quota_admin.describe(quota_store.list_quotas(self.store), components, req.strict)
+            stored = await asyncio.to_thread(quota_store.list_quotas, self.store)  # a store read may block
+            found = quota_admin.describe(stored, components, req.strict)
         except QuotaRequestError as exc:
             return bpb.DescribeClientQuotasResponse(error_code=pb.INVALID_REQUEST, error_message=str(exc))
         resp = bpb.DescribeClientQuotasResponse()
@@ -83,6 +86,6 @@ class QuotaHandlers:
                 result.error_code, result.error_message = pb.INVALID_REQUEST, str(exc)
                 continue
             if not req.validate_only and changes:
-                quota_store.alter_quotas(self.store, entity, changes)
+                await asyncio.to_thread(quota_store.alter_quotas, self.store, entity, changes)
         self.quotas.refresh()  # this broker applies its own write at once
         return resp

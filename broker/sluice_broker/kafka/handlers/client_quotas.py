@@ -11,6 +11,8 @@ numbers) is INVALID_REQUEST with a message naming it.
 
 from __future__ import annotations
 
+import asyncio
+
 from sluice.acls import AclOperation
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka import authorization
@@ -52,7 +54,8 @@ class DescribeClientQuotasHandler:
             )
         components = [(c.entity_type, c.match_type, c.match) for c in request.components]
         try:
-            found = quota_admin.describe(quota_store.list_quotas(ctx.cluster.store), components, request.strict)
+            stored = await asyncio.to_thread(quota_store.list_quotas, ctx.cluster.store)  # a store read may block
+            found = quota_admin.describe(stored, components, request.strict)
         except QuotaRequestError as exc:
             return DescribeClientQuotasResponse(error_code=pb.INVALID_REQUEST, error_message=str(exc), entries=None)
         entries = [
@@ -90,6 +93,6 @@ class AlterClientQuotasHandler:
                 result.error_code, result.error_message = pb.INVALID_REQUEST, str(exc)
                 continue
             if not request.validate_only and changes:
-                quota_store.alter_quotas(ctx.cluster.store, entity, changes)
+                await asyncio.to_thread(quota_store.alter_quotas, ctx.cluster.store, entity, changes)
         ctx.gate.client_quotas.refresh()  # this broker applies its own write at once
         return resp

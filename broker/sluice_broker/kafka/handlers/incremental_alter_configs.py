@@ -65,20 +65,22 @@ class IncrementalAlterConfigsHandler:
                         f"resource {resource.resource_name!r} (type {resource.resource_type}) is named more "
                         "than once in one request"
                     )
-                self._alter(ctx, resource, request.validate_only)
+                await self._alter(ctx, resource, request.validate_only)
             except SluiceError as exc:
                 result.error_code, result.error_message = int(exc.code), exc.message
             resp.responses.append(result)
         return resp
 
     @staticmethod
-    def _alter(ctx: KafkaContext, resource: AlterConfigsResource, validate_only: bool) -> None:
+    async def _alter(ctx: KafkaContext, resource: AlterConfigsResource, validate_only: bool) -> None:
         op = AclOperation.ALTER_CONFIGS
         if resource.resource_type == TOPIC:
             if not authorization.allowed(ctx, op, ResourceType.TOPIC, resource.resource_name):
                 raise errors.TopicAuthorizationFailedError(authorization.topic_refusal(op, resource.resource_name))
             changes = [ConfigChange(c.name, c.config_operation, c.value) for c in resource.configs]
-            ctx.cluster.alter_topic_config(resource.resource_name, changes, validate_only=validate_only)
+            await ctx.cluster.admin(
+                ctx.cluster.alter_topic_config, resource.resource_name, changes, validate_only=validate_only
+            )
         elif resource.resource_type == BROKER:
             if not authorization.cluster_allowed(ctx, op):
                 raise errors.ClusterAuthorizationFailedError(authorization.cluster_refusal(op))

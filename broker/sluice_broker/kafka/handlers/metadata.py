@@ -83,7 +83,7 @@ class MetadataHandler:
             for name in sorted(set(cluster.topics) - denied):
                 resp.topics.append(self._topic(cluster.topics[name]))
         else:
-            self._wanted(ctx, header, request, version, resp)
+            await self._wanted(ctx, header, request, version, resp)
         if request.include_topic_authorized_operations:
             for topic in resp.topics:
                 if topic.error_code in (0, pb.LEADER_NOT_AVAILABLE) and topic.name:
@@ -92,7 +92,7 @@ class MetadataHandler:
                     )
         return resp
 
-    def _wanted(
+    async def _wanted(
         self, ctx: KafkaContext, header: RequestHeader, request: MetadataRequest, version: int, resp: MetadataResponse
     ) -> None:
         """The topics asked for by name or id: each one's metadata, or why not."""
@@ -121,11 +121,13 @@ class MetadataHandler:
                 info = cluster.topics.get(w.name)
                 if info is None:
                     allowed = version < 4 or request.allow_auto_topic_creation
-                    resp.topics.append(self._unknown(ctx, header, w.name, allowed))
+                    resp.topics.append(await self._unknown(ctx, header, w.name, allowed))
                     continue
             resp.topics.append(self._topic(info))
 
-    def _unknown(self, ctx: KafkaContext, header: RequestHeader, name: str, allowed: bool) -> MetadataResponseTopic:
+    async def _unknown(
+        self, ctx: KafkaContext, header: RequestHeader, name: str, allowed: bool
+    ) -> MetadataResponseTopic:
         """A topic asked for by name that does not exist: created if auto-creation is on, else UNKNOWN."""
         unknown = MetadataResponseTopic(error_code=pb.UNKNOWN_TOPIC_OR_PARTITION, name=name)
         if not ctx.config.get("auto.create.topics.enable"):
@@ -144,7 +146,7 @@ class MetadataHandler:
         ):
             return unknown  # Kafka answers UNKNOWN_TOPIC_OR_PARTITION to a caller that may not create it
         try:
-            ctx.cluster.create_topic(name, 0, 0, {})  # 0, 0: num.partitions, default.replication.factor
+            await ctx.cluster.admin(ctx.cluster.create_topic, name, 0, 0, {})  # 0, 0: num.partitions, default RF
             log.info("auto-created topic %r for a Metadata request from %r", name, header.client_id)
         except errors.TopicAlreadyExistsError:
             pass  # another request created it first

@@ -81,7 +81,8 @@ class CreateTopicsHandler:
                         "manual replica assignments are not supported: placement is Sluice's"
                     )
                 config = {c.name: c.value for c in topic.configs if c.value is not None}
-                topic_id = ctx.cluster.create_topic(
+                topic_id = await ctx.cluster.admin(
+                    ctx.cluster.create_topic,
                     topic.name,
                     max(topic.num_partitions, 0),
                     max(topic.replication_factor, 0),
@@ -130,7 +131,7 @@ class DeleteTopicsHandler:
                     name = result.name = resolved
                 if name in denied:
                     raise errors.TopicAuthorizationFailedError(authorization.topic_refusal(AclOperation.DELETE, name))
-                result.topic_id = _uuid(ctx.cluster.delete_topic(name))
+                result.topic_id = _uuid(await ctx.cluster.admin(ctx.cluster.delete_topic, name))
             except SluiceError as exc:
                 result.error_code, result.error_message = int(exc.code), exc.message
             resp.responses.append(result)
@@ -156,7 +157,7 @@ class CreatePartitionsHandler:
                     raise errors.InvalidRequestError(
                         "manual replica assignments are not supported: placement is Sluice's"
                     )
-                ctx.cluster.create_partitions(topic.name, topic.count, request.validate_only)
+                await ctx.cluster.admin(ctx.cluster.create_partitions, topic.name, topic.count, request.validate_only)
             except SluiceError as exc:
                 result.error_code, result.error_message = int(exc.code), exc.message
             resp.results.append(result)
