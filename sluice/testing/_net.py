@@ -1,9 +1,13 @@
 """Ports and health probes for local brokers.
 
-Ports are picked by binding port 0 and reading what the kernel chose; the
-port is then released and handed to the broker. A port handed out once is
-never handed out again by this process, so two clusters of one test run never
-collide even though the probe socket is closed before the broker binds.
+Ports are picked below the kernel's ephemeral range (``ip_local_port_range``,
+32768-60999 by default), at random, among those free now: a port from that
+range (what binding port 0 gives) may meanwhile become the source port of any
+outgoing connection on the machine, a client's or another test's, and the
+broker then fails to bind it. The port is released and handed to the broker; a
+port handed out once is never handed out again by this process, so two
+clusters of one test run never collide even though the probe socket is closed
+before the broker binds. Without a range to read (not Linux), port 0 it is.
 
 Health is the standard ``grpc.health.v1.Health/Check`` with service "" (the
 whole broker), the same probe Kubernetes uses for readiness. Each probe uses a
@@ -13,6 +17,7 @@ before trying again, which would make a wait loop far slower than the broker.
 
 from __future__ import annotations
 
+import random
 import socket
 import threading
 import time
@@ -33,13 +38,33 @@ _handed_out: set[int] = set()
 _ports_lock = threading.Lock()
 
 
+LISTEN_PORTS_FROM = 10_000  # the lowest port handed out (below: well-known and registered services)
+_random = random.SystemRandom()
+
+
+def _listen_port_range() -> range | None:
+    """Ports below the ephemeral range, or None when there is no such range to read or it leaves too few."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return range(LISTEN_PORTS_FROM, low) if low - LISTEN_PORTS_FROM >= 1000 else None
+
+
 def free_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
     """A port that is free on ``host`` now and that this process has not handed out before."""
+    ports = _listen_port_range()
     with _ports_lock:
         for _ in range(attempts):
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-                s.bind((host, 0))
-                port = int(s.getsockname()[1])
+            if ports is not None:
+                port = _random.choice(ports)
+                if port in _handed_out or not port_is_free(host, port):
+                    continue
+            else:
+                with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+                    s.bind((host, 0))
+                    port = int(s.getsockname()[1])
             if port not in _handed_out:
                 _handed_out.add(port)
                 return port
