@@ -122,3 +122,15 @@ class OffsetAnswer:
     offset: int = -1  # -1 when no record matches the timestamp
     timestamp: int = -1  # -1 for latest and earliest
     leader_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveProducer:
+    """A producer with state on a partition (Kafka's DescribeProducers): what find-hanging reads."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int  # -1: none
+    last_timestamp: int  # ms, its newest record's on the partition
+    coordinator_epoch: int  # of the last marker written for it here; -1: none
+    current_txn_start_offset: int  # first offset of its open transaction here; -1: none open

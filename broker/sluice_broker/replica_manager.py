@@ -61,6 +61,7 @@ from sluice.broker.data_path import (
     EARLIEST,
     LATEST,
     MAX_TIMESTAMP,
+    ActiveProducer,
     FetchedPartition,
     FetchInput,
     OffsetAnswer,
@@ -88,7 +89,7 @@ from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import keys
 from sluice.metadata.store import StoreUnavailable
-from sluice.records import RecordBatch
+from sluice.records import RecordBatch, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,11 @@ HOOK_HOLD_VERIFICATION = "produce.hold_verification"
 HOLD_VERIFICATION_FILE = "hold-verification"
 VERIFICATION_HELD_FILE = "verification-held"
 HOLD_VERIFICATION_MAX_S = 120.0
+# Test-only hook: while SKIP_VERIFICATION_FILE exists in the data directory, transactional batches are
+# appended without KIP-890's verification, as a broker before it did: the way to leave a hanging
+# transaction (data its coordinator does not know of) for the find-hanging and abort tests.
+HOOK_SKIP_VERIFICATION = "produce.skip_verification"
+SKIP_VERIFICATION_FILE = "skip-verification"
 
 
 class ReplicaManager:
@@ -398,6 +404,11 @@ class ReplicaManager:
         if req.acks == -1:
             self._check_min_isr(key, part)
         needs_verification = batch.transactional and batch.producer_id not in part.open_txns
+        if needs_verification and self._skipping_verification():
+            result = part.append(batch, leader_epoch=epoch, verified_txn=True)
+            self._after_append(part)
+            self.events.produced(topic, size, batch.record_count, duplicate=result[1])
+            return result
         if not needs_verification:
             result = part.append(batch, leader_epoch=epoch)
             self._after_append(part)
@@ -413,6 +424,12 @@ class ReplicaManager:
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result
+
+    def _skipping_verification(self) -> bool:
+        """The skip-verification test hook: True while its file exists; always False without the hook."""
+        return self.config.hook(HOOK_SKIP_VERIFICATION) and os.path.exists(
+            os.path.join(self.config.data_dir, SKIP_VERIFICATION_FILE)
+        )
 
     async def _hold_after_verification(self) -> None:
         """The hold-verification test hook: wait (bounded) while its file exists; a no-op otherwise."""
@@ -499,6 +516,65 @@ class ReplicaManager:
                     answer(presp, exc)
         await self._await_replication(waits, MARKER_REPLICATION_TIMEOUT_S)
         return resp
+
+    # -- hanging transactions (kafka-transactions.sh find-hanging, abort) --------------------------
+
+    def describe_producers(self, topic: str, partition: int) -> list[ActiveProducer]:
+        """The producers with state on a partition this broker leads, by producer id."""
+        part = self.leader_partition(topic, partition)
+        return [
+            ActiveProducer(
+                pid,
+                entry.epoch,
+                entry.last_seq,
+                entry.last_timestamp,
+                entry.coordinator_epoch,
+                part.open_txns.get(pid, -1),
+            )
+            for pid, entry in sorted(part.producers.items())
+        ]
+
+    async def abort_hanging_transaction(
+        self, topic: str, partition: int, producer_id: int, producer_epoch: int, coordinator_epoch: int
+    ) -> int:
+        """Write an ABORT marker for a transaction left open on a partition; the marker's offset.
+
+        Kafka's ``Admin.abortTransaction`` (a WriteTxnMarkers sent by an administrator), for a
+        transaction its coordinator will never end: one whose producer wrote to the partition
+        without the partition being in its transaction, so no marker is coming (a client without
+        KIP-890's verification, or a coordinator that lost it). It holds the LSO back, so every
+        read_committed consumer of the partition waits at it. Refused unless the producer has a
+        transaction open here whose newest record is older than ``transaction.max.timeout.ms``:
+        any coordinator would have aborted a transaction of its own by then, so a younger one may
+        still be live and is not the administrator's to end (INVALID_TXN_STATE).
+        """
+        part = self.leader_partition(topic, partition)
+        entry = part.producers.get(producer_id)
+        start = part.open_txns.get(producer_id)
+        if entry is None or start is None:
+            raise errors.InvalidTxnStateError(
+                f"producer {producer_id} has no transaction open on {topic}-{partition}: nothing to abort"
+            )
+        max_timeout_ms = self.config.int("transaction.max.timeout.ms")
+        idle_ms = now_ms() - entry.last_timestamp
+        if idle_ms <= max_timeout_ms:
+            raise errors.InvalidTxnStateError(
+                f"the transaction of producer {producer_id} on {topic}-{partition} (from offset {start}) wrote "
+                f"{idle_ms} ms ago, within transaction.max.timeout.ms ({max_timeout_ms} ms): its coordinator may "
+                "still end it; only a transaction open longer than that is hanging"
+            )
+        offset = part.write_marker(
+            producer_id, producer_epoch, False, coordinator_epoch, leader_epoch=part.leader_epoch, transaction_version=1
+        )
+        if offset is None:  # check_marker refused nothing, yet nothing was open: cannot happen after the checks
+            raise errors.InvalidTxnStateError(f"producer {producer_id} has no transaction open on {topic}-{partition}")
+        self._after_append(part)
+        log.warning(
+            "%s-%d: aborted the hanging transaction of producer %d (epoch %d) from offset %d: ABORT marker at %d",
+            topic, partition, producer_id, producer_epoch, start, offset,
+        )  # fmt: skip
+        await self.wait_replicated(topic, partition, offset + 1, MARKER_REPLICATION_TIMEOUT_S)
+        return offset
 
     async def _await_replication(self, waits: list[ReplicationWait], timeout_s: float) -> None:
         """Wait for every (result, topic, partition, end offset) together; a failed wait sets its result's error."""

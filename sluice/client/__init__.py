@@ -53,6 +53,7 @@ from sluice.client.admin import (
     ListedTransaction,
     MemberDescription,
     PartitionDescription,
+    ProducerState,
     TopicDescription,
     TransactionDescription,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "PreparedTransaction",
     "Producer",
     "ProducerClosedError",
+    "ProducerState",
     "RecordMetadata",
     "ResourcePatternType",
     "ResourceType",

@@ -90,6 +90,18 @@ class ListedTransaction:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerState:
+    """A producer with state on a partition, as its leader has it (Kafka's ``DescribeProducers``)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int  # -1: none
+    last_timestamp: int  # ms, of its newest record on the partition
+    coordinator_epoch: int  # of the last marker written for it there; -1: none
+    current_transaction_start_offset: int  # first offset of its open transaction there; -1: none open
+
+
+@dataclass(frozen=True, slots=True)
 class ListOffsetsResultInfo:
     """A ListOffsets answer: the offset (-1 when no record matches a timestamp) and its record's timestamp."""
 
@@ -524,6 +536,90 @@ class Admin:
                 )
         return sorted(seen.values(), key=lambda t: t.transactional_id)
 
+    def describe_producers(
+        self, partitions: Iterable[TopicPartition], timeout: float | None = None
+    ) -> dict[TopicPartition, list[ProducerState]]:
+        """The producers with state on each partition, asked of its leader (Kafka's ``describeProducers``).
+
+        What ``find-hanging`` reads: a producer whose ``current_transaction_start_offset`` is set
+        has a transaction open there. Raises the first non-retriable error of a partition.
+        """
+        deadline = self._deadline(timeout)
+        out: dict[TopicPartition, list[ProducerState]] = {}
+        for tp in dict.fromkeys(partitions):
+            request = broker_pb2.DescribeProducersRequest(
+                partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)]
+            )
+            response: broker_pb2.DescribeProducersResponse = self._leader_call(
+                tp, rpcs.DESCRIBE_PRODUCERS, request, lambda r: _partition_error(r.partitions), deadline
+            )
+            out[tp] = [
+                ProducerState(
+                    p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp, p.coordinator_epoch,
+                    p.current_txn_start_offset,
+                )
+                for p in response.partitions[0].active_producers
+            ]  # fmt: skip
+        return out
+
+    def abort_transaction(
+        self,
+        partition: TopicPartition,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        timeout: float | None = None,
+    ) -> int:
+        """Abort a hanging transaction on ``partition`` (Kafka's ``abortTransaction``); the ABORT marker's offset.
+
+        For a transaction its coordinator will never end (data it does not know of), which holds
+        the partition's last stable offset back. The partition's leader refuses a transaction
+        whose producer wrote within ``transaction.max.timeout.ms`` (INVALID_TXN_STATE: it may still
+        be live). ``producer_epoch`` and ``coordinator_epoch`` as :meth:`describe_producers` gives
+        them. ClusterAction on the cluster is needed when the authorizer is on.
+        """
+        request = broker_pb2.AbortTransactionRequest(
+            topic=partition.topic,
+            partition=partition.partition,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            coordinator_epoch=coordinator_epoch,
+        )
+        response: broker_pb2.AbortTransactionResponse = self._leader_call(
+            partition, rpcs.ABORT_TRANSACTION, request, response_error, self._deadline(timeout)
+        )
+        return response.marker_offset
+
+    def _leader_call(
+        self,
+        tp: TopicPartition,
+        rpc: Rpc[RequestT, ResponseT],
+        request: RequestT,
+        error_of: Callable[[ResponseT], tuple[int, str]],
+        deadline: Deadline,
+    ) -> ResponseT:
+        """``rpc`` to the leader of ``tp``, retried while retriable (a moved leader: looked up again)."""
+        backoff = Backoff()
+        while True:
+            try:
+                leader = self._cluster.leader(tp.topic, tp.partition)
+                if leader is None:
+                    self._cluster.wait_for_topic(tp.topic, Deadline(min(deadline.remaining(), 1.0)))
+                    self._cluster.refresh_if_stale({tp.topic}, min_age=0.1, timeout=deadline.timeout(self._timeout))
+                    leader = self._cluster.leader(tp.topic, tp.partition)
+                    if leader is None:
+                        raise errors.LeaderNotAvailableError(f"{tp.topic}-{tp.partition} has no leader now")
+                response = self._cluster.call(leader[0], rpc, request, deadline.timeout(self._timeout))
+                code, message = error_of(response)
+                if code != records_pb2.NONE:
+                    raise errors.error_for(code, message)
+                return response
+            except errors.SluiceError as exc:
+                if not exc.retriable or deadline.expired():
+                    raise
+                self._cluster.forget_leader(tp.topic, tp.partition)
+            backoff.sleep(deadline)
+
     def list_prepared_transactions(self, timeout: float | None = None) -> list[ListedTransaction]:
         """Every transaction in state Prepared, waiting for its external coordinator's decision."""
         return self.list_transactions(states=["Prepared"], timeout=timeout)
@@ -811,9 +907,14 @@ __all__ = [
     "ListedTransaction",
     "MemberDescription",
     "PartitionDescription",
+    "ProducerState",
     "TopicDescription",
     "TransactionDescription",
 ]
+
+
+def _partition_error(partitions: Iterable[broker_pb2.DescribedPartitionProducers]) -> tuple[int, str]:
+    return next(((p.error_code, p.error_message) for p in partitions if p.error_code), (records_pb2.NONE, ""))
 
 
 def _acl_proto(b: AclBinding) -> broker_pb2.Acl:

@@ -211,3 +211,23 @@ def test_altering_a_topic_s_configs_needs_alter_configs_on_it(cluster: LocalClus
         admin.create_acls([acl("tuned", AclOperation.ALTER_CONFIGS, "User:alice")])
         alice.alter_topic_config("tuned", {"retention.ms": "60000"})
     assert admin.describe_topic("tuned").config["retention.ms"] == "60000"
+
+
+def test_hanging_transaction_tools_need_read_and_cluster_action(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("held", 1, 1)
+    tp = TopicPartition("held", 0)
+    with Admin(**cluster.client_config("alice")) as alice:
+        with pytest.raises(errors.TopicAuthorizationFailedError, match="Describe"):  # finding its leader
+            alice.describe_producers([tp])
+        admin.create_acls([acl("held", AclOperation.DESCRIBE, "User:alice")])
+        with pytest.raises(errors.TopicAuthorizationFailedError, match="Read"):
+            alice.describe_producers([tp])
+        admin.create_acls([acl("held", AclOperation.READ, "User:alice")])
+        assert alice.describe_producers([tp]) == {tp: []}
+        # ending another producer's transaction is ClusterAction's (Kafka's WriteTxnMarkers), not a topic right
+        admin.create_acls([acl("held", AclOperation.ALL, "User:alice")])
+        with pytest.raises(errors.ClusterAuthorizationFailedError, match="ClusterAction"):
+            alice.abort_transaction(tp, 1, 0, -1)
+    # the super user gets the broker's own answer: nothing open to abort
+    with pytest.raises(errors.InvalidTxnStateError, match="nothing to abort"):
+        admin.abort_transaction(tp, 1, 0, -1)

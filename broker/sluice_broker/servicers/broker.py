@@ -119,6 +119,8 @@ class BrokerService:
                 "PrepareTxn": (self.prepare_txn, b.PrepareTxnRequest),
                 "DescribeTransactions": (self.describe_transactions, b.DescribeTransactionsRequest),
                 "ListTransactions": (self.list_transactions, b.ListTransactionsRequest),
+                "DescribeProducers": (self.describe_producers, b.DescribeProducersRequest),
+                "AbortTransaction": (self.abort_transaction, b.AbortTransactionRequest),
                 "TxnOffsetCommit": (self.txn_offset_commit, b.TxnOffsetCommitRequest),
                 "OffsetCommit": (self.offset_commit, b.OffsetCommitRequest),
                 "OffsetFetch": (self.offset_fetch, b.OffsetFetchRequest),
@@ -455,6 +457,47 @@ class BrokerService:
     async def list_transactions(self, req: bpb.ListTransactionsRequest, ctx: Ctx) -> bpb.ListTransactionsResponse:
         nonneg(req.duration_filter_ms, "duration_filter_ms")
         return checks.filter_list_transactions(self.access, ctx, self.txn.list_transactions(req))
+
+    async def describe_producers(self, req: bpb.DescribeProducersRequest, ctx: Ctx) -> bpb.DescribeProducersResponse:
+        """The producers with state on each partition (this broker must lead it); Read on the topic, as Kafka."""
+        denied = self._denied(ctx, AclOperation.READ, (p.topic for p in req.partitions))
+        resp = bpb.DescribeProducersResponse()
+        for tp in req.partitions:
+            out = resp.partitions.add(topic=tp.topic, partition=tp.partition)
+            if tp.topic in denied:
+                out.error_code = pb.TOPIC_AUTHORIZATION_FAILED
+                out.error_message = topic_refusal(AclOperation.READ, tp.topic)
+                continue
+            try:
+                found = self.replicas.describe_producers(tp.topic, tp.partition)
+            except SluiceError as exc:
+                answer(out, exc)
+                continue
+            out.active_producers.extend(
+                bpb.ActiveProducer(
+                    producer_id=p.producer_id, producer_epoch=p.producer_epoch, last_sequence=p.last_sequence,
+                    last_timestamp=p.last_timestamp, coordinator_epoch=p.coordinator_epoch,
+                    current_txn_start_offset=p.current_txn_start_offset,
+                )
+                for p in found
+            )  # fmt: skip
+        return resp
+
+    async def abort_transaction(self, req: bpb.AbortTransactionRequest, ctx: Ctx) -> bpb.AbortTransactionResponse:
+        """Abort a hanging transaction on one partition (this broker must lead it): ClusterAction on
+        the cluster, which Kafka's WriteTxnMarkers needs, since it ends another producer's transaction."""
+        resp = bpb.AbortTransactionResponse(marker_offset=-1)
+        if self.access.enabled and not self.access.cluster(ctx, AclOperation.CLUSTER_ACTION):
+            resp.error_code = pb.CLUSTER_AUTHORIZATION_FAILED
+            resp.error_message = "aborting another producer's transaction needs ClusterAction on the cluster"
+            return resp
+        try:
+            resp.marker_offset = await self.replicas.abort_hanging_transaction(
+                req.topic, req.partition, req.producer_id, req.producer_epoch, req.coordinator_epoch
+            )
+        except SluiceError as exc:
+            answer(resp, exc)
+        return resp
 
     async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, ctx: Ctx) -> bpb.TxnOffsetCommitResponse:
         refused = checks.check_txn_offset_commit(self.access, ctx, req)

@@ -647,6 +647,72 @@ class ListTransactionsResponse(_message.Message):
     transactions: _containers.RepeatedCompositeFieldContainer[ListedTransaction]
     def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., transactions: _Optional[_Iterable[_Union[ListedTransaction, _Mapping]]] = ...) -> None: ...
 
+class DescribeProducersRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class ActiveProducer(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "last_sequence", "last_timestamp", "coordinator_epoch", "current_txn_start_offset")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_TXN_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    coordinator_epoch: int
+    current_txn_start_offset: int
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., last_sequence: _Optional[int] = ..., last_timestamp: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ..., current_txn_start_offset: _Optional[int] = ...) -> None: ...
+
+class DescribedPartitionProducers(_message.Message):
+    __slots__ = ("topic", "partition", "error_code", "error_message", "active_producers")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    active_producers: _containers.RepeatedCompositeFieldContainer[ActiveProducer]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., active_producers: _Optional[_Iterable[_Union[ActiveProducer, _Mapping]]] = ...) -> None: ...
+
+class DescribeProducersResponse(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[DescribedPartitionProducers]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[DescribedPartitionProducers, _Mapping]]] = ...) -> None: ...
+
+class AbortTransactionRequest(_message.Message):
+    __slots__ = ("topic", "partition", "producer_id", "producer_epoch", "coordinator_epoch")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    coordinator_epoch: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
+
+class AbortTransactionResponse(_message.Message):
+    __slots__ = ("error_code", "error_message", "marker_offset")
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MARKER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    marker_offset: int
+    def __init__(self, error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ..., marker_offset: _Optional[int] = ...) -> None: ...
+
 class OffsetCommitPartition(_message.Message):
     __slots__ = ("partition", "committed_offset", "committed_leader_epoch", "metadata")
     PARTITION_FIELD_NUMBER: _ClassVar[int]

@@ -120,6 +120,16 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.ListTransactionsResponse.FromString,
                 _registered_method=True)
+        self.DescribeProducers = channel.unary_unary(
+                '/sluice.v1.Broker/DescribeProducers',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/sluice.v1.Broker/AbortTransaction',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.AbortTransactionRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.AbortTransactionResponse.FromString,
+                _registered_method=True)
         self.TxnOffsetCommit = channel.unary_unary(
                 '/sluice.v1.Broker/TxnOffsetCommit',
                 request_serializer=sluice_dot_v1_dot_broker__pb2.TxnOffsetCommitRequest.SerializeToString,
@@ -295,6 +305,22 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeProducers(self, request, context):
+        """Hanging transactions (kafka-transactions.sh find-hanging / abort): the producers with state on
+        a partition, asked of its leader (Read on the topic), and the abort of a transaction left open
+        on a partition longer than transaction.max.timeout.ms, which its coordinator no longer ends
+        (ClusterAction on the cluster, as Kafka's WriteTxnMarkers; asked of the partition's leader).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TxnOffsetCommit(self, request, context):
         """Consumer groups (served by the group coordinator of the group).
         """
@@ -463,6 +489,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListTransactions,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.ListTransactionsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'DescribeProducers': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeProducers,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeProducersRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DescribeProducersResponse.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.AbortTransactionRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.AbortTransactionResponse.SerializeToString,
             ),
             'TxnOffsetCommit': grpc.unary_unary_rpc_method_handler(
                     servicer.TxnOffsetCommit,
@@ -984,6 +1020,60 @@ class Broker:
             '/sluice.v1.Broker/ListTransactions',
             sluice_dot_v1_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeProducers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DescribeProducers',
+            sluice_dot_v1_dot_broker__pb2.DescribeProducersRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DescribeProducersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/AbortTransaction',
+            sluice_dot_v1_dot_broker__pb2.AbortTransactionRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.AbortTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -104,6 +104,10 @@ DESCRIBE_TRANSACTIONS = _rpc(
     "DescribeTransactions", broker_pb2.DescribeTransactionsRequest, broker_pb2.DescribeTransactionsResponse
 )
 LIST_TRANSACTIONS = _rpc("ListTransactions", broker_pb2.ListTransactionsRequest, broker_pb2.ListTransactionsResponse)
+DESCRIBE_PRODUCERS = _rpc(
+    "DescribeProducers", broker_pb2.DescribeProducersRequest, broker_pb2.DescribeProducersResponse
+)
+ABORT_TRANSACTION = _rpc("AbortTransaction", broker_pb2.AbortTransactionRequest, broker_pb2.AbortTransactionResponse)
 TXN_OFFSET_COMMIT = _rpc("TxnOffsetCommit", broker_pb2.TxnOffsetCommitRequest, broker_pb2.TxnOffsetCommitResponse)
 OFFSET_COMMIT = _rpc("OffsetCommit", broker_pb2.OffsetCommitRequest, broker_pb2.OffsetCommitResponse)
 OFFSET_FETCH = _rpc("OffsetFetch", broker_pb2.OffsetFetchRequest, broker_pb2.OffsetFetchResponse)

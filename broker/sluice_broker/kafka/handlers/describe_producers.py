@@ -47,21 +47,21 @@ class DescribeProducersHandler:
                     out.partitions.append(part)
                     continue
                 try:
-                    log = ctx.replicas.leader_partition(topic.name, index)
+                    found = ctx.replicas.describe_producers(topic.name, index)
                 except SluiceError as exc:
                     part.error_code, part.error_message = int(exc.code), exc.message
                 else:
-                    for pid, entry in sorted(log.producers.items()):
-                        part.active_producers.append(
-                            ProducerState(
-                                producer_id=pid,
-                                producer_epoch=entry.epoch,
-                                last_sequence=entry.last_seq,
-                                last_timestamp=entry.last_timestamp,
-                                coordinator_epoch=entry.coordinator_epoch,
-                                current_txn_start_offset=log.open_txns.get(pid, -1),
-                            )
+                    part.active_producers = [
+                        ProducerState(
+                            producer_id=p.producer_id,
+                            producer_epoch=p.producer_epoch,
+                            last_sequence=p.last_sequence,
+                            last_timestamp=p.last_timestamp,
+                            coordinator_epoch=p.coordinator_epoch,
+                            current_txn_start_offset=p.current_txn_start_offset,
                         )
+                        for p in found
+                    ]
                 out.partitions.append(part)
             resp.topics.append(out)
         return resp
