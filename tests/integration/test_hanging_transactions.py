@@ -113,3 +113,37 @@ def test_abort_names_what_it_needs(cluster: LocalCluster, capsys: pytest.Capture
     assert code == 1 and "--partition" in err
     code, _out, err = cli(capsys, "transactions", "find-hanging", *boot, "--partition", "0")
     assert code == 1 and "--partition goes with --topic" in err
+
+
+def test_kafka_s_own_tool_finds_and_aborts_it_on_the_kafka_listener(tmp_path: Path) -> None:
+    """kafka-transactions.sh (Kafka 4.3.1's TransactionsCommand) unchanged: find-hanging reads
+    DescribeProducers, ListTransactions and DescribeTransactions; abort sends WriteTxnMarkers."""
+    from bench.kafka.fetch import ensure_jars
+
+    from .test_kafka_java_tools import run_tool
+
+    jars = ensure_jars()
+    with checked(LocalCluster(brokers=1, data_dir=tmp_path, config=CONFIG, kafka_listener=True)) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic(TP.topic, partitions=1, replication_factor=1)
+        wire = Wire(cluster.broker(0).address)
+        pid, epoch = wire.init_producer_id()
+        skip = cluster.data_dir / "broker-0" / "skip-verification"
+        skip.touch()
+        hanging = batch_of([b"hanging"], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True)
+        assert wire.produce(TP.topic, TP.partition, hanging, transactional_id="ghost").error_code == pb.NONE
+        skip.unlink()
+        time.sleep(MAX_TIMEOUT_MS / 1000 + 0.5)
+        main_class = "org.apache.kafka.tools.TransactionsCommand"
+        boot = ["--bootstrap-server", cluster.kafka_bootstrap_servers]
+        found = run_tool(
+            jars, main_class, [*boot, "find-hanging", "--topic", TP.topic, "--max-transaction-timeout", "0"]
+        )
+        rows = [line.split() for line in found.splitlines() if line.strip()]
+        assert rows[0][:3] == ["Topic", "Partition", "ProducerId"], found
+        assert [(r[0], r[1], r[2], r[5]) for r in rows[1:]] == [(TP.topic, "0", str(pid), "0")], found
+        run_tool(jars, main_class, [*boot, "abort", "--topic", TP.topic, "--partition", "0", "--start-offset", "0"])
+        wait_for(lambda: lso(admin) == 2, 10, "the LSO past the aborted transaction")  # the record and its marker
+        assert wire.read_all(TP.topic, 0) == []
+        admin.close()
+        wire.close()

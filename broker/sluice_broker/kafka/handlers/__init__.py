@@ -47,6 +47,7 @@ from sluice.broker.kafka.handlers.transactions import (
     AddPartitionsToTxnHandler,
     EndTxnHandler,
 )
+from sluice.broker.kafka.handlers.write_txn_markers import WriteTxnMarkersHandler
 
 
 def build_handlers(sasl: bool = False) -> dict[int, Handler]:
@@ -84,6 +85,7 @@ def build_handlers(sasl: bool = False) -> dict[int, Handler]:
         ConsumerGroupHeartbeatHandler(),
         ConsumerGroupDescribeHandler(),
         DescribeProducersHandler(),
+        WriteTxnMarkersHandler(),
         DescribeClientQuotasHandler(),
         AlterClientQuotasHandler(),
     ]
