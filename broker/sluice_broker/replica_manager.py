@@ -796,15 +796,7 @@ class ReplicaManager:
             found.append(out)
             try:
                 part = self.leader_partition(want.topic, want.partition)
-                if want.current_leader_epoch >= 0 and want.current_leader_epoch != part.leader_epoch:
-                    code = (
-                        pb.FENCED_LEADER_EPOCH
-                        if want.current_leader_epoch < part.leader_epoch
-                        else pb.UNKNOWN_LEADER_EPOCH
-                    )
-                    raise errors.error_for(
-                        code, f"leader epoch {want.current_leader_epoch}, the partition is at {part.leader_epoch}"
-                    )
+                check_epoch(part, want.current_leader_epoch)
                 out.high_watermark = part.high_watermark
                 out.last_stable_offset = part.last_stable_offset
                 out.log_start_offset = part.log_start_offset
@@ -837,15 +829,7 @@ class ReplicaManager:
             answers.append(out)
             try:
                 part = self.leader_partition(q.topic, q.partition)
-                if q.current_leader_epoch >= 0 and q.current_leader_epoch != part.leader_epoch:
-                    code = (
-                        pb.FENCED_LEADER_EPOCH
-                        if q.current_leader_epoch < part.leader_epoch
-                        else pb.UNKNOWN_LEADER_EPOCH
-                    )
-                    raise errors.error_for(
-                        code, f"leader epoch {q.current_leader_epoch}, the partition is at {part.leader_epoch}"
-                    )
+                check_epoch(part, q.current_leader_epoch)  # KIP-320: a client's stale view
                 if q.spec == LATEST:
                     self._check_offsets_vouched(part)
                     out.offset = part.last_stable_offset if read_committed else part.high_watermark

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import pytest
+
 from sluice import errors
 from sluice.client import Admin, Consumer, TopicPartition
 from sluice.testing import LocalCluster
@@ -190,3 +192,17 @@ def tmpfs(path: Path, size: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of one ``sluice`` command run in-process (``sluice.cli.main``, the
+    console script's own code)."""
+    from sluice.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

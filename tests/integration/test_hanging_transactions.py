@@ -18,27 +18,16 @@ import pytest
 
 from sluice import errors
 from sluice.api.v1 import records_pb2 as pb
-from sluice.cli import main
 from sluice.client import Admin, Producer, TopicPartition
 from sluice.testing import LocalCluster
 from tests.support.waiting import wait_for
 
-from .helpers import checked
+from .helpers import checked, cli
 from .wire import Wire, batch_of
 
 MAX_TIMEOUT_MS = 2000  # transaction.max.timeout.ms: a transaction idle longer than this is hanging
 CONFIG = {"sluice.test.hooks": "produce.skip_verification", "transaction.max.timeout.ms": MAX_TIMEOUT_MS}
 TP = TopicPartition("orders", 0)
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture

@@ -17,25 +17,15 @@ from collections.abc import Callable
 
 import pytest
 
-from sluice.cli import main
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.testing import LocalCluster, scrape
 from tests.support.waiting import wait_for
 
+from .helpers import cli
+
 GROUP_PARTITIONS = 3
 PARTITIONS = 3
 RECORDS_PER_PARTITION = 10
-
-
-def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of one ``sluice`` command."""
-    capsys.readouterr()
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:  # argparse's usage errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_consumer_groups_list_describe_reset_delete(
