@@ -490,3 +490,23 @@ def parse_control(batch: RecordBatch) -> tuple[bool, int]:
     _version, kind = _CONTROL_KEY.unpack(rec.key)
     _v, coordinator_epoch = _CONTROL_VALUE.unpack(rec.value)
     return kind == 1, coordinator_epoch
+
+
+# The fields of a stored batch's summary, in order: what a replica-log dump prints per batch
+# (sluice.broker.log.dump) and what the replica consistency check compares (sluice.testing.replicas).
+# "records_sha256" is the digest of the records section; the rest are RecordBatch's header fields.
+BATCH_SUMMARY_FIELDS = (
+    "base_offset",
+    "record_count",
+    "partition_leader_epoch",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+    "transactional",
+    "control",
+    "first_timestamp",
+    "max_timestamp",
+    "compression",
+    "crc",
+    "records_sha256",
+)

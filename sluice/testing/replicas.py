@@ -33,24 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.records import BATCH_SUMMARY_FIELDS
+
 __all__ = ["BATCH_FIELDS", "ReplicaDivergence", "ReplicaLog", "compare", "read_replica_logs"]
 
-# The order of a batch summary's fields (sluice.broker.log.dump.BATCH_FIELDS; a test keeps them equal).
-BATCH_FIELDS = (
-    "base_offset",
-    "record_count",
-    "partition_leader_epoch",
-    "producer_id",
-    "producer_epoch",
-    "base_sequence",
-    "transactional",
-    "control",
-    "first_timestamp",
-    "max_timestamp",
-    "compression",
-    "crc",
-    "records_sha256",
-)
+BATCH_FIELDS = BATCH_SUMMARY_FIELDS  # the one list (sluice.records)
 _BASE, _COUNT, _EPOCH = 0, 1, 2
 
 Batch = tuple[Any, ...]

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from sluice.broker.config import DEFAULTS
-from sluice.broker.log import dump
 from sluice.broker.log.partition import PartitionLog
 from sluice.broker.log.storage import RocksStorage
 from sluice.client import Admin, Producer
@@ -43,10 +42,6 @@ def stored_log(path: Path, values: list[list[bytes]], epochs: list[int]) -> Path
 
 def read(broker: int, path: Path) -> list[replica_check.ReplicaLog]:
     return replica_check.read_replica_logs(sys.executable, broker, path)
-
-
-def test_the_dump_and_the_check_agree_on_the_batch_fields() -> None:
-    assert dump.BATCH_FIELDS == replica_check.BATCH_FIELDS
 
 
 def test_identical_replicas_compare_clean(tmp_path: Path) -> None:

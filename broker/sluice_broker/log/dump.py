@@ -35,23 +35,9 @@ from rocksdict import AccessType, Options, Rdict
 
 from sluice.broker.log.storage import COLUMN_FAMILIES
 from sluice.broker.log.stray import PREFIX_BYTES
-from sluice.records import RecordBatch
+from sluice.records import BATCH_SUMMARY_FIELDS, RecordBatch
 
-BATCH_FIELDS = (
-    "base_offset",
-    "record_count",
-    "partition_leader_epoch",
-    "producer_id",
-    "producer_epoch",
-    "base_sequence",
-    "transactional",
-    "control",
-    "first_timestamp",
-    "max_timestamp",
-    "compression",
-    "crc",
-    "records_sha256",
-)
+BATCH_FIELDS = BATCH_SUMMARY_FIELDS  # the one list (sluice.records)
 
 
 def _bytes(value: object) -> bytes:
