@@ -70,13 +70,13 @@ from sluice.broker.data_path import (
     ProduceResult,
 )
 from sluice.broker.errors import answer
+from sluice.broker.events import BrokerEvents, FetchTally
 from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition import PartitionLog, validate_batch
 from sluice.broker.log.stray import (
     normalize_topic_id,
 )
-from sluice.broker.metrics.events import BrokerEvents, FetchTally
 from sluice.broker.replication.fetcher import (
     FollowerTracker,
     ReplicaFetcherManager,

@@ -18,10 +18,10 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import ConfigError
 from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
+from sluice.broker.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.main import parse_metrics_listen
 from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats, stall_seconds
-from sluice.broker.metrics.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator

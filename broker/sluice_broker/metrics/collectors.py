@@ -35,9 +35,9 @@ from prometheus_client.registry import Collector
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorRuntime, LoadStatus
+from sluice.broker.events import BrokerEvents, Histogram, TopicCounters
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.log.storage import RocksStorage, Storage
-from sluice.broker.metrics.events import BrokerEvents, Histogram, TopicCounters
 from sluice.broker.metrics.lag import EndOffsets
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.topic_partition import TopicPartition

@@ -27,7 +27,7 @@ from google.protobuf.message import DecodeError, Message
 
 from sluice.broker import tracing
 from sluice.broker.errors import InvalidArgumentError
-from sluice.broker.metrics.events import BrokerEvents
+from sluice.broker.events import BrokerEvents
 
 log = logging.getLogger(__name__)
 

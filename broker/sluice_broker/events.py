@@ -2,7 +2,7 @@
 
 Most of what the metrics endpoint shows is *state* (partition counts, offsets,
 lag, open transactions) and is read from the broker's own structures when
-Prometheus scrapes (:mod:`.collectors`). Only what cannot be read back later
+Prometheus scrapes (:mod:`sluice.broker.metrics.collectors`). Only what cannot be read back later
 must be counted when it happens: bytes and messages in, bytes out, requests and
 their latency, ISR shrinks and expands, finished and timed-out transactions,
 marker round trips, rebalances. Those land here.
@@ -12,7 +12,7 @@ calls :meth:`BrokerEvents.produced` once per partition batch, and a labelled
 ``Counter.labels(topic).inc()`` costs about 1.2 us (a lock and a label lookup)
 against about 0.1 us for a dict increment. The broker runs on one asyncio loop
 and the scrape is served on that same loop, so nothing here needs a lock. The
-exposition is still prometheus_client's: :class:`~.collectors.EventsCollector`
+exposition is still prometheus_client's: :class:`~sluice.broker.metrics.collectors.EventsCollector`
 turns these numbers into its metric families at scrape time.
 
 This module imports nothing from the broker, so the modules that report events
