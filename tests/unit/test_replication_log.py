@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice import errors
 from sluice.broker.config import DEFAULTS
 from sluice.broker.log.partition import PartitionLog
 from sluice.broker.log.storage import RocksStorage
@@ -142,3 +143,19 @@ def test_a_follower_that_stopped_fetching_does_not_count_as_alive() -> None:
     assert t.fetching(2, 2500, 2000)
     assert not t.fetching(2, 5000, 2000)  # its last offset is stale: it must fetch again to rejoin
     assert not t.fetching(3, 5000, 2000)
+
+
+def test_a_follower_refuses_a_batch_that_fails_its_crc(logs: tuple[PartitionLog, PartitionLog]) -> None:
+    a, b = logs
+    a.become_leader(0)
+    lead(a, b"x", b"y")
+    first, second = a.read(0, 1 << 20, False, upto=a.log_end_offset).batches
+    b.append_replica(first)
+    damaged = type(second)()
+    damaged.CopyFrom(second)
+    damaged.records = damaged.records[:-1] + bytes([damaged.records[-1] ^ 0x01])  # one bit flipped in transit
+    with pytest.raises(errors.CorruptMessageError, match="CRC-32C"):
+        b.append_replica(damaged)
+    assert b.log_end_offset == 1 and values(b) == [b"x"]  # nothing of it was written
+    b.append_replica(second)  # the leader's intact copy, fetched again
+    assert values(b) == [b"x", b"y"]

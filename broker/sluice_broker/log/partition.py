@@ -433,8 +433,16 @@ class PartitionLog:
 
         No idempotence checks (the leader made them); the producer state, the
         open transactions, the aborted index and the epoch cache are rebuilt
-        from the batch exactly as the leader built them.
+        from the batch exactly as the leader built them. The CRC-32C is checked
+        (it covers everything but the offset and leader epoch the leader set):
+        a batch damaged on the leader's disk or on the way is refused, never
+        copied, so no replica that could be elected holds it (CORRUPT_MESSAGE).
         """
+        if not verify_crc(batch):
+            raise errors.CorruptMessageError(
+                f"replica of {self.topic}-{self.partition}: the batch at offset {batch.base_offset} from the leader "
+                "fails its CRC-32C check; not appended"
+            )
         if batch.base_offset < self.log_end_offset:
             raise errors.UnknownServerError(
                 f"replica of {self.topic}-{self.partition} expected a batch at offset {self.log_end_offset} or "

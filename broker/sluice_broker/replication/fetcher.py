@@ -208,10 +208,14 @@ class ReplicaFetcherManager:
                 changed.append(key)
                 continue
             end = part.log_end_offset
-            for batch in presp.batches:
-                if batch.base_offset < part.log_end_offset:
-                    continue
-                part.append_replica(batch)
+            try:
+                for batch in presp.batches:
+                    if batch.base_offset < part.log_end_offset:
+                        continue
+                    part.append_replica(batch)
+            except errors.CorruptMessageError as exc:  # this partition only: the others go on replicating
+                log.error("%s; fetched again after a back-off", exc)
+                backoff = True
             new_hw = min(presp.high_watermark, part.log_end_offset)
             if new_hw > part.high_watermark:
                 part.high_watermark = new_hw
