@@ -402,7 +402,11 @@ class TransactionCoordinator:
         if not tid:
             return self._new_producer_id(), 0, ""  # an idempotent producer: any broker answers
         required = self.config.get("transactional.id.declaration.required")
-        if required and not self.cluster.transactional_id_declared(tid):
+        # a miss reads the store: in a worker thread (it may block), before this request touches any state
+        if required and not (
+            tid in self.cluster.declared_transactional_ids
+            or await asyncio.to_thread(self.cluster.transactional_id_declared, tid)
+        ):
             raise errors.TransactionalIdAuthorizationFailedError(
                 f"transactional id {tid!r} is not declared: this cluster requires a TransactionalId resource "
                 "for every id (transactional.id.declaration.required)",
