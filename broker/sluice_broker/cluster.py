@@ -487,19 +487,16 @@ class ClusterView:
         written for all the time the last tenth lasted.
         """
         if self._pid_next > self._pid_end:
-            prefetch, block = self._pid_prefetch, None
+            prefetch = self._pid_prefetch
             if prefetch is not None and prefetch.done():
                 self._pid_prefetch = None
-                if not prefetch.cancelled() and prefetch.exception() is None:
-                    block = prefetch.result()
-            if block is None:
-                block = self._claim_pid_block()
+            block = prefetch.result() if prefetch is not None and _claimed(prefetch) else self._claim_pid_block()
             self._pid_next, self._pid_end = block.block_start, block.block_end
         pid = self._pid_next
         self._pid_next += 1
         prefetch = self._pid_prefetch
-        failed = prefetch is not None and prefetch.done() and (prefetch.cancelled() or prefetch.exception() is not None)
-        if self._pid_end - self._pid_next < PID_BLOCK_SIZE // 10 and (prefetch is None or failed):
+        in_hand = prefetch is not None and (not prefetch.done() or _claimed(prefetch))
+        if self._pid_end - self._pid_next < PID_BLOCK_SIZE // 10 and not in_hand:
             self._prefetch_pid_block()
         return pid
 
@@ -522,6 +519,11 @@ class ClusterView:
         future = loop.run_in_executor(None, self._claim_pid_block)
         future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no "never retrieved" log
         self._pid_prefetch = future
+
+
+def _claimed(prefetch: asyncio.Future[ProducerIdBlock]) -> bool:
+    """Whether a background claim of a producer-id block finished with a block."""
+    return prefetch.done() and not prefetch.cancelled() and prefetch.exception() is None
 
 
 def coordinator_partition(key: str, partitions: int) -> int:
