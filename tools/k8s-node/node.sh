@@ -227,8 +227,19 @@ import_image() { # import_image REF: into containerd's k8s.io namespace, unless 
         return
     fi
     log "importing $ref into containerd"
-    podman save --format docker-archive "$ref" | ctr_ images import --no-unpack=false - >/dev/null
-    echo "$id" > "$stamp"
+    # containerd 1.6 can lose a race between its garbage collector (scheduled after the kubelet
+    # removed earlier tests' containers) and the unpack of layers this image shares with one
+    # already there: "parent snapshot ... does not exist". The import is idempotent: try again.
+    local attempt
+    for attempt in 1 2 3; do
+        if podman save --format docker-archive "$ref" | ctr_ images import --no-unpack=false - >/dev/null; then
+            echo "$id" > "$stamp"
+            return
+        fi
+        log "import of $ref failed (attempt $attempt of 3)"
+        sleep 2
+    done
+    die "could not import $ref into containerd"
 }
 
 pause_image() {
