@@ -566,8 +566,7 @@ class ReplicaManager:
         offset = part.write_marker(
             producer_id, producer_epoch, False, coordinator_epoch, leader_epoch=part.leader_epoch, transaction_version=1
         )
-        if offset is None:  # check_marker refused nothing, yet nothing was open: cannot happen after the checks
-            raise errors.InvalidTxnStateError(f"producer {producer_id} has no transaction open on {topic}-{partition}")
+        assert offset is not None, "write_marker writes nothing only when no transaction is open: checked above"
         self._after_append(part)
         log.warning(
             "%s-%d: aborted the hanging transaction of producer %d (epoch %d) from offset %d: ABORT marker at %d",

@@ -21,7 +21,7 @@ leader may have exposed (KIP-207), so an end offset read here never goes back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Protocol, TypeVar
@@ -31,6 +31,7 @@ from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissio
 from sluice.api.v1 import broker_pb2, records_pb2
 from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
 from sluice.client._network import rpc as rpcs
+from sluice.client._network.leaders import Answer, call_leaders
 from sluice.client._network.security import ClientSecurity
 from sluice.client.consumer.fetcher import list_offsets_at
 from sluice.client.quotas import ClientQuotaAlteration, ClientQuotaEntity, ClientQuotaFilter
@@ -544,23 +545,28 @@ class Admin:
         What ``find-hanging`` reads: a producer whose ``current_transaction_start_offset`` is set
         has a transaction open there. Raises the first non-retriable error of a partition.
         """
-        deadline = self._deadline(timeout)
-        out: dict[TopicPartition, list[ProducerState]] = {}
-        for tp in dict.fromkeys(partitions):
-            request = broker_pb2.DescribeProducersRequest(
-                partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)]
+
+        def request_of(group: Sequence[TopicPartition]) -> broker_pb2.DescribeProducersRequest:
+            return broker_pb2.DescribeProducersRequest(
+                partitions=[records_pb2.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in group]
             )
-            response: broker_pb2.DescribeProducersResponse = self._leader_call(
-                tp, rpcs.DESCRIBE_PRODUCERS, request, lambda r: _partition_error(r.partitions), deadline
-            )
-            out[tp] = [
-                ProducerState(
-                    p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp, p.coordinator_epoch,
-                    p.current_txn_start_offset,
-                )
-                for p in response.partitions[0].active_producers
-            ]  # fmt: skip
-        return out
+
+        def answers_of(r: broker_pb2.DescribeProducersResponse) -> Iterator[Answer[list[ProducerState]]]:
+            for p in r.partitions:
+                producers = [
+                    ProducerState(
+                        a.producer_id, a.producer_epoch, a.last_sequence, a.last_timestamp, a.coordinator_epoch,
+                        a.current_txn_start_offset,
+                    )
+                    for a in p.active_producers
+                ]  # fmt: skip
+                yield TopicPartition(p.topic, p.partition), p.error_code, p.error_message, producers
+
+        found = call_leaders(
+            self._cluster, partitions, rpcs.DESCRIBE_PRODUCERS, request_of, answers_of, self._timeout,
+            self._deadline(timeout), "producers",
+        )  # fmt: skip
+        return {tp: found[tp] for tp in dict.fromkeys(partitions)}
 
     def abort_transaction(
         self,
@@ -585,40 +591,15 @@ class Admin:
             producer_epoch=producer_epoch,
             coordinator_epoch=coordinator_epoch,
         )
-        response: broker_pb2.AbortTransactionResponse = self._leader_call(
-            partition, rpcs.ABORT_TRANSACTION, request, response_error, self._deadline(timeout)
-        )
-        return response.marker_offset
 
-    def _leader_call(
-        self,
-        tp: TopicPartition,
-        rpc: Rpc[RequestT, ResponseT],
-        request: RequestT,
-        error_of: Callable[[ResponseT], tuple[int, str]],
-        deadline: Deadline,
-    ) -> ResponseT:
-        """``rpc`` to the leader of ``tp``, retried while retriable (a moved leader: looked up again)."""
-        backoff = Backoff()
-        while True:
-            try:
-                leader = self._cluster.leader(tp.topic, tp.partition)
-                if leader is None:
-                    self._cluster.wait_for_topic(tp.topic, Deadline(min(deadline.remaining(), 1.0)))
-                    self._cluster.refresh_if_stale({tp.topic}, min_age=0.1, timeout=deadline.timeout(self._timeout))
-                    leader = self._cluster.leader(tp.topic, tp.partition)
-                    if leader is None:
-                        raise errors.LeaderNotAvailableError(f"{tp.topic}-{tp.partition} has no leader now")
-                response = self._cluster.call(leader[0], rpc, request, deadline.timeout(self._timeout))
-                code, message = error_of(response)
-                if code != records_pb2.NONE:
-                    raise errors.error_for(code, message)
-                return response
-            except errors.SluiceError as exc:
-                if not exc.retriable or deadline.expired():
-                    raise
-                self._cluster.forget_leader(tp.topic, tp.partition)
-            backoff.sleep(deadline)
+        def answers_of(r: broker_pb2.AbortTransactionResponse) -> Iterator[Answer[int]]:
+            yield partition, r.error_code, r.error_message, r.marker_offset
+
+        found = call_leaders(
+            self._cluster, [partition], rpcs.ABORT_TRANSACTION, lambda _group: request, answers_of, self._timeout,
+            self._deadline(timeout), "the ABORT marker",
+        )  # fmt: skip
+        return found[partition]
 
     def list_prepared_transactions(self, timeout: float | None = None) -> list[ListedTransaction]:
         """Every transaction in state Prepared, waiting for its external coordinator's decision."""
@@ -911,10 +892,6 @@ __all__ = [
     "TopicDescription",
     "TransactionDescription",
 ]
-
-
-def _partition_error(partitions: Iterable[broker_pb2.DescribedPartitionProducers]) -> tuple[int, str]:
-    return next(((p.error_code, p.error_message) for p in partitions if p.error_code), (records_pb2.NONE, ""))
 
 
 def _acl_proto(b: AclBinding) -> broker_pb2.Acl:

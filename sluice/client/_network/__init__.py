@@ -6,6 +6,8 @@
   every broker, a coordinator with its retry loop).
 * :mod:`.error_mapping`: gRPC status codes and response error codes to
   :mod:`sluice.errors`.
+* :mod:`.leaders`: :func:`~.leaders.call_leaders`, one request per partition
+  leader, retried per partition (ListOffsets, DescribeProducers, AbortTransaction).
 * :mod:`.retry`: :class:`Deadline`, :class:`Backoff` and :func:`retry`.
 
 The names below are re-exported so clients (and ``sluice.spark``) import

@@ -24,7 +24,8 @@ Design (the consumer module's docstring has the consumer-wide picture):
   (:meth:`Fetcher.take_error`).
 * :meth:`Fetcher.list_offsets_at` asks the leaders for offsets by timestamp
   (earliest -2, latest -1, or a time), retrying until the deadline
-  (:func:`list_offsets_at`, which the Admin client uses too). Every retriable
+  (:func:`list_offsets_at`, which the Admin client uses too; the per-leader
+  loop is :func:`sluice.client._network.leaders.call_leaders`). Every retriable
   error is retried, OFFSET_NOT_AVAILABLE included: a leader just elected
   answers it to ``latest`` until its high watermark has caught up with what
   its predecessor may have shown (KIP-207), so an end offset never goes back.
@@ -39,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import dataclass
 
@@ -47,8 +48,9 @@ import grpc
 
 from sluice import errors
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import METADATA_REFRESH_CODES, Backoff, Cluster, Deadline, map_rpc_error
+from sluice.client._network import METADATA_REFRESH_CODES, Cluster, Deadline, map_rpc_error
 from sluice.client._network import rpc as rpcs
+from sluice.client._network.leaders import Answer, call_leaders
 from sluice.client.consumer.subscription_state import SubscriptionState
 from sluice.client.types import ConsumerRecord, TopicPartition, consumer_record
 from sluice.records import RecordDecodeError, decode_record_tuples
@@ -373,77 +375,24 @@ def list_offsets_at(
     from a new leader ...) are retried with a backoff; the last one is raised
     when the deadline passes, a fatal one at once.
     """
-    remaining = dict(wanted)
-    out: dict[TopicPartition, tuple[int | None, int]] = {}
-    backoff = Backoff()
-    last: errors.SluiceError | None = None
-    while remaining:
-        by_leader: dict[str, list[TopicPartition]] = {}
-        unknown: set[str] = set()
-        for tp in remaining:
-            leader = cluster.leader(tp.topic, tp.partition)
-            if leader is None:
-                unknown.add(tp.topic)
-            else:
-                by_leader.setdefault(leader[0], []).append(tp)
-        if unknown:
-            try:
-                for topic in unknown:
-                    cluster.wait_for_topic(topic, Deadline(min(deadline.remaining(), 1.0)))
-                # known topics whose partition (added since) or leader (moved) the cache lacks
-                cluster.refresh_if_stale(unknown, min_age=0.1, timeout=deadline.timeout(request_timeout))
-            except errors.SluiceError as exc:
-                last = exc
-                if not exc.retriable and not isinstance(exc, errors.UnknownTopicOrPartitionError):
-                    raise
-        for addr, group in by_leader.items():
-            topics: dict[str, list[broker_pb2.ListOffsetsPartition]] = {}
-            for tp in group:
-                topics.setdefault(tp.topic, []).append(
-                    broker_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=remaining[tp])
-                )
-            request = broker_pb2.ListOffsetsRequest(
-                isolation_level=isolation,
-                topics=[broker_pb2.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
+
+    def request_of(group: Sequence[TopicPartition]) -> broker_pb2.ListOffsetsRequest:
+        topics: dict[str, list[broker_pb2.ListOffsetsPartition]] = {}
+        for tp in group:
+            topics.setdefault(tp.topic, []).append(
+                broker_pb2.ListOffsetsPartition(partition=tp.partition, timestamp=wanted[tp])
             )
-            try:
-                response: broker_pb2.ListOffsetsResponse = cluster.call(
-                    addr, rpcs.LIST_OFFSETS, request, deadline.timeout(request_timeout)
-                )
-            except errors.SluiceError as exc:
-                if not exc.retriable:
-                    raise
-                last = exc
-                for tp in group:
-                    cluster.forget_leader(tp.topic, tp.partition)
-                continue
-            for t in response.topics:
-                for p in t.partitions:
-                    tp = TopicPartition(t.name, p.partition)
-                    if tp not in remaining:
-                        continue
-                    if p.error_code == records_pb2.NONE:
-                        out[tp] = (p.offset if p.offset >= 0 else None, p.timestamp)
-                        del remaining[tp]
-                        continue
-                    err = errors.error_for(p.error_code, p.error_message)
-                    if not err.retriable:
-                        raise err
-                    last = err
-                    if p.error_code in METADATA_REFRESH_CODES:
-                        cluster.forget_leader(tp.topic, tp.partition)
-        if remaining:
-            if deadline.expired():
-                offline = [r for r in (cluster.offline_reason(tp.topic, tp.partition) for tp in sorted(remaining)) if r]
-                if offline:  # the reason, rather than the last broker's failure (no broker answered ...)
-                    raise errors.KafkaTimeoutError(
-                        f"offsets of {', '.join(map(str, sorted(remaining)))} not available in time: "
-                        + "; ".join(offline)
-                    )
-                if last is not None:
-                    raise last
-                raise errors.KafkaTimeoutError(
-                    f"offsets of {', '.join(map(str, sorted(remaining)))} not available in time"
-                )
-            backoff.sleep(deadline)
-    return out
+        return broker_pb2.ListOffsetsRequest(
+            isolation_level=isolation,
+            topics=[broker_pb2.ListOffsetsTopic(name=t, partitions=ps) for t, ps in topics.items()],
+        )
+
+    def answers_of(response: broker_pb2.ListOffsetsResponse) -> Iterator[Answer[tuple[int | None, int]]]:
+        for t in response.topics:
+            for p in t.partitions:
+                found = (p.offset if p.offset >= 0 else None, p.timestamp)
+                yield TopicPartition(t.name, p.partition), p.error_code, p.error_message, found
+
+    return call_leaders(
+        cluster, wanted, rpcs.LIST_OFFSETS, request_of, answers_of, request_timeout, deadline, "offsets"
+    )
