@@ -25,6 +25,7 @@ from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats,
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
+from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
 from sluice.records import build_batch
 from sluice.testing import Scrape, free_port
 from tests.support.broker_core import InProcessBroker
@@ -92,19 +93,10 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         (produced,) = await rm.produce(produce_request(batch))
         assert produced.error_code == pb.NONE
         # A transaction left open on partition 1.
-        init = await txn.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="t", transaction_timeout_ms=60_000)
-        )
+        init = await txn.init_producer_id(InitProducerIdInput(transactional_id="t", transaction_timeout_ms=60_000))
         pid, epoch = init.producer_id, init.producer_epoch
-        added = await txn.add_partitions_to_txn(
-            bpb.AddPartitionsToTxnRequest(
-                transactional_id="t",
-                producer_id=pid,
-                producer_epoch=epoch,
-                topics=[bpb.TxnTopic(name=TOPIC, partitions=[1])],
-            )
-        )
-        assert added.results[0].error_code == pb.NONE
+        added = await txn.add_partitions_to_txn(TxnHandle("t", pid, epoch), [(TOPIC, 1)])
+        assert added[0].error_code == pb.NONE
         tb = build_batch([(None, b"t")], producer_id=pid, producer_epoch=epoch, base_sequence=0, transactional=True)
         sent += tb.ByteSize()
         (produced,) = await rm.produce(produce_request(tb, partition=1, tid="t"))
@@ -160,9 +152,7 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         assert (later.value("sluice_transaction_coordinator_oldest_open_transaction_age_seconds") or 0) >= 120
 
         # Commit: the transaction is counted, the LSO catches up, markers were timed.
-        ended = await txn.end_txn(
-            bpb.EndTxnRequest(transactional_id="t", producer_id=pid, producer_epoch=epoch, committed=True)
-        )
+        ended = await txn.end_txn(TxnHandle("t", pid, epoch), True)
         assert ended.error_code == pb.NONE
         await until(lambda: rm.events.txn_commits == 1, "the commit to complete")
         m = await scrape(port)

@@ -27,6 +27,7 @@ from sluice.broker.log.manager import LogManager
 from sluice.broker.log.storage import RocksStorage
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.txn import TransactionCoordinator
+from sluice.broker.txn.api import InitProducerIdInput, TxnDescription, TxnHandle
 from sluice.metadata import MetadataStore, open_store
 from sluice.records import RecordBatch, build_batch
 from tests.support.waiting import until
@@ -92,24 +93,23 @@ class Core:
 
 async def _transactions(coord: TransactionCoordinator, core: Core, count: int) -> tuple[int, int]:
     """``count`` committed transactions of "tx", then one left open on orders-1; (pid, epoch)."""
-    init = await coord.init_producer_id(bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000))
+    init = await coord.init_producer_id(InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=60_000))
     assert init.error_code == pb.NONE, init.error_message
-    ids = {"transactional_id": "tx", "producer_id": init.producer_id, "producer_epoch": init.producer_epoch}
+    handle = TxnHandle("tx", init.producer_id, init.producer_epoch)
     for n in range(count + 1):
         partition = 0 if n < count else 1
-        add = await coord.add_partitions_to_txn(
-            bpb.AddPartitionsToTxnRequest(topics=[bpb.TxnTopic(name=TOPIC, partitions=[partition])], **ids)
-        )
-        assert [r.error_code for r in add.results] == [pb.NONE]
+        add = await coord.add_partitions_to_txn(handle, [(TOPIC, partition)])
+        assert [r.error_code for r in add] == [pb.NONE]
         if n == count:
             break
-        assert (await coord.end_txn(bpb.EndTxnRequest(committed=True, **ids))).error_code == pb.NONE
+        assert (await coord.end_txn(handle, True)).error_code == pb.NONE
         await until(lambda: describe(coord).state == "CompleteCommit", "CompleteCommit")
     return init.producer_id, init.producer_epoch
 
 
-def describe(coord: TransactionCoordinator) -> bpb.TransactionState:
-    return coord.describe_transactions(bpb.DescribeTransactionsRequest(transactional_ids=["tx"])).transactions[0]
+def describe(coord: TransactionCoordinator) -> TxnDescription:
+    (described,) = coord.describe_transactions(["tx"])
+    return described
 
 
 def test_a_failed_transaction_state_load_is_retried_without_a_restart(tmp_path: Path) -> None:
@@ -149,11 +149,9 @@ def test_a_failed_transaction_state_load_is_retried_without_a_restart(tmp_path: 
             assert coord.runtime.last_load_ms[partition] >= 0
             st = describe(coord)
             assert (st.error_code, st.state, st.producer_id, st.producer_epoch) == (pb.NONE, "Ongoing", pid, epoch)
-            assert [(p.topic, p.partition) for p in st.partitions] == [(TOPIC, 1)]
+            assert st.partitions == [(TOPIC, 1)]
             # And the loaded state serves requests: the open transaction commits.
-            end = await coord.end_txn(
-                bpb.EndTxnRequest(transactional_id="tx", producer_id=pid, producer_epoch=epoch, committed=True)
-            )
+            end = await coord.end_txn(TxnHandle("tx", pid, epoch), True)
             assert end.error_code == pb.NONE, end.error_message
             await until(lambda: describe(coord).state == "CompleteCommit", "the commit after the reload")
         finally:

@@ -15,6 +15,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, coordinator_partition
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
 from sluice.metadata import keys
 from sluice.metadata.store import update
 from tests.support.broker_core import InProcessBroker
@@ -361,15 +362,13 @@ def test_with_the_real_transaction_coordinator(tmp_path: Path) -> None:
             if txn.is_ready():
                 break
             await asyncio.sleep(0.01)
-        init = await txn.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
-        )
+        init = await txn.init_producer_id(InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=60_000))
         assert init.error_code == pb.NONE, init.error_message
         pid, epoch = init.producer_id, init.producer_epoch
-        ids = {"transactional_id": "tx", "producer_id": pid, "producer_epoch": epoch}
+        handle = TxnHandle("tx", pid, epoch)
 
         async def end(commit: bool) -> None:
-            assert (await txn.end_txn(bpb.EndTxnRequest(committed=commit, **ids))).error_code == pb.NONE
+            assert (await txn.end_txn(handle, commit)).error_code == pb.NONE
             for _ in range(200):  # markers are sent in the background
                 if (await fetch(b, ("t", 0), stable=True))[("t", 0)] != "UNSTABLE_OFFSET_COMMIT":
                     return
@@ -377,7 +376,7 @@ def test_with_the_real_transaction_coordinator(tmp_path: Path) -> None:
             raise AssertionError("the marker never reached the offsets partition")
 
         for offset, commit in ((42, True), (99, False)):
-            added = await txn.add_offsets_to_txn(bpb.AddOffsetsToTxnRequest(group_id=GROUP, **ids))
+            added = await txn.add_offsets_to_txn(handle, GROUP)
             assert added.error_code == pb.NONE, added.error_message
             resp = await b.groups.txn_offset_commit(txn_req({("t", 0): offset}, pid=pid, epoch=epoch))
             assert codes(resp) == {("t", 0): pb.NONE}

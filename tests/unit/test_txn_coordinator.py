@@ -12,11 +12,11 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, coordinator_partition
 from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.txn import TransactionCoordinator
+from sluice.broker.txn.api import InitProducerIdInput, ListTransactionsInput, TxnDescription, TxnHandle
 from sluice.broker.txn.state import MAX_EPOCH
 from sluice.records import RecordBatch, build_batch, decode_records, parse_control
 from tests.support.broker_core import InProcessBroker
@@ -50,7 +50,7 @@ class Broker(InProcessBroker):
         """InitProducerId, retrying CONCURRENT_TRANSACTIONS as the client does."""
         for _ in range(500):
             resp = await self.coord.init_producer_id(
-                bpb.InitProducerIdRequest(
+                InitProducerIdInput(
                     transactional_id=tid, transaction_timeout_ms=timeout_ms, producer_id=pid, producer_epoch=epoch
                 )
             )
@@ -61,20 +61,11 @@ class Broker(InProcessBroker):
         raise AssertionError("InitProducerId kept answering CONCURRENT_TRANSACTIONS")
 
     async def add(self, tid: str, pid: int, epoch: int, *partitions: int, topic: str = TOPIC) -> list[int]:
-        resp = await self.coord.add_partitions_to_txn(
-            bpb.AddPartitionsToTxnRequest(
-                transactional_id=tid,
-                producer_id=pid,
-                producer_epoch=epoch,
-                topics=[bpb.TxnTopic(name=topic, partitions=list(partitions))],
-            )
-        )
-        return [r.error_code for r in resp.results]
+        answers = await self.coord.add_partitions_to_txn(TxnHandle(tid, pid, epoch), [(topic, p) for p in partitions])
+        return [r.error_code for r in answers]
 
     async def end(self, tid: str, pid: int, epoch: int, commit: bool) -> int:
-        resp = await self.coord.end_txn(
-            bpb.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit)
-        )
+        resp = await self.coord.end_txn(TxnHandle(tid, pid, epoch), commit)
         return resp.error_code
 
     async def produce(self, tid: str, pid: int, epoch: int, seq: int, value: bytes, partition: int = 0) -> int:
@@ -86,9 +77,9 @@ class Broker(InProcessBroker):
         )
         return produced.error_code
 
-    def describe(self, tid: str) -> bpb.TransactionState:
-        resp = self.coord.describe_transactions(bpb.DescribeTransactionsRequest(transactional_ids=[tid]))
-        return resp.transactions[0]
+    def describe(self, tid: str) -> TxnDescription:
+        (described,) = self.coord.describe_transactions([tid])
+        return described
 
     def batches(self, partition: int = 0, topic: str = TOPIC) -> list[RecordBatch]:
         return list(self.replicas.iter_batches(topic, partition))
@@ -124,14 +115,12 @@ def test_commit_writes_markers_to_every_partition(tmp_path: Path) -> None:
         assert await b.add("tx", pid, epoch, 0, 1) == [pb.NONE, pb.NONE]
         assert await b.produce("tx", pid, epoch, 0, b"a") == pb.NONE
         assert await b.produce("tx", pid, epoch, 0, b"b", partition=1) == pb.NONE
-        offsets = await b.coord.add_offsets_to_txn(
-            bpb.AddOffsetsToTxnRequest(transactional_id="tx", producer_id=pid, producer_epoch=epoch, group_id="g")
-        )
+        offsets = await b.coord.add_offsets_to_txn(TxnHandle("tx", pid, epoch), "g")
         assert offsets.error_code == pb.NONE
         group_tp = (CONSUMER_OFFSETS_TOPIC, coordinator_partition("g", 4))
         st = b.describe("tx")
         assert st.state == "Ongoing" and st.transaction_start_time_ms > 0 and st.coordinator_id == 0
-        assert {(p.topic, p.partition) for p in st.partitions} == {(TOPIC, 0), (TOPIC, 1), group_tp}
+        assert set(st.partitions) == {(TOPIC, 0), (TOPIC, 1), group_tp}
         part = b.replicas.partitions[(TOPIC, 0)]
         assert part.last_stable_offset == 0 < part.high_watermark
 
@@ -160,15 +149,15 @@ def test_list_and_describe(tmp_path: Path) -> None:
         p1, e1 = await b.init("one")
         p2, _ = await b.init("two")
         assert await b.add("one", p1, e1, 0) == [pb.NONE]
-        listed = b.coord.list_transactions(bpb.ListTransactionsRequest())
+        listed = b.coord.list_transactions(ListTransactionsInput())
         assert listed.error_code == pb.NONE
         assert {(t.transactional_id, t.state, t.producer_id) for t in listed.transactions} == {
             ("one", "Ongoing", p1),
             ("two", "Empty", p2),
         }
-        ongoing = b.coord.list_transactions(bpb.ListTransactionsRequest(state_filters=["Ongoing"]))
+        ongoing = b.coord.list_transactions(ListTransactionsInput(states=frozenset({"Ongoing"})))
         assert [t.transactional_id for t in ongoing.transactions] == ["one"]
-        by_pid = b.coord.list_transactions(bpb.ListTransactionsRequest(producer_id_filters=[p2]))
+        by_pid = b.coord.list_transactions(ListTransactionsInput(producer_ids=frozenset({p2})))
         assert [t.transactional_id for t in by_pid.transactions] == ["two"]
         missing = b.describe("nope")
         assert missing.error_code == pb.TRANSACTIONAL_ID_NOT_FOUND
@@ -182,13 +171,13 @@ def test_list_and_describe(tmp_path: Path) -> None:
 def test_request_checks(tmp_path: Path) -> None:
     async def test(b: Broker) -> None:
         too_long = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=10**9)
+            InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=10**9)
         )
         assert too_long.error_code == pb.INVALID_TRANSACTION_TIMEOUT
-        zero = await b.coord.init_producer_id(bpb.InitProducerIdRequest(transactional_id="tx"))
+        zero = await b.coord.init_producer_id(InitProducerIdInput(transactional_id="tx"))
         assert zero.error_code == pb.INVALID_TRANSACTION_TIMEOUT
         # Idempotent producers get a fresh id at epoch 0 from any broker.
-        idem = await b.coord.init_producer_id(bpb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1))
+        idem = await b.coord.init_producer_id(InitProducerIdInput(producer_id=-1, producer_epoch=-1))
         assert idem.error_code == pb.NONE and idem.producer_epoch == 0
         assert await b.add("unknown", 5, 0, 0) == [pb.INVALID_PRODUCER_ID_MAPPING]
 
@@ -209,9 +198,7 @@ def test_request_checks(tmp_path: Path) -> None:
         assert await b.end("tx", pid, epoch, commit=True) == pb.CONCURRENT_TRANSACTIONS
         assert await b.end("tx", pid, epoch, commit=False) == pb.INVALID_TXN_STATE
         assert await b.add("tx", pid, epoch, 1) == [pb.CONCURRENT_TRANSACTIONS]
-        init = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=1)
-        )
+        init = await b.coord.init_producer_id(InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=1))
         assert init.error_code == pb.CONCURRENT_TRANSACTIONS
         await asyncio.sleep(0.3)
         assert b.describe("tx").state == "PrepareCommit"  # retried, not given up
@@ -248,7 +235,7 @@ def test_second_init_fences_and_aborts_the_open_transaction(tmp_path: Path) -> N
         await b.add("tx", pid, epoch, 0)
         assert await b.produce("tx", pid, epoch, 0, b"zombie") == pb.NONE
         first = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
+            InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=60_000)
         )
         assert first.error_code == pb.CONCURRENT_TRANSACTIONS  # the abort is under way
         pid2, epoch2 = await b.init("tx")
@@ -277,13 +264,11 @@ def test_kip360_reinit_and_lost_response_retry(tmp_path: Path) -> None:
         # proto3's default 0 means "no id given": a new instance, which bumps.
         assert await b.init("tx", pid=0, epoch=0) == (pid, e0 + 2)
         stale = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(
-                transactional_id="tx", transaction_timeout_ms=1000, producer_id=pid, producer_epoch=e0
-            )
+            InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=1000, producer_id=pid, producer_epoch=e0)
         )
         assert stale.error_code == pb.PRODUCER_FENCED
         other = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(
+            InitProducerIdInput(
                 transactional_id="tx", transaction_timeout_ms=1000, producer_id=pid + 7, producer_epoch=0
             )
         )
@@ -370,16 +355,14 @@ def test_restart_reloads_state_and_completes_a_prepare_commit(tmp_path: Path) ->
         await until(lambda: b.markers(0) == [True], "the COMMIT marker")
         await asyncio.sleep(0.1)
         assert b.describe("tx").state == "PrepareCommit"  # the hook: no CompleteCommit
-        init = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
-        )
+        init = await b.coord.init_producer_id(InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=60_000))
         assert init.error_code == pb.CONCURRENT_TRANSACTIONS
         await b.close()
 
         b = await Broker(tmp_path, hook).open(wait_ready=False)
         assert not b.coord.is_ready()
         loading = await b.coord.init_producer_id(
-            bpb.InitProducerIdRequest(transactional_id="tx", transaction_timeout_ms=60_000)
+            InitProducerIdInput(transactional_id="tx", transaction_timeout_ms=60_000)
         )
         assert loading.error_code == pb.COORDINATOR_LOAD_IN_PROGRESS
         assert b.describe("tx").error_code == pb.COORDINATOR_LOAD_IN_PROGRESS
@@ -390,7 +373,7 @@ def test_restart_reloads_state_and_completes_a_prepare_commit(tmp_path: Path) ->
         assert b.markers(1) == []  # no data of "tx" there; "open" still open
         st = b.describe("open")
         assert (st.state, st.producer_id, st.producer_epoch) == ("Ongoing", open_pid, open_epoch)
-        assert [(p.topic, p.partition) for p in st.partitions] == [(TOPIC, 1)]
+        assert st.partitions == [(TOPIC, 1)]
         assert await b.produce("open", open_pid, open_epoch, 1, b"more", partition=1) == pb.NONE
         assert await b.end("open", open_pid, open_epoch, commit=False) == pb.NONE
         await until(state_is(b, "open", "CompleteAbort"), "abort after restart")
@@ -430,12 +413,12 @@ def test_declared_transactional_ids_only_when_the_cluster_requires_them(tmp_path
         broker = await Broker(tmp_path, {"transactional.id.declaration.required": "true"}).open()
         try:
             refused = await broker.coord.init_producer_id(
-                bpb.InitProducerIdRequest(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
+                InitProducerIdInput(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
             )
             assert refused.error_code == pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
             assert "not declared" in refused.error_message and refused.producer_id == -1
             # Idempotent producers (no transactional id) are not concerned.
-            idempotent = await broker.coord.init_producer_id(bpb.InitProducerIdRequest(transaction_timeout_ms=1))
+            idempotent = await broker.coord.init_producer_id(InitProducerIdInput(transaction_timeout_ms=1))
             assert idempotent.error_code == pb.NONE
             doc = broker.store.compare_and_set(
                 "transactional_ids/app-1", {"transactional_id": "app-1", "resource": "ns/app-1"}, None
@@ -448,7 +431,7 @@ def test_declared_transactional_ids_only_when_the_cluster_requires_them(tmp_path
             broker.store.delete("transactional_ids/app-1", doc.version)
             broker.cluster.refresh()
             again = await broker.coord.init_producer_id(
-                bpb.InitProducerIdRequest(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
+                InitProducerIdInput(transactional_id="app-1", transaction_timeout_ms=60_000, producer_id=-1)
             )
             assert again.error_code == pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         finally:

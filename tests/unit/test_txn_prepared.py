@@ -10,26 +10,24 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.txn.api import HandleAnswer, InitProducerIdInput, ListTransactionsInput, TxnHandle
 from tests.unit.test_txn_coordinator import TOPIC, Broker, run, state_is, until
 
 FAST_TIMEOUTS = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": "50"}
 
 
-async def prepare(b: Broker, tid: str, pid: int, epoch: int) -> bpb.PrepareTxnResponse:
-    return await b.coord.prepare_txn(bpb.PrepareTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch))
+async def prepare(b: Broker, tid: str, pid: int, epoch: int) -> HandleAnswer:
+    return await b.coord.prepare_txn(TxnHandle(tid, pid, epoch))
 
 
-async def end_prepared(b: Broker, tid: str, pid: int, epoch: int, commit: bool) -> bpb.EndTxnResponse:
-    return await b.coord.end_txn(
-        bpb.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit, prepared=True)
-    )
+async def end_prepared(b: Broker, tid: str, pid: int, epoch: int, commit: bool) -> HandleAnswer:
+    return await b.coord.end_txn(TxnHandle(tid, pid, epoch), commit, prepared_only=True)
 
 
-async def init_raw(b: Broker, tid: str, *, keep: bool = False, abort: bool = False) -> bpb.InitProducerIdResponse:
+async def init_raw(b: Broker, tid: str, *, keep: bool = False, abort: bool = False) -> HandleAnswer:
     return await b.coord.init_producer_id(
-        bpb.InitProducerIdRequest(
+        InitProducerIdInput(
             transactional_id=tid, transaction_timeout_ms=200, keep_prepared_txn=keep, abort_prepared_txn=abort
         )
     )
@@ -51,7 +49,7 @@ def test_the_timeout_does_not_abort_a_prepared_transaction_and_its_handle_commit
         await asyncio.sleep(0.6)  # three times the 200 ms timeout, with a 50 ms scan
         st = b.describe("tx")
         assert (st.state, st.producer_epoch) == ("Prepared", epoch)
-        assert [(p.topic, p.partition) for p in st.partitions] == [(TOPIC, 0)]
+        assert st.partitions == [(TOPIC, 0)]
         assert b.markers(0) == []
         # Nothing joins a prepared transaction, and a repeated prepare answers the same handle.
         assert await b.add("tx", pid, epoch, 1) == [pb.INVALID_TXN_STATE]
@@ -138,7 +136,7 @@ def test_an_idle_id_prepares_an_empty_transaction_and_init_reports_the_commit(tm
         await until(state_is(b, "empty", "CompleteCommit"), "the empty commit")
         again = await init_raw(b, "empty", keep=True)
         assert (again.error_code, again.previous_state) == (pb.NONE, "CompleteCommit")
-        listed = b.coord.list_transactions(bpb.ListTransactionsRequest(state_filters=["Prepared"]))
+        listed = b.coord.list_transactions(ListTransactionsInput(states=frozenset({"Prepared"})))
         assert list(listed.transactions) == []
 
     run(tmp_path, test)
@@ -148,7 +146,7 @@ def test_list_shows_prepared_transactions_with_their_handle(tmp_path: Path) -> N
     async def test(b: Broker) -> None:
         pid, epoch = await prepared_with_data(b, "a")
         await b.init("b")
-        listed = b.coord.list_transactions(bpb.ListTransactionsRequest(state_filters=["Prepared"]))
+        listed = b.coord.list_transactions(ListTransactionsInput(states=frozenset({"Prepared"})))
         assert [(t.transactional_id, t.producer_id, t.producer_epoch, t.state) for t in listed.transactions] == [
             ("a", pid, epoch, "Prepared")
         ]
@@ -166,7 +164,7 @@ def test_a_prepared_transaction_survives_a_restart(tmp_path: Path) -> None:
         await asyncio.sleep(0.5)  # past the timeout, with the scan running on the reloaded state
         st = b.describe("tx")
         assert (st.state, st.producer_id, st.producer_epoch) == ("Prepared", pid, epoch)
-        assert [(p.topic, p.partition) for p in st.partitions] == [(TOPIC, 0)]
+        assert st.partitions == [(TOPIC, 0)]
         assert (await end_prepared(b, "tx", pid, epoch, True)).error_code == pb.NONE
         await until(state_is(b, "tx", "CompleteCommit"), "the commit after the restart")
         assert b.markers(0) == [True]

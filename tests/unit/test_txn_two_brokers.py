@@ -25,7 +25,9 @@ from sluice.broker.cluster import TRANSACTION_STATE_TOPIC, ClusterView, coordina
 from sluice.broker.data_path import ProduceInput, ProducePartition
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import peers
+from sluice.broker.servicers.broker import transaction_state
 from sluice.broker.txn import TransactionCoordinator
+from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
 from sluice.records import build_batch, parse_control
 from tests.support.broker_core import InProcessBroker
 from tests.support.waiting import until
@@ -51,7 +53,11 @@ class _Broker(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def DescribeTransactions(
         self, request: bpb.DescribeTransactionsRequest, _ctx: Any
     ) -> bpb.DescribeTransactionsResponse:
-        return self.node.coord.describe_transactions(request)
+        return bpb.DescribeTransactionsResponse(
+            transactions=[
+                transaction_state(d) for d in self.node.coord.describe_transactions(request.transactional_ids)
+            ]
+        )
 
 
 class Node:
@@ -148,7 +154,7 @@ def test_markers_reach_a_remote_leader_and_remote_verification_works(tmp_path: P
             # A transactional id coordinated by broker 0.
             tid = next(f"tx-{i}" for i in range(100) if coordinator_partition(f"tx-{i}", N) % 2 == 0)
             assert a.cluster.topics[TRANSACTION_STATE_TOPIC].partitions[coordinator_partition(tid, N)].leader == 0
-            init = bpb.InitProducerIdRequest(transactional_id=tid, transaction_timeout_ms=60_000)
+            init = InitProducerIdInput(transactional_id=tid, transaction_timeout_ms=60_000)
             elsewhere = await b.coord.init_producer_id(init)
             assert elsewhere.error_code == pb.NOT_COORDINATOR
             resp = await a.coord.init_producer_id(init)
@@ -158,28 +164,19 @@ def test_markers_reach_a_remote_leader_and_remote_verification_works(tmp_path: P
             # Broker 1 leads orders-1: before the add, its verification (a DescribeTransactions
             # to broker 0) refuses the write; after it, accepts it.
             assert await b.produce(tid, pid, epoch, 1) == pb.INVALID_TXN_STATE
-            add = await a.coord.add_partitions_to_txn(
-                bpb.AddPartitionsToTxnRequest(
-                    transactional_id=tid,
-                    producer_id=pid,
-                    producer_epoch=epoch,
-                    topics=[bpb.TxnTopic(name=TOPIC, partitions=[0, 1])],
-                )
-            )
-            assert [r.error_code for r in add.results] == [pb.NONE, pb.NONE]
+            add = await a.coord.add_partitions_to_txn(TxnHandle(tid, pid, epoch), [(TOPIC, 0), (TOPIC, 1)])
+            assert [r.error_code for r in add] == [pb.NONE, pb.NONE]
             assert await b.produce(tid, pid, epoch, 1) == pb.NONE
             assert await a.produce(tid, pid, epoch, 0) == pb.NONE
 
             # Broker 1 goes away before the commit: its marker waits for it.
             await b.halt()
-            end = await a.coord.end_txn(
-                bpb.EndTxnRequest(transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=True)
-            )
+            end = await a.coord.end_txn(TxnHandle(tid, pid, epoch), True)
             assert end.error_code == pb.NONE
 
             def state() -> str:
-                desc = a.coord.describe_transactions(bpb.DescribeTransactionsRequest(transactional_ids=[tid]))
-                return desc.transactions[0].state
+                (desc,) = a.coord.describe_transactions([tid])
+                return desc.state
 
             await until(lambda: a.markers(0) == [True], "the local marker")
             await asyncio.sleep(0.5)

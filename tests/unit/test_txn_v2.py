@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.txn.api import HandleAnswer, TxnHandle
 from sluice.broker.txn.log import decode_value, encode_key, encode_value
 from sluice.broker.txn.state import MAX_EPOCH, IllegalTransition, TxnMetadata, TxnState
 from sluice.records import decode_records
@@ -31,26 +31,14 @@ FAST_TIMEOUTS = {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 
 
 
 async def add2(b: Broker, tid: str, pid: int, epoch: int, *partitions: int) -> list[int]:
-    resp = await b.coord.add_partitions_to_txn(
-        bpb.AddPartitionsToTxnRequest(
-            transactional_id=tid,
-            producer_id=pid,
-            producer_epoch=epoch,
-            topics=[bpb.TxnTopic(name=TOPIC, partitions=list(partitions))],
-            transaction_version=V2,
-        )
-    )
-    return [r.error_code for r in resp.results]
+    answers = await b.coord.add_partitions_to_txn(TxnHandle(tid, pid, epoch, V2), [(TOPIC, p) for p in partitions])
+    return [r.error_code for r in answers]
 
 
-async def end2(b: Broker, tid: str, pid: int, epoch: int, commit: bool) -> bpb.EndTxnResponse:
+async def end2(b: Broker, tid: str, pid: int, epoch: int, commit: bool) -> HandleAnswer:
     """EndTxn (version 2), retrying CONCURRENT_TRANSACTIONS as the client does."""
     for _ in range(500):
-        resp = await b.coord.end_txn(
-            bpb.EndTxnRequest(
-                transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit, transaction_version=V2
-            )
-        )
+        resp = await b.coord.end_txn(TxnHandle(tid, pid, epoch, V2), commit)
         if resp.error_code != pb.CONCURRENT_TRANSACTIONS:
             return resp
         await asyncio.sleep(0.01)

@@ -94,7 +94,7 @@ def cluster_refusal(op: AclOperation) -> str:
 def group_refusal(ctx: KafkaContext, op: AclOperation, group: str) -> tuple[int, str] | None:
     """(GROUP_AUTHORIZATION_FAILED, why) when the caller may not ``op`` the group, else None."""
     refused = checks.check_group(ctx.access, ctx.caller, op, group)
-    return None if refused is None else (int(refused[0]), refused[1])
+    return None if refused is None else (int(refused.code), refused.message)
 
 
 def authorized_operations(ctx: KafkaContext, resource_type: ResourceType, name: str) -> int:

@@ -31,11 +31,13 @@ is allowed when the authorizer is off).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from sluice.acls import IMPLIED_BY, WILDCARD, AclBinding, AclOperation, AclPermissionType, ResourceType
+from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig
 from sluice.broker.security.peers import (
     Caller,
@@ -60,6 +62,15 @@ _LISTED_MAY = frozenset({AclOperation.WRITE, AclOperation.DESCRIBE})
 def operation_name(op: AclOperation) -> str:
     """Kafka's name of an operation: ``AlterConfigs``, ``Write``."""
     return op.name.title().replace("_", "")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request, or one key of it, refused: Kafka's code, why, and for how long (ms, quotas only)."""
+
+    code: pb.ErrorCode
+    message: str
+    throttle_ms: int = 0
 
 
 def topic_refusal(op: AclOperation, topic: str) -> str:

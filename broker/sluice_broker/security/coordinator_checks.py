@@ -2,9 +2,11 @@
 
 Each ``check_*`` function takes the broker's :class:`Access`, the caller (a gRPC call, or the
 :class:`~sluice.broker.security.peers.Caller` of a Kafka-listener connection: both protocols
-ask these same functions) and the request, and returns the refusal to answer (the RPC's own
-response type, with Kafka's error codes) or None when the request may go to the coordinator.
-All are None while the authorizer is off.
+ask these same functions) and what the request asks, and returns the refusal to answer
+(:class:`Refusal`: Kafka's error code and why; per partition where the request has partitions)
+or None when the request may go to the coordinator. All are None while the authorizer is off.
+The transaction coordinator's checks take plain values; the group coordinator's still take its
+gRPC request (issue 25 moves them next).
 
 The rules (Kafka's KafkaApis): FindCoordinator needs Describe on the group or transactional id;
 InitProducerId Write on the transactional id, or without one IdempotentWrite on the cluster or
@@ -19,12 +21,12 @@ allowed part; all-or-nothing here keeps a transaction's offsets whole).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from sluice.acls import AclOperation, ResourceType
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.security.authorizer import Access, Who, topic_refusal
+from sluice.broker.security.authorizer import Access, Refusal, Who, topic_refusal
 
 R, W, D = AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE
 TOPIC, GROUP, TXN = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
@@ -39,83 +41,68 @@ def _group_refusal(op: AclOperation, group: str) -> str:
     return f"not authorized to {op.name.title()} group {group!r} (no ACL allows it)"
 
 
-def _partition_results(
-    pairs: Iterable[tuple[str, int]], denied: set[str], op: AclOperation
-) -> list[bpb.TxnPartitionResult]:
+def _refused_partitions(
+    pairs: Iterable[tuple[str, int]], whole: Refusal | None, denied: set[str], op: AclOperation
+) -> list[tuple[str, int, Refusal]]:
+    """Each partition's refusal: the whole request's, or its topic's, or "not attempted"."""
     out = []
     for topic, partition in pairs:
-        if topic in denied:
-            out.append(bpb.TxnPartitionResult(
-                topic=topic, partition=partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                error_message=topic_refusal(op, topic),
-            ))  # fmt: skip
+        if whole is not None:
+            out.append((topic, partition, whole))
+        elif topic in denied:
+            out.append((topic, partition, Refusal(pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(op, topic))))
         else:
-            out.append(bpb.TxnPartitionResult(
-                topic=topic, partition=partition, error_code=pb.OPERATION_NOT_ATTEMPTED, error_message=_NOT_ATTEMPTED
-            ))  # fmt: skip
+            out.append((topic, partition, Refusal(pb.OPERATION_NOT_ATTEMPTED, _NOT_ATTEMPTED)))
     return out
 
 
-def _all_results(pairs: Iterable[tuple[str, int]], code: pb.ErrorCode, message: str) -> list[bpb.TxnPartitionResult]:
-    return [bpb.TxnPartitionResult(topic=t, partition=p, error_code=code, error_message=message) for t, p in pairs]
-
-
-def check_find_coordinator(
-    access: Access, ctx: Who, req: bpb.FindCoordinatorRequest
-) -> bpb.FindCoordinatorResponse | None:
-    if req.key_type == bpb.TRANSACTION:
-        if not access.allowed(ctx, D, TXN, req.key):
-            return bpb.FindCoordinatorResponse(
-                node_id=-1, error_code=pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error_message=_txn_refusal(D, req.key)
-            )
-    elif not access.allowed(ctx, D, GROUP, req.key):
-        return bpb.FindCoordinatorResponse(
-            node_id=-1, error_code=pb.GROUP_AUTHORIZATION_FAILED, error_message=_group_refusal(D, req.key)
-        )
+def check_find_coordinator(access: Access, ctx: Who, key: str, transactional: bool) -> Refusal | None:
+    """Describe on the transactional id (``transactional``) or the group."""
+    if transactional:
+        if not access.allowed(ctx, D, TXN, key):
+            return Refusal(pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(D, key))
+    elif not access.allowed(ctx, D, GROUP, key):
+        return Refusal(pb.GROUP_AUTHORIZATION_FAILED, _group_refusal(D, key))
     return None
 
 
-def check_init_producer_id(
-    access: Access, ctx: Who, req: bpb.InitProducerIdRequest
-) -> bpb.InitProducerIdResponse | None:
+def check_init_producer_id(access: Access, ctx: Who, transactional_id: str) -> Refusal | None:
     if not access.enabled:
         return None
-    if req.transactional_id:
-        if access.allowed(ctx, W, TXN, req.transactional_id):
+    if transactional_id:
+        if access.allowed(ctx, W, TXN, transactional_id):
             return None
-        code, message = pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(W, req.transactional_id)
-    else:
-        if access.cluster(ctx, AclOperation.IDEMPOTENT_WRITE) or access.allowed_on_some(ctx, W, TOPIC):
-            return None  # KIP-679: Write on any topic is enough for an idempotent producer
-        code = pb.CLUSTER_AUTHORIZATION_FAILED
-        message = "an idempotent producer needs IdempotentWrite on the cluster or Write on some topic"
-    return bpb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1, error_code=code, error_message=message)
+        return Refusal(pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(W, transactional_id))
+    if access.cluster(ctx, AclOperation.IDEMPOTENT_WRITE) or access.allowed_on_some(ctx, W, TOPIC):
+        return None  # KIP-679: Write on any topic is enough for an idempotent producer
+    return Refusal(
+        pb.CLUSTER_AUTHORIZATION_FAILED,
+        "an idempotent producer needs IdempotentWrite on the cluster or Write on some topic",
+    )
 
 
-def check_txn_id(access: Access, ctx: Who, txn_id: str) -> tuple[pb.ErrorCode, str] | None:
+def check_txn_id(access: Access, ctx: Who, txn_id: str) -> Refusal | None:
     """Write on the transactional id (AddOffsetsToTxn, EndTxn, PrepareTxn)."""
     if access.allowed(ctx, W, TXN, txn_id):
         return None
-    return pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(W, txn_id)
+    return Refusal(pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(W, txn_id))
 
 
-def check_group(access: Access, ctx: Who, op: AclOperation, group: str) -> tuple[pb.ErrorCode, str] | None:
+def check_group(access: Access, ctx: Who, op: AclOperation, group: str) -> Refusal | None:
     if access.allowed(ctx, op, GROUP, group):
         return None
-    return pb.GROUP_AUTHORIZATION_FAILED, _group_refusal(op, group)
+    return Refusal(pb.GROUP_AUTHORIZATION_FAILED, _group_refusal(op, group))
 
 
 def check_add_partitions(
-    access: Access, ctx: Who, req: bpb.AddPartitionsToTxnRequest
-) -> bpb.AddPartitionsToTxnResponse | None:
-    pairs = [(t.name, p) for t in req.topics for p in t.partitions]
-    refused = check_txn_id(access, ctx, req.transactional_id)
-    if refused is not None:
-        return bpb.AddPartitionsToTxnResponse(results=_all_results(pairs, *refused))
-    denied = access.denied_topics(ctx, W, (t.name for t in req.topics))
-    if denied:
-        return bpb.AddPartitionsToTxnResponse(results=_partition_results(pairs, denied, W))
-    return None
+    access: Access, ctx: Who, txn_id: str, pairs: Sequence[tuple[str, int]]
+) -> list[tuple[str, int, Refusal]] | None:
+    """Each partition's refusal, in the order asked, when any is refused (none is added then)."""
+    refused = check_txn_id(access, ctx, txn_id)
+    denied = set() if refused is not None else access.denied_topics(ctx, W, (t for t, _p in pairs))
+    if refused is None and not denied:
+        return None
+    return _refused_partitions(pairs, refused, denied, W)
 
 
 def _commit_refusal(
@@ -125,10 +112,13 @@ def _commit_refusal(
     pairs = [(t.name, p.partition) for t in topics for p in t.partitions]
     refused = check_txn_id(access, ctx, txn_id) if txn_id is not None else None
     refused = refused or check_group(access, ctx, R, group)
-    if refused is not None:
-        return _all_results(pairs, *refused)
-    denied = access.denied_topics(ctx, R, (t.name for t in topics))
-    return _partition_results(pairs, denied, R) if denied else None
+    denied = set() if refused is not None else access.denied_topics(ctx, R, (t.name for t in topics))
+    if refused is None and not denied:
+        return None
+    return [
+        bpb.TxnPartitionResult(topic=t, partition=p, error_code=r.code, error_message=r.message)
+        for t, p, r in _refused_partitions(pairs, refused, denied, R)
+    ]
 
 
 def check_txn_offset_commit(
@@ -146,7 +136,7 @@ def check_offset_commit(access: Access, ctx: Who, req: bpb.OffsetCommitRequest) 
 def check_offset_fetch(access: Access, ctx: Who, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse | None:
     refused = check_group(access, ctx, D, req.group_id)
     if refused is not None:
-        return bpb.OffsetFetchResponse(error_code=refused[0], error_message=refused[1])
+        return bpb.OffsetFetchResponse(error_code=refused.code, error_message=refused.message)
     return None
 
 
@@ -168,38 +158,28 @@ def check_heartbeat(
         denied = access.denied_topics(ctx, D, req.subscribed_topic_names)
         if denied:
             first = sorted(denied)[0]
-            refused = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, first)
+            refused = Refusal(pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, first))
     if refused is None:
         return None
     return bpb.ConsumerGroupHeartbeatResponse(
-        error_code=refused[0], error_message=refused[1], member_id=req.member_id, member_epoch=req.member_epoch
+        error_code=refused.code, error_message=refused.message, member_id=req.member_id, member_epoch=req.member_epoch
     )
 
 
 def filter_describe_transactions(
-    access: Access, ctx: Who, req: bpb.DescribeTransactionsRequest
-) -> tuple[bpb.DescribeTransactionsRequest, list[bpb.TransactionState]]:
-    """(the ids the caller may Describe, the refusals of the others)."""
-    allowed = bpb.DescribeTransactionsRequest()
-    refused: list[bpb.TransactionState] = []
-    for txn_id in req.transactional_ids:
+    access: Access, ctx: Who, txn_ids: Iterable[str]
+) -> tuple[list[str], dict[str, Refusal]]:
+    """(the ids the caller may Describe, the refusal of each of the others)."""
+    allowed: list[str] = []
+    refused: dict[str, Refusal] = {}
+    for txn_id in txn_ids:
         if access.allowed(ctx, D, TXN, txn_id):
-            allowed.transactional_ids.append(txn_id)
+            allowed.append(txn_id)
         else:
-            refused.append(bpb.TransactionState(
-                transactional_id=txn_id, error_code=pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-                error_message=_txn_refusal(D, txn_id),
-            ))  # fmt: skip
+            refused[txn_id] = Refusal(pb.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, _txn_refusal(D, txn_id))
     return allowed, refused
 
 
-def filter_list_transactions(
-    access: Access, ctx: Who, resp: bpb.ListTransactionsResponse
-) -> bpb.ListTransactionsResponse:
-    """Only the transactional ids the caller may Describe (Kafka's ListTransactions)."""
-    if not access.enabled:
-        return resp
-    kept = [t for t in resp.transactions if access.allowed(ctx, D, TXN, t.transactional_id)]
-    del resp.transactions[:]
-    resp.transactions.extend(kept)
-    return resp
+def listable_txn_ids(access: Access, ctx: Who, txn_ids: Iterable[str]) -> set[str]:
+    """The transactional ids ListTransactions shows the caller: those it may Describe (Kafka's rule)."""
+    return {t for t in txn_ids if not access.enabled or access.allowed(ctx, D, TXN, t)}

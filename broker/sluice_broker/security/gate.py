@@ -45,7 +45,7 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
 from sluice.broker.config import BrokerConfig
 from sluice.broker.security import coordinator_checks as checks
-from sluice.broker.security.authorizer import Access, Who
+from sluice.broker.security.authorizer import Access, Refusal, Who
 from sluice.broker.security.limits import KEY as PRODUCER_ID_RATE_KEY
 from sluice.broker.security.limits import ByteRateQuota, RateLimit
 from sluice.broker.security.peers import ClusterIdentity
@@ -58,15 +58,6 @@ log = logging.getLogger(__name__)
 HELD_LOG_EVERY_S = 60.0  # a held-back request is logged at most this often per principal
 HELD_LOG_MAX_PRINCIPALS = 10_000
 COORDINATOR_TOPICS = {bpb.GROUP: CONSUMER_OFFSETS_TOPIC, bpb.TRANSACTION: TRANSACTION_STATE_TOPIC}
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """A request, or one key of it, refused by the gate: Kafka's code, why, and for how long (ms)."""
-
-    code: pb.ErrorCode
-    message: str
-    throttle_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,11 +150,9 @@ class RequestGate:
         """
         if not key:
             return Coordinator(refusal=Refusal(pb.INVALID_REQUEST, "the key (group id or transactional id) is empty"))
-        refused = checks.check_find_coordinator(
-            self.access, who, bpb.FindCoordinatorRequest(key=key, key_type=key_type)
-        )
+        refused = checks.check_find_coordinator(self.access, who, key, key_type == bpb.TRANSACTION)
         if refused is not None:
-            return Coordinator(refusal=Refusal(refused.error_code, refused.error_message))
+            return Coordinator(refusal=refused)
         topic = COORDINATOR_TOPICS[key_type]
         info = cluster.topics.get(topic)
         if info is None:

@@ -21,7 +21,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -41,7 +41,7 @@ from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.log.fetch_response import FetchResponseWriter
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
-from sluice.broker.security.authorizer import topic_refusal
+from sluice.broker.security.authorizer import Refusal, topic_refusal
 from sluice.broker.security.client_ids import client_id
 from sluice.broker.security.gate import RequestGate
 from sluice.broker.security.peers import principal
@@ -50,6 +50,14 @@ from sluice.broker.servicers.quotas import QuotaHandlers
 from sluice.broker.servicers.registration import Ctx, nonneg, service
 from sluice.broker.topic_config_ops import ConfigChange
 from sluice.broker.txn import TransactionCoordinator
+from sluice.broker.txn.api import (
+    HandleAnswer,
+    InitProducerIdInput,
+    ListTransactionsInput,
+    PartitionAnswer,
+    TxnDescription,
+    TxnHandle,
+)
 
 MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
 
@@ -404,59 +412,101 @@ class BrokerService:
         return bpb.FindCoordinatorResponse(node_id=endpoint.broker_id, host=endpoint.host, port=endpoint.port)
 
     async def init_producer_id(self, req: bpb.InitProducerIdRequest, ctx: Ctx) -> bpb.InitProducerIdResponse:
-        refused = checks.check_init_producer_id(self.access, ctx, req)
+        refused = checks.check_init_producer_id(self.access, ctx, req.transactional_id) or self.gate.take_producer_id(
+            principal(ctx), req.producer_id
+        )
         if refused is not None:
-            return refused
-        throttled = self.gate.take_producer_id(principal(ctx), req.producer_id)
-        if throttled is not None:
             return bpb.InitProducerIdResponse(
-                producer_id=-1, producer_epoch=-1, error_code=throttled.code, error_message=throttled.message
+                producer_id=-1, producer_epoch=-1, error_code=refused.code, error_message=refused.message
             )
-        return await self.txn.init_producer_id(req)
+        return _handle_response(
+            bpb.InitProducerIdResponse,
+            await self.txn.init_producer_id(
+                InitProducerIdInput(
+                    req.transactional_id,
+                    req.transaction_timeout_ms,
+                    req.producer_id,
+                    req.producer_epoch,
+                    req.keep_prepared_txn,
+                    req.abort_prepared_txn,
+                )
+            ),
+        )
 
     async def add_partitions_to_txn(
         self, req: bpb.AddPartitionsToTxnRequest, ctx: Ctx
     ) -> bpb.AddPartitionsToTxnResponse:
-        refused = checks.check_add_partitions(self.access, ctx, req)
-        return refused if refused is not None else await self.txn.add_partitions_to_txn(req)
+        pairs = [(t.name, p) for t in req.topics for p in t.partitions]
+        refused = checks.check_add_partitions(self.access, ctx, req.transactional_id, pairs)
+        if refused is not None:
+            answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
+        else:
+            answers = await self.txn.add_partitions_to_txn(_txn_handle(req), pairs)
+        return bpb.AddPartitionsToTxnResponse(
+            results=[
+                bpb.TxnPartitionResult(
+                    topic=a.topic, partition=a.partition, error_code=a.error_code, error_message=a.error_message
+                )
+                for a in answers
+            ]
+        )
 
     async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest, ctx: Ctx) -> bpb.AddOffsetsToTxnResponse:
         refused = checks.check_txn_id(self.access, ctx, req.transactional_id) or checks.check_group(
             self.access, ctx, AclOperation.READ, req.group_id
         )
         if refused is not None:
-            return bpb.AddOffsetsToTxnResponse(error_code=refused[0], error_message=refused[1])
-        return await self.txn.add_offsets_to_txn(req)
+            return bpb.AddOffsetsToTxnResponse(error_code=refused.code, error_message=refused.message)
+        outcome = await self.txn.add_offsets_to_txn(_txn_handle(req), req.group_id)
+        return bpb.AddOffsetsToTxnResponse(error_code=outcome.error_code, error_message=outcome.error_message)
 
     async def end_txn(self, req: bpb.EndTxnRequest, ctx: Ctx) -> bpb.EndTxnResponse:
         refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
         if refused is not None:
-            return bpb.EndTxnResponse(error_code=refused[0], error_message=refused[1])
-        return await self.txn.end_txn(req)
+            return bpb.EndTxnResponse(
+                producer_id=-1, producer_epoch=-1, error_code=refused.code, error_message=refused.message
+            )
+        ended = await self.txn.end_txn(_txn_handle(req), req.committed, prepared_only=req.prepared)
+        return _handle_response(bpb.EndTxnResponse, ended)
 
     async def prepare_txn(self, req: bpb.PrepareTxnRequest, ctx: Ctx) -> bpb.PrepareTxnResponse:
         refused = checks.check_txn_id(self.access, ctx, req.transactional_id)
         if refused is not None:
             return bpb.PrepareTxnResponse(
-                error_code=refused[0], error_message=refused[1], producer_id=-1, producer_epoch=-1
+                error_code=refused.code, error_message=refused.message, producer_id=-1, producer_epoch=-1
             )
-        return await self.txn.prepare_txn(req)
+        return _handle_response(bpb.PrepareTxnResponse, await self.txn.prepare_txn(_txn_handle(req)))
 
     async def describe_transactions(
         self, req: bpb.DescribeTransactionsRequest, ctx: Ctx
     ) -> bpb.DescribeTransactionsResponse:
-        if not self.access.enabled:
-            return self.txn.describe_transactions(req)
-        allowed, refused = checks.filter_describe_transactions(self.access, ctx, req)
-        resp = (
-            self.txn.describe_transactions(allowed) if allowed.transactional_ids else bpb.DescribeTransactionsResponse()
-        )
-        resp.transactions.extend(refused)
-        return resp
+        allowed, refused = checks.filter_describe_transactions(self.access, ctx, req.transactional_ids)
+        described = self.txn.describe_transactions(allowed) if allowed else []
+        described += [TxnDescription(t, r.code, r.message) for t, r in refused.items()]
+        return bpb.DescribeTransactionsResponse(transactions=[transaction_state(d) for d in described])
 
     async def list_transactions(self, req: bpb.ListTransactionsRequest, ctx: Ctx) -> bpb.ListTransactionsResponse:
         nonneg(req.duration_filter_ms, "duration_filter_ms")
-        return checks.filter_list_transactions(self.access, ctx, self.txn.list_transactions(req))
+        listed = self.txn.list_transactions(
+            ListTransactionsInput(
+                frozenset(req.state_filters), frozenset(req.producer_id_filters), req.duration_filter_ms
+            )
+        )
+        visible = checks.listable_txn_ids(self.access, ctx, (t.transactional_id for t in listed.transactions))
+        return bpb.ListTransactionsResponse(
+            error_code=listed.error_code,
+            transactions=[
+                bpb.ListedTransaction(
+                    transactional_id=t.transactional_id,
+                    producer_id=t.producer_id,
+                    producer_epoch=t.producer_epoch,
+                    state=t.state,
+                    coordinator_id=t.coordinator_id,
+                )
+                for t in listed.transactions
+                if t.transactional_id in visible
+            ],
+        )
 
     async def describe_producers(self, req: bpb.DescribeProducersRequest, ctx: Ctx) -> bpb.DescribeProducersResponse:
         """The producers with state on each partition (this broker must lead it); Read on the topic, as Kafka."""
@@ -539,7 +589,7 @@ class BrokerService:
         by_id = {g.group_id: g for g in answered.groups}
         return bpb.DescribeGroupsResponse(
             groups=[
-                bpb.DescribedGroup(group_id=g, error_code=refused[g][0], error_message=refused[g][1])
+                bpb.DescribedGroup(group_id=g, error_code=refused[g].code, error_message=refused[g].message)
                 if g in refused
                 else by_id[g]
                 for g in req.group_ids
@@ -553,20 +603,51 @@ class BrokerService:
         by_id = {g.group_id: g for g in answered.results}
         return bpb.DeleteGroupsResponse(
             results=[
-                bpb.DeletedGroup(group_id=g, error_code=refused[g][0], error_message=refused[g][1])
+                bpb.DeletedGroup(group_id=g, error_code=refused[g].code, error_message=refused[g].message)
                 if g in refused
                 else by_id[g]
                 for g in req.group_ids
             ]
         )
 
-    def _group_refusals(
-        self, ctx: Ctx, op: AclOperation, group_ids: Iterable[str]
-    ) -> dict[str, tuple[pb.ErrorCode, str]]:
-        """GROUP_AUTHORIZATION_FAILED (code, message) for each group the caller may not ``op``."""
+    def _group_refusals(self, ctx: Ctx, op: AclOperation, group_ids: Iterable[str]) -> dict[str, Refusal]:
+        """GROUP_AUTHORIZATION_FAILED for each group the caller may not ``op``."""
         out = {}
         for g in group_ids:
             refusal = checks.check_group(self.access, ctx, op, g)
             if refusal is not None:
                 out[g] = refusal
         return out
+
+
+_HandleResponse = TypeVar("_HandleResponse", bpb.InitProducerIdResponse, bpb.EndTxnResponse, bpb.PrepareTxnResponse)
+
+
+def _handle_response(kind: type[_HandleResponse], a: HandleAnswer) -> _HandleResponse:
+    """The gRPC answer of a call that answers a producer handle."""
+    resp = kind(
+        producer_id=a.producer_id, producer_epoch=a.producer_epoch, error_code=a.error_code,
+        error_message=a.error_message,
+    )  # fmt: skip
+    if isinstance(resp, bpb.InitProducerIdResponse):
+        resp.previous_state = a.previous_state
+    return resp
+
+
+def _txn_handle(
+    req: bpb.AddPartitionsToTxnRequest | bpb.AddOffsetsToTxnRequest | bpb.EndTxnRequest | bpb.PrepareTxnRequest,
+) -> TxnHandle:
+    version = 1 if isinstance(req, bpb.PrepareTxnRequest) else req.transaction_version
+    return TxnHandle(req.transactional_id, req.producer_id, req.producer_epoch, version)
+
+
+def transaction_state(d: TxnDescription) -> bpb.TransactionState:
+    """DescribeTransactions' gRPC answer for one id (brokers ask it of each other too: KIP-890 verification)."""
+    return bpb.TransactionState(
+        transactional_id=d.transactional_id, error_code=d.error_code, error_message=d.error_message, state=d.state,
+        producer_id=d.producer_id, producer_epoch=d.producer_epoch, transaction_timeout_ms=d.transaction_timeout_ms,
+        transaction_start_time_ms=d.transaction_start_time_ms, last_update_time_ms=d.last_update_time_ms,
+        coordinator_id=d.coordinator_id, resume_producer_id=d.resume_producer_id,
+        resume_producer_epoch=d.resume_producer_epoch,
+        partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in d.partitions],
+    )  # fmt: skip

@@ -2,6 +2,7 @@
 
 Modules, from the pure core outwards:
 
+``api``          what the coordinator takes and answers (plain values, no protocol's messages)
 ``state``        the states of a transactional id and the table of legal transitions (no I/O)
 ``log``          the encoding of state records in ``__transaction_state``, and replay
 ``markers``      delivering COMMIT/ABORT markers to every partition of a transaction

@@ -70,6 +70,9 @@ go on. A version 1 request (no transaction_version) keeps the classic rules:
 EndTxn keeps the epoch, and a timeout fences the producer (epoch + 1, no
 resume handle).
 
+The coordinator takes and answers the plain values of :mod:`.api`, whichever protocol the
+request came by.
+
 Test-only hook ``txn.stop_before_complete_commit`` (broker config
 ``sluice.test.hooks``): after EndTxn(commit) the coordinator logs
 PrepareCommit, answers and writes the markers, but never logs CompleteCommit,
@@ -105,6 +108,17 @@ from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
 from sluice.broker.errors import answer
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.topic_partition import TopicPartition
+from sluice.broker.txn.api import (
+    HandleAnswer,
+    InitProducerIdInput,
+    ListedTransaction,
+    ListTransactionsInput,
+    Outcome,
+    PartitionAnswer,
+    TransactionList,
+    TxnDescription,
+    TxnHandle,
+)
 from sluice.broker.txn.log import TxnLogError, apply_batch, state_batch
 from sluice.broker.txn.markers import MarkerJob, MarkerResult, MarkerSender
 from sluice.broker.txn.state import (
@@ -369,11 +383,10 @@ class TransactionCoordinator:
 
     # -- InitProducerId ---------------------------------------------------------------------------
 
-    async def init_producer_id(self, req: bpb.InitProducerIdRequest) -> bpb.InitProducerIdResponse:
-        resp = bpb.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+    async def init_producer_id(self, req: InitProducerIdInput) -> HandleAnswer:
+        resp = HandleAnswer()
         try:
-            pid, epoch, previous = await self._init_producer_id(req)
-            resp.producer_id, resp.producer_epoch, resp.previous_state = pid, epoch, previous
+            resp.producer_id, resp.producer_epoch, resp.previous_state = await self._init_producer_id(req)
         except SluiceError as exc:
             answer(resp, exc)
         return resp
@@ -396,7 +409,7 @@ class TransactionCoordinator:
             log.exception("allocating a producer id failed")
             raise errors.CoordinatorNotAvailableError(f"cannot allocate a producer id: {exc}") from exc
 
-    async def _init_producer_id(self, req: bpb.InitProducerIdRequest) -> tuple[int, int, str]:
+    async def _init_producer_id(self, req: InitProducerIdInput) -> tuple[int, int, str]:
         """(producer id, epoch, the id's state before the request)."""
         tid = req.transactional_id
         if not tid:
@@ -491,35 +504,28 @@ class TransactionCoordinator:
 
     # -- AddPartitionsToTxn / AddOffsetsToTxn -----------------------------------------------------
 
-    async def add_partitions_to_txn(self, req: bpb.AddPartitionsToTxnRequest) -> bpb.AddPartitionsToTxnResponse:
-        wanted = [(t.name, p) for t in req.topics for p in t.partitions]
-        results = await self._add(
-            req.transactional_id, req.producer_id, req.producer_epoch, wanted, req.transaction_version >= 2
-        )
-        resp = bpb.AddPartitionsToTxnResponse()
-        for (topic, partition), (code, message) in results.items():
-            resp.results.add(topic=topic, partition=partition, error_code=code, error_message=message)
-        return resp
+    async def add_partitions_to_txn(
+        self, handle: TxnHandle, partitions: Iterable[TopicPartition]
+    ) -> list[PartitionAnswer]:
+        """Add ``partitions`` to the transaction; an answer per partition, in the order asked."""
+        results = await self._add(handle, list(partitions))
+        return [
+            PartitionAnswer(topic, partition, code, message) for (topic, partition), (code, message) in results.items()
+        ]
 
-    async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest) -> bpb.AddOffsetsToTxnResponse:
-        resp = bpb.AddOffsetsToTxnResponse()
-        if not req.group_id:
-            resp.error_code, resp.error_message = pb.INVALID_GROUP_ID, "group_id must not be empty"
-            return resp
+    async def add_offsets_to_txn(self, handle: TxnHandle, group_id: str) -> Outcome:
+        """Add the ``__consumer_offsets`` partition of ``group_id`` to the transaction (for TxnOffsetCommit)."""
+        if not group_id:
+            return Outcome(pb.INVALID_GROUP_ID, "group_id must not be empty")
         info = self.cluster.topics.get(CONSUMER_OFFSETS_TOPIC)
         if info is None or not info.partitions:
-            resp.error_code = pb.COORDINATOR_NOT_AVAILABLE
-            resp.error_message = f"{CONSUMER_OFFSETS_TOPIC} does not exist yet"
-            return resp
-        offsets_partition = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(req.group_id, len(info.partitions)))
-        results = await self._add(
-            req.transactional_id, req.producer_id, req.producer_epoch, [offsets_partition], req.transaction_version >= 2
-        )
-        resp.error_code, resp.error_message = results[offsets_partition]
-        return resp
+            return Outcome(pb.COORDINATOR_NOT_AVAILABLE, f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
+        offsets_partition = (CONSUMER_OFFSETS_TOPIC, coordinator_partition(group_id, len(info.partitions)))
+        results = await self._add(handle, [offsets_partition])
+        return Outcome(*results[offsets_partition])
 
     async def _add(
-        self, tid: str, producer_id: int, producer_epoch: int, wanted: list[TopicPartition], tv2: bool = False
+        self, handle: TxnHandle, wanted: list[TopicPartition]
     ) -> dict[TopicPartition, tuple[pb.ErrorCode, str]]:
         """Add partitions to the id's transaction; a result per partition.
 
@@ -527,6 +533,9 @@ class TransactionCoordinator:
         added (there is no OPERATION_NOT_ATTEMPTED on this wire; adding a
         partition that is never written costs one marker).
         """
+        tid, producer_id, producer_epoch, tv2 = (
+            handle.transactional_id, handle.producer_id, handle.producer_epoch, handle.bumps
+        )  # fmt: skip
         results: dict[TopicPartition, tuple[pb.ErrorCode, str]] = {}
         try:
             cpart = self._partition_for(tid)
@@ -592,16 +601,17 @@ class TransactionCoordinator:
 
     # -- EndTxn -----------------------------------------------------------------------------------
 
-    async def end_txn(self, req: bpb.EndTxnRequest) -> bpb.EndTxnResponse:
-        resp = bpb.EndTxnResponse(producer_id=-1, producer_epoch=-1)
+    async def end_txn(self, handle: TxnHandle, commit: bool, *, prepared_only: bool = False) -> HandleAnswer:
+        """Commit or abort; ``prepared_only``: end a prepared transaction (and nothing else) with its handle."""
+        resp = HandleAnswer()
         try:
             resp.producer_id, resp.producer_epoch = await self._end_txn(
-                req.transactional_id,
-                req.producer_id,
-                req.producer_epoch,
-                req.committed,
-                prepared_only=req.prepared,
-                bump=req.transaction_version >= 2,
+                handle.transactional_id,
+                handle.producer_id,
+                handle.producer_epoch,
+                commit,
+                prepared_only=prepared_only,
+                bump=handle.bumps,
             )
         except SluiceError as exc:
             answer(resp, exc)
@@ -650,11 +660,11 @@ class TransactionCoordinator:
 
     # -- PrepareTxn -------------------------------------------------------------------------------
 
-    async def prepare_txn(self, req: bpb.PrepareTxnRequest) -> bpb.PrepareTxnResponse:
-        resp = bpb.PrepareTxnResponse(producer_id=-1, producer_epoch=-1)
+    async def prepare_txn(self, handle: TxnHandle) -> HandleAnswer:
+        resp = HandleAnswer()
         try:
-            await self._prepare_txn(req.transactional_id, req.producer_id, req.producer_epoch)
-            resp.producer_id, resp.producer_epoch = req.producer_id, req.producer_epoch
+            await self._prepare_txn(handle.transactional_id, handle.producer_id, handle.producer_epoch)
+            resp.producer_id, resp.producer_epoch = handle.producer_id, handle.producer_epoch
         except SluiceError as exc:
             answer(resp, exc)
         return resp
@@ -840,17 +850,11 @@ class TransactionCoordinator:
 
     # -- describe / list --------------------------------------------------------------------------
 
-    def describe_transactions(self, req: bpb.DescribeTransactionsRequest) -> bpb.DescribeTransactionsResponse:
-        resp = bpb.DescribeTransactionsResponse()
-        for tid in req.transactional_ids:
-            st = resp.transactions.add(
-                transactional_id=tid,
-                producer_id=-1,
-                producer_epoch=-1,
-                transaction_start_time_ms=-1,
-                resume_producer_id=-1,
-                resume_producer_epoch=-1,
-            )
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[TxnDescription]:
+        out: list[TxnDescription] = []
+        for tid in transactional_ids:
+            st = TxnDescription(tid)
+            out.append(st)
             try:
                 cpart = self._partition_for(tid)
             except SluiceError as exc:
@@ -870,34 +874,29 @@ class TransactionCoordinator:
             st.last_update_time_ms = meta.last_update_ms
             st.coordinator_id = self.config.broker_id
             st.resume_producer_id, st.resume_producer_epoch = meta.resume_producer_id, meta.resume_producer_epoch
-            for topic, partition in sorted(meta.partitions):
-                st.partitions.add(topic=topic, partition=partition)
-        return resp
+            st.partitions = sorted(meta.partitions)
+        return out
 
-    def list_transactions(self, req: bpb.ListTransactionsRequest) -> bpb.ListTransactionsResponse:
+    def list_transactions(self, req: ListTransactionsInput) -> TransactionList:
         """The ids of every loaded partition this broker coordinates (clients ask every broker)."""
-        resp = bpb.ListTransactionsResponse()
-        states = set(req.state_filters)
-        pids = set(req.producer_id_filters)
+        resp = TransactionList()
         for cpart in self.runtime.all_partitions():
             if not cpart.active:
                 resp.error_code = pb.COORDINATOR_LOAD_IN_PROGRESS
                 continue
             for tid, entry in sorted(cpart.state.txns.items()):
                 meta = entry.meta
-                if meta is None or (states and meta.state.value not in states):
+                if meta is None or (req.states and meta.state.value not in req.states):
                     continue
-                if pids and meta.producer_id not in pids:
+                if req.producer_ids and meta.producer_id not in req.producer_ids:
                     continue
                 if req.duration_filter_ms > 0 and not (  # KIP-994: open for longer than the filter
                     meta.txn_start_ms >= 0 and self.clock() - meta.txn_start_ms > req.duration_filter_ms
                 ):
                     continue
-                resp.transactions.add(
-                    transactional_id=tid,
-                    producer_id=meta.producer_id,
-                    producer_epoch=meta.producer_epoch,
-                    state=meta.state.value,
-                    coordinator_id=self.config.broker_id,
+                resp.transactions.append(
+                    ListedTransaction(
+                        tid, meta.producer_id, meta.producer_epoch, meta.state.value, self.config.broker_id
+                    )
                 )
         return resp

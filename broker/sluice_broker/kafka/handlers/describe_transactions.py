@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 from sluice.acls import AclOperation
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka_wire.codec import Message, Versions
@@ -32,6 +31,7 @@ from sluice.broker.kafka_wire.messages.describe_transactions_request import Desc
 from sluice.broker.kafka_wire.messages.list_transactions_request import ListTransactionsRequest
 from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
+from sluice.broker.txn.api import ListTransactionsInput, TxnDescription
 
 STATES = {
     "Empty", "Ongoing", "PrepareCommit", "PrepareAbort", "CompleteCommit", "CompleteAbort",
@@ -45,21 +45,18 @@ class DescribeTransactionsHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, DescribeTransactionsRequest)
-        asked = bpb.DescribeTransactionsRequest(transactional_ids=request.transactional_ids)
-        allowed, refused = checks.filter_describe_transactions(ctx.access, ctx.caller, asked)
-        answer = (
-            ctx.txn.describe_transactions(allowed) if allowed.transactional_ids else bpb.DescribeTransactionsResponse()
-        )
-        answer.transactions.extend(refused)
+        allowed, refused = checks.filter_describe_transactions(ctx.access, ctx.caller, request.transactional_ids)
+        described = ctx.txn.describe_transactions(allowed) if allowed else []
+        described += [TxnDescription(t, r.code, r.message) for t, r in refused.items()]
         hidden = authorization.denied_topics(
-            ctx, AclOperation.DESCRIBE, (tp.topic for t in answer.transactions for tp in t.partitions)
+            ctx, AclOperation.DESCRIBE, (topic for t in described for topic, _p in t.partitions)
         )
         resp = dtr.DescribeTransactionsResponse()
-        for t in answer.transactions:
+        for t in described:
             by_topic: dict[str, list[int]] = defaultdict(list)
-            for tp in t.partitions:
-                if tp.topic not in hidden:
-                    by_topic[tp.topic].append(tp.partition)
+            for topic, partition in t.partitions:
+                if topic not in hidden:
+                    by_topic[topic].append(partition)
             resp.transaction_states.append(
                 dtr.TransactionState(
                     error_code=int(t.error_code),
@@ -82,13 +79,10 @@ class ListTransactionsHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, ListTransactionsRequest)
         known = [s for s in request.state_filters if s in STATES]
-        answer = checks.filter_list_transactions(
-            ctx.access,
-            ctx.caller,
-            ctx.txn.list_transactions(
-                bpb.ListTransactionsRequest(state_filters=known, producer_id_filters=request.producer_id_filters)
-            ),
+        answer = ctx.txn.list_transactions(
+            ListTransactionsInput(frozenset(known), frozenset(request.producer_id_filters))
         )
+        visible = checks.listable_txn_ids(ctx.access, ctx.caller, (t.transactional_id for t in answer.transactions))
         resp = ltr.ListTransactionsResponse(
             error_code=int(answer.error_code),
             unknown_state_filters=[s for s in request.state_filters if s not in STATES],
@@ -96,5 +90,6 @@ class ListTransactionsHandler:
         if request.state_filters and not known:  # only unknown states asked for: nothing matches
             return resp
         for t in answer.transactions:
-            resp.transaction_states.append(ltr.TransactionState(t.transactional_id, t.producer_id, t.state))
+            if t.transactional_id in visible:
+                resp.transaction_states.append(ltr.TransactionState(t.transactional_id, t.producer_id, t.state))
         return resp

@@ -22,7 +22,6 @@ set to when the next one can be had.
 
 from __future__ import annotations
 
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.transactions import kafka_error
 from sluice.broker.kafka_wire.codec import Message, Versions
@@ -30,6 +29,7 @@ from sluice.broker.kafka_wire.messages.init_producer_id_request import InitProdu
 from sluice.broker.kafka_wire.messages.init_producer_id_response import InitProducerIdResponse
 from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
+from sluice.broker.txn.api import InitProducerIdInput
 
 
 class InitProducerIdHandler:
@@ -38,15 +38,15 @@ class InitProducerIdHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, InitProducerIdRequest)
-        core = bpb.InitProducerIdRequest(
+        core = InitProducerIdInput(
             transactional_id=request.transactional_id or "",
             transaction_timeout_ms=request.transaction_timeout_ms,
             producer_id=request.producer_id,
             producer_epoch=request.producer_epoch,
         )
-        refused = checks.check_init_producer_id(ctx.access, ctx.caller, core)
+        refused = checks.check_init_producer_id(ctx.access, ctx.caller, core.transactional_id)
         if refused is not None:
-            return InitProducerIdResponse(error_code=int(refused.error_code), producer_id=-1, producer_epoch=-1)
+            return InitProducerIdResponse(error_code=int(refused.code), producer_id=-1, producer_epoch=-1)
         throttled = ctx.gate.take_producer_id(ctx.caller.principal, core.producer_id)
         if throttled is not None:
             return InitProducerIdResponse(

@@ -1,7 +1,8 @@
 """AddPartitionsToTxn, AddOffsetsToTxn, EndTxn: Kafka's transaction calls over the transaction coordinator.
 
-The coordinator's own calls (the gRPC ones), so a transaction begun by a Kafka
-client is the same object as one begun over gRPC: same state log, markers, LSO
+The coordinator's own calls (the gRPC servicer makes the same, with the plain values of
+:mod:`sluice.broker.txn.api`), so a transaction begun by a Kafka client is the same object as one
+begun over gRPC: same state log, markers, LSO
 and timeouts. Versions served are the client ones without KIP-890 part 2
 (transaction.version 2, issue 13), which this listener does not advertise:
 
@@ -24,7 +25,6 @@ transaction as it was.
 from __future__ import annotations
 
 from sluice.acls import AclOperation
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka_wire.codec import Message, Versions
@@ -40,6 +40,7 @@ from sluice.broker.kafka_wire.messages.end_txn_request import EndTxnRequest
 from sluice.broker.kafka_wire.messages.end_txn_response import EndTxnResponse
 from sluice.broker.kafka_wire.messages.request_header import RequestHeader
 from sluice.broker.security import coordinator_checks as checks
+from sluice.broker.txn.api import PartitionAnswer, TxnHandle
 
 
 def kafka_error(code: int, version: int, fenced_from: int) -> int:
@@ -56,16 +57,16 @@ class AddPartitionsToTxnHandler:
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, AddPartitionsToTxnRequest)
         version = header.request_api_version
-        core = bpb.AddPartitionsToTxnRequest(
-            transactional_id=request.v3_and_below_transactional_id,
-            producer_id=request.v3_and_below_producer_id,
-            producer_epoch=request.v3_and_below_producer_epoch,
-            topics=[bpb.TxnTopic(name=t.name, partitions=t.partitions) for t in request.v3_and_below_topics],
-        )
-        refused = checks.check_add_partitions(ctx.access, ctx.caller, core)
-        answer = refused if refused is not None else await ctx.txn.add_partitions_to_txn(core)
+        tid = request.v3_and_below_transactional_id
+        pairs = [(t.name, p) for t in request.v3_and_below_topics for p in t.partitions]
+        refused = checks.check_add_partitions(ctx.access, ctx.caller, tid, pairs)
+        if refused is not None:
+            answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
+        else:
+            handle = TxnHandle(tid, request.v3_and_below_producer_id, request.v3_and_below_producer_epoch)
+            answers = await ctx.txn.add_partitions_to_txn(handle, pairs)
         by_topic: dict[str, AddPartitionsToTxnTopicResult] = {}
-        for r in answer.results:
+        for r in answers:
             topic = by_topic.setdefault(r.topic, AddPartitionsToTxnTopicResult(name=r.topic))
             topic.results_by_partition.append(
                 AddPartitionsToTxnPartitionResult(r.partition, kafka_error(r.error_code, version, 2))
@@ -83,15 +84,9 @@ class AddOffsetsToTxnHandler:
             ctx.access, ctx.caller, AclOperation.READ, request.group_id
         )
         if refused is not None:
-            return AddOffsetsToTxnResponse(error_code=int(refused[0]))
-        answer = await ctx.txn.add_offsets_to_txn(
-            bpb.AddOffsetsToTxnRequest(
-                transactional_id=request.transactional_id,
-                producer_id=request.producer_id,
-                producer_epoch=request.producer_epoch,
-                group_id=request.group_id,
-            )
-        )
+            return AddOffsetsToTxnResponse(error_code=int(refused.code))
+        handle = TxnHandle(request.transactional_id, request.producer_id, request.producer_epoch)
+        answer = await ctx.txn.add_offsets_to_txn(handle, request.group_id)
         return AddOffsetsToTxnResponse(error_code=kafka_error(answer.error_code, header.request_api_version, 2))
 
 
@@ -103,13 +98,7 @@ class EndTxnHandler:
         assert isinstance(request, EndTxnRequest)
         refused = checks.check_txn_id(ctx.access, ctx.caller, request.transactional_id)
         if refused is not None:
-            return EndTxnResponse(error_code=int(refused[0]))
-        answer = await ctx.txn.end_txn(
-            bpb.EndTxnRequest(
-                transactional_id=request.transactional_id,
-                producer_id=request.producer_id,
-                producer_epoch=request.producer_epoch,
-                committed=request.committed,
-            )
-        )
+            return EndTxnResponse(error_code=int(refused.code))
+        handle = TxnHandle(request.transactional_id, request.producer_id, request.producer_epoch)
+        answer = await ctx.txn.end_txn(handle, request.committed)
         return EndTxnResponse(error_code=kafka_error(answer.error_code, header.request_api_version, 2))
