@@ -20,6 +20,7 @@ from sluice.broker.config import ConfigError
 from sluice.broker.data_path import FetchInput, FetchPartition, ProduceInput, ProducePartition
 from sluice.broker.events import BrokerEvents, FetchTally, Histogram
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.api import CommitOffset, OffsetCommitInput
 from sluice.broker.main import parse_metrics_listen
 from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats, stall_seconds
 from sluice.broker.metrics.exporter import BrokerMetrics
@@ -102,17 +103,8 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         (produced,) = await rm.produce(produce_request(tb, partition=1, tid="t"))
         assert produced.error_code == pb.NONE
         # A group with a committed offset behind the end of partition 0.
-        commit = await groups.offset_commit(
-            bpb.OffsetCommitRequest(
-                group_id="g",
-                topics=[
-                    bpb.OffsetCommitTopic(
-                        name=TOPIC, partitions=[bpb.OffsetCommitPartition(partition=0, committed_offset=1)]
-                    )
-                ],
-            )
-        )
-        assert commit.results[0].error_code == pb.NONE
+        commit = await groups.offset_commit(OffsetCommitInput("g", (CommitOffset(TOPIC, 0, 1),), member_epoch=0))
+        assert commit[0].error_code == pb.NONE
         # A consumer fetch of partition 0.
         (fetched,) = await rm.fetch(FetchInput([FetchPartition(TOPIC, 0, fetch_offset=0, max_bytes=1 << 20)]))
         assert fetched.error_code == pb.NONE and len(fetched.batches) == 1

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sluice import errors
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView, coordinator_partition
@@ -22,6 +21,7 @@ from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import LoadStatus
 from sluice.broker.coordination.runtime import LOAD_YIELD_EVERY, coordinator_error
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.api import CommitOffset, OffsetCommitInput, OffsetFetchInput
 from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.storage import RocksStorage
@@ -219,17 +219,15 @@ class ReplayFailsOnce(GroupCoordinator):
         super().replay(state, partition, batch)
 
 
-def _commit(group: str, offset: int) -> bpb.OffsetCommitRequest:
-    req = bpb.OffsetCommitRequest(group_id=group, member_epoch=-1)
-    req.topics.add(name=TOPIC).partitions.add(partition=0, committed_offset=offset, committed_leader_epoch=0)
-    return req
+def _commit(group: str, offset: int) -> OffsetCommitInput:
+    return OffsetCommitInput(group, (CommitOffset(TOPIC, 0, offset, 0),))
 
 
 async def _fetch(groups: GroupCoordinator, group: str) -> tuple[int, int]:
-    resp = await groups.offset_fetch(bpb.OffsetFetchRequest(group_id=group))
+    resp = await groups.offset_fetch(OffsetFetchInput(group))
     if resp.error_code != pb.NONE:
         return resp.error_code, -1
-    return pb.NONE, resp.partitions[0].committed_offset
+    return pb.NONE, resp.partitions[0].offset
 
 
 def test_a_failed_offsets_load_is_retried_without_a_restart(tmp_path: Path) -> None:
@@ -244,7 +242,7 @@ def test_a_failed_offsets_load_is_retried_without_a_restart(tmp_path: Path) -> N
         await until(groups.is_ready, "the first load")
         for offset in range(commits):
             resp = await groups.offset_commit(_commit("g", offset))
-            assert [r.error_code for r in resp.results] == [pb.NONE]
+            assert [r.error_code for r in resp] == [pb.NONE]
         await groups.stop()
         core.close()
 
@@ -266,7 +264,7 @@ def test_a_failed_offsets_load_is_retried_without_a_restart(tmp_path: Path) -> N
             state = cpart.state
             assert state.log is not None and state.marker_listener in state.log.marker_listeners
             resp = await flaky.offset_commit(_commit("g", commits))
-            assert [r.error_code for r in resp.results] == [pb.NONE]
+            assert [r.error_code for r in resp] == [pb.NONE]
             assert await _fetch(flaky, "g") == (pb.NONE, commits)
         finally:
             await flaky.stop()

@@ -15,6 +15,14 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, coordinator_partition
 from sluice.broker.group import GroupCoordinator
+from sluice.broker.group.api import (
+    CommitOffset,
+    OffsetCommitInput,
+    OffsetFetchInput,
+    PartitionAnswer,
+    TxnOffsetCommitInput,
+)
+from sluice.broker.servicers.broker import heartbeat_input, heartbeat_response
 from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
 from sluice.metadata import keys
 from sluice.metadata.store import update
@@ -77,36 +85,35 @@ def run(tmp: Path, body: Callable[[Broker], Awaitable[None]]) -> None:
     asyncio.run(main())
 
 
-def commit_req(offsets: dict[tuple[str, int], int], **fields: Any) -> bpb.OffsetCommitRequest:
+def commit_req(offsets: dict[tuple[str, int], int], **fields: Any) -> OffsetCommitInput:
     fields = {"group_id": GROUP, "member_epoch": -1, **fields}
-    req = bpb.OffsetCommitRequest(**fields)
-    by_topic: dict[str, bpb.OffsetCommitTopic] = {}
-    for (topic, partition), offset in offsets.items():
-        if topic not in by_topic:
-            by_topic[topic] = req.topics.add(name=topic)
-        by_topic[topic].partitions.add(partition=partition, committed_offset=offset, committed_leader_epoch=0)
-    return req
-
-
-def txn_req(offsets: dict[tuple[str, int], int], pid: int, epoch: int = 0, **fields: Any) -> bpb.TxnOffsetCommitRequest:
-    plain = commit_req(offsets)
-    return bpb.TxnOffsetCommitRequest(
-        transactional_id="tx", group_id=GROUP, producer_id=pid, producer_epoch=epoch, topics=plain.topics, **fields
+    return OffsetCommitInput(
+        offsets=tuple(CommitOffset(t, p, offset, 0) for (t, p), offset in offsets.items()), **fields
     )
 
 
-def codes(resp: bpb.OffsetCommitResponse | bpb.TxnOffsetCommitResponse) -> dict[tuple[str, int], int]:
-    return {(r.topic, r.partition): r.error_code for r in resp.results}
+def txn_req(
+    offsets: dict[tuple[str, int], int], pid: int, epoch: int = 0, tid: str = "tx", **fields: Any
+) -> TxnOffsetCommitInput:
+    return TxnOffsetCommitInput(commit_req(offsets, **{"member_epoch": 0, **fields}), tid, pid, epoch)
+
+
+def codes(answers: list[PartitionAnswer]) -> dict[tuple[str, int], int]:
+    return {(r.topic, r.partition): r.error_code for r in answers}
+
+
+async def heartbeat(
+    groups: GroupCoordinator, req: bpb.ConsumerGroupHeartbeatRequest
+) -> bpb.ConsumerGroupHeartbeatResponse:
+    """A gRPC heartbeat through the servicer's codec and the coordinator."""
+    return heartbeat_response(await groups.member_heartbeat(req.group_id, heartbeat_input(req)))
 
 
 async def fetch(broker: Broker, *tps: tuple[str, int], stable: bool = False) -> dict[tuple[str, int], Any]:
-    req = bpb.OffsetFetchRequest(group_id=GROUP, require_stable=stable)
-    for topic, partition in tps:
-        req.partitions.add(topic=topic, partition=partition)
-    resp = await broker.groups.offset_fetch(req)
+    resp = await broker.groups.offset_fetch(OffsetFetchInput(GROUP, tps or None, stable))
     assert resp.error_code == pb.NONE, resp.error_message
     return {
-        (p.topic, p.partition): (p.committed_offset if p.error_code == pb.NONE else pb.ErrorCode.Name(p.error_code))
+        (p.topic, p.partition): (p.offset if p.error_code == pb.NONE else pb.ErrorCode.Name(p.error_code))
         for p in resp.partitions
     }
 
@@ -139,11 +146,9 @@ def test_commit_fetch_and_validation(tmp_path: Path) -> None:
         assert await fetch(b) == {("t", 0): 6, ("t", 1): 7}
         resp = await b.groups.offset_commit(commit_req({("t", 0): 1}, group_id=""))
         assert codes(resp) == {("t", 0): pb.INVALID_GROUP_ID}
-        unknown = await b.groups.offset_fetch(
-            bpb.OffsetFetchRequest(group_id="other", partitions=[pb.TopicPartition(topic="t", partition=0)])
-        )
-        assert unknown.error_code == pb.NONE and unknown.partitions[0].committed_offset == -1
-        assert (await b.groups.offset_fetch(bpb.OffsetFetchRequest(group_id=""))).error_code == pb.INVALID_GROUP_ID
+        unknown = await b.groups.offset_fetch(OffsetFetchInput("other", (("t", 0),)))
+        assert unknown.error_code == pb.NONE and unknown.partitions[0].offset == -1
+        assert (await b.groups.offset_fetch(OffsetFetchInput(""))).error_code == pb.INVALID_GROUP_ID
 
     run(tmp_path, body)
 
@@ -218,8 +223,7 @@ def test_txn_offset_commit_errors(tmp_path: Path) -> None:
         assert codes(await b.groups.txn_offset_commit(txn_req({("t", 0): 2}, pid=5, epoch=2))) == {
             ("t", 0): pb.PRODUCER_FENCED
         }
-        bad = txn_req({("t", 0): 1}, pid=5)
-        bad.transactional_id = ""
+        bad = txn_req({("t", 0): 1}, pid=5, tid="")
         assert codes(await b.groups.txn_offset_commit(bad)) == {("t", 0): pb.INVALID_REQUEST}
 
     run(tmp_path, body)
@@ -230,8 +234,8 @@ def test_membership_and_commit_fencing(tmp_path: Path) -> None:
         g = b.groups
         calls: list[tuple[Any, ...]] = []
         b.replicas.verify_transactions_with(verifier(calls))
-        join = await g.heartbeat(
-            bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"])
+        join = await heartbeat(
+            g, bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"])
         )
         assert join.error_code == pb.NONE and join.member_id and join.member_epoch == 1
         assert join.heartbeat_interval_ms == 200
@@ -250,36 +254,39 @@ def test_membership_and_commit_fencing(tmp_path: Path) -> None:
         }
 
         # b joins; a keeps heartbeating and gives up one partition
-        join_b = await g.heartbeat(
-            bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"])
+        join_b = await heartbeat(
+            g, bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"])
         )
         assert join_b.member_epoch == 2 and list(join_b.assignment) == []
-        hb = await g.heartbeat(
+        hb = await heartbeat(
+            g,
             bpb.ConsumerGroupHeartbeatRequest(
                 group_id=GROUP,
                 member_id=a,
                 member_epoch=1,
                 subscription_unchanged=True,
                 owned_partitions=join.assignment,
-            )
+            ),
         )
         assert hb.error_code == pb.NONE and hb.member_epoch == 2 and len(hb.assignment) == 1
 
         # a's session expires (fake clock); its transactional commit is then fenced (KIP-447)
         b.now[0] += 5000
-        hb_b = await g.heartbeat(
+        hb_b = await heartbeat(
+            g,
             bpb.ConsumerGroupHeartbeatRequest(
                 group_id=GROUP, member_id=join_b.member_id, member_epoch=2, subscription_unchanged=True
-            )
+            ),
         )
         assert hb_b.error_code == pb.NONE
         g.expire_sessions()
         zombie = txn_req({("t", 0): 50}, pid=9, member_id=a, member_epoch=2)
         assert codes(await g.txn_offset_commit(zombie)) == {("t", 0): pb.UNKNOWN_MEMBER_ID}
-        hb_b = await g.heartbeat(
+        hb_b = await heartbeat(
+            g,
             bpb.ConsumerGroupHeartbeatRequest(
                 group_id=GROUP, member_id=join_b.member_id, member_epoch=hb_b.member_epoch, subscription_unchanged=True
-            )
+            ),
         )
         assert len(hb_b.assignment) == 2
         member = txn_req({("t", 0): 50}, pid=9, member_id=join_b.member_id, member_epoch=hb_b.member_epoch)
@@ -288,15 +295,16 @@ def test_membership_and_commit_fencing(tmp_path: Path) -> None:
         assert codes(await g.txn_offset_commit(stale)) == {("t", 0): pb.FENCED_MEMBER_EPOCH}
 
         # leave; then the group is empty and simple commits are allowed again
-        left = await g.heartbeat(
-            bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_id=join_b.member_id, member_epoch=-1)
+        left = await heartbeat(
+            g, bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_id=join_b.member_id, member_epoch=-1)
         )
         assert left.error_code == pb.NONE and left.member_epoch == -1
         assert codes(await g.offset_commit(commit_req({("t", 1): 4}))) == {("t", 1): pb.NONE}
-        bad = await g.heartbeat(
+        bad = await heartbeat(
+            g,
             bpb.ConsumerGroupHeartbeatRequest(
                 group_id=GROUP, member_epoch=0, subscribed_topic_names=["t"], session_timeout_ms=5
-            )
+            ),
         )
         assert bad.error_code == pb.INVALID_SESSION_TIMEOUT
 
@@ -322,13 +330,13 @@ def test_loading_not_coordinator_and_failback(tmp_path: Path) -> None:
         move_leader(1)  # another broker leads the group's partition now
         assert (CONSUMER_OFFSETS_TOPIC, b.partition) not in b.replicas.leader_of
         assert g.is_ready()  # it leads nothing it has not loaded
-        resp = await g.offset_fetch(bpb.OffsetFetchRequest(group_id=GROUP))
+        resp = await g.offset_fetch(OffsetFetchInput(GROUP))
         assert resp.error_code == pb.NOT_COORDINATOR
-        hb = await g.heartbeat(bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0))
+        hb = await heartbeat(g, bpb.ConsumerGroupHeartbeatRequest(group_id=GROUP, member_epoch=0))
         assert hb.error_code == pb.NOT_COORDINATOR
 
         move_leader(0)  # and back: loading first, then the offsets are there again
-        resp = await g.offset_fetch(bpb.OffsetFetchRequest(group_id=GROUP))
+        resp = await g.offset_fetch(OffsetFetchInput(GROUP))
         assert resp.error_code == pb.COORDINATOR_LOAD_IN_PROGRESS
         assert not g.is_ready()
         await wait_ready(g)
@@ -341,11 +349,11 @@ def test_load_in_progress_before_the_replay_ran(tmp_path: Path) -> None:
     async def main() -> None:
         b = await start_broker(tmp_path, wait=False)
         try:
-            resp = await b.groups.offset_fetch(bpb.OffsetFetchRequest(group_id=GROUP))
+            resp = await b.groups.offset_fetch(OffsetFetchInput(GROUP))
             assert resp.error_code == pb.COORDINATOR_LOAD_IN_PROGRESS
             assert not b.groups.is_ready()
             await wait_ready(b.groups)
-            resp = await b.groups.offset_fetch(bpb.OffsetFetchRequest(group_id=GROUP))
+            resp = await b.groups.offset_fetch(OffsetFetchInput(GROUP))
             assert resp.error_code == pb.NONE
         finally:
             await b.close()

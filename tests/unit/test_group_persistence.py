@@ -27,6 +27,7 @@ from sluice.broker.group.group_records import (
 from sluice.records import build_batch, decode_records
 
 from .test_group_coordinator import GROUP, Broker, commit_req, fetch, run
+from .test_group_coordinator import heartbeat as heartbeat_via_grpc_codec
 from .test_group_membership import SETTINGS, Harness
 
 TP = tuple[str, int]
@@ -109,7 +110,7 @@ async def heartbeat(
         subscribed_topic_names=list(topics),
         owned_partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in owned],
     )
-    return await b.groups.heartbeat(req)
+    return await heartbeat_via_grpc_codec(b.groups, req)
 
 
 def assignment(resp: bpb.ConsumerGroupHeartbeatResponse) -> list[TP]:
@@ -159,7 +160,7 @@ def test_members_keep_id_epoch_and_partitions_across_a_restart(tmp_path: Path) -
         # commit fencing knows them too
         epoch, _ = seen["a"]
         ok = await b.groups.offset_commit(commit_req({("t", 0): 5}, member_id=a_id, member_epoch=epoch))
-        assert [r.error_code for r in ok.results] == [pb.NONE]
+        assert [r.error_code for r in ok] == [pb.NONE]
         assert await fetch(b, ("t", 0)) == {("t", 0): 5}
 
     run(tmp_path, first)
@@ -259,8 +260,9 @@ def test_compaction_keeps_the_state_from_growing(tmp_path: Path) -> None:
 def test_ids_the_key_format_cannot_hold_are_refused(tmp_path: Path) -> None:
     async def body(b: Broker) -> None:
         long_group = "g" * 0x10000
-        resp = await b.groups.heartbeat(
-            bpb.ConsumerGroupHeartbeatRequest(group_id=long_group, member_epoch=0, subscribed_topic_names=["t"])
+        resp = await heartbeat_via_grpc_codec(
+            b.groups,
+            bpb.ConsumerGroupHeartbeatRequest(group_id=long_group, member_epoch=0, subscribed_topic_names=["t"]),
         )
         assert resp.error_code == pb.INVALID_GROUP_ID and "at most 65535 bytes" in resp.error_message
         resp = await heartbeat(b, "m" * 0x10000, 0)

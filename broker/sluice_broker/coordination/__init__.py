@@ -4,6 +4,7 @@
              internal topic this broker leads, for a :class:`CoordinatorShard` (the transaction
              coordinator over ``__transaction_state``, the group coordinator over
              ``__consumer_offsets``)
+``answers``  what both coordinators answer alike, as plain values (:class:`PartitionAnswer`)
 """
 
 from sluice.broker.coordination.runtime import (

@@ -56,18 +56,25 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
-
 from sluice import errors
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.coordination import CoordinatorPartition, CoordinatorRuntime
 from sluice.broker.errors import answer
+from sluice.broker.group.api import (
+    CommitOffset,
+    FetchedOffset,
+    HeartbeatAnswer,
+    OffsetCommitInput,
+    OffsetFetchAnswer,
+    OffsetFetchInput,
+    PartitionAnswer,
+    TxnOffsetCommitInput,
+)
 from sluice.broker.group.classic import ClassicGroup
 from sluice.broker.group.classic_coordinator import ClassicCoordinator
 from sluice.broker.group.classic_records import ClassicRecordLog
@@ -298,23 +305,22 @@ class GroupCoordinator:
 
     # -- offset commits -------------------------------------------------------------------------
 
-    def _items(self, topics: list[bpb.OffsetCommitTopic]) -> list[_Item]:
+    def _items(self, offsets: Iterable[CommitOffset]) -> list[_Item]:
         """One item per requested partition, validated; valid ones carry the value to write."""
         now = now_ms()
         items: list[_Item] = []
-        for topic in topics:
-            info = self.cluster.topics.get(topic.name)
-            for p in topic.partitions:
-                item = _Item(topic.name, p.partition)
-                items.append(item)
-                if info is None or not 0 <= p.partition < len(info.partitions):
-                    item.fail(pb.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition {topic.name}-{p.partition}")
-                elif p.committed_offset < 0:
-                    item.fail(pb.INVALID_REQUEST, f"committed offset {p.committed_offset} must be >= 0")
-                elif len(p.metadata.encode()) > METADATA_MAX_BYTES:
-                    item.fail(pb.INVALID_REQUEST, f"offset metadata is longer than {METADATA_MAX_BYTES} bytes")
-                else:
-                    item.value = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch, p.metadata, now)
+        for o in offsets:
+            info = self.cluster.topics.get(o.topic)
+            item = _Item(o.topic, o.partition)
+            items.append(item)
+            if info is None or not 0 <= o.partition < len(info.partitions):
+                item.fail(pb.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic or partition {o.topic}-{o.partition}")
+            elif o.offset < 0:
+                item.fail(pb.INVALID_REQUEST, f"committed offset {o.offset} must be >= 0")
+            elif len(o.metadata.encode()) > METADATA_MAX_BYTES:
+                item.fail(pb.INVALID_REQUEST, f"offset metadata is longer than {METADATA_MAX_BYTES} bytes")
+            else:
+                item.value = OffsetAndMetadata(o.offset, o.leader_epoch, o.metadata, now)
         return items
 
     def _append(
@@ -352,22 +358,20 @@ class GroupCoordinator:
             item.fail(code, message)
 
     @staticmethod
-    def _results(items: list[_Item], results: RepeatedCompositeFieldContainer[bpb.TxnPartitionResult]) -> None:
-        for item in items:
-            results.add(topic=item.topic, partition=item.partition, error_code=item.code, error_message=item.message)
+    def _answers(items: list[_Item]) -> list[PartitionAnswer]:
+        return [PartitionAnswer(item.topic, item.partition, item.code, item.message) for item in items]
 
-    async def offset_commit(self, req: bpb.OffsetCommitRequest) -> bpb.OffsetCommitResponse:
-        resp = bpb.OffsetCommitResponse()
-        items = self._items(list(req.topics))
+    async def offset_commit(self, req: OffsetCommitInput) -> list[PartitionAnswer]:
+        """Commit offsets; an answer per partition, in the order asked."""
+        items = self._items(req.offsets)
         try:
             state = self._locate(req.group_id)
             group = state.groups.get(req.group_id)
             classic = state.classic.get(req.group_id)
             if classic is not None and not classic.is_empty:
                 code, message = classic.check_commit(
-                    req.member_id, req.member_epoch, transactional=False,
-                    instance_id=_instance_id(req),
-                )  # fmt: skip
+                    req.member_id, req.member_epoch, transactional=False, instance_id=req.instance_id
+                )
                 if code != pb.NONE:
                     raise errors.error_for(code, message)
             elif req.member_id:
@@ -391,26 +395,25 @@ class GroupCoordinator:
                 for tp, value in self._written(items, base):
                     state.offsets.commit(req.group_id, tp, value)
                 await self._await_replication(state, items)
-        self._results(items, resp.results)
-        return resp
+        return self._answers(items)
 
-    async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest) -> bpb.TxnOffsetCommitResponse:
-        resp = bpb.TxnOffsetCommitResponse()
-        items = self._items(list(req.topics))
+    async def txn_offset_commit(self, txn: TxnOffsetCommitInput) -> list[PartitionAnswer]:
+        """Stage offsets in a transaction; an answer per partition, in the order asked."""
+        items = self._items(txn.commit.offsets)
         try:
-            await self._txn_offset_commit(req, items)
+            await self._txn_offset_commit(txn, items)
         except SluiceError as exc:
             self._fail_all(items, exc.code, exc.message)
-        self._results(items, resp.results)
-        return resp
+        return self._answers(items)
 
-    async def _txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, items: list[_Item]) -> None:
+    async def _txn_offset_commit(self, txn: TxnOffsetCommitInput, items: list[_Item]) -> None:
+        req = txn.commit
         state = self._locate(req.group_id)
-        if not req.transactional_id:
+        if not txn.transactional_id:
             raise errors.InvalidRequestError("TxnOffsetCommit needs a transactional id")
-        if req.producer_id <= 0 or not 0 <= req.producer_epoch <= 32767:
+        if txn.producer_id <= 0 or not 0 <= txn.producer_epoch <= 32767:
             raise errors.InvalidRequestError(
-                f"producer id {req.producer_id} / epoch {req.producer_epoch} are not a valid producer",
+                f"producer id {txn.producer_id} / epoch {txn.producer_epoch} are not a valid producer",
             )
         if all(i.code != pb.NONE for i in items):
             return
@@ -419,10 +422,10 @@ class GroupCoordinator:
             raise errors.CoordinatorNotAvailableError("the transaction coordinator is not running")
         try:
             verdict, message = await verifier(
-                req.transactional_id, req.producer_id, req.producer_epoch, CONSUMER_OFFSETS_TOPIC, state.partition
+                txn.transactional_id, txn.producer_id, txn.producer_epoch, CONSUMER_OFFSETS_TOPIC, state.partition
             )
         except Exception as exc:
-            log.exception("group coordinator: transaction verification failed for %r", req.transactional_id)
+            log.exception("group coordinator: transaction verification failed for %r", txn.transactional_id)
             raise errors.CoordinatorNotAvailableError(f"cannot verify the transaction: {exc}") from exc
         if verdict != pb.NONE:
             raise errors.error_for(verdict, message)
@@ -432,9 +435,8 @@ class GroupCoordinator:
         classic = state.classic.get(req.group_id)
         if classic is not None and not classic.is_empty:
             code, message = classic.check_commit(
-                req.member_id, req.member_epoch, transactional=True,
-                instance_id=_instance_id(req),
-            )  # fmt: skip
+                req.member_id, req.member_epoch, transactional=True, instance_id=req.instance_id
+            )
             if code != pb.NONE:
                 raise errors.error_for(code, message)
         elif req.member_id:
@@ -448,14 +450,14 @@ class GroupCoordinator:
             state,
             req.group_id,
             items,
-            producer_id=req.producer_id,
-            producer_epoch=req.producer_epoch,
+            producer_id=txn.producer_id,
+            producer_epoch=txn.producer_epoch,
             base_sequence=-1,
             transactional=True,
         )
         if base is not None:
             for tp, value in self._written(items, base):
-                state.offsets.stage(req.group_id, req.producer_id, tp, value)
+                state.offsets.stage(req.group_id, txn.producer_id, tp, value)
             await self._await_replication(state, items)
 
     async def _await_replication(self, state: OffsetsPartitionState, items: list[_Item]) -> None:
@@ -474,20 +476,21 @@ class GroupCoordinator:
 
     # -- offset fetch ---------------------------------------------------------------------------
 
-    async def offset_fetch(self, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse:
-        resp = bpb.OffsetFetchResponse()
+    async def offset_fetch(self, req: OffsetFetchInput) -> OffsetFetchAnswer:
+        resp = OffsetFetchAnswer()
         try:
             state = self._locate(req.group_id)
         except SluiceError as exc:
             answer(resp, exc)
             return resp
         offsets = state.offsets
-        if req.partitions:
-            tps = [(requested.topic, requested.partition) for requested in req.partitions]
+        if req.partitions is not None:
+            tps = list(req.partitions)
         else:
             tps = offsets.partitions(req.group_id, include_pending=req.require_stable)
         for tp in tps:
-            out = resp.partitions.add(topic=tp[0], partition=tp[1], committed_offset=-1, committed_leader_epoch=-1)
+            out = FetchedOffset(tp[0], tp[1])
+            resp.partitions.append(out)
             if req.require_stable and offsets.has_pending(req.group_id, tp):
                 out.error_code = pb.UNSTABLE_OFFSET_COMMIT
                 out.error_message = (
@@ -496,9 +499,7 @@ class GroupCoordinator:
                 continue
             value = offsets.committed(req.group_id, tp)
             if value is not None:
-                out.committed_offset = value.offset
-                out.committed_leader_epoch = value.leader_epoch
-                out.metadata = value.metadata
+                out.offset, out.leader_epoch, out.metadata = value.offset, value.leader_epoch, value.metadata
         return resp
 
     # -- membership -----------------------------------------------------------------------------
@@ -506,25 +507,9 @@ class GroupCoordinator:
     def _topic_sizes(self) -> dict[str, int]:
         return {name: len(info.partitions) for name, info in self.cluster.topics.items()}
 
-    async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest) -> bpb.ConsumerGroupHeartbeatResponse:
-        names = tuple(req.subscribed_topic_names)
-        hb = HeartbeatInput(
-            member_id=req.member_id,
-            member_epoch=req.member_epoch,
-            subscription=None if req.subscription_unchanged and not names else names,
-            owned=frozenset((owned.topic, owned.partition) for owned in req.owned_partitions),
-            session_timeout_ms=req.session_timeout_ms,
-            rebalance_timeout_ms=req.rebalance_timeout_ms,
-        )
-        return await self.member_heartbeat(req.group_id, hb)
-
-    async def member_heartbeat(self, group_id: str, hb: HeartbeatInput) -> bpb.ConsumerGroupHeartbeatResponse:
+    async def member_heartbeat(self, group_id: str, hb: HeartbeatInput) -> HeartbeatAnswer:
         """One KIP-848 heartbeat, whichever protocol carried it (gRPC, or the Kafka listener's)."""
-        resp = bpb.ConsumerGroupHeartbeatResponse(
-            member_id=hb.member_id,
-            member_epoch=hb.member_epoch,
-            heartbeat_interval_ms=self.settings.heartbeat_interval_ms,
-        )
+        resp = HeartbeatAnswer(hb.member_id, hb.member_epoch, self.settings.heartbeat_interval_ms)
         try:
             state = self._locate(group_id)
         except SluiceError as exc:
@@ -566,8 +551,7 @@ class GroupCoordinator:
             return resp
         resp.error_code, resp.error_message = result.error, result.message
         resp.member_id, resp.member_epoch = result.member_id, result.member_epoch
-        for topic, partition in result.assignment:
-            resp.assignment.add(topic=topic, partition=partition)
+        resp.assignment = list(result.assignment)
         return resp
 
     def _persist(self, state: OffsetsPartitionState, current: ConsumerGroup | None, changed: ConsumerGroup) -> None:
@@ -640,8 +624,3 @@ class GroupCoordinator:
                 for member_id, reason in removed:
                     log.info("group %r: removed member %s (%s); epoch now %d", group_id, member_id, reason, group.epoch)
                 self.replicas.events.group_epochs_bumped(group.epoch - current.epoch)
-
-
-def _instance_id(req: bpb.OffsetCommitRequest | bpb.TxnOffsetCommitRequest) -> str | None:
-    """The committing member's group.instance.id (KIP-345), None when the request names none."""
-    return req.group_instance_id if req.HasField("group_instance_id") else None

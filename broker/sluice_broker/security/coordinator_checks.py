@@ -5,8 +5,7 @@ Each ``check_*`` function takes the broker's :class:`Access`, the caller (a gRPC
 ask these same functions) and what the request asks, and returns the refusal to answer
 (:class:`Refusal`: Kafka's error code and why; per partition where the request has partitions)
 or None when the request may go to the coordinator. All are None while the authorizer is off.
-The transaction coordinator's checks take plain values; the group coordinator's still take its
-gRPC request (issue 25 moves them next).
+Nothing here knows a protocol's messages: both adapters call these with plain values.
 
 The rules (Kafka's KafkaApis): FindCoordinator needs Describe on the group or transactional id;
 InitProducerId Write on the transactional id, or without one IdempotentWrite on the cluster or
@@ -24,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from sluice.acls import AclOperation, ResourceType
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.security.authorizer import Access, Refusal, Who, topic_refusal
 
@@ -105,65 +103,33 @@ def check_add_partitions(
     return _refused_partitions(pairs, refused, denied, W)
 
 
-def _commit_refusal(
-    access: Access, ctx: Who, group: str, topics: Iterable[bpb.OffsetCommitTopic], txn_id: str | None
-) -> list[bpb.TxnPartitionResult] | None:
-    topics = list(topics)
-    pairs = [(t.name, p.partition) for t in topics for p in t.partitions]
+def check_offset_commit(
+    access: Access, ctx: Who, group_id: str, pairs: Sequence[tuple[str, int]], txn_id: str | None = None
+) -> list[tuple[str, int, Refusal]] | None:
+    """OffsetCommit (and TxnOffsetCommit, with its ``txn_id``): each partition's refusal, in the
+    order asked, when any is refused; nothing of the commit is applied then."""
     refused = check_txn_id(access, ctx, txn_id) if txn_id is not None else None
-    refused = refused or check_group(access, ctx, R, group)
-    denied = set() if refused is not None else access.denied_topics(ctx, R, (t.name for t in topics))
+    refused = refused or check_group(access, ctx, R, group_id)
+    denied = set() if refused is not None else access.denied_topics(ctx, R, (t for t, _p in pairs))
     if refused is None and not denied:
         return None
-    return [
-        bpb.TxnPartitionResult(topic=t, partition=p, error_code=r.code, error_message=r.message)
-        for t, p, r in _refused_partitions(pairs, refused, denied, R)
-    ]
+    return _refused_partitions(pairs, refused, denied, R)
 
 
-def check_txn_offset_commit(
-    access: Access, ctx: Who, req: bpb.TxnOffsetCommitRequest
-) -> bpb.TxnOffsetCommitResponse | None:
-    results = _commit_refusal(access, ctx, req.group_id, req.topics, req.transactional_id)
-    return None if results is None else bpb.TxnOffsetCommitResponse(results=results)
+def check_offset_fetch(access: Access, ctx: Who, group_id: str) -> Refusal | None:
+    """Describe on the group; the topics the caller may not Describe are the adapter's to hide
+    (``Access.denied_topics``), because how they are hidden differs by protocol version."""
+    return check_group(access, ctx, D, group_id)
 
 
-def check_offset_commit(access: Access, ctx: Who, req: bpb.OffsetCommitRequest) -> bpb.OffsetCommitResponse | None:
-    results = _commit_refusal(access, ctx, req.group_id, req.topics, None)
-    return None if results is None else bpb.OffsetCommitResponse(results=results)
-
-
-def check_offset_fetch(access: Access, ctx: Who, req: bpb.OffsetFetchRequest) -> bpb.OffsetFetchResponse | None:
-    refused = check_group(access, ctx, D, req.group_id)
-    if refused is not None:
-        return bpb.OffsetFetchResponse(error_code=refused.code, error_message=refused.message)
-    return None
-
-
-def filter_offset_fetch(access: Access, ctx: Who, resp: bpb.OffsetFetchResponse) -> bpb.OffsetFetchResponse:
-    """Partitions of topics the caller may not Describe: TOPIC_AUTHORIZATION_FAILED, no offset."""
-    denied = access.denied_topics(ctx, D, (p.topic for p in resp.partitions)) if access.enabled else set()
-    for p in resp.partitions:
-        if p.topic in denied:
-            p.committed_offset, p.committed_leader_epoch, p.metadata = -1, -1, ""
-            p.error_code, p.error_message = pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, p.topic)
-    return resp
-
-
-def check_heartbeat(
-    access: Access, ctx: Who, req: bpb.ConsumerGroupHeartbeatRequest
-) -> bpb.ConsumerGroupHeartbeatResponse | None:
-    refused = check_group(access, ctx, R, req.group_id)
+def check_heartbeat(access: Access, ctx: Who, group_id: str, subscribed: Iterable[str]) -> Refusal | None:
+    """Read on the group, Describe on every subscribed topic (the first refused one is named)."""
+    refused = check_group(access, ctx, R, group_id)
     if refused is None:
-        denied = access.denied_topics(ctx, D, req.subscribed_topic_names)
+        denied = access.denied_topics(ctx, D, subscribed)
         if denied:
-            first = sorted(denied)[0]
-            refused = Refusal(pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, first))
-    if refused is None:
-        return None
-    return bpb.ConsumerGroupHeartbeatResponse(
-        error_code=refused.code, error_message=refused.message, member_id=req.member_id, member_epoch=req.member_epoch
-    )
+            refused = Refusal(pb.TOPIC_AUTHORIZATION_FAILED, topic_refusal(D, sorted(denied)[0]))
+    return refused
 
 
 def filter_describe_transactions(

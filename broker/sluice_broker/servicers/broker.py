@@ -38,6 +38,15 @@ from sluice.broker.data_path import FetchInput, FetchPartition, OffsetQuery, Pro
 from sluice.broker.errors import InvalidArgumentError, SluiceError, answer
 from sluice.broker.group import GroupCoordinator
 from sluice.broker.group.admin import GroupAdmin
+from sluice.broker.group.api import (
+    CommitOffset,
+    FetchedOffset,
+    HeartbeatAnswer,
+    HeartbeatInput,
+    OffsetCommitInput,
+    OffsetFetchInput,
+    TxnOffsetCommitInput,
+)
 from sluice.broker.log.fetch_response import FetchResponseWriter
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
@@ -442,14 +451,7 @@ class BrokerService:
             answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
         else:
             answers = await self.txn.add_partitions_to_txn(_txn_handle(req), pairs)
-        return bpb.AddPartitionsToTxnResponse(
-            results=[
-                bpb.TxnPartitionResult(
-                    topic=a.topic, partition=a.partition, error_code=a.error_code, error_message=a.error_message
-                )
-                for a in answers
-            ]
-        )
+        return bpb.AddPartitionsToTxnResponse(results=_partition_results(answers))
 
     async def add_offsets_to_txn(self, req: bpb.AddOffsetsToTxnRequest, ctx: Ctx) -> bpb.AddOffsetsToTxnResponse:
         refused = checks.check_txn_id(self.access, ctx, req.transactional_id) or checks.check_group(
@@ -550,22 +552,55 @@ class BrokerService:
         return resp
 
     async def txn_offset_commit(self, req: bpb.TxnOffsetCommitRequest, ctx: Ctx) -> bpb.TxnOffsetCommitResponse:
-        refused = checks.check_txn_offset_commit(self.access, ctx, req)
-        return refused if refused is not None else await self.groups.txn_offset_commit(req)
+        commit = commit_input(req)
+        pairs = [(o.topic, o.partition) for o in commit.offsets]
+        refused = checks.check_offset_commit(self.access, ctx, req.group_id, pairs, req.transactional_id)
+        if refused is not None:
+            answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
+        else:
+            txn = TxnOffsetCommitInput(commit, req.transactional_id, req.producer_id, req.producer_epoch)
+            answers = await self.groups.txn_offset_commit(txn)
+        return bpb.TxnOffsetCommitResponse(results=_partition_results(answers))
 
     async def offset_commit(self, req: bpb.OffsetCommitRequest, ctx: Ctx) -> bpb.OffsetCommitResponse:
-        refused = checks.check_offset_commit(self.access, ctx, req)
-        return refused if refused is not None else await self.groups.offset_commit(req)
+        commit = commit_input(req)
+        pairs = [(o.topic, o.partition) for o in commit.offsets]
+        refused = checks.check_offset_commit(self.access, ctx, req.group_id, pairs)
+        if refused is not None:
+            answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
+        else:
+            answers = await self.groups.offset_commit(commit)
+        return bpb.OffsetCommitResponse(results=_partition_results(answers))
 
     async def offset_fetch(self, req: bpb.OffsetFetchRequest, ctx: Ctx) -> bpb.OffsetFetchResponse:
-        refused = checks.check_offset_fetch(self.access, ctx, req)
+        refused = checks.check_offset_fetch(self.access, ctx, req.group_id)
         if refused is not None:
-            return refused
-        return checks.filter_offset_fetch(self.access, ctx, await self.groups.offset_fetch(req))
+            return bpb.OffsetFetchResponse(error_code=refused.code, error_message=refused.message)
+        wanted = tuple((p.topic, p.partition) for p in req.partitions) or None  # none named: all of them
+        found = await self.groups.offset_fetch(OffsetFetchInput(req.group_id, wanted, req.require_stable))
+        # Partitions of topics the caller may not Describe: TOPIC_AUTHORIZATION_FAILED, no offset.
+        denied = self._denied(ctx, AclOperation.DESCRIBE, (p.topic for p in found.partitions))
+        resp = bpb.OffsetFetchResponse(error_code=found.error_code, error_message=found.error_message)
+        for p in found.partitions:
+            if p.topic in denied:
+                p = FetchedOffset(
+                    p.topic, p.partition, error_code=pb.TOPIC_AUTHORIZATION_FAILED,
+                    error_message=topic_refusal(AclOperation.DESCRIBE, p.topic),
+                )  # fmt: skip
+            resp.partitions.add(
+                topic=p.topic, partition=p.partition, committed_offset=p.offset, committed_leader_epoch=p.leader_epoch,
+                metadata=p.metadata, error_code=p.error_code, error_message=p.error_message,
+            )  # fmt: skip
+        return resp
 
     async def heartbeat(self, req: bpb.ConsumerGroupHeartbeatRequest, ctx: Ctx) -> bpb.ConsumerGroupHeartbeatResponse:
-        refused = checks.check_heartbeat(self.access, ctx, req)
-        return refused if refused is not None else await self.groups.heartbeat(req)
+        refused = checks.check_heartbeat(self.access, ctx, req.group_id, req.subscribed_topic_names)
+        if refused is not None:
+            return bpb.ConsumerGroupHeartbeatResponse(
+                error_code=refused.code, error_message=refused.message, member_id=req.member_id,
+                member_epoch=req.member_epoch,
+            )  # fmt: skip
+        return heartbeat_response(await self.groups.member_heartbeat(req.group_id, heartbeat_input(req)))
 
     # -- group administration (kafka-consumer-groups.sh), with Kafka's checks: Describe on a group
     # to list or describe it (groups the caller may not see are left out of a list), Delete to delete.
@@ -650,4 +685,49 @@ def transaction_state(d: TxnDescription) -> bpb.TransactionState:
         coordinator_id=d.coordinator_id, resume_producer_id=d.resume_producer_id,
         resume_producer_epoch=d.resume_producer_epoch,
         partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in d.partitions],
+    )  # fmt: skip
+
+
+def _partition_results(answers: Iterable[PartitionAnswer]) -> list[bpb.TxnPartitionResult]:
+    return [
+        bpb.TxnPartitionResult(
+            topic=a.topic, partition=a.partition, error_code=a.error_code, error_message=a.error_message
+        )
+        for a in answers
+    ]
+
+
+def commit_input(req: bpb.OffsetCommitRequest | bpb.TxnOffsetCommitRequest) -> OffsetCommitInput:
+    """The commit a gRPC OffsetCommit or TxnOffsetCommit carries."""
+    return OffsetCommitInput(
+        group_id=req.group_id,
+        offsets=tuple(
+            CommitOffset(t.name, p.partition, p.committed_offset, p.committed_leader_epoch, p.metadata)
+            for t in req.topics
+            for p in t.partitions
+        ),
+        member_id=req.member_id,
+        member_epoch=req.member_epoch,
+        instance_id=req.group_instance_id if req.HasField("group_instance_id") else None,
+    )
+
+
+def heartbeat_input(req: bpb.ConsumerGroupHeartbeatRequest) -> HeartbeatInput:
+    """A gRPC ConsumerGroupHeartbeat as the group coordinator takes it."""
+    names = tuple(req.subscribed_topic_names)
+    return HeartbeatInput(
+        member_id=req.member_id,
+        member_epoch=req.member_epoch,
+        subscription=None if req.subscription_unchanged and not names else names,
+        owned=frozenset((owned.topic, owned.partition) for owned in req.owned_partitions),
+        session_timeout_ms=req.session_timeout_ms,
+        rebalance_timeout_ms=req.rebalance_timeout_ms,
+    )
+
+
+def heartbeat_response(a: HeartbeatAnswer) -> bpb.ConsumerGroupHeartbeatResponse:
+    return bpb.ConsumerGroupHeartbeatResponse(
+        member_id=a.member_id, member_epoch=a.member_epoch, heartbeat_interval_ms=a.heartbeat_interval_ms,
+        error_code=a.error_code, error_message=a.error_message,
+        assignment=[pb.TopicPartition(topic=t, partition=p) for t, p in a.assignment],
     )  # fmt: skip

@@ -17,6 +17,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.coordination.answers import Outcome, PartitionAnswer
+
+__all__ = [
+    "HandleAnswer",
+    "InitProducerIdInput",
+    "ListTransactionsInput",
+    "ListedTransaction",
+    "Outcome",
+    "PartitionAnswer",
+    "TransactionList",
+    "TxnDescription",
+    "TxnHandle",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,24 +69,6 @@ class HandleAnswer:
     producer_id: int = -1
     producer_epoch: int = -1
     previous_state: str = ""  # InitProducerId: the id's state before the request ("" for a new id)
-    error_code: pb.ErrorCode = pb.NONE
-    error_message: str = ""
-
-
-@dataclass(slots=True)
-class PartitionAnswer:
-    """One partition's answer to AddPartitionsToTxn, in the order asked."""
-
-    topic: str
-    partition: int
-    error_code: pb.ErrorCode = pb.NONE
-    error_message: str = ""
-
-
-@dataclass(slots=True)
-class Outcome:
-    """The answer of a call with nothing to return but whether it worked (AddOffsetsToTxn)."""
-
     error_code: pb.ErrorCode = pb.NONE
     error_message: str = ""
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.membership import JOIN_EPOCH, HeartbeatInput
 from sluice.broker.kafka.context import KafkaContext
@@ -65,20 +64,11 @@ class ConsumerGroupHeartbeatHandler:
             return _refuse(request, "static membership (group.instance.id) is not supported for consumer groups")
         if request.member_epoch == JOIN_EPOCH and request.subscribed_topic_names is None:
             return _refuse(request, "a join (member epoch 0) must name the subscribed topics")
-        refused = checks.check_heartbeat(
-            ctx.access,
-            ctx.caller,
-            bpb.ConsumerGroupHeartbeatRequest(
-                group_id=request.group_id,
-                member_id=request.member_id,
-                member_epoch=request.member_epoch,
-                subscribed_topic_names=request.subscribed_topic_names or [],
-            ),
-        )
+        refused = checks.check_heartbeat(ctx.access, ctx.caller, request.group_id, request.subscribed_topic_names or [])
         if refused is not None:
             return ConsumerGroupHeartbeatResponse(
-                error_code=int(refused.error_code),
-                error_message=refused.error_message,
+                error_code=int(refused.code),
+                error_message=refused.message,
                 member_id=request.member_id,
                 member_epoch=request.member_epoch,
             )
@@ -106,8 +96,8 @@ class ConsumerGroupHeartbeatHandler:
         )
         if answer.error_code == pb.NONE and answer.member_epoch >= 0:
             by_topic: dict[str, list[int]] = defaultdict(list)
-            for tp in answer.assignment:
-                by_topic[tp.topic].append(tp.partition)
+            for topic, partition in answer.assignment:
+                by_topic[topic].append(partition)
             resp.assignment = Assignment(
                 topic_partitions=[
                     TopicPartitions(topic_id=topic_uuid(ctx.cluster.topics[topic]), partitions=sorted(parts))

@@ -1,7 +1,8 @@
 """OffsetCommit, OffsetFetch, TxnOffsetCommit: committed offsets through the group coordinator.
 
-The coordinator's own calls (the gRPC ones), so an offset committed by a Kafka
-consumer is the one a Sluice consumer of the same group resumes from, and a
+The coordinator's own calls (the gRPC servicer makes the same, with the plain values of
+:mod:`sluice.broker.group.api`), so an offset committed by a Kafka consumer is the one a
+Sluice consumer of the same group resumes from, and a
 transactional commit (``send_offsets_to_transaction``) obeys the same markers.
 
 Served: OffsetCommit 2-9 and OffsetFetch 1-9 (v10 of both names topics by id:
@@ -28,8 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sluice.acls import AclOperation
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
+from sluice.broker.group.api import (
+    CommitOffset,
+    FetchedOffset,
+    OffsetCommitInput,
+    OffsetFetchInput,
+    PartitionAnswer,
+    TxnOffsetCommitInput,
+)
 from sluice.broker.kafka import authorization
 from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka_wire.codec import Message, Versions
@@ -46,30 +54,33 @@ from sluice.broker.kafka_wire.messages.txn_offset_commit_request import (
 from sluice.broker.security import coordinator_checks as checks
 
 
-def _topics(topics: Iterable[OffsetCommitRequestTopic | TxnOffsetCommitRequestTopic]) -> list[bpb.OffsetCommitTopic]:
-    out = []
-    for t in topics:
-        out.append(
-            bpb.OffsetCommitTopic(
-                name=t.name,
-                partitions=[
-                    bpb.OffsetCommitPartition(
-                        partition=p.partition_index,
-                        committed_offset=p.committed_offset,
-                        committed_leader_epoch=p.committed_leader_epoch,
-                        metadata=p.committed_metadata or "",
-                    )
-                    for p in t.partitions
-                ],
-            )
+def _offsets(topics: Iterable[OffsetCommitRequestTopic | TxnOffsetCommitRequestTopic]) -> tuple[CommitOffset, ...]:
+    return tuple(
+        CommitOffset(
+            t.name, p.partition_index, p.committed_offset, p.committed_leader_epoch, p.committed_metadata or ""
         )
-    return out
+        for t in topics
+        for p in t.partitions
+    )
 
 
-def _grouped(results: Iterable[bpb.TxnPartitionResult]) -> dict[str, list[tuple[int, int]]]:
+async def _commit(
+    ctx: KafkaContext, commit: OffsetCommitInput, txn: tuple[str, int, int] | None
+) -> dict[str, list[tuple[int, int]]]:
+    """The commit's answers by topic: (partition, error code); ``txn``: (id, producer id, epoch)."""
+    pairs = [(o.topic, o.partition) for o in commit.offsets]
+    refused = checks.check_offset_commit(
+        ctx.access, ctx.caller, commit.group_id, pairs, None if txn is None else txn[0]
+    )
+    if refused is not None:
+        answers = [PartitionAnswer(t, p, r.code, r.message) for t, p, r in refused]
+    elif txn is None:
+        answers = await ctx.groups.offset_commit(commit)
+    else:
+        answers = await ctx.groups.txn_offset_commit(TxnOffsetCommitInput(commit, *txn))
     by_topic: dict[str, list[tuple[int, int]]] = {}
-    for r in results:
-        by_topic.setdefault(r.topic, []).append((r.partition, int(r.error_code)))
+    for a in answers:
+        by_topic.setdefault(a.topic, []).append((a.partition, int(a.error_code)))
     return by_topic
 
 
@@ -79,21 +90,16 @@ class OffsetCommitHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, OffsetCommitRequest)
-        core = bpb.OffsetCommitRequest(
-            group_id=request.group_id,
-            member_id=request.member_id,
-            member_epoch=request.generation_id_or_member_epoch,
-            topics=_topics(request.topics),
-            group_instance_id=request.group_instance_id,
-        )
-        refused = checks.check_offset_commit(ctx.access, ctx.caller, core)
-        answer = refused if refused is not None else await ctx.groups.offset_commit(core)
+        commit = OffsetCommitInput(
+            request.group_id, _offsets(request.topics), request.member_id, request.generation_id_or_member_epoch,
+            request.group_instance_id,
+        )  # fmt: skip
         return ocr.OffsetCommitResponse(
             topics=[
                 ocr.OffsetCommitResponseTopic(
                     name=name, partitions=[ocr.OffsetCommitResponsePartition(p, e) for p, e in parts]
                 )
-                for name, parts in _grouped(answer.results).items()
+                for name, parts in (await _commit(ctx, commit, None)).items()
             ]
         )
 
@@ -104,24 +110,17 @@ class TxnOffsetCommitHandler:
 
     async def handle(self, ctx: KafkaContext, header: RequestHeader, request: Message) -> Message:
         assert isinstance(request, TxnOffsetCommitRequest)
-        core = bpb.TxnOffsetCommitRequest(
-            transactional_id=request.transactional_id,
-            group_id=request.group_id,
-            producer_id=request.producer_id,
-            producer_epoch=request.producer_epoch,
-            member_id=request.member_id,
-            member_epoch=request.generation_id,
-            topics=_topics(request.topics),
-            group_instance_id=request.group_instance_id,
-        )
-        refused = checks.check_txn_offset_commit(ctx.access, ctx.caller, core)
-        answer = refused if refused is not None else await ctx.groups.txn_offset_commit(core)
+        commit = OffsetCommitInput(
+            request.group_id, _offsets(request.topics), request.member_id, request.generation_id,
+            request.group_instance_id,
+        )  # fmt: skip
+        txn = (request.transactional_id, request.producer_id, request.producer_epoch)
         return tcr.TxnOffsetCommitResponse(
             topics=[
                 tcr.TxnOffsetCommitResponseTopic(
                     name=name, partitions=[tcr.TxnOffsetCommitResponsePartition(p, e) for p, e in parts]
                 )
-                for name, parts in _grouped(answer.results).items()
+                for name, parts in (await _commit(ctx, commit, txn)).items()
             ]
         )
 
@@ -144,7 +143,7 @@ class OffsetFetchHandler:
                         name=name,
                         partitions=[
                             ofr.OffsetFetchResponsePartition(
-                                p.partition, p.committed_offset, p.committed_leader_epoch, p.metadata, int(p.error_code)
+                                p.partition, p.offset, p.leader_epoch, p.metadata, int(p.error_code)
                             )
                             for p in parts
                         ],
@@ -167,11 +166,7 @@ class OffsetFetchHandler:
                             name=name,
                             partitions=[
                                 ofr.OffsetFetchResponsePartitions(
-                                    p.partition,
-                                    p.committed_offset,
-                                    p.committed_leader_epoch,
-                                    p.metadata,
-                                    int(p.error_code),
+                                    p.partition, p.offset, p.leader_epoch, p.metadata, int(p.error_code)
                                 )
                                 for p in parts
                             ],
@@ -189,27 +184,21 @@ class OffsetFetchHandler:
         group_id: str,
         wanted: list[tuple[str, list[int]]] | None,
         require_stable: bool,
-    ) -> tuple[int, dict[str, list[bpb.OffsetFetchPartition]]]:
-        request = bpb.OffsetFetchRequest(group_id=group_id, require_stable=require_stable)
-        topics: dict[str, list[bpb.OffsetFetchPartition]] = {}
-        refused = checks.check_offset_fetch(ctx.access, ctx.caller, request)
+    ) -> tuple[int, dict[str, list[FetchedOffset]]]:
+        topics: dict[str, list[FetchedOffset]] = {}
+        refused = checks.check_offset_fetch(ctx.access, ctx.caller, group_id)
         if refused is not None:
             for name, partitions in wanted if version < 2 and wanted else []:  # v1: no group-level error
                 topics.setdefault(name, []).extend(
-                    bpb.OffsetFetchPartition(
-                        topic=name, partition=p, committed_offset=-1, committed_leader_epoch=-1,
-                        error_code=refused.error_code,
-                    )
-                    for p in partitions
-                )  # fmt: skip
-            return int(refused.error_code), topics
+                    FetchedOffset(name, p, error_code=refused.code, error_message=refused.message) for p in partitions
+                )
+            return int(refused.code), topics
         denied = authorization.denied_topics(ctx, AclOperation.DESCRIBE, (n for n, _ in wanted or []))
-        for name, partitions in wanted or []:
-            if name not in denied:
-                request.partitions.extend(pb.TopicPartition(topic=name, partition=p) for p in partitions)
+        named = tuple((name, p) for name, partitions in wanted or [] if name not in denied for p in partitions)
         # The coordinator reads every partition of the group when none is named: asked only when that
         # is what the client asked for (null), or for the group's error (an empty list asks for nothing).
-        answer = await ctx.groups.offset_fetch(request) if request.partitions or not wanted else None
+        request = OffsetFetchInput(group_id, named or None, require_stable)
+        answer = await ctx.groups.offset_fetch(request) if named or not wanted else None
         code = 0 if answer is None else int(answer.error_code)
         if answer is not None and wanted != []:
             # in an all-topics answer the topics the caller may not Describe are left out, as Kafka does
@@ -222,10 +211,6 @@ class OffsetFetchHandler:
         for name, partitions in wanted or []:
             if name in denied:
                 topics.setdefault(name, []).extend(
-                    bpb.OffsetFetchPartition(
-                        topic=name, partition=index, committed_offset=-1, committed_leader_epoch=-1,
-                        error_code=pb.TOPIC_AUTHORIZATION_FAILED,
-                    )
-                    for index in partitions
-                )  # fmt: skip
+                    FetchedOffset(name, index, error_code=pb.TOPIC_AUTHORIZATION_FAILED) for index in partitions
+                )
         return code, topics
