@@ -22,14 +22,15 @@ imports the other:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sluice import errors
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC
 from sluice.broker.errors import answer
 from sluice.broker.group import GroupCoordinator, consumer_protocol
+from sluice.broker.group.api import GroupDescription, GroupList, ListedGroup, MemberDescription, Outcome
 from sluice.broker.group.classic import ClassicGroup
-from sluice.broker.group.coordinator import OffsetsPartitionState
 from sluice.broker.group.membership import ConsumerGroup
 from sluice.broker.group.offsets import encode_key
 from sluice.errors import SluiceError
@@ -48,7 +49,7 @@ def group_state(group: ConsumerGroup | None) -> str:
     return STABLE
 
 
-def _describe_classic(group: ClassicGroup, out: bpb.DescribedGroup) -> None:
+def _describe_classic(group: ClassicGroup, out: GroupDescription) -> None:
     """A group of Kafka clients (the classic protocol, over the Kafka listener) in the same shape.
 
     The state is the classic one (Stable, PreparingRebalance, CompletingRebalance), the epoch the
@@ -60,35 +61,28 @@ def _describe_classic(group: ClassicGroup, out: bpb.DescribedGroup) -> None:
     out.group_epoch = group.generation
     consumer = group.protocol_type == consumer_protocol.CONSUMER
     for member_id, member in sorted(group.members.items()):
-        m = out.members.add(member_id=member_id, member_epoch=group.generation)
+        m = MemberDescription(member_id, group.generation)
+        out.members.append(m)
         if not consumer:
             continue
-        topics = consumer_protocol.subscribed_topics(member.metadata(group.protocol_name))
-        m.subscribed_topic_names.extend(sorted(topics or ()))
-        for topic, partition in consumer_protocol.assigned_partitions(member.assignment) or ():
-            m.assignment.add(topic=topic, partition=partition)
-            m.target_assignment.add(topic=topic, partition=partition)  # the classic protocol has no target
+        m.subscribed_topic_names = sorted(
+            consumer_protocol.subscribed_topics(member.metadata(group.protocol_name)) or ()
+        )
+        m.assignment = list(consumer_protocol.assigned_partitions(member.assignment) or ())
+        m.target_assignment = list(m.assignment)  # the classic protocol has no target
 
 
 class GroupAdmin:
-    """The three group-administration RPCs, over a :class:`GroupCoordinator`."""
+    """The three group-administration calls, over a :class:`GroupCoordinator`."""
 
     def __init__(self, groups: GroupCoordinator, broker_id: int) -> None:
         self.groups = groups
         self.broker_id = broker_id
 
-    def _locate(self, group_id: str) -> OffsetsPartitionState:
-        """The loaded state of the group's partition, or the error its client should see."""
-        if not group_id:
-            raise errors.InvalidGroupIdError("the group id must not be empty")
-        partition = self.groups.partition_for(group_id)
-        if partition is None:
-            raise errors.CoordinatorNotAvailableError(f"{CONSUMER_OFFSETS_TOPIC} does not exist yet")
-        return self.groups.runtime.active(partition, f"group {group_id!r}").state
-
-    async def list_groups(self, req: bpb.ListGroupsRequest) -> bpb.ListGroupsResponse:
-        resp = bpb.ListGroupsResponse()
-        wanted = {s.lower() for s in req.states_filter}
+    async def list_groups(self, states: Iterable[str] = ()) -> GroupList:
+        """The groups this broker coordinates, in those ``states`` (any case; none: every state)."""
+        resp = GroupList()
+        wanted = {s.lower() for s in states}
         for cpart in self.groups.runtime.all_partitions():
             if not cpart.active:
                 resp.error_code = pb.COORDINATOR_LOAD_IN_PROGRESS
@@ -100,21 +94,22 @@ class GroupAdmin:
                 name = classic.get(group_id) or group_state(state.groups.get(group_id))
                 if wanted and name.lower() not in wanted:
                     continue
-                resp.groups.add(group_id=group_id, state=name, coordinator_id=self.broker_id)
+                resp.groups.append(ListedGroup(group_id, name, self.broker_id))
         return resp
 
-    async def describe_groups(self, req: bpb.DescribeGroupsRequest) -> bpb.DescribeGroupsResponse:
-        resp = bpb.DescribeGroupsResponse()
-        for group_id in req.group_ids:
-            out = resp.groups.add(group_id=group_id, coordinator_id=self.broker_id)
+    async def describe_groups(self, group_ids: Iterable[str]) -> list[GroupDescription]:
+        out: list[GroupDescription] = []
+        for group_id in group_ids:
+            described = GroupDescription(group_id, self.broker_id)
+            out.append(described)
             try:
-                self._describe(group_id, out)
+                self._describe(group_id, described)
             except SluiceError as exc:
-                answer(out, exc)
-        return resp
+                answer(described, exc)
+        return out
 
-    def _describe(self, group_id: str, out: bpb.DescribedGroup) -> None:
-        state = self._locate(group_id)
+    def _describe(self, group_id: str, out: GroupDescription) -> None:
+        state = self.groups.locate(group_id)
         classic = state.classic.get(group_id)
         if classic is not None and not classic.is_empty:
             _describe_classic(classic, out)
@@ -127,26 +122,29 @@ class GroupAdmin:
             return
         out.group_epoch = group.epoch
         for member_id, member in sorted(group.members.items()):
-            m = out.members.add(
-                member_id=member_id, member_epoch=member.epoch, subscribed_topic_names=list(member.subscription)
+            out.members.append(
+                MemberDescription(
+                    member_id,
+                    member.epoch,
+                    list(member.subscription),
+                    sorted(member.assigned),
+                    sorted(group.target.get(member_id, frozenset())),
+                )
             )
-            for topic, partition in sorted(member.assigned):
-                m.assignment.add(topic=topic, partition=partition)
-            for topic, partition in sorted(group.target.get(member_id, frozenset())):
-                m.target_assignment.add(topic=topic, partition=partition)
 
-    async def delete_groups(self, req: bpb.DeleteGroupsRequest) -> bpb.DeleteGroupsResponse:
-        resp = bpb.DeleteGroupsResponse()
-        for group_id in req.group_ids:
-            out = resp.results.add(group_id=group_id)
+    async def delete_groups(self, group_ids: Iterable[str]) -> dict[str, Outcome]:
+        """Each group's outcome, in the order asked."""
+        out: dict[str, Outcome] = {}
+        for group_id in group_ids:
+            outcome = out[group_id] = Outcome()
             try:
                 await self._delete(group_id)
             except SluiceError as exc:
-                answer(out, exc)
-        return resp
+                answer(outcome, exc)
+        return out
 
     async def _delete(self, group_id: str) -> None:
-        state = self._locate(group_id)
+        state = self.groups.locate(group_id)
         group = state.groups.get(group_id)
         if group is not None and not group.is_empty:
             raise errors.NonEmptyGroupError(

@@ -1,4 +1,4 @@
-"""What the group coordinator takes and answers for offsets and KIP-848 heartbeats: plain values.
+"""What the group coordinator takes and answers: plain values (offsets, KIP-848 heartbeats, admin).
 
 Both protocols call the coordinator: the gRPC servicer and the Kafka listener's handlers each
 decode their request into these values, ask :mod:`sluice.broker.security.coordinator_checks`
@@ -16,18 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sluice.api.v1 import records_pb2 as pb
-from sluice.broker.coordination.answers import PartitionAnswer
+from sluice.broker.coordination.answers import Outcome, PartitionAnswer
 from sluice.broker.group.membership import HeartbeatInput
 from sluice.broker.topic_partition import TopicPartition
 
 __all__ = [
     "CommitOffset",
     "FetchedOffset",
+    "GroupDescription",
+    "GroupList",
     "HeartbeatAnswer",
     "HeartbeatInput",
+    "ListedGroup",
+    "MemberDescription",
     "OffsetCommitInput",
     "OffsetFetchAnswer",
     "OffsetFetchInput",
+    "Outcome",
     "PartitionAnswer",
     "TxnOffsetCommitInput",
 ]
@@ -103,3 +108,45 @@ class HeartbeatAnswer:
     error_code: pb.ErrorCode = pb.NONE
     error_message: str = ""
     assignment: list[TopicPartition] = field(default_factory=list)
+
+
+# -- group administration (kafka-consumer-groups.sh): group/admin.py ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ListedGroup:
+    group_id: str
+    state: str  # KIP-848's Empty, Stable, Reconciling; a classic group's own state names
+    coordinator_id: int
+
+
+@dataclass(slots=True)
+class GroupList:
+    """The groups of every ``__consumer_offsets`` partition this broker has loaded; while one is
+    still loading, COORDINATOR_LOAD_IN_PROGRESS with the others' groups."""
+
+    groups: list[ListedGroup] = field(default_factory=list)
+    error_code: pb.ErrorCode = pb.NONE
+    error_message: str = ""
+
+
+@dataclass(slots=True)
+class MemberDescription:
+    member_id: str
+    member_epoch: int
+    subscribed_topic_names: list[str] = field(default_factory=list)
+    assignment: list[TopicPartition] = field(default_factory=list)
+    target_assignment: list[TopicPartition] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GroupDescription:
+    """DescribeGroups' answer for one group: its state, epoch and members, or the error."""
+
+    group_id: str
+    coordinator_id: int
+    error_code: pb.ErrorCode = pb.NONE
+    error_message: str = ""
+    state: str = ""
+    group_epoch: int = 0
+    members: list[MemberDescription] = field(default_factory=list)

@@ -41,10 +41,12 @@ from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.group.api import (
     CommitOffset,
     FetchedOffset,
+    GroupDescription,
     HeartbeatAnswer,
     HeartbeatInput,
     OffsetCommitInput,
     OffsetFetchInput,
+    Outcome,
     TxnOffsetCommitInput,
 )
 from sluice.broker.log.fetch_response import FetchResponseWriter
@@ -606,41 +608,37 @@ class BrokerService:
     # to list or describe it (groups the caller may not see are left out of a list), Delete to delete.
 
     async def list_groups(self, req: bpb.ListGroupsRequest, ctx: Ctx) -> bpb.ListGroupsResponse:
-        resp = await self.group_admin.list_groups(req)
-        if self.access.enabled:
-            visible = [
-                g
-                for g in resp.groups
+        listed = await self.group_admin.list_groups(req.states_filter)
+        return bpb.ListGroupsResponse(
+            error_code=listed.error_code,
+            error_message=listed.error_message,
+            groups=[
+                bpb.ListedGroup(group_id=g.group_id, state=g.state, coordinator_id=g.coordinator_id)
+                for g in listed.groups
                 if checks.check_group(self.access, ctx, AclOperation.DESCRIBE, g.group_id) is None
-            ]
-            del resp.groups[:]
-            resp.groups.extend(visible)
-        return resp
+            ],
+        )
 
     async def describe_groups(self, req: bpb.DescribeGroupsRequest, ctx: Ctx) -> bpb.DescribeGroupsResponse:
         refused = self._group_refusals(ctx, AclOperation.DESCRIBE, req.group_ids)
         allowed = [g for g in req.group_ids if g not in refused]
-        answered = await self.group_admin.describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
-        by_id = {g.group_id: g for g in answered.groups}
+        by_id = {g.group_id: g for g in await self.group_admin.describe_groups(allowed)}
         return bpb.DescribeGroupsResponse(
             groups=[
                 bpb.DescribedGroup(group_id=g, error_code=refused[g].code, error_message=refused[g].message)
                 if g in refused
-                else by_id[g]
+                else _described_group(by_id[g])
                 for g in req.group_ids
             ]
         )
 
     async def delete_groups(self, req: bpb.DeleteGroupsRequest, ctx: Ctx) -> bpb.DeleteGroupsResponse:
         refused = self._group_refusals(ctx, AclOperation.DELETE, req.group_ids)
-        allowed = [g for g in req.group_ids if g not in refused]
-        answered = await self.group_admin.delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed))
-        by_id = {g.group_id: g for g in answered.results}
+        answered = await self.group_admin.delete_groups(g for g in req.group_ids if g not in refused)
+        outcomes = {**answered, **{g: Outcome(r.code, r.message) for g, r in refused.items()}}
         return bpb.DeleteGroupsResponse(
             results=[
-                bpb.DeletedGroup(group_id=g, error_code=refused[g].code, error_message=refused[g].message)
-                if g in refused
-                else by_id[g]
+                bpb.DeletedGroup(group_id=g, error_code=outcomes[g].error_code, error_message=outcomes[g].error_message)
                 for g in req.group_ids
             ]
         )
@@ -730,4 +728,22 @@ def heartbeat_response(a: HeartbeatAnswer) -> bpb.ConsumerGroupHeartbeatResponse
         member_id=a.member_id, member_epoch=a.member_epoch, heartbeat_interval_ms=a.heartbeat_interval_ms,
         error_code=a.error_code, error_message=a.error_message,
         assignment=[pb.TopicPartition(topic=t, partition=p) for t, p in a.assignment],
+    )  # fmt: skip
+
+
+def _tps(tps: Iterable[tuple[str, int]]) -> list[pb.TopicPartition]:
+    return [pb.TopicPartition(topic=t, partition=p) for t, p in tps]
+
+
+def _described_group(d: GroupDescription) -> bpb.DescribedGroup:
+    return bpb.DescribedGroup(
+        group_id=d.group_id, coordinator_id=d.coordinator_id, error_code=d.error_code, error_message=d.error_message,
+        state=d.state, group_epoch=d.group_epoch,
+        members=[
+            bpb.DescribedGroupMember(
+                member_id=m.member_id, member_epoch=m.member_epoch, subscribed_topic_names=m.subscribed_topic_names,
+                assignment=_tps(m.assignment), target_assignment=_tps(m.target_assignment),
+            )
+            for m in d.members
+        ],
     )  # fmt: skip

@@ -43,7 +43,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from sluice.acls import AclOperation, ResourceType
-from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.group.admin import GroupAdmin
 from sluice.broker.kafka import authorization
@@ -82,7 +81,7 @@ class ListGroupsHandler:
         resp = ListGroupsResponse()
         types = {t.lower() for t in request.types_filter}
         states = {s.lower() for s in request.states_filter}
-        listed = await _admin(ctx).list_groups(bpb.ListGroupsRequest())
+        listed = await _admin(ctx).list_groups()
         classic = ctx.groups.classic.listing()
         resp.error_code = int(listed.error_code)
         found = [(g.group_id, g.state, CONSUMER) for g in listed.groups if g.group_id not in classic]
@@ -144,9 +143,8 @@ class ConsumerGroupDescribeHandler:
         assert isinstance(request, ConsumerGroupDescribeRequest)
         refused = {g: r for g in request.group_ids if (r := authorization.group_refusal(ctx, AclOperation.DESCRIBE, g))}
         allowed = [g for g in request.group_ids if g not in refused]
-        described = await _admin(ctx).describe_groups(bpb.DescribeGroupsRequest(group_ids=allowed))
+        by_id = {g.group_id: g for g in await _admin(ctx).describe_groups(allowed)}
         resp = cgd.ConsumerGroupDescribeResponse()
-        by_id = {g.group_id: g for g in described.groups}
         for group_id in request.group_ids:
             if group_id in refused:
                 code, why = refused[group_id]
@@ -179,10 +177,10 @@ class ConsumerGroupDescribeHandler:
         return resp
 
 
-def _assignment(ctx: KafkaContext, tps: Iterable[pb.TopicPartition]) -> cgd.Assignment:
+def _assignment(ctx: KafkaContext, tps: Iterable[tuple[str, int]]) -> cgd.Assignment:
     by_topic: dict[str, list[int]] = {}
-    for tp in tps:
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    for topic, partition in tps:
+        by_topic.setdefault(topic, []).append(partition)
     return cgd.Assignment(
         topic_partitions=[
             cgd.TopicPartitions(topic_id=topic_uuid(ctx.cluster.topics[name]), topic_name=name, partitions=sorted(ps))
@@ -202,8 +200,7 @@ class DeleteGroupsHandler:
             g: r for g in request.groups_names if (r := authorization.group_refusal(ctx, AclOperation.DELETE, g))
         }
         allowed = [g for g in request.groups_names if g not in refused]
-        deleted = await _admin(ctx).delete_groups(bpb.DeleteGroupsRequest(group_ids=allowed)) if allowed else None
-        answered = {r.group_id: int(r.error_code) for r in deleted.results} if deleted is not None else {}
+        answered = {g: int(o.error_code) for g, o in (await _admin(ctx).delete_groups(allowed)).items()}
         return DeleteGroupsResponse(
             results=[
                 DeletableGroupResult(group_id=g, error_code=refused[g][0] if g in refused else answered[g])
