@@ -13,6 +13,7 @@ from pathlib import Path
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC
+from sluice.broker.group.classic import ClassicGroup
 from sluice.broker.group.group_records import (
     CURRENT_ASSIGNMENT,
     GROUP_METADATA,
@@ -24,6 +25,7 @@ from sluice.broker.group.group_records import (
     encode_key,
     group_records,
 )
+from sluice.broker.group.membership import ConsumerGroup
 from sluice.records import build_batch, decode_records
 
 from .test_group_coordinator import GROUP, Broker, commit_req, fetch, run
@@ -270,3 +272,25 @@ def test_ids_the_key_format_cannot_hold_are_refused(tmp_path: Path) -> None:
         assert group_log_records(b) == []  # nothing was written
 
     run(tmp_path, body)
+
+
+def test_an_empty_classic_group_gives_its_id_to_a_consumer_group(tmp_path: Path) -> None:
+    """Both kinds share one map: a consumer group takes the id of a classic group whose members
+    left, the classic coordinator no longer sees a group of its kind, and a restart restores only
+    the consumer group (the classic group's record was tombstoned when it emptied)."""
+
+    async def first(b: Broker) -> None:
+        state = b.groups.locate(GROUP)
+        state.groups[GROUP] = ClassicGroup(GROUP, b.groups.classic.settings)  # its members have left
+        a = await heartbeat(b, "", 0)
+        assert a.error_code == pb.NONE, a.error_message
+        assert isinstance(state.groups[GROUP], ConsumerGroup) and state.classic_group(GROUP) is None
+        described = b.groups.classic.describe(GROUP)
+        assert described.error == pb.GROUP_ID_NOT_FOUND and "not a classic group" in described.message
+
+    async def second(b: Broker) -> None:
+        group = b.groups.locate(GROUP).groups[GROUP]
+        assert isinstance(group, ConsumerGroup) and len(group.members) == 1
+
+    run(tmp_path, first)
+    run(tmp_path, second)

@@ -89,9 +89,12 @@ class GroupAdmin:
                 resp.error_message = f"{CONSUMER_OFFSETS_TOPIC}-{cpart.partition} is still loading"
                 continue
             state = cpart.state
-            classic = {gid: g.state.value for gid, g in state.classic.items() if not g.is_empty}  # Kafka listener's
-            for group_id in sorted(set(state.groups) | set(state.offsets.groups) | set(classic)):
-                name = classic.get(group_id) or group_state(state.groups.get(group_id))
+            for group_id in sorted(set(state.groups) | set(state.offsets.groups)):
+                group = state.groups.get(group_id)
+                if isinstance(group, ClassicGroup) and not group.is_empty:  # the Kafka listener's
+                    name = group.state.value
+                else:
+                    name = group_state(group if isinstance(group, ConsumerGroup) else None)
                 if wanted and name.lower() not in wanted:
                     continue
                 resp.groups.append(ListedGroup(group_id, name, self.broker_id))
@@ -110,11 +113,11 @@ class GroupAdmin:
 
     def _describe(self, group_id: str, out: GroupDescription) -> None:
         state = self.groups.locate(group_id)
-        classic = state.classic.get(group_id)
+        classic = state.classic_group(group_id)
         if classic is not None and not classic.is_empty:
             _describe_classic(classic, out)
             return
-        group = state.groups.get(group_id)
+        group = state.consumer_group(group_id)
         if group is None and group_id not in state.offsets.groups:
             raise errors.GroupIdNotFoundError(f"group {group_id!r} does not exist")
         out.state = group_state(group)
@@ -145,12 +148,12 @@ class GroupAdmin:
 
     async def _delete(self, group_id: str) -> None:
         state = self.groups.locate(group_id)
-        group = state.groups.get(group_id)
+        group = state.consumer_group(group_id)
         if group is not None and not group.is_empty:
             raise errors.NonEmptyGroupError(
                 f"group {group_id!r} has {len(group.members)} active members: stop them first"
             )
-        classic = state.classic.get(group_id)
+        classic = state.classic_group(group_id)
         if classic is not None and not classic.is_empty:
             raise errors.NonEmptyGroupError(
                 f"group {group_id!r} has {len(classic.members)} active (classic) members: stop them first"

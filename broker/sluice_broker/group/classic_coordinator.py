@@ -113,13 +113,13 @@ class ClassicCoordinator:
         if code != pb.NONE:
             log.info("group %r: JoinGroup of %r refused: %s", group_id, join.member_id or join.client_id, message)
             return JoinResult(code, join.member_id)
-        other = state.groups.get(group_id)
+        other = state.consumer_group(group_id)
         if other is not None and not other.is_empty:
             log.info("group %r: classic JoinGroup refused, the group has KIP-848 members", group_id)
             return JoinResult(pb.INCONSISTENT_GROUP_PROTOCOL, join.member_id)
-        group = state.classic.get(group_id)
-        if group is None:
-            group = state.classic[group_id] = ClassicGroup(group_id, self.settings)
+        group = state.classic_group(group_id)
+        if group is None:  # new, or it was an empty consumer group: it becomes a classic one
+            group = state.groups[group_id] = ClassicGroup(group_id, self.settings)
         superseded = self._joins.pop((group_id, join.member_id), None) if join.member_id else None
         generation = group.generation
         member_id, result, fx = group.join(join, self._now())
@@ -165,7 +165,7 @@ class ClassicCoordinator:
             log.info("group %r: SyncGroup of %s refused: an assignment above %d bytes", group_id, member_id,
                      ASSIGNMENT_MAX_BYTES)  # fmt: skip
             return SyncResult(pb.INVALID_REQUEST)
-        group = state.classic.get(group_id)
+        group = state.classic_group(group_id)
         if group is None:
             return SyncResult(pb.UNKNOWN_MEMBER_ID)
         key = (group_id, member_id)
@@ -224,7 +224,7 @@ class ClassicCoordinator:
             state = self.coordinator.locate(group_id)
         except SluiceError as exc:
             return _code(exc)
-        group = state.classic.get(group_id)
+        group = state.classic_group(group_id)
         if group is None:
             return pb.UNKNOWN_MEMBER_ID  # also a KIP-848 group: this member is not a classic one of it
         return group.heartbeat(member_id, instance_id, generation, self._now())
@@ -235,7 +235,7 @@ class ClassicCoordinator:
             state = self.coordinator.locate(group_id)
         except SluiceError as exc:
             return _code(exc), []
-        group = state.classic.get(group_id)
+        group = state.classic_group(group_id)
         if group is None:
             return pb.NONE, [pb.UNKNOWN_MEMBER_ID for _ in leaving]
         codes, fx = group.leave(leaving, self._now())
@@ -249,7 +249,7 @@ class ClassicCoordinator:
             state = self.coordinator.locate(group_id)
         except SluiceError as exc:
             return Described(group_id, _code(exc), exc.message)
-        group = state.classic.get(group_id)
+        group = state.classic_group(group_id)
         if group is not None and not group.is_empty:
             stable = group.state is ClassicState.STABLE
             members = tuple(
@@ -270,7 +270,7 @@ class ClassicCoordinator:
                 protocol_name=(group.protocol_name or "") if stable else "",
                 members=members,
             )
-        kip848 = state.groups.get(group_id)
+        kip848 = state.consumer_group(group_id)
         if kip848 is not None and not kip848.is_empty:
             return Described(group_id, pb.GROUP_ID_NOT_FOUND, f"group {group_id!r} is not a classic group")
         if group_id in state.offsets.groups or group is not None:
@@ -281,7 +281,7 @@ class ClassicCoordinator:
         """Group id -> state of every classic group with members in the partitions loaded here."""
         out: dict[str, str] = {}
         for cpart in self.coordinator.runtime.active_partitions():
-            for group_id, group in cpart.state.classic.items():
+            for group_id, group in cpart.state.classic_groups():
                 if not group.is_empty:
                     out[group_id] = group.state.value
         return out
@@ -302,23 +302,24 @@ class ClassicCoordinator:
                 self._append(state, gid, None)  # the group's record goes; its offsets stay
             except SluiceError as exc:
                 log.warning("group %r: the tombstone of its record was not written (%s)", gid, exc)
-        if group.is_gone and state.classic.get(gid) is group:
-            del state.classic[gid]
+        if group.is_gone and state.groups.get(gid) is group:
+            del state.groups[gid]
 
     def expire(self, now: float) -> None:
         for cpart in self.coordinator.runtime.active_partitions():
             state = cpart.state
-            for group in list(state.classic.values()):
+            for _gid, group in state.classic_groups():
                 self._apply(state, group, group.expire(now))
 
     def on_unloaded(self, state: OffsetsPartitionState) -> None:
         """The partition moved: its parked requests are answered NOT_COORDINATOR, its groups dropped."""
-        gone = set(state.classic)
+        gone = {gid for gid, _group in state.classic_groups()}
         for key in [k for k in self._joins if k[0] in gone]:
             _complete(self._joins.pop(key), JoinResult(pb.NOT_COORDINATOR, key[1]))
         for key in [k for k in self._syncs if k[0] in gone]:
             _complete(self._syncs.pop(key), SyncResult(pb.NOT_COORDINATOR))
-        state.classic.clear()
+        for gid in gone:
+            del state.groups[gid]
 
     @staticmethod
     async def _wait(

@@ -113,12 +113,30 @@ class OffsetsPartitionState:
     partition: int
     coordinator_epoch: int  # the leader epoch it was loaded at: its writes are valid only while we lead at it
     offsets: OffsetStore = field(default_factory=OffsetStore)
-    groups: dict[str, ConsumerGroup] = field(default_factory=dict)
-    group_log: GroupRecordLog = field(default_factory=GroupRecordLog)  # group records, while loading
-    classic: dict[str, ClassicGroup] = field(default_factory=dict)  # Kafka classic-protocol groups
-    classic_log: ClassicRecordLog = field(default_factory=ClassicRecordLog)  # their records, while loading
+    # Every group with members (or, classic, with members joining), of either kind: one id, one
+    # group. A group changes kind only while empty, and its records are tombstoned when it
+    # empties, so a replay never brings back the old kind.
+    groups: dict[str, ConsumerGroup | ClassicGroup] = field(default_factory=dict)
+    group_log: GroupRecordLog = field(default_factory=GroupRecordLog)  # consumer group records, while loading
+    classic_log: ClassicRecordLog = field(default_factory=ClassicRecordLog)  # classic group records, while loading
     log: PartitionLog | None = None  # where the marker listener is registered, once loaded
     marker_listener: MarkerListener | None = None
+
+    def consumer_group(self, group_id: str) -> ConsumerGroup | None:
+        """The group, if it is a consumer (KIP-848) group."""
+        group = self.groups.get(group_id)
+        return group if isinstance(group, ConsumerGroup) else None
+
+    def classic_group(self, group_id: str) -> ClassicGroup | None:
+        """The group, if it is a classic (JoinGroup/SyncGroup) group."""
+        group = self.groups.get(group_id)
+        return group if isinstance(group, ClassicGroup) else None
+
+    def consumer_groups(self) -> list[tuple[str, ConsumerGroup]]:
+        return [(gid, g) for gid, g in self.groups.items() if isinstance(g, ConsumerGroup)]
+
+    def classic_groups(self) -> list[tuple[str, ClassicGroup]]:
+        return [(gid, g) for gid, g in self.groups.items() if isinstance(g, ClassicGroup)]
 
 
 OffsetsPartition = CoordinatorPartition[OffsetsPartitionState]  # a __consumer_offsets partition led here
@@ -236,26 +254,29 @@ class GroupCoordinator:
         loaded.state.log, loaded.state.marker_listener = part, listener
         # The groups, with their sessions starting now: a full session timeout to find this coordinator.
         state = loaded.state
-        state.groups = state.group_log.groups(self.settings, self.clock())
-        state.group_log = GroupRecordLog()  # only needed for the load
-        state.classic = state.classic_log.groups(self.classic.settings, self.clock())
-        state.classic_log = ClassicRecordLog()
-        if state.classic:
+        consumer = state.group_log.groups(self.settings, self.clock())
+        classic = state.classic_log.groups(self.classic.settings, self.clock())
+        state.group_log, state.classic_log = GroupRecordLog(), ClassicRecordLog()  # only needed for the load
+        for gid in sorted(consumer.keys() & classic.keys()):
+            # Cannot happen while kinds change only when empty (tombstones): say so, keep the consumer group.
+            log.error("group coordinator: group %r restored as both a consumer and a classic group", gid)
+        state.groups = {**classic, **consumer}
+        if classic:
             log.info(
                 "group coordinator: %s-%d restored %d classic group(s): %s",
                 CONSUMER_OFFSETS_TOPIC,
                 loaded.partition,
-                len(state.classic),
-                ", ".join(f"{gid}@{g.generation}" for gid, g in sorted(state.classic.items())),
+                len(classic),
+                ", ".join(f"{gid}@{g.generation}" for gid, g in sorted(classic.items())),
             )
-        if state.groups:
+        if consumer:
             log.info(
                 "group coordinator: %s-%d restored %d group(s) with %d member(s): %s",
                 CONSUMER_OFFSETS_TOPIC,
                 loaded.partition,
-                len(state.groups),
-                sum(len(g.members) for g in state.groups.values()),
-                ", ".join(f"{gid}@{g.epoch}" for gid, g in sorted(state.groups.items())),
+                len(consumer),
+                sum(len(g.members) for g in consumer.values()),
+                ", ".join(f"{gid}@{g.epoch}" for gid, g in sorted(consumer.items())),
             )
 
     def on_unloaded(self, unloaded: OffsetsPartition) -> None:
@@ -264,8 +285,8 @@ class GroupCoordinator:
         if state.log is not None and state.marker_listener is not None:
             with contextlib.suppress(ValueError):
                 state.log.marker_listeners.remove(state.marker_listener)
-        state.groups.clear()
         self.classic.on_unloaded(state)
+        state.groups.clear()
 
     def summary(self, state: OffsetsPartitionState) -> str:
         return (
@@ -366,8 +387,8 @@ class GroupCoordinator:
         items = self._items(req.offsets)
         try:
             state = self._locate(req.group_id)
-            group = state.groups.get(req.group_id)
-            classic = state.classic.get(req.group_id)
+            group = state.consumer_group(req.group_id)
+            classic = state.classic_group(req.group_id)
             if classic is not None and not classic.is_empty:
                 code, message = classic.check_commit(
                     req.member_id, req.member_epoch, transactional=False, instance_id=req.instance_id
@@ -432,7 +453,7 @@ class GroupCoordinator:
         # The await may have seen leadership or membership change: check again from here on, synchronously.
         if self._locate(req.group_id) is not state:
             raise errors.NotCoordinatorError(f"the coordinator of group {req.group_id!r} moved")
-        classic = state.classic.get(req.group_id)
+        classic = state.classic_group(req.group_id)
         if classic is not None and not classic.is_empty:
             code, message = classic.check_commit(
                 req.member_id, req.member_epoch, transactional=True, instance_id=req.instance_id
@@ -440,7 +461,7 @@ class GroupCoordinator:
             if code != pb.NONE:
                 raise errors.error_for(code, message)
         elif req.member_id:
-            group = state.groups.get(req.group_id)
+            group = state.consumer_group(req.group_id)
             if group is None:
                 raise errors.UnknownMemberIdError(f"member {req.member_id!r} is not in group {req.group_id!r}")
             code, message = group.check_commit(req.member_id, req.member_epoch, [(i.topic, i.partition) for i in items])
@@ -515,7 +536,7 @@ class GroupCoordinator:
         except SluiceError as exc:
             answer(resp, exc)
             return resp
-        classic = state.classic.get(group_id)
+        classic = state.classic_group(group_id)
         if classic is not None and not classic.is_empty:
             resp.error_code = pb.GROUP_ID_NOT_FOUND
             resp.error_message = (
@@ -523,7 +544,7 @@ class GroupCoordinator:
                 "it becomes a consumer group only once empty"
             )
             return resp
-        current = state.groups.get(group_id)
+        current = state.consumer_group(group_id)  # an empty classic group of this id is replaced
         group = current.clone() if current is not None else ConsumerGroup(group_id, self.settings)
         before = group.epoch
         result = group.heartbeat(hb, self._topic_sizes(), self.clock())
@@ -567,10 +588,10 @@ class GroupCoordinator:
             self.runtime.append(
                 state.partition, state.coordinator_epoch, build_batch(records), f"the state of group {gid!r}"
             )
-        if changed.is_empty:
-            state.groups.pop(gid, None)
-        else:
+        if not changed.is_empty:
             state.groups[gid] = changed
+        elif current is not None and state.groups.get(gid) is current:
+            del state.groups[gid]
 
     def append_group_records(
         self, state: OffsetsPartitionState, group_id: str, records: list[tuple[bytes, bytes | None]]
@@ -609,7 +630,7 @@ class GroupCoordinator:
         sizes: dict[str, int] | None = None
         for cpart in self.runtime.active_partitions():
             state = cpart.state
-            for group_id, current in list(state.groups.items()):
+            for group_id, current in state.consumer_groups():
                 if sizes is None:
                     sizes = self._topic_sizes()
                 group = current.clone()

@@ -309,7 +309,9 @@ class GroupCollector(_SafeCollector):
         )
         group_count = member_count = 0
         for cpart in self.groups.runtime.active_partitions():
-            for group_id, group in sorted(cpart.state.groups.items()):
+            for group_id, group in sorted(cpart.state.groups.items()):  # both kinds: KIP-848 and classic
+                if group.is_empty:
+                    continue
                 group_count += 1
                 member_count += len(group.members)
                 members.add_metric([group_id], len(group.members))
