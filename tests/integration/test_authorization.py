@@ -158,6 +158,20 @@ def test_transactions_need_write_on_their_transactional_id(cluster: LocalCluster
         producer.commit_transaction()
     with Admin(**cluster.client_config("alice")) as alice:  # Write implies Describe
         assert alice.describe_transactions(["alice-txn"])[0].state in ("PrepareCommit", "CompleteCommit")
+    # A transaction lists only the partitions of topics the caller may Describe (as Kafka, and as
+    # the Kafka listener answers): dave may describe the id but not the topic.
+    admin.create_acls([acl("alice-txn", AclOperation.DESCRIBE, "User:dave", rtype=ResourceType.TRANSACTIONAL_ID)])
+    with Producer(**cluster.client_config("alice"), transactional_id="alice-txn") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("payments", b"open", partition=0).get(timeout=30)
+        with Admin(**cluster.client_config("alice")) as alice, Admin(**cluster.client_config("dave")) as dave:
+            seen_by_alice = alice.describe_transactions(["alice-txn"])[0]
+            seen_by_dave = dave.describe_transactions(["alice-txn"])[0]
+        producer.commit_transaction()
+    assert seen_by_alice.state == seen_by_dave.state == "Ongoing"
+    assert [(tp.topic, tp.partition) for tp in seen_by_alice.partitions] == [("payments", 0)]
+    assert seen_by_dave.partitions == []
     with Admin(**cluster.client_config("bob")) as bob, pytest.raises(errors.TransactionalIdAuthorizationFailedError):
         bob.describe_transactions(["alice-txn"])
 

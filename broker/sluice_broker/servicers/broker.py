@@ -487,6 +487,11 @@ class BrokerService:
         allowed, refused = checks.filter_describe_transactions(self.access, ctx, req.transactional_ids)
         described = self.txn.describe_transactions(allowed) if allowed else []
         described += [TxnDescription(t, r.code, r.message) for t, r in refused.items()]
+        # As Kafka (and the Kafka listener): a transaction lists only the partitions of topics the
+        # caller may Describe.
+        hidden = self._denied(ctx, AclOperation.DESCRIBE, (t for d in described for t, _p in d.partitions))
+        for d in described:
+            d.partitions = [(t, p) for t, p in d.partitions if t not in hidden]
         return bpb.DescribeTransactionsResponse(transactions=[transaction_state(d) for d in described])
 
     async def list_transactions(self, req: bpb.ListTransactionsRequest, ctx: Ctx) -> bpb.ListTransactionsResponse:
