@@ -40,6 +40,10 @@ from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
 from sluice.broker.kafka.handlers.produce import ProduceHandler
+from sluice.broker.kafka.handlers.reassignments import (
+    AlterPartitionReassignmentsHandler,
+    ListPartitionReassignmentsHandler,
+)
 from sluice.broker.kafka.handlers.sasl import SaslAuthenticateHandler, SaslHandshakeHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
@@ -61,6 +65,8 @@ def build_handlers(sasl: bool = False) -> dict[int, Handler]:
         CreateTopicsHandler(),
         DeleteTopicsHandler(),
         CreatePartitionsHandler(),
+        AlterPartitionReassignmentsHandler(),
+        ListPartitionReassignmentsHandler(),
         DescribeClusterHandler(),
         ListOffsetsHandler(),
         InitProducerIdHandler(),
