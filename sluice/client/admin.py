@@ -380,7 +380,7 @@ class Admin:
 
     def alter_partition_reassignments(
         self,
-        reassignments: Mapping[TopicPartition | tuple[str, int], Sequence[int] | None],
+        reassignments: Mapping[TopicPartition, Sequence[int] | None] | Mapping[tuple[str, int], Sequence[int] | None],
         *,
         allow_replication_factor_change: bool = True,
         timeout: float | None = None,

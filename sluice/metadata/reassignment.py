@@ -42,10 +42,10 @@ factor, with the proposal listed only for partitions whose replicas change.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-from sluice.metadata.documents import NO_LEADER, PartitionState, TopicDocument
+from sluice.metadata.documents import NO_LEADER, PartitionState
 from sluice.metadata.placement import place_replicas
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "original_replicas",
     "propose",
     "start",
+    "target_replicas",
 ]
 
 INVALID_REPLICA_ASSIGNMENT = "INVALID_REPLICA_ASSIGNMENT"
@@ -177,20 +178,21 @@ def complete(partition: PartitionState, live: AbstractSet[int]) -> PartitionStat
 
 
 def propose(
-    topics: Sequence[TopicDocument], brokers: Sequence[tuple[int, str | None]]
+    topics: Mapping[str, Sequence[Sequence[int]]], brokers: Sequence[tuple[int, str | None]]
 ) -> dict[tuple[str, int], list[int]]:
-    """A balanced placement of ``topics`` over ``brokers``: the partitions whose replicas would change.
+    """A balanced placement of ``topics`` (name -> each partition's current replicas) over ``brokers``.
 
-    Each topic keeps its replication factor (its first partition's replica count); raises
-    ValueError when it is larger than the number of brokers. Deterministic, rack-aware.
+    Returns the partitions whose replicas would change, with their proposed replicas. Each
+    topic keeps its replication factor (its first partition's replica count); raises
+    ValueError when that is larger than the number of brokers. Deterministic and rack-aware
+    (:func:`sluice.metadata.placement.place_replicas`, Kafka's layout).
     """
     plan: dict[tuple[str, int], list[int]] = {}
-    for topic in topics:
-        if not topic.partitions:
+    for name, current in sorted(topics.items()):
+        if not current:
             continue
-        factor = len(target_replicas(topic.partitions[0]))
-        layout = place_replicas(brokers, len(topic.partitions), factor)
-        for index, (current, proposed) in enumerate(zip(topic.partitions, layout, strict=True)):
-            if target_replicas(current) != proposed:
-                plan[(topic.name, index)] = proposed
+        layout = place_replicas(brokers, len(current), len(current[0]))
+        for index, (replicas, proposed) in enumerate(zip(current, layout, strict=True)):
+            if list(replicas) != proposed:
+                plan[(name, index)] = proposed
     return plan
