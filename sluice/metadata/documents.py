@@ -223,6 +223,8 @@ class PartitionState:
     # empty: no reassignment. Written only when not empty, so other documents stay as they were.
     adding_replicas: list[int] = field(default_factory=list)
     removing_replicas: list[int] = field(default_factory=list)
+    # ... and the replicas before it, in their order (a cancel restores the preferred leader)
+    original_replicas: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -232,6 +234,7 @@ class PartitionState:
         "isr",
         "adding_replicas",
         "removing_replicas",
+        "original_replicas",
     )
 
     @classmethod
@@ -243,6 +246,7 @@ class PartitionState:
             isr=_ints(value.get("isr")),
             adding_replicas=_ints(value.get("adding_replicas")),
             removing_replicas=_ints(value.get("removing_replicas")),
+            original_replicas=_ints(value.get("original_replicas")),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -265,6 +269,7 @@ class PartitionState:
             "isr": list(self.isr),
             **({"adding_replicas": list(self.adding_replicas)} if self.adding_replicas else {}),
             **({"removing_replicas": list(self.removing_replicas)} if self.removing_replicas else {}),
+            **({"original_replicas": list(self.original_replicas)} if self.original_replicas else {}),
         }
 
 

@@ -6,8 +6,10 @@ without ever having fewer copies than before, in Kafka's order:
 1. **Start** (:func:`start`, written by the broker that serves AlterPartitionReassignments):
    the partition's replicas become ``target + (original - target)``, with ``adding_replicas``
    (target - original) and ``removing_replicas`` (original - target) recorded in the topic
-   document. Leader, epoch and ISR stay as they are. Every broker sees the new replica list in
-   its metadata watch: an adding broker opens the partition and fetches from the leader from
+   document, and the original replicas in their order (``original_replicas``, so a cancel
+   restores the preferred leader; Kafka derives them as ``replicas - adding``, losing it).
+   Leader, epoch and ISR stay as they are. Every broker sees the new replica list in its
+   metadata watch: an adding broker opens the partition and fetches from the leader from
    the log start, as a follower; the leader adds it to the ISR when it has caught up (the
    existing ISR expansion rule). Nothing is removed yet, so min.insync.replicas and acks=all
    keep counting the original in-sync replicas.
@@ -77,8 +79,15 @@ class ReassignmentRefused(ValueError):
 
 
 def original_replicas(partition: PartitionState) -> list[int]:
-    """The replicas before the reassignment in progress (the replicas themselves when there is none)."""
-    return [b for b in partition.replicas if b not in partition.adding_replicas]
+    """The replicas before the reassignment in progress (the replicas themselves when there is none).
+
+    In their original order when the document recorded it (``original_replicas``, written by
+    :func:`start`); else, as Kafka derives them, the replicas not being added.
+    """
+    derived = [b for b in partition.replicas if b not in partition.adding_replicas]
+    if partition.reassigning and sorted(partition.original_replicas) == sorted(derived):
+        return list(partition.original_replicas)
+    return derived
 
 
 def target_replicas(partition: PartitionState) -> list[int]:
@@ -120,7 +129,12 @@ def start(partition: PartitionState, target: Sequence[int]) -> PartitionState:
     # Replicas dropped by replacing an earlier reassignment leave the ISR with it.
     isr = [b for b in partition.isr if b in replicas]
     return dataclasses.replace(
-        partition, replicas=replicas, isr=isr or list(partition.isr), adding_replicas=adding, removing_replicas=removing
+        partition,
+        replicas=replicas,
+        isr=isr or list(partition.isr),
+        adding_replicas=adding,
+        removing_replicas=removing,
+        original_replicas=original if adding or removing else [],
     )
 
 
@@ -150,6 +164,7 @@ def cancel(partition: PartitionState, dead: AbstractSet[int] = frozenset()) -> P
         leader_epoch=epoch,
         adding_replicas=[],
         removing_replicas=[],
+        original_replicas=[],
     )
 
 
@@ -174,6 +189,7 @@ def complete(partition: PartitionState, live: AbstractSet[int]) -> PartitionStat
         leader_epoch=epoch,
         adding_replicas=[],
         removing_replicas=[],
+        original_replicas=[],
     )
 
 
