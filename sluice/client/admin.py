@@ -406,9 +406,15 @@ class Admin:
             return {}
 
         def error_of(r: broker_pb2.AlterPartitionReassignmentsResponse) -> tuple[int, str]:
-            # retried while some partition's error is retriable (the store unreachable); else answered
+            # retried while some partition's error is retriable (the store unreachable); else answered.
+            # An unknown partition is an answer here: the broker read the store itself.
             return next(
-                ((x.error_code, x.error_message) for x in r.partitions if errors.error_for(x.error_code).retriable),
+                (
+                    (x.error_code, x.error_message)
+                    for x in r.partitions
+                    if x.error_code != records_pb2.UNKNOWN_TOPIC_OR_PARTITION
+                    and errors.error_for(x.error_code).retriable
+                ),
                 (records_pb2.NONE, ""),
             )
 
