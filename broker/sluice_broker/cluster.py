@@ -450,13 +450,20 @@ class ClusterView:
                     results[i] = errors.UnknownServerError(f"topic {name!r} kept changing; try again")
         return results
 
+    @_retriable_when_unreachable
     def list_partition_reassignments(
         self, partitions: Sequence[tuple[str, int]] | None = None
     ) -> list[tuple[str, int, PartitionState]]:
-        """The partitions being reassigned (among ``partitions``, or all), from the view, sorted."""
+        """The partitions being reassigned (among ``partitions``, or all), sorted.
+
+        Read from the store, not the view: a client that started a move on one broker and asks
+        another must not be told it is done because that broker's watch has not seen it yet.
+        """
         wanted = None if partitions is None else set(partitions)
         out: list[tuple[str, int, PartitionState]] = []
-        for name, topic in sorted(self.topics.items()):
+        for doc in documents.list_documents(self.store, keys.TOPICS, TopicDocument):
+            topic = doc.value
+            name = topic.name
             for i, p in enumerate(topic.partitions):
                 if p.reassigning and (wanted is None or (name, i) in wanted):
                     out.append((name, i, p))

@@ -174,8 +174,12 @@ def test_throttle_slows_the_move_and_cancel_reverts(tmp_path: Path) -> None:
 
         # Cancel: back to the original replicas in their order; the spare drops its partial copy.
         assert admin.alter_partition_reassignments({("slow", 0): None}) == {TopicPartition("slow", 0): None}
-        replicas, _, isr = _replicas(admin, "slow")
-        assert replicas == before and sorted(isr) == sorted(before)
+        # (another broker's view may be a watch poll behind the one that answered: a bounded wait)
+        wait_for(
+            lambda: (lambda r: r[0] == before and sorted(r[2]) == sorted(before))(_replicas(admin, "slow")),
+            timeout=10,
+            what=f"replicas and ISR back to {before}",
+        )
         assert admin.list_partition_reassignments() == {}
         wait_for(lambda: not _holds(cluster, spare, "slow"), timeout=30, what="the spare to delete its copy")
 

@@ -426,7 +426,12 @@ class BrokerService:
             resp.error_message = "not authorized to Describe the cluster (no ACL allows it)"
             return resp
         wanted = [(p.topic, p.partition) for p in req.partitions] or None
-        for topic, partition, state in self.cluster.list_partition_reassignments(wanted):
+        try:
+            ongoing = await self.cluster.admin(self.cluster.list_partition_reassignments, wanted)
+        except SluiceError as exc:  # the store cut off
+            resp.error_code, resp.error_message = exc.code, exc.message
+            return resp
+        for topic, partition, state in ongoing:
             resp.reassignments.add(
                 topic=topic,
                 partition=partition,

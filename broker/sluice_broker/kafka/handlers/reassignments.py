@@ -96,10 +96,14 @@ class ListPartitionReassignmentsHandler:
             resp.error_code = pb.CLUSTER_AUTHORIZATION_FAILED
             resp.error_message = authorization.cluster_refusal(AclOperation.DESCRIBE)
             return resp
-        ctx.cluster.refresh()
         wanted = None if request.topics is None else [(t.name, i) for t in request.topics for i in t.partition_indexes]
+        try:
+            ongoing = await ctx.cluster.admin(ctx.cluster.list_partition_reassignments, wanted)
+        except SluiceError as exc:  # the store cut off
+            resp.error_code, resp.error_message = int(exc.code), exc.message
+            return resp
         by_topic: dict[str, OngoingTopicReassignment] = {}
-        for name, index, state in ctx.cluster.list_partition_reassignments(wanted):
+        for name, index, state in ongoing:
             topic = by_topic.get(name)
             if topic is None:
                 topic = by_topic[name] = OngoingTopicReassignment(name=name)
