@@ -20,6 +20,7 @@ from sluice.broker.kafka.handlers.client_quotas import AlterClientQuotasHandler,
 from sluice.broker.kafka.handlers.consumer_group_heartbeat import ConsumerGroupHeartbeatHandler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
+from sluice.broker.kafka.handlers.describe_log_dirs import DescribeLogDirsHandler
 from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
 from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
@@ -67,6 +68,7 @@ def build_handlers(sasl: bool = False) -> dict[int, Handler]:
         CreatePartitionsHandler(),
         AlterPartitionReassignmentsHandler(),
         ListPartitionReassignmentsHandler(),
+        DescribeLogDirsHandler(),
         DescribeClusterHandler(),
         ListOffsetsHandler(),
         InitProducerIdHandler(),
