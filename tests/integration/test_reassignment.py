@@ -13,11 +13,14 @@ wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from sluice import errors
 from sluice.client import Admin, Producer, TopicPartition
@@ -25,7 +28,7 @@ from sluice.testing import LocalCluster
 from sluice.testing.replicas import read_replica_logs
 from tests.support.waiting import wait_for
 
-from .helpers import checked, read_topic, values
+from .helpers import checked, cli, read_topic, values
 
 CONFIG = {"min.insync.replicas": "2", "replica.lag.time.max.ms": "2000"}
 
@@ -225,3 +228,60 @@ def test_leader_killed_midway_the_move_completes(tmp_path: Path) -> None:
         wait_for(lambda: not _holds(cluster, leader, "failover"), timeout=30, what="the restarted broker to delete")
         wait_for(lambda: not _holds(cluster, survivor, "failover"), timeout=30, what="the other old replica to delete")
         admin.close()
+
+
+def test_cli_generate_reassign_wait_list_and_cancel(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = {**CONFIG, "leader.replication.throttled.rate": str(THROTTLE)}
+    with LocalCluster(brokers=3, data_dir=tmp_path / "cluster", config=config, failure_timeout_ms=1000) as cluster:
+        boot = ["--bootstrap-server", cluster.bootstrap_servers]
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("cli", partitions=2, replication_factor=1, config={"min.insync.replicas": "1"})
+
+        code, out, err = cli(capsys, "partitions", "reassign", *boot, "--generate", "--topics", "cli", "--brokers", "2")
+        assert code == 0, err
+        current, proposed = (json.loads(chunk) for chunk in _json_documents(out))
+        assert [p["replicas"] for p in current["partitions"]] == [[0], [1]]
+        assert proposed == {
+            "version": 1,
+            "partitions": [
+                {"topic": "cli", "partition": 0, "replicas": [2]},
+                {"topic": "cli", "partition": 1, "replicas": [2]},
+            ],
+        }
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps(proposed))
+        code, _, err = cli(capsys, "partitions", "reassign", *boot, str(plan), "--wait", "--timeout", "60")
+        assert code == 0 and "every reassignment finished (2 partition(s))" in err, err
+        assert [p.replicas for p in admin.describe_topic("cli").partitions] == [[2], [2]]
+
+        code, _, err = cli(capsys, "partitions", "cancel", *boot, "cli:0")
+        assert code == 1 and "NO_REASSIGNMENT_IN_PROGRESS" in err, err
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"version": 1, "partitions": [{"topic": "cli", "partition": 0, "replicas": [2, 2]}]}))
+        code, _, err = cli(capsys, "partitions", "reassign", *boot, str(bad))
+        assert code == 1 and "INVALID_REPLICA_ASSIGNMENT" in err, err
+
+        # a throttled move in progress: listed, then cancelled
+        _fill(cluster.bootstrap_servers, "cli", DATA_BYTES)
+        back = tmp_path / "back.json"
+        back.write_text(json.dumps({"version": 1, "partitions": [{"topic": "cli", "partition": 0, "replicas": [0]}]}))
+        assert cli(capsys, "partitions", "reassign", *boot, str(back))[0] == 0
+        code, out, _ = cli(capsys, "partitions", "list-reassignments", *boot, "--json")
+        assert code == 0 and json.loads(out) == [
+            {"topic": "cli", "partition": 0, "replicas": [0, 2], "adding_replicas": [0], "removing_replicas": [2]}
+        ]
+        code, _, err = cli(capsys, "partitions", "cancel", *boot, "--reassignment-json-file", str(back))
+        assert code == 0 and "cancelled the reassignment of cli-0" in err, err
+        assert admin.list_partition_reassignments() == {}
+        admin.close()
+
+
+def _json_documents(text: str) -> list[str]:
+    """The JSON documents printed one after the other (each starts at a line that is '{')."""
+    chunks: list[list[str]] = []
+    for line in text.splitlines():
+        if line.startswith("{"):
+            chunks.append([])
+        if chunks:
+            chunks[-1].append(line)
+    return ["\n".join(c) for c in chunks]
