@@ -285,3 +285,29 @@ def _json_documents(text: str) -> list[str]:
         if chunks:
             chunks[-1].append(line)
     return ["\n".join(c) for c in chunks]
+
+
+def test_controller_killed_midway_the_next_one_completes(tmp_path: Path) -> None:
+    """The state is in the metadata: with the controller down the new replica still catches up and
+    joins the ISR (the leader's work), and a new controller completes what it finds."""
+    config = {**CONFIG, "leader.replication.throttled.rate": str(THROTTLE)}
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=config, failure_timeout_ms=1000)) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("ctl", partitions=1, replication_factor=2)
+        before, _, _ = _replicas(admin, "ctl")
+        spare = next(b for b in range(3) if b not in before)
+        sent = _fill(cluster.bootstrap_servers, "ctl", DATA_BYTES // 2)
+        target = [spare, before[0]]
+        admin.alter_partition_reassignments({("ctl", 0): target})
+        cluster.controller.kill()  # kill -9
+        try:
+            wait_for(lambda: spare in _replicas(admin, "ctl")[2], timeout=60, what="the new replica in the ISR")
+            time.sleep(1.0)  # no controller: nothing completes it
+            assert TopicPartition("ctl", 0) in admin.list_partition_reassignments()
+        finally:
+            cluster.controller.start()
+        wait_for(lambda: not admin.list_partition_reassignments(), timeout=60, what="the new controller to complete")
+        assert _replicas(admin, "ctl")[0] == target
+        _check_nothing_lost(cluster, "ctl", sent)
+        wait_for(lambda: not _holds(cluster, before[1], "ctl"), timeout=30, what="the removed replica to delete")
+        admin.close()
