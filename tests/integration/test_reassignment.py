@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -310,4 +311,53 @@ def test_controller_killed_midway_the_next_one_completes(tmp_path: Path) -> None
         assert _replicas(admin, "ctl")[0] == target
         _check_nothing_lost(cluster, "ctl", sent)
         wait_for(lambda: not _holds(cluster, before[1], "ctl"), timeout=30, what="the removed replica to delete")
+        admin.close()
+
+
+def test_transactions_stay_exactly_once_while_data_and_coordinator_partitions_move(tmp_path: Path) -> None:
+    """Committed and aborted transactions run while the data partition and the coordinator's own
+    ``__transaction_state`` partition (internal topics move too) move to other brokers: every committed
+    record is read once with read_committed, nothing aborted is."""
+    with checked(LocalCluster(brokers=4, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=1000)) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("txn-moving", partitions=1, replication_factor=2)
+        txn_id = "mover"
+        state = admin.describe_topic("__transaction_state")
+        coordinator_partition = zlib.crc32(txn_id.encode()) % len(state.partitions)
+        moves: dict[tuple[str, int], list[int]] = {}
+        for topic, index in (("txn-moving", 0), ("__transaction_state", coordinator_partition)):
+            current = admin.describe_topic(topic).partitions[index].replicas
+            spares = [b for b in range(4) if b not in current]
+            # the leader (first replica) and as many others as there are spare brokers change places
+            moves[(topic, index)] = (spares + current[len(spares) :])[: len(current)]
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id=txn_id, linger_ms=1)
+        producer.init_transactions()
+        committed: list[bytes] = []
+        aborted: list[bytes] = []
+        started = False
+        deadline = time.monotonic() + 120
+        for t in range(400):
+            batch = [b"t%d-%d" % (t, i) for i in range(10)]
+            producer.begin_transaction()
+            for value in batch:
+                producer.send("txn-moving", value=value)
+            if t % 3 == 2:
+                producer.abort_transaction()
+                aborted += batch
+            else:
+                producer.commit_transaction()
+                committed += batch
+            if t == 20:
+                assert all(r is None for r in admin.alter_partition_reassignments(moves).values())
+                started = True
+            if started and t > 40 and not admin.list_partition_reassignments():
+                break
+            assert time.monotonic() < deadline, "the moves did not finish while transactions ran"
+        producer.close()
+        assert not admin.list_partition_reassignments(), "still moving after 400 transactions"
+        for (topic, index), target in moves.items():
+            assert admin.describe_topic(topic).partitions[index].replicas == target
+        got = values(read_topic(cluster.bootstrap_servers, "txn-moving", "read_committed"))
+        assert sorted(got) == sorted(committed), "committed records lost or duplicated"
+        assert not set(got) & set(aborted)
         admin.close()
