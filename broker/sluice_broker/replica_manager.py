@@ -160,6 +160,7 @@ class ReplicaManager:
             self.channels,
             config.int("replica.fetch.max.bytes"),
             self._wake,
+            ReplicationThrottle(config.int("follower.replication.throttled.rate")),
         )
         cluster.listeners.append(self._on_topic_change)
         logs.storage.failure_listeners.append(self._on_storage_failure)
@@ -247,7 +248,7 @@ class ReplicaManager:
                     self._tell_leadership(new.name, p, False, info.leader_epoch)
                 part.become_follower(info.leader_epoch)  # appends admitted at our epoch fail from now on
                 if info.leader >= 0:
-                    self.fetchers.follow(key, info.leader, info.leader_epoch)
+                    self.fetchers.follow(key, info.leader, info.leader_epoch, throttled=me in info.adding_replicas)
                 else:
                     self.fetchers.unfollow(key)
 

@@ -157,8 +157,9 @@ def _fill(bootstrap: str, topic: str, total: int) -> list[bytes]:
     return sent
 
 
-def test_throttle_slows_the_move_and_cancel_reverts(tmp_path: Path) -> None:
-    config = {**CONFIG, "leader.replication.throttled.rate": str(THROTTLE)}
+@pytest.mark.parametrize("side", ["leader", "follower"])
+def test_throttle_slows_the_move_and_cancel_reverts(tmp_path: Path, side: str) -> None:
+    config = {**CONFIG, f"{side}.replication.throttled.rate": str(THROTTLE)}
     with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=config, failure_timeout_ms=1000)) as cluster:
         admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
         admin.create_topic("slow", partitions=1, replication_factor=2)

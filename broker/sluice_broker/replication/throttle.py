@@ -1,11 +1,15 @@
-"""The reassignment throttle: bytes per second a leader sends to replicas being added.
+"""The reassignment throttles: bytes per second that replicas being added may move.
 
-Kafka's ``leader.replication.throttled.rate`` (KIP-73): a broker-wide rate for the replication
-traffic of reassignments, which must not starve the producers and the in-sync followers. Its
-scope here is Kafka's ``leader.replication.throttled.replicas`` as ``kafka-reassign-partitions
---throttle`` sets it, made automatic: only fetches by a broker in a partition's
-``adding_replicas`` (:mod:`sluice.metadata.reassignment`) are charged and held back; the
-followers that were in sync before the move, and every other partition, are not.
+Kafka's ``leader.replication.throttled.rate`` and ``follower.replication.throttled.rate``
+(KIP-73): broker-wide rates for the replication traffic of reassignments, which must not starve
+the producers and the in-sync followers. Their scope here is Kafka's
+``leader/follower.replication.throttled.replicas`` as ``kafka-reassign-partitions --throttle``
+sets them, made automatic: only traffic of a broker in a partition's ``adding_replicas``
+(:mod:`sluice.metadata.reassignment`) is charged and held back; the followers that were in sync
+before the move, and every other partition, are not. The leader's bucket is charged by the
+ReplicaFetch answers it sends to adding replicas (the replica manager); the follower's by the
+answers it receives for partitions it is being added to (the fetcher, which leaves those
+partitions out of its fetches while its bucket is empty).
 
 A token bucket with debt: a fetch is served while the bucket holds at least one byte, and a
 fetch may take it below zero (the leader always returns whole batches, and a batch larger than
