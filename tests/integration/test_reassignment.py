@@ -362,3 +362,31 @@ def test_transactions_stay_exactly_once_while_data_and_coordinator_partitions_mo
         assert sorted(got) == sorted(committed), "committed records lost or duplicated"
         assert not set(got) & set(aborted)
         admin.close()
+
+
+def test_new_replica_killed_midway_catches_up_after_restart(tmp_path: Path) -> None:
+    """A replica being added dies (kill -9) with a partial copy: the move waits for it (the
+    original replicas keep serving, acks=all included) and completes once it is back and caught up."""
+    config = {**CONFIG, "leader.replication.throttled.rate": str(THROTTLE)}
+    with checked(LocalCluster(brokers=4, data_dir=tmp_path, config=config, failure_timeout_ms=1000)) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("newdies", partitions=1, replication_factor=2)
+        before, _, _ = _replicas(admin, "newdies")
+        target = [b for b in range(4) if b not in before]
+        sent = _fill(cluster.bootstrap_servers, "newdies", DATA_BYTES // 2)
+        producer = AckedProducer(cluster.bootstrap_servers, "newdies")
+        with producer.running():
+            admin.alter_partition_reassignments({("newdies", 0): target})
+            time.sleep(1.0)
+            cluster.kill(target[0])  # kill -9 of a replica being added
+            producer.wait_more(100, "acks=all writes on the original replicas meanwhile")
+            assert TopicPartition("newdies", 0) in admin.list_partition_reassignments()
+            cluster.restart(target[0])
+            wait_for(lambda: not admin.list_partition_reassignments(), timeout=120, what="the move after the restart")
+            producer.wait_more(100, "writes after the move")
+        replicas, leader, isr = _replicas(admin, "newdies")
+        assert replicas == target and leader in target and sorted(isr) == sorted(target)
+        _check_nothing_lost(cluster, "newdies", sent + producer.acked)
+        for old in before:
+            wait_for(lambda old=old: not _holds(cluster, old, "newdies"), timeout=30, what=f"broker {old} to delete")
+        admin.close()
