@@ -661,6 +661,8 @@ class ReplicaManager:
                 # a replica a reassignment is adding: its bytes come out of the throttle's budget
                 throttled = req.replica_id in info.adding_replicas
                 allowed = self.reassignment_throttle.available() if throttled else budget
+                if fp.max_bytes > 0:  # the follower's own limit for this partition (its throttle)
+                    allowed = min(allowed, fp.max_bytes)
                 if fp.fetch_offset < upto and allowed > 0:
                     result = part.read(fp.fetch_offset, max(min(budget - total, allowed), 1), False, upto=upto)
                     raw = result.raw

@@ -181,7 +181,8 @@ class ReplicaFetcherManager:
         # topic deleted and created again while the fetch was out is another log under the same name.
         sent_logs: dict[TopicPartition, PartitionLog] = {}
         # The follower throttle's budget spent: the partitions it covers wait for this round.
-        hold = self.throttle.enabled and self.throttle.available() == 0
+        allowance = self.throttle.available() if self.throttle.enabled else 0
+        hold = self.throttle.enabled and allowance == 0
         throttled = {f.key for f in mine if f.throttled}
         for f in mine:
             if hold and f.key in throttled:
@@ -195,6 +196,7 @@ class ReplicaFetcherManager:
                 current_leader_epoch=f.leader_epoch,
                 last_fetched_epoch=sent.latest_epoch,
                 topic_id=sent.topic_id,
+                max_bytes=min(allowance, self.max_bytes) if f.key in throttled and self.throttle.enabled else 0,
             )
         if not req.partitions:
             await asyncio.sleep(THROTTLE_WAIT_S)

@@ -8,8 +8,9 @@ sets them, made automatic: only traffic of a broker in a partition's ``adding_re
 (:mod:`sluice.metadata.reassignment`) is charged and held back; the followers that were in sync
 before the move, and every other partition, are not. The leader's bucket is charged by the
 ReplicaFetch answers it sends to adding replicas (the replica manager); the follower's by the
-answers it receives for partitions it is being added to (the fetcher, which leaves those
-partitions out of its fetches while its bucket is empty).
+answers it receives for partitions it is being added to (the fetcher, which asks for no more
+than its bucket holds for each such partition, ReplicaFetchPartition.max_bytes, and leaves them
+out of its fetches while the bucket is empty).
 
 A token bucket with debt: a fetch is served while the bucket holds at least one byte, and a
 fetch may take it below zero (the leader always returns whole batches, and a batch larger than
