@@ -121,17 +121,32 @@ def check_target(
 
 
 def start(partition: PartitionState, target: Sequence[int]) -> PartitionState:
-    """The partition with a reassignment to ``target`` started (replacing one in progress)."""
+    """The partition with a reassignment to ``target`` started (replacing one in progress).
+
+    Raises :class:`ReassignmentRefused` when replacing the move in progress would leave no
+    in-sync replica (only replicas it was adding are in sync, and the new target drops them).
+    """
     original = original_replicas(partition)
     adding = [b for b in target if b not in original]
     removing = [b for b in original if b not in target]
     replicas = list(target) + removing
-    # Replicas dropped by replacing an earlier reassignment leave the ISR with it.
+    # Replicas dropped by replacing an earlier reassignment leave the ISR with it, and leadership
+    # if one of them led (the preferred-leader rule may have moved it to an adding replica).
     isr = [b for b in partition.isr if b in replicas]
+    if not isr:
+        raise ReassignmentRefused(
+            INVALID_REPLICA_ASSIGNMENT,
+            f"the target {list(target)} drops every in-sync replica {partition.isr} of the move in progress",
+        )
+    leader, epoch = partition.leader, partition.leader_epoch
+    if leader != NO_LEADER and leader not in replicas:
+        leader, epoch = isr[0], epoch + 1
     return dataclasses.replace(
         partition,
         replicas=replicas,
-        isr=isr or list(partition.isr),
+        isr=isr,
+        leader=leader,
+        leader_epoch=epoch,
         adding_replicas=adding,
         removing_replicas=removing,
         original_replicas=original if adding or removing else [],

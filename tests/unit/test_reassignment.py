@@ -161,3 +161,17 @@ def test_propose_balances_over_the_given_brokers_and_lists_only_moves() -> None:
     assert same == {}
     with pytest.raises(ValueError):
         propose({"t": [[0, 1, 2]]}, [(3, None), (4, None)])
+
+
+def test_a_new_target_dropping_the_adding_leader_hands_leadership_back() -> None:
+    moving = dataclasses.replace(start(_state([1, 2]), [3, 4]), isr=[1, 2, 3], leader=3, leader_epoch=4)
+    again = start(moving, [1, 5])
+    assert 3 not in again.replicas and again.leader in again.isr and again.leader in (1, 2)
+    assert again.leader_epoch == 5
+
+
+def test_a_new_target_dropping_every_in_sync_replica_is_refused() -> None:
+    moving = dataclasses.replace(start(_state([1]), [3]), isr=[3], leader=3, leader_epoch=4)
+    with pytest.raises(ReassignmentRefused) as info:
+        start(moving, [1, 5])  # 1 fell out of sync; dropping 3 would leave nobody in sync
+    assert info.value.error == INVALID_REPLICA_ASSIGNMENT
