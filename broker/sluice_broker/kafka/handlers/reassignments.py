@@ -62,11 +62,15 @@ class AlterPartitionReassignmentsHandler:
         results: list[SluiceError | None] = [refused] * len(targets)
         if refused is None:
             wanted = [i for i, (n, p, _) in enumerate(targets) if (n, p) not in duplicates]
-            answered = await ctx.cluster.admin(
-                ctx.cluster.alter_partition_reassignments,
-                [targets[i] for i in wanted],
-                allow_replication_factor_change=request.allow_replication_factor_change,
-            )
+            answered: list[SluiceError | None]
+            try:
+                answered = await ctx.cluster.admin(
+                    ctx.cluster.alter_partition_reassignments,
+                    [targets[i] for i in wanted],
+                    allow_replication_factor_change=request.allow_replication_factor_change,
+                )
+            except SluiceError as exc:  # the store cut off: every partition is answered with it (retriable)
+                answered = [exc] * len(wanted)
             for i, result in zip(wanted, answered, strict=True):
                 results[i] = result
             for i, (n, p, _) in enumerate(targets):
