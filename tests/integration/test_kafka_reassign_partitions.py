@@ -52,12 +52,12 @@ def test_execute_verify_and_cancel(tmp_path: Path) -> None:
         assert "Reassignment of partition small-0 is completed" in verified, verified
         wait_for(lambda: admin.describe_topic("small").partitions[0].replicas == target, 10, "the new replicas")
 
-        # a throttled move of 1 MiB (8 s at least), cancelled by Kafka's tool while it runs
+        # a throttled move of 4 MiB (31 s at least: two JVM starts fit), cancelled by Kafka's tool while it runs
         admin.create_topic("big", partitions=1, replication_factor=1)
         from sluice.client import Producer
 
         producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=5)
-        for f in [producer.send("big", value=b"z" * 4096) for _ in range(256)]:
+        for f in [producer.send("big", value=b"z" * 4096) for _ in range(1024)]:
             f.result(timeout=60)
         producer.close()
         owner = admin.describe_topic("big").partitions[0].replicas
