@@ -175,3 +175,14 @@ def test_a_new_target_dropping_every_in_sync_replica_is_refused() -> None:
     with pytest.raises(ReassignmentRefused) as info:
         start(moving, [1, 5])  # 1 fell out of sync; dropping 3 would leave nobody in sync
     assert info.value.error == INVALID_REPLICA_ASSIGNMENT
+
+
+def test_the_topic_replication_factor_follows_once_every_partition_completed() -> None:
+    growing = [dataclasses.replace(start(_state([0, 1]), [0, 1, 2]), isr=[0, 1, 2]), start(_state([1, 2]), [1, 2, 0])]
+    topic = TopicDocument(name="t", topic_id="x" * 32, replication_factor=2, partitions=growing)
+    first = elect_leaders(topic, ALL, frozenset())
+    assert first is not None and first.replication_factor == 2  # partition 1 still catching up
+    caught_up = first.with_partition(1, dataclasses.replace(first.partitions[1], isr=[1, 2, 0]))
+    done = elect_leaders(caught_up, ALL, frozenset())
+    assert done is not None and done.replication_factor == 3
+    assert [p.replicas for p in done.partitions] == [[0, 1, 2], [1, 2, 0]]

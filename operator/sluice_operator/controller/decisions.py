@@ -52,7 +52,9 @@ The rules, per partition (Kafka's, KRaft flavour):
    removed brokers leave the ISR, and when the leader is one of them
    leadership moves to the first live in-sync target replica (rule 5 bumps
    the epoch). Applied after rules 1-4, in the same write, so a controller
-   that fails midway leaves a document the next one completes.
+   that fails midway leaves a document the next one completes. When the
+   last partition of a topic completes and all have one replica count, the
+   topic's ``replication_factor`` becomes that count.
 
 The ISR is otherwise the leader's to change (shrink a lagging follower,
 expand a caught-up one); leaders compare-and-set only the ``isr`` field,
@@ -169,7 +171,15 @@ def reconcile_topic(
     ]
     if partitions == topic.partitions:
         return None
-    return topic.with_partitions(partitions)
+    new = topic.with_partitions(partitions)
+    # A completed reassignment may have changed the replication factor: once every partition has
+    # the same replica count again, the topic's says so too (what describe shows; new partitions use it).
+    counts = {len(p.replicas) for p in partitions}
+    if len(counts) == 1 and not any(p.reassigning for p in partitions) and any(p.reassigning for p in topic.partitions):
+        (count,) = counts
+        if count != topic.replication_factor:
+            new = dataclasses.replace(new, replication_factor=count)
+    return new
 
 
 def elect_leaders(
