@@ -10,6 +10,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+
 from sluice.client import Admin, Producer
 from sluice.testing import LocalCluster
 
