@@ -318,6 +318,20 @@ class InvalidReplicationFactorError(SluiceError):
     retriable = False
 
 
+class InvalidReplicaAssignmentError(SluiceError):
+    """A reassignment's target replicas are invalid: empty, a broker twice, or an unknown broker."""
+
+    code = E.INVALID_REPLICA_ASSIGNMENT
+    retriable = False
+
+
+class NoReassignmentInProgressError(SluiceError):
+    """A reassignment was cancelled for a partition that is not being reassigned."""
+
+    code = E.NO_REASSIGNMENT_IN_PROGRESS
+    retriable = False
+
+
 class InvalidConfigError(SluiceError):
     """Invalid configuration."""
 
@@ -664,6 +678,8 @@ ERRORS: tuple[type[SluiceError], ...] = (
     TransactionalIdNotFoundError,
     FencedMemberEpochError,
     UnreleasedInstanceIdError,
+    InvalidReplicaAssignmentError,
+    NoReassignmentInProgressError,
 )
 _BY_CODE: dict[int, type[SluiceError]] = {cls.code: cls for cls in ERRORS}
 

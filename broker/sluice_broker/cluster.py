@@ -9,8 +9,9 @@ view holds are :class:`~sluice.metadata.documents.TopicDocument` values.
 This module also holds the writes a broker makes to cluster metadata: its own
 registration, topic creation and deletion (with replica placement while there
 is no controller yet: see docs/architecture.md), topic config alterations
-(Kafka's incremental operations, :mod:`sluice.broker.topic_config_ops`), and
-producer-id blocks.
+(Kafka's incremental operations, :mod:`sluice.broker.topic_config_ops`), the start and
+cancellation of partition reassignments (:mod:`sluice.metadata.reassignment`: the controller
+completes them), and producer-id blocks.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import BrokerConfig, ConfigError, validate_topic_config
 from sluice.broker.topic_config_ops import ConfigChange, apply_changes
 from sluice.errors import SluiceError
-from sluice.metadata import documents, keys
+from sluice.metadata import documents, keys, reassignment
 from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC as CONSUMER_OFFSETS_TOPIC
 from sluice.metadata.documents import (
     INTERNAL_TOPIC_CONFIG,
@@ -47,6 +48,7 @@ from sluice.metadata.documents import (
 from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
 from sluice.metadata.documents import TRANSACTION_STATE_TOPIC as TRANSACTION_STATE_TOPIC
 from sluice.metadata.placement import place_replicas
+from sluice.metadata.reassignment import ReassignmentRefused
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
 from sluice.records import now_ms
 
@@ -377,6 +379,97 @@ class ClusterView:
         raise errors.UnknownServerError(f"topic {name!r} kept changing; try again")
 
     @_retriable_when_unreachable
+    def alter_partition_reassignments(
+        self,
+        targets: Sequence[tuple[str, int, Sequence[int] | None]],
+        *,
+        allow_replication_factor_change: bool = True,
+    ) -> list[SluiceError | None]:
+        """Start (target replicas) or cancel (None) reassignments; one refusal or None per target, in order.
+
+        The partitions of one topic change in one compare-and-set of its document, retried on a
+        concurrent change (an ISR update, the controller). Targets are checked against the
+        registered brokers (:func:`sluice.metadata.reassignment.check_target`); what is refused
+        does not keep the topic's other partitions from changing.
+        """
+        results: list[SluiceError | None] = [None] * len(targets)
+        by_topic: dict[str, list[int]] = {}
+        for i, (topic, _, _) in enumerate(targets):
+            by_topic.setdefault(topic, []).append(i)
+        registered = {b.broker_id for b in list(self.brokers.values())}
+        dead = set(self.dead_brokers)
+        for name, indexes in by_topic.items():
+            for _ in range(20):
+                doc = documents.read(self.store, keys.topic(name), TopicDocument)
+                if doc is None:
+                    for i in indexes:
+                        results[i] = errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+                    break
+                parts = list(doc.value.partitions)
+                for i in indexes:
+                    results[i] = None
+                    _, index, target = targets[i]
+                    if not 0 <= index < len(parts):
+                        results[i] = errors.UnknownTopicOrPartitionError(
+                            f"topic {name!r} has no partition {index} ({len(parts)} partitions)"
+                        )
+                        continue
+                    try:
+                        if target is None:
+                            parts[index] = reassignment.cancel(parts[index], dead)
+                        else:
+                            current = parts[index]
+                            reassignment.check_target(
+                                list(target),
+                                registered,
+                                len(reassignment.original_replicas(current)),
+                                allow_replication_factor_change=allow_replication_factor_change,
+                            )
+                            if list(target) == reassignment.original_replicas(current):
+                                # back to where it started (or there already): nothing to move
+                                if current.reassigning:
+                                    parts[index] = reassignment.cancel(current, dead)
+                            else:
+                                parts[index] = reassignment.start(current, list(target))
+                    except ReassignmentRefused as exc:
+                        results[i] = _reassignment_error(exc)
+                if parts == doc.value.partitions:
+                    break
+                try:
+                    documents.replace(self.store, keys.topic(name), doc.value.with_partitions(parts), doc.version)
+                except VersionConflict:
+                    continue
+                for i in indexes:
+                    if results[i] is None:
+                        _, index, target = targets[i]
+                        what = "cancelled" if target is None else f"started to {list(target)}"
+                        log.info("%s-%d: reassignment %s, replicas now %s", name, index, what, parts[index].replicas)
+                break
+            else:
+                for i in indexes:
+                    results[i] = errors.UnknownServerError(f"topic {name!r} kept changing; try again")
+        return results
+
+    @_retriable_when_unreachable
+    def list_partition_reassignments(
+        self, partitions: Sequence[tuple[str, int]] | None = None
+    ) -> list[tuple[str, int, PartitionState]]:
+        """The partitions being reassigned (among ``partitions``, or all), sorted.
+
+        Read from the store, not the view: a client that started a move on one broker and asks
+        another must not be told it is done because that broker's watch has not seen it yet.
+        """
+        wanted = None if partitions is None else set(partitions)
+        out: list[tuple[str, int, PartitionState]] = []
+        for doc in documents.list_documents(self.store, keys.TOPICS, TopicDocument):
+            topic = doc.value
+            name = topic.name
+            for i, p in enumerate(topic.partitions):
+                if p.reassigning and (wanted is None or (name, i) in wanted):
+                    out.append((name, i, p))
+        return out
+
+    @_retriable_when_unreachable
     def alter_topic_config(
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool = False
     ) -> dict[str, str]:
@@ -529,3 +622,12 @@ def _claimed(prefetch: asyncio.Future[ProducerIdBlock]) -> bool:
 def coordinator_partition(key: str, partitions: int) -> int:
     """The internal-topic partition that coordinates a transactional id or group: crc32(key) % n."""
     return zlib.crc32(key.encode()) % partitions
+
+
+def _reassignment_error(exc: ReassignmentRefused) -> SluiceError:
+    """The :mod:`sluice.errors` class of a refused reassignment, by its Kafka error name."""
+    if exc.error == reassignment.NO_REASSIGNMENT_IN_PROGRESS:
+        return errors.NoReassignmentInProgressError(exc.message)
+    if exc.error == reassignment.INVALID_REPLICATION_FACTOR:
+        return errors.InvalidReplicationFactorError(exc.message)
+    return errors.InvalidReplicaAssignmentError(exc.message)

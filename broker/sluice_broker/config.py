@@ -76,6 +76,11 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "replica.fetch.max.bytes": (int, 1024 * 1024),
     # replication (used from the replication work on; declared so configs can name them)
     "replica.lag.time.max.ms": (int, 30_000),
+    # reassignment (Kafka's key, KIP-73): bytes/s this broker, as leader, sends to replicas being
+    # added by a partition reassignment (sluice.broker.replication.throttle); <= 0: unthrottled
+    "leader.replication.throttled.rate": (int, -1),
+    # ... and bytes/s this broker fetches, as follower, for partitions it is being added to
+    "follower.replication.throttled.rate": (int, -1),
     "unclean.leader.election.enable": (bool, False),
     "broker.rack": (str, ""),
     # controlled shutdown: on SIGTERM, hand leaderships over before stopping (broker/sluice_broker/main.py)

@@ -84,6 +84,7 @@ from sluice.broker.replication.fetcher import (
     divergence,
 )
 from sluice.broker.replication.fetcher import now_ms as monotonic_ms
+from sluice.broker.replication.throttle import ReplicationThrottle
 from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
@@ -135,6 +136,8 @@ class ReplicaManager:
         self.partitions = logs.partitions  # the logs held here (the log manager opens and deletes them)
         self.leader_of: set[TopicPartition] = set()
         self.trackers: dict[TopicPartition, FollowerTracker] = {}
+        # reassignment traffic this broker sends as leader (leader.replication.throttled.rate)
+        self.reassignment_throttle = ReplicationThrottle(self.config.int("leader.replication.throttled.rate"))
         # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
         self._pending_isr: dict[TopicPartition, set[int]] = {}
         self._isr_unsure: set[TopicPartition] = set()  # ISR writes of unknown outcome: read again first
@@ -157,6 +160,7 @@ class ReplicaManager:
             self.channels,
             config.int("replica.fetch.max.bytes"),
             self._wake,
+            ReplicationThrottle(config.int("follower.replication.throttled.rate")),
         )
         cluster.listeners.append(self._on_topic_change)
         logs.storage.failure_listeners.append(self._on_storage_failure)
@@ -244,7 +248,7 @@ class ReplicaManager:
                     self._tell_leadership(new.name, p, False, info.leader_epoch)
                 part.become_follower(info.leader_epoch)  # appends admitted at our epoch fail from now on
                 if info.leader >= 0:
-                    self.fetchers.follow(key, info.leader, info.leader_epoch)
+                    self.fetchers.follow(key, info.leader, info.leader_epoch, throttled=me in info.adding_replicas)
                 else:
                     self.fetchers.unfollow(key)
 
@@ -654,10 +658,17 @@ class ReplicaManager:
                         hw_moved.append(key)
                 presp.high_watermark = part.high_watermark
                 upto = self._replica_fetch_limit(part, fp.fetch_offset)
-                if fp.fetch_offset < upto:
-                    result = part.read(fp.fetch_offset, max(budget - total, 1), False, upto=upto)
+                # a replica a reassignment is adding: its bytes come out of the throttle's budget
+                throttled = req.replica_id in info.adding_replicas
+                allowed = self.reassignment_throttle.available() if throttled else budget
+                if fp.max_bytes > 0:  # the follower's own limit for this partition (its throttle)
+                    allowed = min(allowed, fp.max_bytes)
+                if fp.fetch_offset < upto and allowed > 0:
+                    result = part.read(fp.fetch_offset, max(min(budget - total, allowed), 1), False, upto=upto)
                     raw = result.raw
                     total += result.size
+                    if throttled:
+                        self.reassignment_throttle.charge(result.size)
             except SluiceError as exc:
                 answer(presp, exc)
                 any_error = True

@@ -20,6 +20,7 @@ from sluice.cli import (
     consumer_groups,
     demo,
     dev,
+    partitions,
     passthrough,
     produce,
     top,
@@ -32,6 +33,7 @@ from sluice.cli.parser import build_parser
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "dev": dev.run,
     "topics": topics.run,
+    "partitions": partitions.run,
     "produce": produce.run,
     "consume": consume.run,
     "transactions": transactions.run,

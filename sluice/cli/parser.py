@@ -26,6 +26,7 @@ from sluice.cli import (
     consumer_groups,
     demo,
     dev,
+    partitions,
     passthrough,
     produce,
     top,
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     passthrough.register(sub)
     dev.register(sub)
     topics.register(sub, client)
+    partitions.register(sub, client)
     produce.register(sub, client)
     consume.register(sub, client)
     transactions.register(sub, client)

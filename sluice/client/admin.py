@@ -77,6 +77,23 @@ class TransactionDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A reassignment in progress (Kafka's ``PartitionReassignment``).
+
+    ``replicas``: the partition's replicas now, the target first, then the replicas being
+    removed; ``adding_replicas`` are catching up, ``removing_replicas`` go when they have.
+    """
+
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+
+    @property
+    def target(self) -> list[int]:
+        return [b for b in self.replicas if b not in self.removing_replicas]
+
+
+@dataclass(frozen=True, slots=True)
 class ListedTransaction:
     transactional_id: str
     producer_id: int
@@ -358,6 +375,78 @@ class Admin:
             self._deadline(timeout),
             no_retry=frozenset({records_pb2.UNKNOWN_TOPIC_OR_PARTITION}),
         )
+
+    # ------------------------------------------------------------------ reassignment (KIP-455)
+
+    def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartition, Sequence[int] | None] | Mapping[tuple[str, int], Sequence[int] | None],
+        *,
+        allow_replication_factor_change: bool = True,
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, errors.SluiceError | None]:
+        """Start (target replicas, preferred leader first) or cancel (None) partition reassignments.
+
+        Returns one result per partition, as Kafka's ``alterPartitionReassignments`` does: None
+        when the broker recorded it, else the refusal (UnknownTopicOrPartitionError,
+        InvalidReplicaAssignmentError for an empty list, a broker twice or an unknown broker,
+        InvalidReplicationFactorError, NoReassignmentInProgressError). A refusal of the whole
+        request (ClusterAuthorizationFailedError: no Alter on the cluster) is raised. The move
+        itself goes on in the cluster: :meth:`list_partition_reassignments` shows it until done.
+        """
+        request = broker_pb2.AlterPartitionReassignmentsRequest(
+            disallow_replication_factor_change=not allow_replication_factor_change
+        )
+        for key, replicas in reassignments.items():
+            topic, partition = key
+            request.partitions.add(
+                topic=str(topic), partition=int(partition), replicas=list(replicas or ()), cancel=replicas is None
+            )
+        if not request.partitions:
+            return {}
+
+        def error_of(r: broker_pb2.AlterPartitionReassignmentsResponse) -> tuple[int, str]:
+            # retried while some partition's error is retriable (the store unreachable); else answered.
+            # An unknown partition is an answer here: the broker read the store itself.
+            return next(
+                (
+                    (x.error_code, x.error_message)
+                    for x in r.partitions
+                    if x.error_code != records_pb2.UNKNOWN_TOPIC_OR_PARTITION
+                    and errors.error_for(x.error_code).retriable
+                ),
+                (records_pb2.NONE, ""),
+            )
+
+        response = self._any(rpcs.ALTER_PARTITION_REASSIGNMENTS, request, error_of, self._deadline(timeout))
+        out: dict[TopicPartition, errors.SluiceError | None] = {}
+        for x in response.partitions:
+            if x.error_code == records_pb2.CLUSTER_AUTHORIZATION_FAILED:
+                raise errors.error_for(x.error_code, x.error_message)
+            out[TopicPartition(x.topic, x.partition)] = (
+                errors.error_for(x.error_code, x.error_message) if x.error_code else None
+            )
+        return out
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None, timeout: float | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """The reassignments in progress (among ``partitions``, or all): a finished one is not listed."""
+        request = broker_pb2.ListPartitionReassignmentsRequest(
+            partitions=[records_pb2.TopicPartition(topic=str(t), partition=int(p)) for t, p in partitions or ()]
+        )
+        response = self._any(
+            rpcs.LIST_PARTITION_REASSIGNMENTS,
+            request,
+            lambda r: (r.error_code, r.error_message),
+            self._deadline(timeout),
+        )
+        return {
+            TopicPartition(x.topic, x.partition): PartitionReassignment(
+                list(x.replicas), list(x.adding_replicas), list(x.removing_replicas)
+            )
+            for x in response.reassignments
+        }
 
     def alter_topic_config(
         self,
@@ -888,6 +977,7 @@ __all__ = [
     "ListedTransaction",
     "MemberDescription",
     "PartitionDescription",
+    "PartitionReassignment",
     "ProducerState",
     "TopicDescription",
     "TransactionDescription",

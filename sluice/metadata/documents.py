@@ -217,9 +217,25 @@ class PartitionState:
     leader: int = NO_LEADER
     leader_epoch: int = 0
     isr: list[int] = field(default_factory=list)
+    # A reassignment in progress (KIP-455, :mod:`sluice.metadata.reassignment`): ``replicas`` is then
+    # the target followed by the replicas being removed; ``adding_replicas`` are the target's new
+    # brokers (still catching up), ``removing_replicas`` the original ones not in the target. Both
+    # empty: no reassignment. Written only when not empty, so other documents stay as they were.
+    adding_replicas: list[int] = field(default_factory=list)
+    removing_replicas: list[int] = field(default_factory=list)
+    # ... and the replicas before it, in their order (a cancel restores the preferred leader)
+    original_replicas: list[int] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("replicas", "leader", "leader_epoch", "isr")
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "replicas",
+        "leader",
+        "leader_epoch",
+        "isr",
+        "adding_replicas",
+        "removing_replicas",
+        "original_replicas",
+    )
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -228,8 +244,16 @@ class PartitionState:
             leader=int(value.get("leader", NO_LEADER)),
             leader_epoch=int(value.get("leader_epoch", 0)),
             isr=_ints(value.get("isr")),
+            adding_replicas=_ints(value.get("adding_replicas")),
+            removing_replicas=_ints(value.get("removing_replicas")),
+            original_replicas=_ints(value.get("original_replicas")),
             extra=_extra(value, cls.FIELDS),
         )
+
+    @property
+    def reassigning(self) -> bool:
+        """Whether a reassignment is in progress (some replica is being added or removed)."""
+        return bool(self.adding_replicas or self.removing_replicas)
 
     @classmethod
     def initial(cls, replicas: list[int]) -> Self:
@@ -243,6 +267,9 @@ class PartitionState:
             "leader": self.leader,
             "leader_epoch": self.leader_epoch,
             "isr": list(self.isr),
+            **({"adding_replicas": list(self.adding_replicas)} if self.adding_replicas else {}),
+            **({"removing_replicas": list(self.removing_replicas)} if self.removing_replicas else {}),
+            **({"original_replicas": list(self.original_replicas)} if self.original_replicas else {}),
         }
 
 

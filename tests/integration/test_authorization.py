@@ -245,3 +245,18 @@ def test_hanging_transaction_tools_need_read_and_cluster_action(cluster: LocalCl
     # the super user gets the broker's own answer: nothing open to abort
     with pytest.raises(errors.InvalidTxnStateError, match="nothing to abort"):
         admin.abort_transaction(tp, 1, 0, -1)
+
+
+def test_partition_reassignments_need_alter_and_describe_on_the_cluster(cluster: LocalCluster, admin: Admin) -> None:
+    admin.create_topic("moved", 1, 1)
+    with Admin(**cluster.client_config("alice")) as alice:
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            alice.alter_partition_reassignments({("moved", 0): [0]})
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            alice.list_partition_reassignments()
+        admin.create_acls([acl("kafka-cluster", AclOperation.DESCRIBE, rtype=ResourceType.CLUSTER)])
+        assert alice.list_partition_reassignments() == {}
+        with pytest.raises(errors.ClusterAuthorizationFailedError):
+            alice.alter_partition_reassignments({("moved", 0): [0]})
+        admin.create_acls([acl("kafka-cluster", AclOperation.ALTER, rtype=ResourceType.CLUSTER)])
+        assert alice.alter_partition_reassignments({("moved", 0): [0]}) == {TopicPartition("moved", 0): None}

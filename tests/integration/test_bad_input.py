@@ -18,7 +18,7 @@ RPCS = [
     "Metadata", "Produce", "Fetch", "ListOffsets", "CreateTopics", "DeleteTopics", "CreatePartitions",
     "DescribeTopics", "FindCoordinator", "InitProducerId", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn",
     "DescribeTransactions", "ListTransactions", "TxnOffsetCommit", "OffsetCommit", "OffsetFetch",
-    "ConsumerGroupHeartbeat", "AlterTopicConfigs",
+    "ConsumerGroupHeartbeat", "AlterTopicConfigs", "AlterPartitionReassignments", "ListPartitionReassignments",
 ]  # fmt: skip
 
 

@@ -719,3 +719,41 @@ def test_find_coordinator_list_and_delete_groups(cluster: LocalCluster, admin: A
     allow(admin, "User:rita", RT.GROUP, group, OP.DELETE)
     assert [r.error_code for r in ask(cluster, "rita", delete).results] == [0]
     assert admin.list_consumer_group_offsets(group) == {}
+
+
+def test_partition_reassignments_need_alter_and_describe_on_the_cluster(cluster: LocalCluster, admin: Admin) -> None:
+    """AlterPartitionReassignments: Alter on the cluster; ListPartitionReassignments and DescribeLogDirs:
+    Describe on it (Kafka's). Refused whole with CLUSTER_AUTHORIZATION_FAILED, nothing changed."""
+    from kafka.protocol.admin import (
+        AlterPartitionReassignmentsRequest,
+        DescribeLogDirsRequest,
+        ListPartitionReassignmentsRequest,
+    )
+
+    topic = "sec-reassign"
+    admin.create_topic(topic, partitions=1, replication_factor=1)
+    part = AlterPartitionReassignmentsRequest.ReassignableTopic.ReassignablePartition(partition_index=0, replicas=[0])
+    alter = AlterPartitionReassignmentsRequest[0](
+        timeout_ms=30000, topics=[AlterPartitionReassignmentsRequest.ReassignableTopic(name=topic, partitions=[part])]
+    )
+    listing = ListPartitionReassignmentsRequest[0](timeout_ms=30000, topics=None)
+    dirs = DescribeLogDirsRequest[4](topics=None)
+
+    refused = ask(cluster, "heidi", alter)
+    assert refused.error_code == CLUSTER_AUTH
+    assert [p.error_code for t in refused.responses for p in t.partitions] == [CLUSTER_AUTH]
+    assert ask(cluster, "heidi", listing).error_code == CLUSTER_AUTH
+    assert ask(cluster, "heidi", dirs).error_code == CLUSTER_AUTH
+
+    allow(admin, "User:heidi", RT.CLUSTER, "kafka-cluster", OP.DESCRIBE)
+    assert ask(cluster, "heidi", alter).error_code == CLUSTER_AUTH  # Describe is not Alter
+    listed = ask(cluster, "heidi", listing)
+    assert (listed.error_code, listed.topics) == (0, [])
+    [held] = ask(cluster, "heidi", dirs).results
+    assert held.error_code == 0 and topic in [t.name for t in held.topics]
+
+    allow(admin, "User:heidi", RT.CLUSTER, "kafka-cluster", OP.ALTER)
+    served = ask(cluster, "heidi", alter)  # to the replicas it has: nothing to move, no error
+    assert served.error_code == 0
+    assert [p.error_code for t in served.responses for p in t.partitions] == [0]
+    assert admin.list_partition_reassignments() == {}

@@ -31,6 +31,7 @@ from sluice.api.v1 import interbroker_pb2_grpc
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
 from sluice.broker.log.partition import PartitionLog
+from sluice.broker.replication.throttle import ReplicationThrottle
 from sluice.broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF_S = 0.1
+THROTTLE_WAIT_S = 0.1  # a fetch loop whose partitions are all held by the follower throttle
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Followed:
     key: TopicPartition
     leader: int
     leader_epoch: int
+    throttled: bool = False  # this broker is a replica being added by a reassignment (the follower throttle)
 
 
 class ReplicaFetcherManager:
@@ -97,8 +100,11 @@ class ReplicaFetcherManager:
         channels: BrokerChannels,
         max_bytes: int,
         on_change: Callable[[Iterable[TopicPartition]], None],
+        throttle: ReplicationThrottle | None = None,
     ) -> None:
         self.broker_id = broker_id
+        # follower.replication.throttled.rate: what this broker fetches for replicas it is being added as
+        self.throttle = throttle or ReplicationThrottle(-1)
         self.partitions = partitions
         self.channels = channels
         self.max_bytes = max_bytes
@@ -122,11 +128,15 @@ class ReplicaFetcherManager:
             with contextlib.suppress(BaseException):
                 await task
 
-    def follow(self, key: TopicPartition, leader: int, leader_epoch: int) -> None:
+    def follow(self, key: TopicPartition, leader: int, leader_epoch: int, *, throttled: bool = False) -> None:
         current = self.followed.get(key)
-        if current is not None and (current.leader, current.leader_epoch) == (leader, leader_epoch):
+        if current is not None and (current.leader, current.leader_epoch, current.throttled) == (
+            leader,
+            leader_epoch,
+            throttled,
+        ):
             return
-        self.followed[key] = Followed(key, leader, leader_epoch)
+        self.followed[key] = Followed(key, leader, leader_epoch, throttled)
         if self._running:
             self._ensure_task(leader)
 
@@ -170,7 +180,13 @@ class ReplicaFetcherManager:
         # The partition logs the request was built from: partitions are named by topic name, and a
         # topic deleted and created again while the fetch was out is another log under the same name.
         sent_logs: dict[TopicPartition, PartitionLog] = {}
+        # The follower throttle's budget spent: the partitions it covers wait for this round.
+        allowance = self.throttle.available() if self.throttle.enabled else 0
+        hold = self.throttle.enabled and allowance == 0
+        throttled = {f.key for f in mine if f.throttled}
         for f in mine:
+            if hold and f.key in throttled:
+                continue
             sent = self.partitions[f.key]
             sent_logs[f.key] = sent
             req.partitions.add(
@@ -180,8 +196,14 @@ class ReplicaFetcherManager:
                 current_leader_epoch=f.leader_epoch,
                 last_fetched_epoch=sent.latest_epoch,
                 topic_id=sent.topic_id,
+                max_bytes=min(allowance, self.max_bytes) if f.key in throttled and self.throttle.enabled else 0,
             )
+        if not req.partitions:
+            await asyncio.sleep(THROTTLE_WAIT_S)
+            return
         resp = await stub.ReplicaFetch(req, timeout=FETCH_MAX_WAIT_MS / 1000 + 10)
+        if self.throttle.enabled:
+            self.throttle.charge(sum(p.ByteSize() for p in resp.partitions if (p.topic, p.partition) in throttled))
         changed: list[TopicPartition] = []
         backoff = False
         for presp in resp.partitions:

@@ -9,7 +9,9 @@ coordinators. Metadata and FindCoordinator are answered from the cluster view.
 Authorization (when ``authorizer.enabled``; decisions in :mod:`sluice.broker.security`): the
 data path and topic admin check what Kafka checks (Produce: Write on the topic and, with a
 transactional id, Write on it; Fetch: Read; ListOffsets and Metadata: Describe; CreateTopics:
-Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter). What is
+Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter;
+AlterPartitionReassignments: Alter on the cluster; ListPartitionReassignments: Describe on
+the cluster, as Kafka's, the whole request refused with CLUSTER_AUTHORIZATION_FAILED). What is
 refused is answered per topic with TOPIC_AUTHORIZATION_FAILED (or
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. The transaction
 and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordinator_checks`.
@@ -130,6 +132,11 @@ class BrokerService:
                 "DeleteTopics": (self.delete_topics, b.DeleteTopicsRequest),
                 "CreatePartitions": (self.create_partitions, b.CreatePartitionsRequest),
                 "AlterTopicConfigs": (self.alter_topic_configs, b.AlterTopicConfigsRequest),
+                "AlterPartitionReassignments": (
+                    self.alter_partition_reassignments,
+                    b.AlterPartitionReassignmentsRequest,
+                ),
+                "ListPartitionReassignments": (self.list_partition_reassignments, b.ListPartitionReassignmentsRequest),
                 "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
                 "InitProducerId": (self.init_producer_id, b.InitProducerIdRequest),
                 "AddPartitionsToTxn": (self.add_partitions_to_txn, b.AddPartitionsToTxnRequest),
@@ -385,6 +392,63 @@ class BrokerService:
                 _refused(AclOperation.ALTER, t.name)
                 if t.name in denied
                 else functools.partial(self.cluster.create_partitions, t.name, t.count, req.validate_only),
+            )
+        return resp
+
+    async def alter_partition_reassignments(
+        self, req: bpb.AlterPartitionReassignmentsRequest, ctx: Ctx
+    ) -> bpb.AlterPartitionReassignmentsResponse:
+        """Start or cancel reassignments (the Kafka listener's rules, :mod:`sluice.metadata.reassignment`)."""
+        resp = bpb.AlterPartitionReassignmentsResponse()
+        results: list[SluiceError | None]
+        targets = [(p.topic, p.partition, None if p.cancel else list(p.replicas)) for p in req.partitions]
+        named = Counter((t, i) for t, i, _ in targets)
+        if self.access.enabled and not self.access.cluster(ctx, AclOperation.ALTER):
+            refused = errors.ClusterAuthorizationFailedError("not authorized to Alter the cluster (no ACL allows it)")
+            results = [refused] * len(targets)
+        else:
+            wanted = [i for i, (t, p, _) in enumerate(targets) if named[(t, p)] == 1]
+            results = [
+                errors.InvalidRequestError(f"{t}-{p} is named more than once in one request") for t, p, _ in targets
+            ]
+            try:
+                answered = await self.cluster.admin(
+                    self.cluster.alter_partition_reassignments,
+                    [targets[i] for i in wanted],
+                    allow_replication_factor_change=not req.disallow_replication_factor_change,
+                )
+            except SluiceError as exc:  # the store cut off: every partition is answered with it
+                answered = [exc] * len(wanted)
+            for i, result in zip(wanted, answered, strict=True):
+                results[i] = result
+        for (topic, partition, _), result in zip(targets, results, strict=True):
+            out = resp.partitions.add(topic=topic, partition=partition)
+            if result is not None:
+                out.error_code, out.error_message = result.code, result.message
+        return resp
+
+    async def list_partition_reassignments(
+        self, req: bpb.ListPartitionReassignmentsRequest, ctx: Ctx
+    ) -> bpb.ListPartitionReassignmentsResponse:
+        """The reassignments in progress (among the partitions named, or all), from the cluster view."""
+        resp = bpb.ListPartitionReassignmentsResponse()
+        if self.access.enabled and not self.access.cluster(ctx, AclOperation.DESCRIBE):
+            resp.error_code = pb.CLUSTER_AUTHORIZATION_FAILED
+            resp.error_message = "not authorized to Describe the cluster (no ACL allows it)"
+            return resp
+        wanted = [(p.topic, p.partition) for p in req.partitions] or None
+        try:
+            ongoing = await self.cluster.admin(self.cluster.list_partition_reassignments, wanted)
+        except SluiceError as exc:  # the store cut off
+            resp.error_code, resp.error_message = exc.code, exc.message
+            return resp
+        for topic, partition, state in ongoing:
+            resp.reassignments.add(
+                topic=topic,
+                partition=partition,
+                replicas=state.replicas,
+                adding_replicas=state.adding_replicas,
+                removing_replicas=state.removing_replicas,
             )
         return resp
 

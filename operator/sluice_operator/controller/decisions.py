@@ -46,6 +46,16 @@ The rules, per partition (Kafka's, KRaft flavour):
    deposed leader's requests are fenced (FENCED_LEADER_EPOCH). Nothing else
    bumps it.
 
+6. **Reassignment.** A partition being reassigned (``adding_replicas`` /
+   ``removing_replicas``, :mod:`sluice.metadata.reassignment`) completes once
+   every target replica is in the ISR: the replicas become the target, the
+   removed brokers leave the ISR, and when the leader is one of them
+   leadership moves to the first live in-sync target replica (rule 5 bumps
+   the epoch). Applied after rules 1-4, in the same write, so a controller
+   that fails midway leaves a document the next one completes. When the
+   last partition of a topic completes and all have one replica count, the
+   topic's ``replication_factor`` becomes that count.
+
 The ISR is otherwise the leader's to change (shrink a lagging follower,
 expand a caught-up one); leaders compare-and-set only the ``isr`` field,
 and only while the document's leader and epoch are still theirs. Both sides
@@ -66,6 +76,7 @@ from collections.abc import Set as AbstractSet
 
 from sluice.metadata.documents import NO_LEADER, PartitionState, TopicDocument
 from sluice.metadata.placement import place_replicas
+from sluice.metadata.reassignment import complete as complete_reassignment
 
 __all__ = [
     "UNCLEAN_KEY",
@@ -154,10 +165,21 @@ def reconcile_topic(
 ) -> TopicDocument | None:
     """The topic document with every rule applied to each partition; None if nothing changes."""
     unclean = unclean_enabled(topic, default_unclean)
-    partitions = [reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred) for p in topic.partitions]
+    partitions = [
+        complete_reassignment(reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred), live)
+        for p in topic.partitions
+    ]
     if partitions == topic.partitions:
         return None
-    return topic.with_partitions(partitions)
+    new = topic.with_partitions(partitions)
+    # A completed reassignment may have changed the replication factor: once every partition has
+    # the same replica count again, the topic's says so too (what describe shows; new partitions use it).
+    counts = {len(p.replicas) for p in partitions}
+    if len(counts) == 1 and not any(p.reassigning for p in partitions) and any(p.reassigning for p in topic.partitions):
+        (count,) = counts
+        if count != topic.replication_factor:
+            new = dataclasses.replace(new, replication_factor=count)
+    return new
 
 
 def elect_leaders(
@@ -200,8 +222,12 @@ def describe_changes(
         partition_name = f"{name}-{i}"
         was, now = old.leader, cur.leader
         epoch = cur.leader_epoch
+        if old.reassigning and not cur.reassigning:
+            lines.append(f"reassignment of {partition_name} completed: replicas {old.replicas} -> {cur.replicas}")
         if was != now:
-            if was == NO_LEADER:
+            if was in old.removing_replicas and not cur.reassigning:
+                why = f"reassigned off broker {was}"
+            elif was == NO_LEADER:
                 why = "it had no leader"
             elif _is_dead(was, live, dead):
                 why = f"broker {was} dead"

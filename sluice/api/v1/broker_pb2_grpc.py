@@ -80,6 +80,16 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/sluice.v1.Broker/AlterPartitionReassignments',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/sluice.v1.Broker/ListPartitionReassignments',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/sluice.v1.Broker/FindCoordinator',
                 request_serializer=sluice_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
@@ -249,6 +259,20 @@ class BrokerServicer:
     def AlterTopicConfigs(self, request, context):
         """Kafka's IncrementalAlterConfigs for topics: a topic's config overrides, changed without a restart.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterPartitionReassignments(self, request, context):
+        """Partition reassignment (Kafka's KIP-455): Alter on the cluster to start or cancel one,
+        Describe on the cluster to list them (when the broker's authorizer is on).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -449,6 +473,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.AlterTopicConfigs,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -804,6 +838,60 @@ class Broker:
             '/sluice.v1.Broker/AlterTopicConfigs',
             sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.AlterTopicConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/AlterPartitionReassignments',
+            sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/ListPartitionReassignments',
+            sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

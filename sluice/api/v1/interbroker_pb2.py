@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from sluice.api.v1 import records_pb2 as sluice_dot_v1_dot_records__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsluice/v1/interbroker.proto\x12\tsluice.v1\x1a\x17sluice/v1/records.proto\"\xcc\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\x12-\n\npartitions\x18\x05 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x1b\n\x13transaction_version\x18\x07 \x01(\x05\"?\n\x16WriteTxnMarkersRequest\x12%\n\x07markers\x18\x01 \x03(\x0b\x32\x14.sluice.v1.TxnMarker\"z\n\x15MarkerPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"\\\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x34\n\npartitions\x18\x02 \x03(\x0b\x32 .sluice.v1.MarkerPartitionResult\"F\n\x17WriteTxnMarkersResponse\x12+\n\x07markers\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.TxnMarkerResult\"\x9b\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x10\n\x08topic_id\x18\x06 \x01(\t\"\x87\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x34\n\npartitions\x18\x04 \x03(\x0b\x32 .sluice.v1.ReplicaFetchPartition\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\xa9\x02\n\x1dReplicaFetchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\x12\x32\n\x0f\x64iverging_epoch\x18\x08 \x01(\x0b\x32\x19.sluice.v1.EpochEndOffset\x12\'\n\x07\x62\x61tches\x18\t \x03(\x0b\x32\x16.sluice.v1.RecordBatch\"T\n\x14ReplicaFetchResponse\x12<\n\npartitions\x18\x01 \x03(\x0b\x32(.sluice.v1.ReplicaFetchPartitionResponse\"v\n\x1eOffsetsForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"q\n\x1cOffsetsForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12=\n\npartitions\x18\x02 \x03(\x0b\x32).sluice.v1.OffsetsForLeaderEpochPartition\"\xb5\x01\n&OffsetsForLeaderEpochPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x12\n\nend_offset\x18\x06 \x01(\x03\"f\n\x1dOffsetsForLeaderEpochResponse\x12\x45\n\npartitions\x18\x01 \x03(\x0b\x32\x31.sluice.v1.OffsetsForLeaderEpochPartitionResponse2\xa4\x02\n\x0bInterBroker\x12X\n\x0fWriteTxnMarkers\x12!.sluice.v1.WriteTxnMarkersRequest\x1a\".sluice.v1.WriteTxnMarkersResponse\x12O\n\x0cReplicaFetch\x12\x1e.sluice.v1.ReplicaFetchRequest\x1a\x1f.sluice.v1.ReplicaFetchResponse\x12j\n\x15OffsetsForLeaderEpoch\x12\'.sluice.v1.OffsetsForLeaderEpochRequest\x1a(.sluice.v1.OffsetsForLeaderEpochResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsluice/v1/interbroker.proto\x12\tsluice.v1\x1a\x17sluice/v1/records.proto\"\xcc\x01\n\tTxnMarker\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\x12\x11\n\tcommitted\x18\x03 \x01(\x08\x12\x19\n\x11\x63oordinator_epoch\x18\x04 \x01(\x05\x12-\n\npartitions\x18\x05 \x03(\x0b\x32\x19.sluice.v1.TopicPartition\x12\x18\n\x10transactional_id\x18\x06 \x01(\t\x12\x1b\n\x13transaction_version\x18\x07 \x01(\x05\"?\n\x16WriteTxnMarkersRequest\x12%\n\x07markers\x18\x01 \x03(\x0b\x32\x14.sluice.v1.TxnMarker\"z\n\x15MarkerPartitionResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\"\\\n\x0fTxnMarkerResult\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x34\n\npartitions\x18\x02 \x03(\x0b\x32 .sluice.v1.MarkerPartitionResult\"F\n\x17WriteTxnMarkersResponse\x12+\n\x07markers\x18\x01 \x03(\x0b\x32\x1a.sluice.v1.TxnMarkerResult\"\xae\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\x12\x10\n\x08topic_id\x18\x06 \x01(\t\x12\x11\n\tmax_bytes\x18\x07 \x01(\x05\"\x87\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12\x34\n\npartitions\x18\x04 \x03(\x0b\x32 .sluice.v1.ReplicaFetchPartition\"3\n\x0e\x45pochEndOffset\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\xa9\x02\n\x1dReplicaFetchPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x07 \x01(\x03\x12\x32\n\x0f\x64iverging_epoch\x18\x08 \x01(\x0b\x32\x19.sluice.v1.EpochEndOffset\x12\'\n\x07\x62\x61tches\x18\t \x03(\x0b\x32\x16.sluice.v1.RecordBatch\"T\n\x14ReplicaFetchResponse\x12<\n\npartitions\x18\x01 \x03(\x0b\x32(.sluice.v1.ReplicaFetchPartitionResponse\"v\n\x1eOffsetsForLeaderEpochPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\"q\n\x1cOffsetsForLeaderEpochRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12=\n\npartitions\x18\x02 \x03(\x0b\x32).sluice.v1.OffsetsForLeaderEpochPartition\"\xb5\x01\n&OffsetsForLeaderEpochPartitionResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12(\n\nerror_code\x18\x03 \x01(\x0e\x32\x14.sluice.v1.ErrorCode\x12\x15\n\rerror_message\x18\x04 \x01(\t\x12\x14\n\x0cleader_epoch\x18\x05 \x01(\x05\x12\x12\n\nend_offset\x18\x06 \x01(\x03\"f\n\x1dOffsetsForLeaderEpochResponse\x12\x45\n\npartitions\x18\x01 \x03(\x0b\x32\x31.sluice.v1.OffsetsForLeaderEpochPartitionResponse2\xa4\x02\n\x0bInterBroker\x12X\n\x0fWriteTxnMarkers\x12!.sluice.v1.WriteTxnMarkersRequest\x1a\".sluice.v1.WriteTxnMarkersResponse\x12O\n\x0cReplicaFetch\x12\x1e.sluice.v1.ReplicaFetchRequest\x1a\x1f.sluice.v1.ReplicaFetchResponse\x12j\n\x15OffsetsForLeaderEpoch\x12\'.sluice.v1.OffsetsForLeaderEpochRequest\x1a(.sluice.v1.OffsetsForLeaderEpochResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,23 +44,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WRITETXNMARKERSRESPONSE']._serialized_start=557
   _globals['_WRITETXNMARKERSRESPONSE']._serialized_end=627
   _globals['_REPLICAFETCHPARTITION']._serialized_start=630
-  _globals['_REPLICAFETCHPARTITION']._serialized_end=785
-  _globals['_REPLICAFETCHREQUEST']._serialized_start=788
-  _globals['_REPLICAFETCHREQUEST']._serialized_end=923
-  _globals['_EPOCHENDOFFSET']._serialized_start=925
-  _globals['_EPOCHENDOFFSET']._serialized_end=976
-  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_start=979
-  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_end=1276
-  _globals['_REPLICAFETCHRESPONSE']._serialized_start=1278
-  _globals['_REPLICAFETCHRESPONSE']._serialized_end=1362
-  _globals['_OFFSETSFORLEADEREPOCHPARTITION']._serialized_start=1364
-  _globals['_OFFSETSFORLEADEREPOCHPARTITION']._serialized_end=1482
-  _globals['_OFFSETSFORLEADEREPOCHREQUEST']._serialized_start=1484
-  _globals['_OFFSETSFORLEADEREPOCHREQUEST']._serialized_end=1597
-  _globals['_OFFSETSFORLEADEREPOCHPARTITIONRESPONSE']._serialized_start=1600
-  _globals['_OFFSETSFORLEADEREPOCHPARTITIONRESPONSE']._serialized_end=1781
-  _globals['_OFFSETSFORLEADEREPOCHRESPONSE']._serialized_start=1783
-  _globals['_OFFSETSFORLEADEREPOCHRESPONSE']._serialized_end=1885
-  _globals['_INTERBROKER']._serialized_start=1888
-  _globals['_INTERBROKER']._serialized_end=2180
+  _globals['_REPLICAFETCHPARTITION']._serialized_end=804
+  _globals['_REPLICAFETCHREQUEST']._serialized_start=807
+  _globals['_REPLICAFETCHREQUEST']._serialized_end=942
+  _globals['_EPOCHENDOFFSET']._serialized_start=944
+  _globals['_EPOCHENDOFFSET']._serialized_end=995
+  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_start=998
+  _globals['_REPLICAFETCHPARTITIONRESPONSE']._serialized_end=1295
+  _globals['_REPLICAFETCHRESPONSE']._serialized_start=1297
+  _globals['_REPLICAFETCHRESPONSE']._serialized_end=1381
+  _globals['_OFFSETSFORLEADEREPOCHPARTITION']._serialized_start=1383
+  _globals['_OFFSETSFORLEADEREPOCHPARTITION']._serialized_end=1501
+  _globals['_OFFSETSFORLEADEREPOCHREQUEST']._serialized_start=1503
+  _globals['_OFFSETSFORLEADEREPOCHREQUEST']._serialized_end=1616
+  _globals['_OFFSETSFORLEADEREPOCHPARTITIONRESPONSE']._serialized_start=1619
+  _globals['_OFFSETSFORLEADEREPOCHPARTITIONRESPONSE']._serialized_end=1800
+  _globals['_OFFSETSFORLEADEREPOCHRESPONSE']._serialized_start=1802
+  _globals['_OFFSETSFORLEADEREPOCHRESPONSE']._serialized_end=1904
+  _globals['_INTERBROKER']._serialized_start=1907
+  _globals['_INTERBROKER']._serialized_end=2199
 # @@protoc_insertion_point(module_scope)

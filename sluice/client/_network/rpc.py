@@ -91,6 +91,16 @@ CREATE_PARTITIONS = _rpc("CreatePartitions", broker_pb2.CreatePartitionsRequest,
 ALTER_TOPIC_CONFIGS = _rpc(
     "AlterTopicConfigs", broker_pb2.AlterTopicConfigsRequest, broker_pb2.AlterTopicConfigsResponse
 )
+ALTER_PARTITION_REASSIGNMENTS = _rpc(
+    "AlterPartitionReassignments",
+    broker_pb2.AlterPartitionReassignmentsRequest,
+    broker_pb2.AlterPartitionReassignmentsResponse,
+)
+LIST_PARTITION_REASSIGNMENTS = _rpc(
+    "ListPartitionReassignments",
+    broker_pb2.ListPartitionReassignmentsRequest,
+    broker_pb2.ListPartitionReassignmentsResponse,
+)
 DESCRIBE_TOPICS = _rpc("DescribeTopics", broker_pb2.MetadataRequest, broker_pb2.MetadataResponse)
 FIND_COORDINATOR = _rpc("FindCoordinator", broker_pb2.FindCoordinatorRequest, broker_pb2.FindCoordinatorResponse)
 INIT_PRODUCER_ID = _rpc("InitProducerId", broker_pb2.InitProducerIdRequest, broker_pb2.InitProducerIdResponse)

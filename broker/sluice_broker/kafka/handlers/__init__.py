@@ -20,6 +20,7 @@ from sluice.broker.kafka.handlers.client_quotas import AlterClientQuotasHandler,
 from sluice.broker.kafka.handlers.consumer_group_heartbeat import ConsumerGroupHeartbeatHandler
 from sluice.broker.kafka.handlers.describe_cluster import DescribeClusterHandler
 from sluice.broker.kafka.handlers.describe_configs import DescribeConfigsHandler
+from sluice.broker.kafka.handlers.describe_log_dirs import DescribeLogDirsHandler
 from sluice.broker.kafka.handlers.describe_producers import DescribeProducersHandler
 from sluice.broker.kafka.handlers.describe_transactions import (
     DescribeTransactionsHandler,
@@ -40,6 +41,10 @@ from sluice.broker.kafka.handlers.metadata import MetadataHandler
 from sluice.broker.kafka.handlers.offset_for_leader_epoch import OffsetForLeaderEpochHandler
 from sluice.broker.kafka.handlers.offsets import OffsetCommitHandler, OffsetFetchHandler, TxnOffsetCommitHandler
 from sluice.broker.kafka.handlers.produce import ProduceHandler
+from sluice.broker.kafka.handlers.reassignments import (
+    AlterPartitionReassignmentsHandler,
+    ListPartitionReassignmentsHandler,
+)
 from sluice.broker.kafka.handlers.sasl import SaslAuthenticateHandler, SaslHandshakeHandler
 from sluice.broker.kafka.handlers.topics import CreatePartitionsHandler, CreateTopicsHandler, DeleteTopicsHandler
 from sluice.broker.kafka.handlers.transactions import (
@@ -61,6 +66,9 @@ def build_handlers(sasl: bool = False) -> dict[int, Handler]:
         CreateTopicsHandler(),
         DeleteTopicsHandler(),
         CreatePartitionsHandler(),
+        AlterPartitionReassignmentsHandler(),
+        ListPartitionReassignmentsHandler(),
+        DescribeLogDirsHandler(),
         DescribeClusterHandler(),
         ListOffsetsHandler(),
         InitProducerIdHandler(),
