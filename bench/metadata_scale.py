@@ -95,7 +95,7 @@ if __name__ == "__main__":
 from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
-from sluice.metadata.documents import TopicDocument  # noqa: E402
+from sluice.metadata.documents import ControllerDocument, TopicDocument  # noqa: E402
 from sluice.metadata.kubernetes import GROUP, PLURAL, VERSION, KubernetesMetadataStore, api_client  # noqa: E402
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict  # noqa: E402
 
@@ -239,6 +239,7 @@ class Decoded:
     key: str
     revision: int
     cost_s: float  # CPU time of one full decode of this event
+    dead: tuple[int, ...] = ()  # the controller document's dead brokers (key "controller" only)
 
 
 class Decoder:
@@ -261,11 +262,15 @@ class Decoder:
         meta = obj.get("metadata") or {}
         spec = obj.get("spec") or {}
         key = str(spec.get("key", ""))
+        dead: tuple[int, ...] = ()
         if kind in ("ADDED", "MODIFIED") and "value" in spec:
             value = json.loads(spec["value"])
             if key.startswith(keys.TOPICS):
                 TopicDocument.from_json(value)
-        decoded = Decoded(kind, key, int(meta.get("resourceVersion") or 0), time.thread_time() - started)
+            elif key == keys.CONTROLLER:
+                dead = tuple(ControllerDocument.from_json(value).dead_brokers)
+        rv = int(meta.get("resourceVersion") or 0)
+        decoded = Decoded(kind, key, rv, time.thread_time() - started, dead)
         with self._lock:
             if len(self._memo) >= self.max_entries:
                 self._memo.clear()
@@ -295,6 +300,7 @@ class Watcher:
         self.lists = 0
         self.decode_s = 0.0
         self.applied: list[tuple[str, int, float]] = []
+        self.dead_seen: list[tuple[tuple[int, ...], float]] = []  # (dead brokers, applied at)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._response: Any = None
@@ -378,6 +384,8 @@ class Watcher:
                 self.decode_s += event.cost_s
                 if len(self.applied) < MAX_LOG:
                     self.applied.append((event.key, event.revision, arrived + event.cost_s))
+                if event.dead and len(self.dead_seen) < MAX_LOG:
+                    self.dead_seen.append((event.dead, arrived + event.cost_s))
             if self._stop.is_set():
                 break
         return revision
@@ -534,8 +542,10 @@ def scrape(plane: Any) -> ServerMetrics:
         elif labels.get("verb") == "PUT" and labels.get("resource") == PLURAL:
             le = float(labels.get("le", "inf").replace("+Inf", "inf"))
             put[le] = put.get(le, 0.0) + value
-    with urllib.request.urlopen(f"{plane.etcd_url}/metrics", timeout=10) as resp:
-        etcd_text = resp.read().decode()
+    etcd_text = ""
+    if getattr(plane, "etcd_url", ""):  # an external cluster (SLUICE_TEST_KUBECONFIG) has no etcd of ours
+        with urllib.request.urlopen(f"{plane.etcd_url}/metrics", timeout=10) as resp:
+            etcd_text = resp.read().decode()
     etcd = {
         name: value
         for name, _labels, value in parse_metrics(
@@ -597,12 +607,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 
 class Simulation:
     """The control plane, the controller, N simulated brokers and the observers (module docstring)."""
 
-    def __init__(self, settings: Settings, workdir: Path) -> None:
+    def __init__(self, settings: Settings, workdir: Path, plane: Any = None) -> None:
+        """``plane``: a running control plane to use (a test's; left running at the end), else one is
+        started (etcd fsync on) and stopped by :meth:`close`."""
         self.s = settings
         self.workdir = workdir
         self.deadline = time.monotonic() + settings.budget_s
         self.decoder = Decoder()
-        self.plane: Any = None
+        self.plane: Any = plane
+        self._own_plane = plane is None
         self.namespace = ""
         self.url = ""
         self.controller: Any = None
@@ -627,9 +640,10 @@ class Simulation:
         from tests.k8s.crds import install_crds
         from tests.support.k8s_env import TestControlPlane
 
-        log("starting etcd (fsync on) and kube-apiserver")
-        self.plane = TestControlPlane(self.workdir / "k8s", etcd_fsync=True)
-        self.plane.start()
+        if self.plane is None:
+            log("starting etcd (fsync on) and kube-apiserver")
+            self.plane = TestControlPlane(self.workdir / "k8s", etcd_fsync=True)
+            self.plane.start()
         install_crds(self.plane)
         self.namespace = self.plane.create_namespace("metasim")
         kubeconfig = self.plane.kubeconfig
@@ -918,8 +932,7 @@ class Simulation:
 
             wait_until(dead_seen, self.s.grace_s + 30, 0.05)
             # detection: the controller document naming the broker dead, applied by the first watcher
-            # (the controller writes it only when liveness changes)
-            seen = [at for w in self.live_watchers() for key, _r, at in w.applied if key == keys.CONTROLLER and at > t0]
+            seen = [at for w in self.live_watchers() for dead, at in w.dead_seen if victim in dead and at > t0]
             detected = (min(seen) if seen else time.monotonic()) - t0
             out["detection_s"] = round(detected, 3)
 
@@ -1031,7 +1044,7 @@ class Simulation:
             if store is not None:
                 with contextlib.suppress(Exception):
                     store.close()
-        if self.plane is not None:
+        if self.plane is not None and self._own_plane:
             self.plane.stop()
 
 
