@@ -67,6 +67,7 @@ end, whatever happens.
 from __future__ import annotations
 
 import argparse
+import builtins
 import contextlib
 import dataclasses
 import json
@@ -182,7 +183,7 @@ class CountingStore:
         finally:
             self._count("get", started)
 
-    def list(self, prefix: str) -> list[Document]:
+    def list(self, prefix: str) -> builtins.list[Document]:
         started = time.monotonic()
         try:
             return self.inner.list(prefix)
@@ -213,7 +214,7 @@ class CountingStore:
             raise
         self._count("delete", started)
 
-    def changes_since(self, revision: int, prefix: str = "") -> list[Document]:
+    def changes_since(self, revision: int, prefix: str = "") -> builtins.list[Document]:
         docs = self.inner.changes_since(revision, prefix)
         if self.on_changes is not None and docs:
             self.on_changes(docs)
@@ -536,7 +537,7 @@ def scrape(plane: Any) -> ServerMetrics:
         ),
     ):
         if name == "apiserver_request_total":
-            requests[(labels.get("verb", ""), labels.get("resource", ""), labels.get("code", ""))] += value
+            requests[(labels.get("verb", ""), labels.get("resource", ""), labels.get("code", ""))] += int(value)
         elif name == "apiserver_flowcontrol_rejected_requests_total":
             rejected += value
         elif labels.get("verb") == "PUT" and labels.get("resource") == PLURAL:
