@@ -121,6 +121,7 @@ class StoreCounts:
 
     calls: Counter[str] = field(default_factory=Counter)
     conflicts: int = 0
+    noop_writes: int = 0  # replaces the API server answered without a change (same resourceVersion)
     unavailable: int = 0
     bytes_written: int = 0
     write_latencies: list[float] = field(default_factory=list)
@@ -135,6 +136,7 @@ class StoreCounts:
             "calls": dict(sorted(self.calls.items())),
             "writes": self.writes,
             "conflicts": self.conflicts,
+            "noop_writes": self.noop_writes,
             "unavailable": self.unavailable,
             "bytes_written": self.bytes_written,
             "write_p50_ms": round(percentile(lat, 50) * 1000, 2),
@@ -203,6 +205,9 @@ class CountingStore:
             self._unavailable()
             raise
         self._count(kind, started, written=size)
+        if expected_version is not None and doc.version == expected_version:
+            with self._lock:
+                self._counts.noop_writes += 1
         return doc
 
     def delete(self, key: str, expected_version: int) -> None:
@@ -837,22 +842,27 @@ class Simulation:
         """ISR shrink/expand at ``rate`` changes/s for churn_seconds, by each partition's leader."""
         rng = random.Random(int(rate * 1000) + 1)
         outcome: Counter[str] = Counter()
-        observer = self.observers[0].view if self.observers else None
 
         def one_change() -> None:
-            view_topics = dict(observer.topics) if observer is not None else {}
-            candidates = [
-                (name, i, p)
-                for name, topic in view_topics.items()
-                for i, p in [rng.choice(list(enumerate(topic.partitions)))]
-                if p.leader in self.brokers and self.brokers[p.leader].alive
-            ]
-            if not candidates:
-                outcome["no candidate"] += 1
+            # The leader decides on its own state, which is the stored document's: the harness reads it
+            # (one GET, uncounted by the brokers' store but seen by the API server), then the leader
+            # writes through write_isr (its own GET and PUT). A decision on a view 100 ms stale would
+            # sometimes write the ISR the document already has: a no-op PUT.
+            assert self.raw is not None
+            name = f"t{rng.randrange(self.s.topics):03d}"
+            doc = self.raw.get(keys.topic(name))
+            if doc is None or doc.value is None:
+                outcome["no document"] += 1
                 return
-            name, i, p = rng.choice(candidates)
+            partitions = TopicDocument.from_json(doc.value).partitions
+            i = rng.randrange(len(partitions))
+            p = partitions[i]
+            if p.leader not in self.brokers or not self.brokers[p.leader].alive:
+                outcome["leader not alive"] += 1
+                return
             if sorted(p.isr) == sorted(p.replicas) and len(p.isr) > 1:
-                isr = [b for b in p.isr if b != rng.choice([b for b in p.isr if b != p.leader])]
+                dropped = rng.choice([b for b in p.isr if b != p.leader])
+                isr = [b for b in p.isr if b != dropped]
             else:
                 isr = list(p.replicas)
             try:
