@@ -589,6 +589,7 @@ class Settings:
     preferred_delay_s: float
     scenarios: list[str]
     budget_s: float
+    rolling_brokers: int = 10
 
 
 @dataclass
@@ -930,85 +931,135 @@ class Simulation:
 
     def kill(self, victim: int) -> None:
         """A hard kill: the stream is cut and the Pod turns NotReady at once."""
-        broker = self.brokers[victim]
         with self.window(f"kill broker {victim}") as out:
-            t0 = time.monotonic()
-            broker.alive = False
-            if broker.watcher is not None:
-                broker.watcher.stop()
-            self.set_ready(victim, False)
-
-            def dead_seen() -> bool:
-                return all(victim in o.view.dead_brokers for o in self.observers)
-
-            wait_until(dead_seen, self.s.grace_s + 30, 0.05)
-            # detection: the controller document naming the broker dead, applied by the first watcher
-            seen = [at for w in self.live_watchers() for dead, at in w.dead_seen if victim in dead and at > t0]
-            detected = (min(seen) if seen else time.monotonic()) - t0
-            out["detection_s"] = round(detected, 3)
-
-            def fenced(docs: dict[str, TopicDocument]) -> bool:
-                return all(p.leader != victim and victim not in p.isr for t in docs.values() for p in t.partitions)
-
-            wanted = self.final_state(fenced, 60)
-            self.completion(out, wanted, t0)
-            out["after_detection_s"] = (
-                round(out["last_watcher_applied_s"] - detected, 3) if out.get("last_watcher_applied_s") else None
-            )
-            out["probe_detection_not_simulated_s"] = PROBE_DETECTION_S
+            self._fail(victim, out, controlled=False)
 
     def comeback(self, victim: int) -> None:
         """The broker returns: registers, relists, Ready; leaders add it back; preferred leaders return."""
+        with self.window(f"return broker {victim}") as out:
+            self._return(victim, out, recreate_pod=False)
+
+    def rolling(self, count: int) -> None:
+        """A rolling restart of ``count`` brokers, one after the other, as a StatefulSet does it: the Pod
+        is deleted (dead at once for the operator: the controlled shutdown), the broker comes back
+        (new Pod, Ready, registers, relists, leaders add it back, preferred leaders return), then the next."""
+        with self.window(f"rolling restart of {count} brokers") as out:
+            steps = []
+            for victim in list(self.brokers)[:count]:
+                if time.monotonic() > self.deadline:
+                    break
+                failed: dict[str, Any] = {}
+                back: dict[str, Any] = {}
+                self._fail(victim, failed, controlled=True)
+                self._return(victim, back, recreate_pod=True)
+                steps.append(
+                    {
+                        "broker": victim,
+                        "down_last_watcher_s": failed.get("last_watcher_applied_s"),
+                        "back_last_watcher_s": back.get("last_watcher_applied_s"),
+                        "expansions": back.get("expansion_outcomes"),
+                    }
+                )
+                log(f"rolling restart: broker {victim}: {steps[-1]}")
+            out["steps"] = steps
+            done = [st["back_last_watcher_s"] for st in steps if st["back_last_watcher_s"] is not None]
+            out["completed"] = len(done) == count
+            out["last_watcher_applied_s"] = max(
+                (st["down_last_watcher_s"] or 0 for st in steps), default=None
+            )  # the longest shutdown
+
+    def _fail(self, victim: int, out: dict[str, Any], *, controlled: bool) -> None:
+        broker = self.brokers[victim]
+        t0 = time.monotonic()
+        broker.alive = False
+        if broker.watcher is not None:
+            broker.watcher.stop()
+        if controlled:
+            # the Pod deleted (a rolling restart): the operator takes it as dead at once
+            self.core.delete_namespaced_pod(f"sluice-broker-{victim}", self.namespace, grace_period_seconds=0)
+        else:
+            self.set_ready(victim, False)
+
+        def dead_seen() -> bool:
+            return all(victim in o.view.dead_brokers for o in self.observers)
+
+        wait_until(dead_seen, self.s.grace_s + 30, 0.05)
+        # detection: the controller document naming the broker dead, applied by the first watcher
+        seen = [at for w in self.live_watchers() for dead, at in w.dead_seen if victim in dead and at > t0]
+        detected = (min(seen) if seen else time.monotonic()) - t0
+        out["detection_s"] = round(detected, 3)
+
+        def fenced(docs: dict[str, TopicDocument]) -> bool:
+            return all(p.leader != victim and victim not in p.isr for t in docs.values() for p in t.partitions)
+
+        wanted = self.final_state(fenced, 60)
+        self.completion(out, wanted, t0)
+        out["after_detection_s"] = (
+            round(out["last_watcher_applied_s"] - detected, 3) if out.get("last_watcher_applied_s") else None
+        )
+        if not controlled:
+            out["probe_detection_not_simulated_s"] = PROBE_DETECTION_S
+
+    def _return(self, victim: int, out: dict[str, Any], *, recreate_pod: bool) -> None:
         broker = self.brokers[victim]
         assert self.plane is not None
-        with self.window(f"return broker {victim}") as out:
-            t0 = time.monotonic()
-            broker.view.register()
-            broker.watcher = Watcher(
-                f"b{victim}", self.plane.kubeconfig, self.namespace, self.decoder, self.deadline
-            ).start()
-            self.set_ready(victim, True)
-            broker.alive = True
-            wait_until(lambda: all(victim not in o.view.dead_brokers for o in self.observers), self.s.grace_s + 30)
-            out["alive_again_s"] = round(time.monotonic() - t0, 3)
-            # every leader of a partition the returned broker replicates adds it back, one partition at a
-            # time per leader, all leaders at once (their followers catch up together)
-            work: dict[int, list[tuple[str, int]]] = {}
-            for key, doc in self.topics().items():
-                for i, p in enumerate(TopicDocument.from_json(doc.value or {}).partitions):
-                    if victim in p.replicas and victim not in p.isr:
-                        work.setdefault(p.leader, []).append((key[len(keys.TOPICS) :], i))
-            outcome: Counter[str] = Counter()
-            lock = threading.Lock()
+        t0 = time.monotonic()
+        if recreate_pod:
+            wait_until(lambda: self._pod_gone(victim), 30)
+            self._create_pod(victim)
+        broker.view.register()
+        broker.watcher = Watcher(
+            f"b{victim}", self.plane.kubeconfig, self.namespace, self.decoder, self.deadline
+        ).start()
+        self.set_ready(victim, True)
+        broker.alive = True
+        wait_until(lambda: all(victim not in o.view.dead_brokers for o in self.observers), self.s.grace_s + 30)
+        out["alive_again_s"] = round(time.monotonic() - t0, 3)
+        # every leader of a partition the returned broker replicates adds it back, one partition at a
+        # time per leader, all leaders at once (their followers catch up together)
+        work: dict[int, list[tuple[str, int]]] = {}
+        for key, doc in self.topics().items():
+            for i, p in enumerate(TopicDocument.from_json(doc.value or {}).partitions):
+                if victim in p.replicas and victim not in p.isr:
+                    work.setdefault(p.leader, []).append((key[len(keys.TOPICS) :], i))
+        outcome: Counter[str] = Counter()
+        lock = threading.Lock()
 
-            def expand(leader: int, items: list[tuple[str, int]]) -> None:
-                view = self.brokers[leader].view
-                for name, i in items:
-                    got = None
-                    with contextlib.suppress(VersionConflict, StoreUnavailable):
-                        doc = view.store.get(keys.topic(name))
-                        if doc is not None and doc.value is not None:
-                            p = TopicDocument.from_json(doc.value).partitions[i]
-                            isr = sorted(set(p.isr) | {victim})
-                            got = view.write_isr(name, i, p.leader, p.leader_epoch, isr)
-                    with lock:
-                        outcome["expanded" if got is not None else "not written"] += 1
+        def expand(leader: int, items: list[tuple[str, int]]) -> None:
+            view = self.brokers[leader].view
+            for name, i in items:
+                got = None
+                with contextlib.suppress(VersionConflict, StoreUnavailable):
+                    doc = view.store.get(keys.topic(name))
+                    if doc is not None and doc.value is not None:
+                        p = TopicDocument.from_json(doc.value).partitions[i]
+                        isr = sorted(set(p.isr) | {victim})
+                        got = view.write_isr(name, i, p.leader, p.leader_epoch, isr)
+                with lock:
+                    outcome["expanded" if got is not None else "not written"] += 1
 
-            with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="expand") as pool:
-                for f in [pool.submit(expand, leader, items) for leader, items in work.items()]:
-                    f.result(timeout=max(1.0, self.deadline - time.monotonic()))
-            out["expansion_leaders"] = len(work)
-            out["expansion_outcomes"] = dict(outcome)
-            out["expansion_s"] = round(time.monotonic() - t0, 3)
-            wanted = self.final_state(
-                lambda docs: all(
-                    sorted(p.isr) == sorted(p.replicas) and p.leader == p.replicas[0]
-                    for t in docs.values()
-                    for p in t.partitions
-                ),
-                self.s.preferred_delay_s + 60,
-            )
-            self.completion(out, wanted, t0)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="expand") as pool:
+            for f in [pool.submit(expand, leader, items) for leader, items in work.items()]:
+                f.result(timeout=max(1.0, self.deadline - time.monotonic()))
+        out["expansion_leaders"] = len(work)
+        out["expansion_outcomes"] = dict(outcome)
+        out["expansion_s"] = round(time.monotonic() - t0, 3)
+        wanted = self.final_state(
+            lambda docs: all(
+                sorted(p.isr) == sorted(p.replicas) and p.leader == p.replicas[0]
+                for t in docs.values()
+                for p in t.partitions
+            ),
+            self.s.preferred_delay_s + 60,
+        )
+        self.completion(out, wanted, t0)
+
+    def _pod_gone(self, victim: int) -> bool:
+        try:
+            self.core.read_namespaced_pod(f"sluice-broker-{victim}", self.namespace)
+        except Exception as exc:
+            return getattr(exc, "status", None) == 404
+        return False
 
     # -- the whole run ---------------------------------------------------------------------------
 
@@ -1036,6 +1087,9 @@ class Simulation:
             self.kill(victim)
             if "return" in self.s.scenarios and time.monotonic() < self.deadline:
                 self.comeback(victim)
+        if "rolling" in self.s.scenarios and time.monotonic() < self.deadline:
+            self.settle("before the rolling restart")
+            self.rolling(min(self.s.rolling_brokers, self.s.brokers))
         self.results["seconds"] = round(time.time() - started, 1)
         self.results["machine"]["load_at_end"] = os.getloadavg()[0]
         return self.results
@@ -1210,8 +1264,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=10.0, help="the operator's NotReady grace period (s)")
     parser.add_argument("--preferred-delay", type=float, default=10.0, help="SLUICE_PREFERRED_LEADER_DELAY_S")
     parser.add_argument(
-        "--scenarios", nargs="+", default=["steady", "kill", "return"], choices=["steady", "kill", "return"]
+        "--scenarios",
+        nargs="+",
+        default=["steady", "kill", "return"],
+        choices=["steady", "kill", "return", "rolling"],
+        help="rolling: a rolling restart of --rolling-brokers brokers (not in the default set: minutes)",
     )
+    parser.add_argument("--rolling-brokers", type=int, default=10)
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per broker count, at most")
     parser.add_argument("--stem", default="metadata-scale", help="results file names in bench/results/")
     args = parser.parse_args(argv)
@@ -1230,6 +1289,7 @@ def main(argv: list[str] | None = None) -> int:
             preferred_delay_s=args.preferred_delay,
             scenarios=list(args.scenarios),
             budget_s=args.budget,
+            rolling_brokers=args.rolling_brokers,
         )
         log(f"== {n} brokers ==")
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:
