@@ -1193,11 +1193,22 @@ def markdown(runs: dict[str, Any]) -> str:
         for sc in run["scenarios"]:
             extra = {
                 k: sc[k]
-                for k in ("churn_outcomes", "expansion_leaders", "expansion_outcomes", "alive_again_s", "completed")
+                for k in (
+                    "churn_outcomes",
+                    "expansion_leaders",
+                    "expansion_passes",
+                    "expansion_outcomes",
+                    "expansion_s",
+                    "alive_again_s",
+                    "completed",
+                    "watchers_missing_final_state",
+                )
                 if k in sc
             }
             if extra:
                 lines.append(f"- {sc['scenario']}: {json.dumps(extra, sort_keys=True)}")
+            for step in sc.get("steps", []):
+                lines.append(f"  - {json.dumps(step, sort_keys=True)}")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -1227,8 +1238,10 @@ def chart(runs: dict[str, Any], path: Path) -> None:
     ax.plot(
         xs, figure("return", lambda sc: sc["watch"]["bytes_total"] / 1e6), "s-", label="return: watch MB (all brokers)"
     )
+    ax.plot(xs, figure("rolling", lambda sc: sc["watch"]["bytes_total"] / 1e6), "^-", label="rolling restart: watch MB")
+    ax.set_yscale("log")
     ax.set_xlabel("brokers")
-    ax.set_ylabel("MB")
+    ax.set_ylabel("MB (log)")
     ax.set_title("watch egress per failover")
     ax.legend(fontsize=8)
     ax = axes[1]
@@ -1288,9 +1301,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rolling-brokers", type=int, default=10)
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per broker count, at most")
     parser.add_argument("--stem", default="metadata-scale", help="results file names in bench/results/")
+    parser.add_argument("--report-only", action="store_true", help="write the .md and .png from the .json again")
     args = parser.parse_args(argv)
     path = RESULTS / f"{args.stem}.json"
     runs: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if args.report_only:
+        write_reports(runs, args.stem)
+        return 0
     for n in args.brokers:
         settings = Settings(
             brokers=n,
