@@ -590,6 +590,9 @@ class Settings:
     scenarios: list[str]
     budget_s: float
     rolling_brokers: int = 10
+    # the brokers (watch streams, their stores, the observers) act as one ServiceAccount, as a chart's
+    # brokers do, so API Priority and Fairness puts them in workload-low; else as system:masters (exempt)
+    service_account: bool = False
 
 
 @dataclass
@@ -633,6 +636,7 @@ class Simulation:
         self.core: Any = None
         self.custom: Any = None
         self.raw: KubernetesMetadataStore | None = None  # uncounted: the harness's own reads
+        self.broker_kubeconfig: Path = workdir / "kubeconfig-unset"
         self.results: dict[str, Any] = {}
 
     # -- set-up ------------------------------------------------------------------------------
@@ -659,7 +663,11 @@ class Simulation:
         self.core = client.CoreV1Api(admin)
         self.custom = client.CustomObjectsApi(admin)
         self.raw = KubernetesMetadataStore.from_url(self.url)
-        self.broker_store = CountingStore(KubernetesMetadataStore.from_url(self.url))
+        self.broker_kubeconfig = kubeconfig
+        if self.s.service_account:
+            self.broker_kubeconfig = self._broker_service_account()
+        broker_url = f"kubernetes://{self.namespace}?kubeconfig={self.broker_kubeconfig}"
+        self.broker_store = CountingStore(KubernetesMetadataStore.from_url(broker_url))
         n = self.s.brokers
         log(f"registering {n} simulated brokers and their Pods")
         for i in range(n):
@@ -684,9 +692,11 @@ class Simulation:
             raise RuntimeError("the controller did not take its Lease within 60 s")
         log(f"starting {n} watch streams and {self.s.observers} observer ClusterView(s)")
         for i in range(n):
-            self.brokers[i].watcher = Watcher(f"b{i}", kubeconfig, self.namespace, self.decoder, self.deadline).start()
+            self.brokers[i].watcher = Watcher(
+                f"b{i}", self.broker_kubeconfig, self.namespace, self.decoder, self.deadline
+            ).start()
         for j in range(self.s.observers):
-            self.observers.append(Observer(f"o{j}", self.url, self.config(10_000 + j), self.deadline).start())
+            self.observers.append(Observer(f"o{j}", broker_url, self.config(10_000 + j), self.deadline).start())
         ok = wait_until(
             lambda: all(b.watcher is not None and b.watcher.synced.is_set() for b in self.brokers.values()), 120
         )
@@ -694,6 +704,22 @@ class Simulation:
             raise RuntimeError("the watch streams did not sync within 120 s")
         wait_until(lambda: all(len(o.view.topics) >= self.s.topics for o in self.observers), 60)
         self.settle("start-up")
+
+    def _broker_service_account(self) -> Path:
+        """A kubeconfig for the ServiceAccount ``sluice-broker``, allowed MetadataDocuments only."""
+        rules = {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["*"]}
+        role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "sluice-broker"}}
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "sluice-broker"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sluice-broker"},
+            "subjects": [{"kind": "ServiceAccount", "name": "sluice-broker", "namespace": self.namespace}],
+        }
+        self.plane.apply(json.dumps({**role, "rules": [rules]}), namespace=self.namespace)
+        self.plane.apply(json.dumps(binding), namespace=self.namespace)
+        path: Path = self.plane.service_account_kubeconfig(self.namespace, "sluice-broker")
+        return path
 
     def _create_pod(self, i: int) -> None:
         self.core.create_namespaced_pod(
@@ -1299,6 +1325,11 @@ def main(argv: list[str] | None = None) -> int:
         help="rolling: a rolling restart of --rolling-brokers brokers (not in the default set: minutes)",
     )
     parser.add_argument("--rolling-brokers", type=int, default=10)
+    parser.add_argument(
+        "--as-service-account",
+        action="store_true",
+        help="brokers act as one ServiceAccount (APF workload-low), not as system:masters (APF-exempt)",
+    )
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per broker count, at most")
     parser.add_argument("--stem", default="metadata-scale", help="results file names in bench/results/")
     parser.add_argument("--report-only", action="store_true", help="write the .md and .png from the .json again")
@@ -1322,6 +1353,7 @@ def main(argv: list[str] | None = None) -> int:
             scenarios=list(args.scenarios),
             budget_s=args.budget,
             rolling_brokers=args.rolling_brokers,
+            service_account=args.as_service_account,
         )
         log(f"== {n} brokers ==")
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:
