@@ -46,6 +46,13 @@ Scenarios (``--scenarios``):
   leader of a partition it replicates adds it back to the ISR (each leader one partition at a
   time, all leaders at once, as their followers catch up), and the controller hands preferred
   leaderships back after ``--preferred-delay``.
+* ``rolling`` (not in the default set: minutes): a rolling restart of ``--rolling-brokers``
+  brokers, one after the other as a StatefulSet does it: the Pod is deleted (the operator takes a
+  deleted Pod as dead at once: the controlled shutdown), then the broker returns as above.
+
+By default the brokers authenticate as the control plane's admin (``system:masters``), which API
+Priority and Fairness exempts; ``--as-service-account`` makes them one ServiceAccount allowed
+MetadataDocuments only, as a chart's brokers are, so APF puts them in ``workload-low``.
 
 Measured per scenario: API-server requests by verb and code (``apiserver_request_total`` deltas,
 409 conflicts), the store calls and bytes of the simulated brokers and of the controller (by
@@ -59,6 +66,9 @@ topic document).
 Results: ``bench/results/metadata-scale.json`` (every run, keyed by broker count: a run replaces
 its own entry and keeps the others), ``metadata-scale.md`` (tables) and ``metadata-scale.png``
 (the curves over broker counts; matplotlib from the ``bench`` extra, skipped when absent).
+
+Not built yet: the issue's 10,000 TransactionalIds scenario (the operator's TransactionalId
+timers are Kopf handlers that ask real brokers for DescribeTransactions).
 
 Every wait here is bounded in time and every loop in count; the control plane is stopped at the
 end, whatever happens.
