@@ -8,7 +8,9 @@ stays Terminating). Tests that need "pods" create Pod objects and set their stat
 What :class:`TestControlPlane` starts, in a work directory of its own:
 
 * etcd, listening on a free loopback port, data in ``<workdir>/etcd`` (``--unsafe-no-fsync``:
-  the data is thrown away after the run, and fsync on a shared disk is what makes etcd slow);
+  the data is thrown away after the run, and fsync on a shared disk is what makes etcd slow;
+  ``etcd_fsync=True`` keeps fsync on, for measurements whose write latencies must be real:
+  bench/metadata_scale.py);
 * kube-apiserver on ``https://127.0.0.1:<free port>`` with
 
   - a CA made for this run (:mod:`sluice.tls`, the brokers' own certificate code) and a serving certificate for
@@ -312,8 +314,16 @@ class TestControlPlane(KubeCluster):
 
     __test__ = False  # a class named Test... is not a pytest test class
 
-    def __init__(self, workdir: Path, *, bin_dir: Path | None = None, extra_apiserver_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        bin_dir: Path | None = None,
+        extra_apiserver_args: Sequence[str] = (),
+        etcd_fsync: bool = False,
+    ) -> None:
         bin_dir = bin_dir if bin_dir is not None else find_bin_dir()
+        self.etcd_fsync = etcd_fsync
         workdir.mkdir(parents=True, exist_ok=True)
         super().__init__(workdir / "kubeconfig", "", bin_dir, workdir)
         self.extra_apiserver_args = list(extra_apiserver_args)
@@ -361,7 +371,7 @@ class TestControlPlane(KubeCluster):
                 f"--initial-advertise-peer-urls=http://{host}:{peer_port}",
                 f"--initial-cluster=sluice-test=http://{host}:{peer_port}",
                 "--initial-cluster-state=new",
-                "--unsafe-no-fsync",
+                *([] if self.etcd_fsync else ["--unsafe-no-fsync"]),
                 "--log-level=warn",
             ],
             self.workdir / "etcd.log",

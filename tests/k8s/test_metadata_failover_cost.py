@@ -1,0 +1,69 @@
+"""What one broker failure costs the metadata path, on the real API server: a budget that fails when it grows.
+
+A small version of bench/metadata_scale.py (issue 28): the real controller
+(:class:`sluice.operator.controller.kubernetes.KubernetesController`) over a counting store
+(:class:`bench.metadata_scale.CountingStore`), simulated brokers with Pods and watch streams, two
+real ClusterViews; one broker is killed (Pod NotReady, stream cut) and comes back. The test
+fails when the writes or the bytes of a failover grow beyond what today's design costs, so a
+change that makes them worse is seen, and a change that makes them better lowers the bounds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.metadata_scale import Settings, Simulation
+from tests.support.k8s_env import KubeCluster
+
+BROKERS = 6
+TOPICS = 4
+PARTITIONS = 30  # RF 3 over 6 brokers: every topic has partitions on every broker
+
+# Today's figures (2026-11-28, this shape: 6 brokers, 4 topics x 30 partitions, RF 3; a topic
+# document is ~2.4 KB). The kill: the controller rewrites each topic document once (the dead broker
+# is in every topic: elections and ISR fencing in one write) and the controller document twice (the
+# broker NotReady: no longer live; then dead after the grace period): 6 writes carrying 9.6 KB.
+# Each broker's watch then carries those 6 events: 12 to 15 KB. Bounds: the writes exactly (a
+# second write per topic, say elections and fencing split over two rounds, is the regression this
+# catches); bytes at 2x today's, since a document's JSON varies with epochs and ISR order.
+KILL_MAX_CONTROLLER_WRITES = TOPICS + 2
+KILL_MAX_CONTROLLER_BYTES = 2 * 10_000
+KILL_MAX_WATCH_BYTES_PER_BROKER = 2 * 15_000
+# The return: every leader adds the broker back to each ISR one partition at a time, all leaders at
+# once, each a whole-document compare-and-set: the broker's 60 replicas took 110 replace calls, 49 of
+# them 409s of leaders racing on one document; then the controller's preferred-leader moves (one
+# write per topic). Each broker's watch carried 66 whole-document events, 211 KB (the returning one
+# relists). Bounds: 409s at 3x the expansions (a storm past it fails the test), watch bytes at 2x
+# today's per broker.
+RETURN_MAX_409 = 3 * 60
+RETURN_MAX_WATCH_BYTES_PER_BROKER = 2 * 250_000
+
+
+def test_a_broker_failure_and_return_stay_within_todays_cost(k8s: KubeCluster, tmp_path: Path) -> None:
+    settings = Settings(
+        brokers=BROKERS,
+        topics=TOPICS,
+        partitions=PARTITIONS,
+        replication_factor=3,
+        churn_rates=[],
+        churn_seconds=0,
+        observers=2,
+        grace_s=1.0,
+        preferred_delay_s=1.0,
+        scenarios=["kill", "return"],
+        budget_s=240,
+    )
+    sim = Simulation(settings, tmp_path, plane=k8s)
+    try:
+        results = sim.run()
+    finally:
+        sim.close()
+    kill, back = results["scenarios"]
+    print(kill, back, sep="\n")
+    assert kill["completed"] and back["completed"], (kill, back)
+    assert kill["watchers_missing_final_state"] == 0 and back["watchers_missing_final_state"] == 0
+    assert kill["controller_store"]["writes"] <= KILL_MAX_CONTROLLER_WRITES, kill["controller_store"]
+    assert kill["controller_store"]["bytes_written"] <= KILL_MAX_CONTROLLER_BYTES, kill["controller_store"]
+    assert kill["watch"]["bytes_per_broker_max"] <= KILL_MAX_WATCH_BYTES_PER_BROKER, kill["watch"]
+    assert back["server"]["conflicts_409"] <= RETURN_MAX_409, back["server"]
+    assert back["watch"]["bytes_per_broker_max"] <= RETURN_MAX_WATCH_BYTES_PER_BROKER, back["watch"]
