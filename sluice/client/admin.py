@@ -651,11 +651,12 @@ class Admin:
                 ]  # fmt: skip
                 yield TopicPartition(p.topic, p.partition), p.error_code, p.error_message, producers
 
+        wanted = list(dict.fromkeys(partitions))  # read once: ``partitions`` may be a one-shot iterator
         found = call_leaders(
-            self._cluster, partitions, rpcs.DESCRIBE_PRODUCERS, request_of, answers_of, self._timeout,
+            self._cluster, wanted, rpcs.DESCRIBE_PRODUCERS, request_of, answers_of, self._timeout,
             self._deadline(timeout), "producers",
         )  # fmt: skip
-        return {tp: found[tp] for tp in dict.fromkeys(partitions)}
+        return {tp: found[tp] for tp in wanted}
 
     def abort_transaction(
         self,
