@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -59,13 +57,30 @@ def test_interpolate_between_samples_and_clamps_outside() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc accounting is Linux's")
 def test_tree_cpu_counts_a_child_that_burns_cpu() -> None:
-    """A child burning ~0.3 s of CPU shows in our tree while it runs and after it is reaped."""
-    before = sysstat.sample({"me": [os.getpid()]}).cpu_s["me"]
+    """A child burning ~0.3 s of CPU shows in its parent's tree after it is reaped.
+
+    The tree is rooted at a fresh parent process, not at pytest: pytest's own tree holds whatever
+    earlier tests left running, and a grandchild that exits orphaned takes its CPU time with it.
+    """
     burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
-    child = subprocess.Popen([sys.executable, "-c", burn])
-    deadline = time.monotonic() + 60
-    while child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    child.wait(timeout=60)
-    after = sysstat.sample({"me": [os.getpid()]}).cpu_s["me"]
+    parent_code = (
+        "import subprocess, sys\n"
+        "sys.stdin.readline()\n"
+        f"subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n"
+        "print('done', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert parent.stdin is not None and parent.stdout is not None
+    try:
+        before = sysstat.sample({"p": [parent.pid]}).cpu_s["p"]
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "done"
+        after = sysstat.sample({"p": [parent.pid]}).cpu_s["p"]
+    finally:
+        parent.stdin.close()
+        parent.wait(timeout=60)
     assert after - before >= 0.25
