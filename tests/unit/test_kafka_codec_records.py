@@ -64,6 +64,21 @@ def test_conversion_to_a_sluice_batch_keeps_every_field() -> None:
     ]
 
 
+@pytest.mark.parametrize("delta_ms", [0, 1, 63, 64, 8191, 8192, 9_000_000])
+@pytest.mark.parametrize("value_size", [0, 50, 63, 64, 8100, 8200, 70_000])
+def test_conversion_reads_one_two_and_three_byte_varints(delta_ms: int, value_size: int) -> None:
+    """Record lengths and timestamp deltas take one, two or more varint bytes (each has its own path)."""
+    builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 22)
+    values = [bytes([i]) * value_size for i in range(3)]
+    for i, value in enumerate(values):
+        builder.append(i, 1_700_000_000_000 + i * delta_ms, None, value, [])
+    header, batch = split_batches(bytes(builder.build()))[0]
+    records = decode_records(to_sluice_batch(header, batch))
+    assert [(r.offset, r.timestamp, r.value) for r in records] == [
+        (i, 1_700_000_000_000 + i * delta_ms, v) for i, v in enumerate(values)
+    ]
+
+
 def test_several_batches_in_one_records_field() -> None:
     data = kafka_batch() + kafka_batch(COMPRESSION_GZIP)
     assert [h.compression for h, _ in split_batches(data)] == [COMPRESSION_NONE, COMPRESSION_GZIP]

@@ -244,12 +244,18 @@ def _to_sluice_records(buf: bytes, count: int, base_ts: int) -> tuple[bytes, int
         b = buf[pos]
         if b < 0x80:
             length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        elif buf[pos + 1] < 0x80:  # records of 64 bytes to 8 KiB: two bytes
+            raw = (b & 0x7F) | (buf[pos + 1] << 7)
+            length, pos = (raw >> 1) ^ -(raw & 1), pos + 2
         else:
             length, pos = varint(buf, pos)
         end = pos + length
         b = buf[pos + 1]  # after the record's attributes byte (unused)
         if b < 0x80:
             ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 2
+        elif buf[pos + 2] < 0x80:  # a batch spanning 64 ms to 8 s: two bytes
+            raw = (b & 0x7F) | (buf[pos + 2] << 7)
+            ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 3
         else:
             ts_delta, pos = varint(buf, pos + 1)
         b = buf[pos]
