@@ -23,6 +23,13 @@ The CRC covers :data:`CRC_HEADER` (producer_id .. timestamp_type, the fields
 the producer sets) followed by the compressed blob; base_offset and
 partition_leader_epoch are assigned by the broker and are not covered.
 
+A batch may instead carry Kafka's own encoding (``records_format`` RECORDS_FORMAT_KAFKA_V2):
+the records section of a v2 RecordBatch exactly as a Kafka client sent it, compressed as sent,
+with the v2 batch's own CRC (:func:`compute_crc` knows both definitions). The Kafka listener
+stores what Kafka's producers send that way, so neither Produce nor a Kafka consumer's Fetch
+touches a record; :func:`decode_record_tuples` reads both encodings, and :func:`to_sluice_format`
+converts for clients that only read Sluice's.
+
 Control batches (transaction markers) hold one record whose key is
 ``int16 version (0), int16 type (0 abort, 1 commit)`` and whose value is
 ``int16 version (0), int32 coordinator_epoch``, as Kafka's do.
@@ -33,7 +40,7 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import crc32c as _crc32c
@@ -45,6 +52,7 @@ from sluice.api.v1.records_pb2 import RecordBatch
 
 __all__ = [
     "CRC_HEADER",
+    "KAFKA_V2",
     "RECORD_STRUCT",
     "BatchBuilder",
     "Record",
@@ -55,14 +63,23 @@ __all__ = [
     "decode_record_tuples",
     "decode_records",
     "decompress",
+    "iter_v2_records",
     "parse_control",
     "read_headers",
     "serialize_encoded",
+    "to_sluice_format",
+    "v2_attributes",
+    "v2_crc_header",
     "varint",
     "verify_crc",
+    "zigzag_varint",
 ]
 
 CRC_HEADER = struct.Struct(">qiiBBiqqBB")
+# A Kafka v2 batch's fields under its CRC: attributes, last offset delta, base and max timestamp,
+# producer id, epoch, base sequence, record count (the 61-byte header's last 40 bytes).
+V2_CRC_HEADER = struct.Struct(">hiqqqhii")
+KAFKA_V2 = records_pb2.RECORDS_FORMAT_KAFKA_V2
 _RECORD = RECORD_STRUCT = struct.Struct(">iqiiH")  # the fixed part of a record (see the module docstring)
 _RECORD_SIZE = _RECORD.size
 _pack_record = _RECORD.pack
@@ -134,7 +151,8 @@ def decompress(data: bytes, codec: int) -> bytes:
         if codec == records_pb2.COMPRESSION_LZ4:
             return bytes(lz4.frame.decompress(data))
         if codec == records_pb2.COMPRESSION_ZSTD:
-            return bytes(_ZSTD_D.decompress(data))
+            # a stream decoder: frames written by Kafka's Java clients carry no content size
+            return bytes(_ZSTD_D.decompressobj().decompress(data))
         if codec == records_pb2.COMPRESSION_GZIP:
             return zlib.decompress(data, wbits=31)
     except Exception as exc:  # each codec raises its own error type
@@ -142,7 +160,37 @@ def decompress(data: bytes, codec: int) -> bytes:
     raise RecordDecodeError(f"unsupported compression codec {codec}")
 
 
+def v2_attributes(batch: RecordBatch) -> int:
+    """The attributes field of ``batch`` as a Kafka v2 batch header spells it.
+
+    Sluice's compression numbers are Kafka's codec ids (none 0, gzip 1, lz4 3, zstd 4)."""
+    attributes = int(batch.compression)
+    if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
+        attributes |= 0x08
+    if batch.transactional:
+        attributes |= 0x10
+    if batch.control:
+        attributes |= 0x20
+    return attributes
+
+
+def v2_crc_header(batch: RecordBatch) -> bytes:
+    """The 40 bytes of a v2 header that its CRC covers, for a batch in Kafka's records format."""
+    return V2_CRC_HEADER.pack(
+        v2_attributes(batch),
+        batch.record_count - 1,  # Kafka's producers number a batch's records 0..n-1 (checked on produce)
+        batch.first_timestamp,
+        batch.max_timestamp,
+        batch.producer_id,
+        batch.producer_epoch,
+        batch.base_sequence,
+        batch.record_count,
+    )
+
+
 def compute_crc(batch: RecordBatch) -> int:
+    if batch.records_format == KAFKA_V2:
+        return int(_crc32c.crc32c(batch.records, _crc32c.crc32c(v2_crc_header(batch))))
     return _crc(
         batch.producer_id,
         batch.producer_epoch,
@@ -422,6 +470,8 @@ def decode_record_tuples(batch: RecordBatch, min_offset: int = 0) -> list[Record
     and value slices and the headers list. Records below ``min_offset`` are
     decoded (to step over them) but not returned.
     """
+    if batch.records_format == KAFKA_V2:
+        return _decode_v2_tuples(batch, min_offset)
     data = decompress(batch.records, batch.compression)
     out: list[RecordTuple] = []
     append = out.append
@@ -458,6 +508,100 @@ def decode_record_tuples(batch: RecordBatch, min_offset: int = 0) -> list[Record
                 append((offset, max_ts if log_append else first_ts + ts_delta, key, value, headers))
     except (struct.error, UnicodeDecodeError) as exc:
         raise RecordDecodeError(f"malformed records in batch at offset {base}: {exc}") from exc
+    return out
+
+
+def zigzag_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint (Kafka's record fields) at ``pos``: (value, next position)."""
+    raw = shift = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (raw >> 1) ^ -(raw & 1), pos
+        shift += 7
+        if shift > 63:
+            raise RecordDecodeError("varint longer than 64 bits")
+
+
+V2Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
+
+
+def iter_v2_records(buf: bytes, count: int) -> Iterator[V2Record]:
+    """``count`` records of a v2 records section (uncompressed): (offset delta, timestamp delta, key,
+    value, headers), header values None where Kafka's are null. Raises RecordDecodeError, IndexError
+    or UnicodeDecodeError on malformed bytes."""
+    varint = zigzag_varint
+    pos = 0
+    for _ in range(count):
+        length, pos = varint(buf, pos)
+        end = pos + length
+        pos += 1  # the record's attributes (unused)
+        ts_delta, pos = varint(buf, pos)
+        offset_delta, pos = varint(buf, pos)
+        klen, pos = varint(buf, pos)
+        key = None if klen < 0 else buf[pos : pos + klen]
+        pos += max(klen, 0)
+        vlen, pos = varint(buf, pos)
+        value = None if vlen < 0 else buf[pos : pos + vlen]
+        pos += max(vlen, 0)
+        hcount, pos = varint(buf, pos)
+        headers: list[tuple[str, bytes | None]] = []
+        for _ in range(hcount):
+            hklen, pos = varint(buf, pos)
+            hkey = buf[pos : pos + hklen].decode()
+            pos += hklen
+            hvlen, pos = varint(buf, pos)
+            headers.append((hkey, None if hvlen < 0 else buf[pos : pos + hvlen]))
+            pos += max(hvlen, 0)
+        if pos != end or end > len(buf) or klen < -1 or vlen < -1 or hcount < 0:
+            raise RecordDecodeError(f"record of {length} bytes does not match its fields")
+        yield offset_delta, ts_delta, key, value, headers
+
+
+def _decode_v2_tuples(batch: RecordBatch, min_offset: int) -> list[RecordTuple]:
+    """:func:`decode_record_tuples` for a batch in Kafka's records format.
+
+    A null header value (which Kafka's format has and Sluice's records do not) reads as empty."""
+    data = decompress(batch.records, batch.compression)
+    base, base_ts = batch.base_offset, batch.first_timestamp
+    log_append = batch.timestamp_type == records_pb2.LOG_APPEND_TIME
+    out: list[RecordTuple] = []
+    try:
+        for delta, ts_delta, key, value, headers in iter_v2_records(data, batch.record_count):
+            offset = base + delta
+            if offset >= min_offset:
+                ts = batch.max_timestamp if log_append else base_ts + ts_delta
+                out.append((offset, ts, key, value, [(k, b"" if v is None else v) for k, v in headers]))
+    except (IndexError, UnicodeDecodeError, RecordDecodeError) as exc:
+        raise RecordDecodeError(f"malformed Kafka records in batch at offset {base}: {exc}") from exc
+    return out
+
+
+def to_sluice_format(batch: RecordBatch) -> RecordBatch:
+    """A batch in Kafka's records format re-encoded in Sluice's (same offsets, producer fields,
+    timestamps and flags), for a gRPC client that reads only Sluice's encoding; others as they are."""
+    if batch.records_format != KAFKA_V2:
+        return batch
+    tuples = decode_record_tuples(batch)
+    builder = BatchBuilder()
+    for offset, ts, key, value, headers in tuples:
+        if offset - batch.base_offset != builder.count:
+            raise RecordDecodeError(f"batch at offset {batch.base_offset} skips offset {offset}")
+        builder.append(key, value, headers, ts)
+    out = builder.build(
+        producer_id=batch.producer_id,
+        producer_epoch=batch.producer_epoch,
+        base_sequence=batch.base_sequence,
+        transactional=batch.transactional,
+    )
+    out.base_offset = batch.base_offset
+    out.partition_leader_epoch = batch.partition_leader_epoch
+    if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
+        out.timestamp_type = records_pb2.LOG_APPEND_TIME
+        out.max_timestamp = batch.max_timestamp
+        out.crc = compute_crc(out)
     return out
 
 
@@ -509,4 +653,5 @@ BATCH_SUMMARY_FIELDS = (
     "compression",
     "crc",
     "records_sha256",
+    "records_format",
 )

@@ -19,7 +19,9 @@ from typing import Any
 import crc32c
 import pytest
 
+from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin, Consumer, Producer, TopicPartition
+from sluice.records import decode_records, verify_crc
 from sluice.testing import LocalCluster
 
 kafka = pytest.importorskip("kafka")  # the dev extra installs kafka-python
@@ -31,8 +33,8 @@ from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
 from kafka.record.legacy_records import LegacyRecordBatchBuilder  # noqa: E402
 from kafka.record.memory_records import MemoryRecords  # noqa: E402
 
-from .helpers import read_topic  # noqa: E402
 from .test_kafka_listener import ask, connect, kafka_address, read_frame  # noqa: E402
+from .wire import Wire  # noqa: E402
 
 TS = 1_700_000_000_000
 CORRUPT_MESSAGE, NOT_LEADER_OR_FOLLOWER, INVALID_RECORD, UNKNOWN_TOPIC_ID = 2, 6, 87, 100
@@ -221,20 +223,39 @@ def partition_answer(resp: Any) -> tuple[int, int]:
     return p.error_code, p.base_offset
 
 
-def test_a_null_header_value_is_refused_naming_the_record_and_the_header(kcluster: LocalCluster) -> None:
-    """INVALID_RECORD with the reason in error_message and KIP-467's record_errors (the Java client shows them)."""
-    topic = "kafka-null-header"
+def test_kafka_batches_are_stored_as_sent_and_every_kind_of_client_reads_them(kcluster: LocalCluster) -> None:
+    """A v2 batch (a null header value included, which Sluice's own record encoding cannot hold) is
+    stored as sent: a Kafka consumer gets it back byte for byte, Sluice's client decodes Kafka's
+    encoding itself, and a gRPC client that does not ask for it gets Sluice's encoding."""
+    topic = "kafka-as-sent"
     create(kcluster, topic)
     builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
     builder.append(0, TS, None, b"fine", [("h", b"x")])
-    builder.append(1, TS + 1, None, b"null header", [("trace", None)])
-    [answer] = produce_raw(kcluster, 9, topic, bytes(builder.build())).responses
+    builder.append(1, TS + 1, b"k", b"null header", [("trace", None)])
+    sent = bytes(builder.build())
+    [answer] = produce_raw(kcluster, 9, topic, sent).responses
     [p] = answer.partition_responses
-    assert p.error_code == INVALID_RECORD
-    assert "record 1 of the batch: header 'trace' has a null value" in p.error_message
-    assert "send an empty value, or leave the header out" in p.error_message
-    assert [(e.batch_index, e.batch_index_error_message) for e in p.record_errors] == [(1, p.error_message)]
-    assert read_topic(kcluster.bootstrap_servers, topic) == []  # the whole batch refused
+    assert (p.error_code, p.base_offset) == (0, 0)
+    assert kafka_read(kcluster, topic, "read_uncommitted") == [
+        (0, None, b"fine", [("h", b"x")], TS),
+        (1, b"k", b"null header", [("trace", None)], TS + 1),
+    ]
+    assert grpc_read(kcluster, topic, "read_committed", 2) == [
+        (0, None, b"fine", [("h", b"x")], TS),
+        (1, b"k", b"null header", [("trace", b"")], TS + 1),
+    ]
+    wire = Wire(kcluster.brokers[0].address)
+    try:
+        [as_stored] = wire.fetch(topic, 0, kafka_v2_records=True).batches
+        [converted] = wire.fetch(topic, 0).batches
+    finally:
+        wire.close()
+    assert as_stored.records_format == pb.RECORDS_FORMAT_KAFKA_V2 and as_stored.records == sent[61:]
+    assert converted.records_format == pb.RECORDS_FORMAT_SLUICE and verify_crc(converted)
+    assert [(r.offset, r.key, r.value, r.headers) for r in decode_records(converted)] == [
+        (0, None, b"fine", [("h", b"x")]),
+        (1, b"k", b"null header", [("trace", b"")]),
+    ]
 
 
 def test_produce_versions_and_refusals(kcluster: LocalCluster) -> None:

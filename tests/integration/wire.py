@@ -78,8 +78,10 @@ class Wire:
         offset: int = 0,
         read_committed: bool = True,
         max_wait_ms: int = 0,
+        kafka_v2_records: bool = False,
     ) -> bpb.FetchPartitionResponse:
         req = bpb.FetchRequest(
+            kafka_v2_records=kafka_v2_records,
             max_wait_ms=max_wait_ms,
             min_bytes=1,
             isolation_level=pb.READ_COMMITTED if read_committed else pb.READ_UNCOMMITTED,

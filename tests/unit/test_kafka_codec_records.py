@@ -8,6 +8,7 @@ import crc32c
 import pytest
 
 from sluice import errors
+from sluice.api.v1 import records_pb2
 from sluice.broker.kafka.record_batch import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,
@@ -15,12 +16,21 @@ from sluice.broker.kafka.record_batch import (
     COMPRESSION_ZSTD,
     HEADER_SIZE,
     BatchHeader,
-    RecordRefusedError,
     iter_records,
     split_batches,
-    to_sluice_batch,
+    to_stored_batch,
+    to_v2_batch,
 )
-from sluice.records import BatchBuilder, decode_records, verify_crc
+from sluice.records import (
+    KAFKA_V2,
+    BatchBuilder,
+    RecordBatch,
+    RecordDecodeError,
+    compress,
+    decode_records,
+    to_sluice_format,
+    verify_crc,
+)
 
 default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
 
@@ -53,27 +63,41 @@ def test_records_of_kafka_python_batches(codec: int) -> None:
     assert [(k, v, h) for _, _, k, v, h in got] == RECORDS
 
 
-def test_conversion_to_a_sluice_batch_keeps_every_field() -> None:
-    header, batch = split_batches(kafka_batch(COMPRESSION_LZ4, pid=9, epoch=1, seq=0))[0]
-    converted = to_sluice_batch(header, batch)
-    assert verify_crc(converted)
-    assert (converted.producer_id, converted.producer_epoch, converted.base_sequence) == (9, 1, 0)
-    records = decode_records(converted)
+def stored_at(header: BatchHeader, batch: bytes | memoryview, offset: int = 1000, epoch: int = 4) -> RecordBatch:
+    """The batch as the broker stores it once appended at ``offset`` by a leader of ``epoch``."""
+    out = to_stored_batch(header, batch)
+    out.base_offset, out.partition_leader_epoch = offset, epoch
+    return out
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_LZ4, COMPRESSION_ZSTD])
+def test_a_stored_batch_keeps_every_field_and_goes_back_to_kafka_byte_for_byte(codec: int) -> None:
+    data = kafka_batch(codec, transactional=True, pid=9, epoch=1, seq=0)
+    header, batch = split_batches(data)[0]
+    stored = stored_at(header, batch)
+    assert stored.records_format == KAFKA_V2 and verify_crc(stored)
+    assert (stored.producer_id, stored.producer_epoch, stored.base_sequence) == (9, 1, 0)
+    assert stored.transactional and stored.record_count == len(RECORDS) and stored.compression == codec
+    assert stored.records == data[HEADER_SIZE:]  # as sent, still compressed
+    records = decode_records(stored)  # what Sluice's own client reads
     assert [(r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in records] == [
-        (i, 1_700_000_000_000 + i, k, v, h) for i, (k, v, h) in enumerate(RECORDS)
+        (1000 + i, 1_700_000_000_000 + i, k, v, h) for i, (k, v, h) in enumerate(RECORDS)
     ]
+    fetched = bytearray(data)
+    struct.pack_into(">qii", fetched, 0, 1000, len(data) - 12, 4)  # what the broker assigned
+    assert to_v2_batch(stored) == bytes(fetched)
 
 
 @pytest.mark.parametrize("delta_ms", [0, 1, 63, 64, 8191, 8192, 9_000_000])
 @pytest.mark.parametrize("value_size", [0, 50, 63, 64, 8100, 8200, 70_000])
-def test_conversion_reads_one_two_and_three_byte_varints(delta_ms: int, value_size: int) -> None:
-    """Record lengths and timestamp deltas take one, two or more varint bytes (each has its own path)."""
+def test_stored_records_read_with_one_two_and_three_byte_varints(delta_ms: int, value_size: int) -> None:
+    """Record lengths and timestamp deltas take one, two or more varint bytes."""
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 22)
     values = [bytes([i]) * value_size for i in range(3)]
     for i, value in enumerate(values):
         builder.append(i, 1_700_000_000_000 + i * delta_ms, None, value, [])
     header, batch = split_batches(bytes(builder.build()))[0]
-    records = decode_records(to_sluice_batch(header, batch))
+    records = decode_records(stored_at(header, batch, offset=0))
     assert [(r.offset, r.timestamp, r.value) for r in records] == [
         (i, 1_700_000_000_000 + i * delta_ms, v) for i, v in enumerate(values)
     ]
@@ -132,31 +156,31 @@ def test_records_that_lie_about_their_length_are_corrupt() -> None:
         list(iter_records(header, batch))
 
 
-def reference_conversion(header: BatchHeader, batch: bytes | memoryview) -> bytes:
-    """The conversion as it was first written: iter_records decoded, BatchBuilder re-encoded."""
+def reference_conversion(header: BatchHeader, batch: bytes | memoryview) -> RecordBatch:
+    """What a Sluice-only client should read: iter_records decoded, BatchBuilder re-encoded."""
     builder = BatchBuilder()
     for _offset_delta, timestamp, key, value, headers in iter_records(header, batch):
-        builder.append(key, value, [(k, v) for k, v in headers if v is not None], timestamp)
-    head, records = builder.build_serialized(
+        builder.append(key, value, [(k, b"" if v is None else v) for k, v in headers], timestamp)
+    out = builder.build(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence,
         transactional=header.transactional,
     )
-    return head + records
+    out.base_offset, out.partition_leader_epoch = 1000, 4
+    return out
 
 
-def test_the_in_line_conversion_writes_the_bytes_the_builder_writes() -> None:
-    # Every varint width the in-line decoding takes: one byte, two (64 B to 8 KiB), three and
-    # more (longer values), negative timestamp deltas (out-of-order timestamps), null keys and
-    # values, empty ones, and headers.
+def test_a_client_that_reads_only_sluices_encoding_gets_the_builders_bytes() -> None:
+    # Every varint width: one byte, two (64 B to 8 KiB), three and more, negative timestamp
+    # deltas (out-of-order timestamps), null keys and values, empty ones, headers, a null header value.
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 1, 5, 2, 40, 1 << 24)
     cases = [
         (b"k", b"v", []),
         (None, b"x" * 63, []),
         (b"key" * 30, b"y" * 64, [("h", b"1")]),
         (b"", None, []),
-        (None, None, [("a", b""), ("b", b"z" * 200)]),
+        (None, None, [("a", b""), ("b", b"z" * 200), ("n", None)]),
         (b"big", b"w" * 9000, []),
         (b"huge", b"u" * 300_000, []),
     ]
@@ -164,42 +188,70 @@ def test_the_in_line_conversion_writes_the_bytes_the_builder_writes() -> None:
     for i, ((key, value, headers), ts) in enumerate(zip(cases, timestamps, strict=True)):
         builder.append(i, ts, key, value, headers)
     [(header, batch)] = split_batches(bytes(builder.build()))
-    converted = to_sluice_batch(header, batch)
-    assert converted.SerializeToString() == reference_conversion(header, batch)
+    converted = to_sluice_format(stored_at(header, batch))
+    assert converted.records_format == records_pb2.RECORDS_FORMAT_SLUICE
+    assert converted == reference_conversion(header, batch)
     assert verify_crc(converted) and converted.max_timestamp == 1_700_000_009_000
-    assert [(r.key, r.value, list(r.headers), r.timestamp) for r in decode_records(converted)] == [
-        (k, v, h, ts) for (k, v, h), ts in zip(cases, timestamps, strict=True)
-    ]
 
 
-def test_a_null_header_value_and_a_gap_in_offsets_are_refused() -> None:
+def test_a_null_header_value_is_stored_and_given_back_to_kafka_clients() -> None:
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
     builder.append(0, 1, b"k", b"v", [("h", None)])
     [(header, batch)] = split_batches(bytes(builder.build()))
-    with pytest.raises(errors.InvalidRecordError, match="record 0 of the batch: header 'h' has a null value") as exc:
-        to_sluice_batch(header, batch)
-    assert isinstance(exc.value, RecordRefusedError) and exc.value.record_index == 0
+    [record] = default_records.DefaultRecordBatch(to_v2_batch(stored_at(header, batch)))
+    assert list(record.headers) == [("h", None)]
+    assert decode_records(stored_at(header, batch))[0].headers == [("h", b"")]  # Sluice's records have no null
+
+
+def test_a_batch_whose_last_offset_delta_is_not_its_count_is_refused() -> None:
     builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
     builder.append(0, 1, b"k", b"v", [])
-    builder.append(2, 1, b"k", b"v", [])  # offset delta 2 after 0
+    builder.append(2, 1, b"k", b"v", [])  # offset delta 2 after 0: 2 records ending at delta 2
     [(header, batch)] = split_batches(bytes(builder.build()))
-    with pytest.raises(errors.InvalidRecordError, match="offset delta 2 where 1"):
-        to_sluice_batch(header, batch)
+    with pytest.raises(errors.InvalidRecordError, match="must end at offset delta 1, not 2"):
+        to_stored_batch(header, batch)
 
 
-def test_a_record_that_lies_about_its_length_is_corrupt_in_the_conversion_too() -> None:
-    builder = default_records.DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+def test_snappy_is_refused_as_unsupported() -> None:
+    data = bytearray(kafka_batch())
+    data[22] |= 2  # attributes' codec bits: snappy
+    data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
+    [(header, batch)] = split_batches(bytes(data))
+    with pytest.raises(errors.UnsupportedCompressionTypeError, match="snappy"):
+        to_stored_batch(header, batch)
+
+
+def lying(codec: int) -> tuple[BatchHeader, memoryview]:
+    """A batch whose first record claims to be two bytes longer than it is (CRC recomputed)."""
+    builder = default_records.DefaultRecordBatchBuilder(2, COMPRESSION_NONE, 0, -1, -1, -1, 1 << 20)
     builder.append(0, 1, b"k", b"v", [])
     builder.append(1, 1, b"k", b"v", [])
     data = bytearray(builder.build())
     data[HEADER_SIZE] += 2
+    if codec != COMPRESSION_NONE:
+        data[HEADER_SIZE:] = compress(bytes(data[HEADER_SIZE:]), codec)
+        struct.pack_into(">i", data, 8, len(data) - 12)
+        data[22] |= codec
     data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
-    [(header, batch)] = split_batches(bytes(data))
+    return split_batches(bytes(data))[0]
+
+
+def test_a_compressed_batch_that_lies_about_its_records_is_refused() -> None:
     with pytest.raises(errors.CorruptMessageError):
-        to_sluice_batch(header, batch)
-    truncated = bytearray(kafka_batch())
+        to_stored_batch(*lying(COMPRESSION_GZIP))
+    truncated = bytearray(kafka_batch(COMPRESSION_ZSTD))
     truncated[57:61] = struct.pack(">i", len(RECORDS) + 1)  # one record more than there are
+    truncated[23:27] = struct.pack(">i", len(RECORDS))
     truncated[17:21] = struct.pack(">I", crc32c.crc32c(bytes(truncated[21:])))
     [(header, batch)] = split_batches(bytes(truncated))
-    with pytest.raises(errors.CorruptMessageError):
-        to_sluice_batch(header, batch)
+    with pytest.raises(errors.CorruptMessageError, match="says 5 records; its records section holds 4"):
+        to_stored_batch(header, batch)
+
+
+def test_an_uncompressed_batch_is_stored_undecoded_and_its_bad_record_fails_the_reader() -> None:
+    # As Kafka leaves an uncompressed batch's records to its consumers (the CRC matched what was sent).
+    stored = stored_at(*lying(COMPRESSION_NONE))
+    with pytest.raises(RecordDecodeError, match="at offset 1000"):
+        decode_records(stored)
+    with pytest.raises(RecordDecodeError):
+        to_sluice_format(stored)

@@ -8,13 +8,15 @@ What Kafka clients produce and fetch is Kafka's batch format, not Sluice's
   KIP-724 dropped message formats v0/v1) and verifies the CRC-32C, which covers
   everything from ``attributes`` to the end (CORRUPT_MESSAGE on a mismatch). It
   reads the 61-byte header only; records are never decoded on this path.
+* :func:`to_stored_batch` puts a produced batch into Sluice's envelope as it
+  came (``records_format`` KAFKA_V2: the records section as sent, compressed as
+  sent, the batch's own CRC), so Produce decodes no record of an uncompressed
+  batch, and :func:`to_v2_batch` gives it back byte for byte to a Kafka
+  consumer. Batches that gRPC clients produced (Sluice's record encoding) are
+  converted to v2 on that path, record by record (:func:`_to_v2_records`).
 * :func:`iter_records` decodes the varint records of one batch (decompressing
   gzip, lz4 or zstd first) into plain tuples: the readable definition of the
-  format, which the tests hold the conversion to.
-* :func:`to_sluice_batch` converts a batch into Sluice's own RecordBatch on the
-  produce path, in one in-line loop (:func:`_to_sluice_records`); the design
-  note in docs/kafka-compatibility.md measures what it costs against storing
-  the v2 bytes as sent.
+  format.
 
 Layout (all big-endian; Kafka's DefaultRecordBatch)::
 
@@ -30,31 +32,35 @@ bit 3 timestamp type (LogAppendTime), bit 4 transactional, bit 5 control.
 
 from __future__ import annotations
 
-import gzip
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import crc32c as _crc32c
-import lz4.frame
-import zstandard
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.records import RECORD_STRUCT, RecordBatch, RecordDecodeError, decompress, read_headers, serialize_encoded
+from sluice.records import (
+    KAFKA_V2,
+    RECORD_STRUCT,
+    RecordBatch,
+    RecordDecodeError,
+    decompress,
+    iter_v2_records,
+    read_headers,
+    v2_crc_header,
+    zigzag_varint,
+)
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
-# Sluice's encoding of a record header's key and value lengths (sluice.records)
-_HEADER_KEY = struct.Struct(">H")
-_HEADER_VALUE = struct.Struct(">i")
 _CRC_START = 21
 _MAGIC_AT = 16
 _LENGTH_AT = 8
 
 COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
-# Kafka's codec ids -> Sluice's (records.proto Compression); snappy has no Sluice codec yet.
-_TO_SLUICE_COMPRESSION = {
+# Kafka's codec ids -> Sluice's (records.proto Compression, the same numbers); snappy has no Sluice codec yet.
+_STORED_COMPRESSION = {
     COMPRESSION_NONE: records_pb2.COMPRESSION_NONE,
     COMPRESSION_GZIP: records_pb2.COMPRESSION_GZIP,
     COMPRESSION_LZ4: records_pb2.COMPRESSION_LZ4,
@@ -125,30 +131,12 @@ def split_batches(data: bytes | memoryview) -> list[tuple[BatchHeader, memoryvie
     return out
 
 
-def _decompress(codec: int, data: bytes) -> bytes:
-    if codec == COMPRESSION_NONE:
-        return data
-    if codec == COMPRESSION_GZIP:
-        return gzip.decompress(data)
-    if codec == COMPRESSION_LZ4:
-        return bytes(lz4.frame.decompress(data))
-    if codec == COMPRESSION_ZSTD:
-        return bytes(zstandard.ZstdDecompressor().decompressobj().decompress(data))
-    raise errors.UnsupportedCompressionTypeError(f"Kafka compression codec {codec} is not supported yet")
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint (Kafka's record fields) at ``pos``: (value, next position)."""
-    raw = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        raw |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (raw >> 1) ^ -(raw & 1), pos
-        shift += 7
-        if shift > 63:
-            raise errors.CorruptMessageError("varint longer than 64 bits")
+def _records(header: BatchHeader, batch: bytes | memoryview) -> bytes:
+    """The batch's records section, decompressed (CORRUPT_MESSAGE if it cannot be)."""
+    try:
+        return decompress(bytes(batch[HEADER_SIZE:]), header.compression)
+    except RecordDecodeError as exc:
+        raise errors.CorruptMessageError(str(exc)) from None
 
 
 Header = tuple[str, bytes | None]
@@ -157,178 +145,70 @@ KafkaRecord = tuple[int, int, bytes | None, bytes | None, list[Header]]  # offse
 
 def iter_records(header: BatchHeader, batch: bytes | memoryview) -> Iterator[KafkaRecord]:
     """The records of one validated batch: (offset_delta, timestamp, key, value, headers)."""
-    buf = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
-    pos = 0
+    buf = _records(header, batch)
     try:
-        for _ in range(header.record_count):
-            length, pos = _varint(buf, pos)
-            end = pos + length
-            pos += 1  # record attributes (unused)
-            ts_delta, pos = _varint(buf, pos)
-            offset_delta, pos = _varint(buf, pos)
-            klen, pos = _varint(buf, pos)
-            key = None if klen < 0 else buf[pos : pos + klen]
-            pos += max(klen, 0)
-            vlen, pos = _varint(buf, pos)
-            value = None if vlen < 0 else buf[pos : pos + vlen]
-            pos += max(vlen, 0)
-            count, pos = _varint(buf, pos)
-            headers: list[Header] = []
-            for _ in range(count):
-                hklen, pos = _varint(buf, pos)
-                hkey = buf[pos : pos + hklen].decode()
-                pos += hklen
-                hvlen, pos = _varint(buf, pos)
-                hvalue = None if hvlen < 0 else buf[pos : pos + hvlen]
-                pos += max(hvlen, 0)
-                headers.append((hkey, hvalue))
-            if pos != end or end > len(buf):
-                raise errors.CorruptMessageError(f"record of {length} bytes does not match its fields")
+        for offset_delta, ts_delta, key, value, headers in iter_v2_records(buf, header.record_count):
             yield offset_delta, header.base_timestamp + ts_delta, key, value, headers
-    except (IndexError, UnicodeDecodeError) as exc:
+    except (IndexError, UnicodeDecodeError, RecordDecodeError) as exc:
         raise errors.CorruptMessageError(f"undecodable record: {exc}") from None
 
 
-def to_sluice_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBatch:
-    """The same records as a Sluice RecordBatch (same producer fields, same codec where Sluice has it)."""
+def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBatch:
+    """A produced v2 batch as Sluice stores it: its records section as sent (compressed as sent), in
+    Sluice's envelope with the header's fields and its own CRC (``records_format`` KAFKA_V2).
+
+    No record is decoded, as Kafka decodes none of an uncompressed batch's on this path: the CRC
+    (checked by :func:`split_batches`) covers them, and the header says what the broker needs.
+    A compressed batch is decompressed once to count its records against the header, as Kafka
+    does, so a batch that lies about its count is refused before it is stored.
+    """
     if header.control:
-        raise errors.InvalidRecordError("control batches are written by brokers, not converted")
-    buf = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
-    try:
-        raw, first_ts, max_ts = _to_sluice_records(buf, header.record_count, header.base_timestamp)
-    except (IndexError, UnicodeDecodeError, struct.error) as exc:
-        raise errors.CorruptMessageError(f"undecodable record: {exc}") from None
-    head, records = serialize_encoded(
-        raw,
-        header.record_count,
-        first_ts,
-        max_ts,
+        raise errors.InvalidRecordError("control batches are written by brokers, not produced")
+    if header.compression not in _STORED_COMPRESSION:
+        raise errors.UnsupportedCompressionTypeError(
+            f"Kafka compression codec {header.compression} is not supported (2, snappy, not yet): "
+            "use gzip (1), lz4 (3) or zstd (4)"
+        )
+    if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
+        raise errors.InvalidRecordError(
+            f"a batch of {header.record_count} records must end at offset delta {header.record_count - 1}, "
+            f"not {header.last_offset_delta}"
+        )
+    records = bytes(batch[HEADER_SIZE:])
+    if header.compression != COMPRESSION_NONE:
+        _check_record_count(header, _records(header, batch))
+    return RecordBatch(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence,
         transactional=header.transactional,
-        compression=_TO_SLUICE_COMPRESSION.get(header.compression, records_pb2.COMPRESSION_NONE),
+        record_count=header.record_count,
+        first_timestamp=header.base_timestamp,
+        max_timestamp=header.max_timestamp,
+        compression=_STORED_COMPRESSION[header.compression],
+        timestamp_type=records_pb2.LOG_APPEND_TIME if header.log_append_time else records_pb2.CREATE_TIME,
+        crc=header.crc,
+        records=records,
+        records_format=KAFKA_V2,
     )
-    return RecordBatch.FromString(head + records)
 
 
-class RecordRefusedError(errors.InvalidRecordError):
-    """One record of a batch cannot be stored: INVALID_RECORD, with the record's index in its batch.
-
-    Produce v8+ names the record (KIP-467's ``record_errors``); clients show that message where
-    they show nothing for the partition's (librdkafka printed only "Broker failed to validate record").
-    """
-
-    def __init__(self, record_index: int, message: str) -> None:
-        super().__init__(message)
-        self.record_index = record_index
-
-
-def _to_sluice_records(buf: bytes, count: int, base_ts: int) -> tuple[bytes, int, int]:
-    """``count`` v2 records straight into Sluice's record encoding: (blob, first timestamp, max timestamp).
-
-    The produce path of every Kafka client runs through here, so it is one loop without a
-    generator, a tuple per record or a call per field: a varint of one byte (nearly every
-    length and delta) is decoded in line, longer ones by :func:`_varint`; key and value are
-    sliced once. This made the conversion about 3x faster than decoding with
-    :func:`iter_records` and re-encoding with BatchBuilder (bench note in
-    docs/kafka-compatibility.md). Records with headers take :func:`_headers`.
-    """
-    pack = RECORD_STRUCT.pack
-    varint = _varint
-    parts: list[bytes] = []
-    add = parts.append
-    pos = 0
-    first_ts = max_ts = 0
-    for index in range(count):
-        b = buf[pos]
-        if b < 0x80:
-            length, pos = (b >> 1) ^ -(b & 1), pos + 1
-        elif buf[pos + 1] < 0x80:  # records of 64 bytes to 8 KiB: two bytes
-            raw = (b & 0x7F) | (buf[pos + 1] << 7)
-            length, pos = (raw >> 1) ^ -(raw & 1), pos + 2
-        else:
-            length, pos = varint(buf, pos)
-        end = pos + length
-        b = buf[pos + 1]  # after the record's attributes byte (unused)
-        if b < 0x80:
-            ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 2
-        elif buf[pos + 2] < 0x80:  # a batch spanning 64 ms to 8 s: two bytes
-            raw = (b & 0x7F) | (buf[pos + 2] << 7)
-            ts_delta, pos = (raw >> 1) ^ -(raw & 1), pos + 3
-        else:
-            ts_delta, pos = varint(buf, pos + 1)
-        b = buf[pos]
-        if b < 0x80:
-            offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-        else:
-            offset_delta, pos = varint(buf, pos)
-        if offset_delta != index:
-            raise errors.InvalidRecordError(f"offset delta {offset_delta} where {index} was expected")
-        b = buf[pos]
-        if b < 0x80:
-            klen, pos = (b >> 1) ^ -(b & 1), pos + 1
-        else:
-            klen, pos = varint(buf, pos)
-        key_at = pos
-        if klen > 0:
-            pos += klen
-        b = buf[pos]
-        if b < 0x80:
-            vlen, pos = (b >> 1) ^ -(b & 1), pos + 1
-        elif buf[pos + 1] < 0x80:  # values of 64 bytes to 8 KiB: two bytes
-            raw = (b & 0x7F) | (buf[pos + 1] << 7)
-            vlen, pos = (raw >> 1) ^ -(raw & 1), pos + 2
-        else:
-            vlen, pos = varint(buf, pos)
-        value_at = pos
-        if vlen > 0:
-            pos += vlen
-        b = buf[pos]
-        if b < 0x80:
-            hcount, pos = (b >> 1) ^ -(b & 1), pos + 1
-        else:
-            hcount, pos = varint(buf, pos)
-        ts = base_ts + ts_delta
-        if index == 0:
-            first_ts = max_ts = ts
-        elif ts > max_ts:
-            max_ts = ts
-        add(pack(index, ts - first_ts, klen, vlen, hcount))
-        if klen > 0:
-            add(buf[key_at : key_at + klen])
-        if vlen > 0:
-            add(buf[value_at : value_at + vlen])
-        if hcount:
-            try:
-                encoded, pos = _headers(buf, pos, hcount)
-            except errors.InvalidRecordError as exc:
-                raise RecordRefusedError(index, f"record {index} of the batch: {exc.message}") from None
-            add(encoded)
-        if pos != end or end > len(buf) or klen < -1 or vlen < -1 or hcount < 0:
-            raise errors.CorruptMessageError(f"record of {length} bytes does not match its fields")
-    return b"".join(parts), first_ts, max_ts
-
-
-def _headers(buf: bytes, pos: int, count: int) -> tuple[bytes, int]:
-    """``count`` v2 record headers at ``pos`` in Sluice's header encoding, and the position after them."""
-    out = bytearray()
-    for _ in range(count):
-        hklen, pos = _varint(buf, pos)
-        if hklen < 0:
-            raise errors.CorruptMessageError("a record header without a key")
-        hkey = buf[pos : pos + hklen]
-        hkey.decode()  # a header key is a string: refuse what is not UTF-8 here, as iter_records does
-        pos += hklen
-        hvlen, pos = _varint(buf, pos)
-        if hvlen < 0:
-            raise errors.InvalidRecordError(
-                f"header {hkey.decode()!r} has a null value, which Sluice cannot store yet (its record format "
-                "has no null header value): send an empty value, or leave the header out"
-            )
-        out += _HEADER_KEY.pack(hklen) + hkey + _HEADER_VALUE.pack(hvlen) + buf[pos : pos + hvlen]
-        pos += hvlen
-    return bytes(out), pos
+def _check_record_count(header: BatchHeader, buf: bytes) -> None:
+    """The records of a decompressed section, stepped over by their lengths, are as many as the header says."""
+    pos = count = 0
+    try:
+        while pos < len(buf):
+            length, pos = zigzag_varint(buf, pos)
+            if length < 0:
+                raise RecordDecodeError(f"a record of length {length}")
+            pos += length
+            count += 1
+    except (IndexError, RecordDecodeError) as exc:
+        raise errors.CorruptMessageError(f"undecodable record: {exc}") from None
+    if pos != len(buf) or count != header.record_count:
+        raise errors.CorruptMessageError(
+            f"the batch's header says {header.record_count} records; its records section holds {count}"
+        )
 
 
 def _zigzag_slow(value: int) -> bytes:
@@ -365,6 +245,10 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     The records are written uncompressed: re-compressing on the fetch path would add the
     codec's cost to the conversion's, and Kafka clients accept any codec per batch.
     """
+    if batch.records_format == KAFKA_V2:  # stored as a Kafka client sent it: back as it came
+        header = struct.pack(">qiibI", batch.base_offset, HEADER_SIZE - 12 + len(batch.records),
+                             batch.partition_leader_epoch, 2, batch.crc)  # fmt: skip
+        return header + v2_crc_header(batch) + batch.records
     first_ts, base = batch.first_timestamp, batch.base_offset
     records = _to_v2_records(batch)
     attributes = COMPRESSION_NONE

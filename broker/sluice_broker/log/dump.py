@@ -64,6 +64,7 @@ def batch_summary(raw: bytes) -> list[Any]:
         int(b.compression),
         b.crc,
         hashlib.sha256(b.records).hexdigest(),
+        int(b.records_format),
     ]
 
 

@@ -71,10 +71,27 @@ from sluice.broker.txn.api import (
     TxnDescription,
     TxnHandle,
 )
+from sluice.records import KAFKA_V2, RecordBatch, RecordDecodeError, to_sluice_format
 
 MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
 
 log = logging.getLogger(__name__)
+
+
+def _sluice_encoded(batches: list[RecordBatch], raw: list[bytes]) -> tuple[list[bytes], str]:
+    """The stored batches for a client that reads only Sluice's record encoding: those a Kafka client
+    produced (stored in Kafka's v2 records format) re-encoded, the rest sent as stored. A batch whose
+    records cannot be decoded ends the list, with why (the partition's CORRUPT_MESSAGE)."""
+    out: list[bytes] = []
+    for batch, stored in zip(batches, raw, strict=True):
+        if batch.records_format != KAFKA_V2:
+            out.append(stored)
+            continue
+        try:
+            out.append(to_sluice_format(batch).SerializeToString())
+        except RecordDecodeError as exc:
+            return out, str(exc)
+    return out, ""
 
 
 async def admin_result(cluster: ClusterView, result: Any, action: Callable[[], str]) -> None:
@@ -308,15 +325,20 @@ class BrokerService:
                     out.partition(refused, [])
                     continue
                 r = next(answered)
+                sent, error_code, error_message = r.raw, r.error_code, r.error_message
+                if not req.kafka_v2_records:
+                    sent, unreadable = _sluice_encoded(r.batches, r.raw)
+                    if unreadable:
+                        error_code, error_message = pb.CORRUPT_MESSAGE, unreadable
                 header = bpb.FetchPartitionResponse(
-                    partition=r.partition, error_code=r.error_code, error_message=r.error_message,
+                    partition=r.partition, error_code=error_code, error_message=error_message,
                     high_watermark=r.high_watermark, last_stable_offset=r.last_stable_offset,
                     log_start_offset=r.log_start_offset, next_fetch_offset=r.next_fetch_offset,
                     aborted_transactions=[
                         bpb.AbortedTransaction(producer_id=pid, first_offset=first) for pid, first in r.aborted
                     ],
                 )  # fmt: skip
-                out.partition(header, r.raw)
+                out.partition(header, sent)
         return out.getvalue()
 
     async def list_offsets(self, req: bpb.ListOffsetsRequest, ctx: Ctx) -> bpb.ListOffsetsResponse:

@@ -91,6 +91,11 @@ class IsolationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     READ_COMMITTED: _ClassVar[IsolationLevel]
     READ_UNCOMMITTED: _ClassVar[IsolationLevel]
+
+class RecordsFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECORDS_FORMAT_SLUICE: _ClassVar[RecordsFormat]
+    RECORDS_FORMAT_KAFKA_V2: _ClassVar[RecordsFormat]
 NONE: ErrorCode
 UNKNOWN_SERVER_ERROR: ErrorCode
 OFFSET_OUT_OF_RANGE: ErrorCode
@@ -165,9 +170,11 @@ CREATE_TIME: TimestampType
 LOG_APPEND_TIME: TimestampType
 READ_COMMITTED: IsolationLevel
 READ_UNCOMMITTED: IsolationLevel
+RECORDS_FORMAT_SLUICE: RecordsFormat
+RECORDS_FORMAT_KAFKA_V2: RecordsFormat
 
 class RecordBatch(_message.Message):
-    __slots__ = ("base_offset", "partition_leader_epoch", "producer_id", "producer_epoch", "base_sequence", "transactional", "control", "record_count", "first_timestamp", "max_timestamp", "compression", "timestamp_type", "crc", "records")
+    __slots__ = ("base_offset", "partition_leader_epoch", "producer_id", "producer_epoch", "base_sequence", "transactional", "control", "record_count", "first_timestamp", "max_timestamp", "compression", "timestamp_type", "crc", "records", "records_format")
     BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -182,6 +189,7 @@ class RecordBatch(_message.Message):
     TIMESTAMP_TYPE_FIELD_NUMBER: _ClassVar[int]
     CRC_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FORMAT_FIELD_NUMBER: _ClassVar[int]
     base_offset: int
     partition_leader_epoch: int
     producer_id: int
@@ -196,7 +204,8 @@ class RecordBatch(_message.Message):
     timestamp_type: TimestampType
     crc: int
     records: bytes
-    def __init__(self, base_offset: _Optional[int] = ..., partition_leader_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., transactional: _Optional[bool] = ..., control: _Optional[bool] = ..., record_count: _Optional[int] = ..., first_timestamp: _Optional[int] = ..., max_timestamp: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ..., timestamp_type: _Optional[_Union[TimestampType, str]] = ..., crc: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+    records_format: RecordsFormat
+    def __init__(self, base_offset: _Optional[int] = ..., partition_leader_epoch: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., base_sequence: _Optional[int] = ..., transactional: _Optional[bool] = ..., control: _Optional[bool] = ..., record_count: _Optional[int] = ..., first_timestamp: _Optional[int] = ..., max_timestamp: _Optional[int] = ..., compression: _Optional[_Union[Compression, str]] = ..., timestamp_type: _Optional[_Union[TimestampType, str]] = ..., crc: _Optional[int] = ..., records: _Optional[bytes] = ..., records_format: _Optional[_Union[RecordsFormat, str]] = ...) -> None: ...
 
 class Header(_message.Message):
     __slots__ = ("key", "value")

@@ -207,6 +207,7 @@ class Fetcher:
                 isolation_level=self._config.isolation,
                 topics=[broker_pb2.FetchTopic(name=t, partitions=ps) for t, ps in topics.items()],
                 replica_id=-1,
+                kafka_v2_records=True,  # decode_record_tuples reads what Kafka clients produced, as stored
             )
             try:
                 future = self._cluster.call_future(

@@ -2,10 +2,11 @@
 
 The simplest correct path, measured in docs/kafka-compatibility.md: each
 partition's v2 batch is validated (:func:`~sluice.broker.kafka.record_batch.split_batches`:
-magic 2 only, CRC-32C, lengths) and converted into a Sluice batch with the
-same producer id, epoch, base sequence, transactional flag, keys, values,
-headers and timestamps; then the replica manager's produce, the one the gRPC
-servicer calls, appends it. So idempotence (sequence checks, duplicates
+magic 2 only, CRC-32C, lengths) and put as it came into Sluice's batch envelope
+(:func:`~sluice.broker.kafka.record_batch.to_stored_batch`: the records section
+as sent, the header's producer id, epoch, base sequence, transactional flag and
+timestamps); then the replica manager's produce, the one the gRPC servicer
+calls, appends it. So idempotence (sequence checks, duplicates
 answered with the original offset), KIP-890's transaction verification,
 min.insync.replicas, acks and NOT_LEADER_OR_FOLLOWER are exactly the gRPC
 path's, and so are their error codes, which are Kafka's (sluice/errors.py).
@@ -48,11 +49,10 @@ from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.framing import FrameError
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
-from sluice.broker.kafka.record_batch import RecordRefusedError, split_batches, to_sluice_batch
+from sluice.broker.kafka.record_batch import split_batches, to_stored_batch
 from sluice.broker.kafka_wire.codec import Message, Versions
 from sluice.broker.kafka_wire.messages.produce_request import ProduceRequest
 from sluice.broker.kafka_wire.messages.produce_response import (
-    BatchIndexAndErrorMessage,
     LeaderIdAndEpoch,
     NodeEndpoint,
     PartitionProduceResponse,
@@ -88,7 +88,7 @@ def _txn_refused(ctx: KafkaContext, request: ProduceRequest) -> str | None:
 
 
 def convert(records: bytes | None) -> RecordBatch:
-    """The one v2 batch of a partition's ``records``, validated and converted (a SluiceError if not)."""
+    """The one v2 batch of a partition's ``records``, validated, as it will be stored (a SluiceError if not)."""
     if not records:
         raise errors.InvalidRecordError("a produced partition has no record batch")
     batches = split_batches(records)
@@ -97,7 +97,7 @@ def convert(records: bytes | None) -> RecordBatch:
     header, batch = batches[0]
     if header.record_count == 0:
         raise errors.InvalidRecordError("a record batch without records")
-    return to_sluice_batch(header, batch)
+    return to_stored_batch(header, batch)
 
 
 class ProduceHandler:
@@ -113,7 +113,6 @@ class ProduceHandler:
         denied = authorization.denied_topics(ctx, AclOperation.WRITE, (n for n in names if n))
         # Per partition of the request, in order: the refusal found here, or None (the core answers).
         refusals: list[list[tuple[int, str] | None]] = []
-        refused_records: dict[tuple[int, int], int] = {}  # (topic, partition) in the request -> record index
         batches: list[ProducePartition] = []
         for topic, name in zip(request.topic_data, names, strict=True):
             mine: list[tuple[int, str] | None] = []
@@ -130,8 +129,6 @@ class ProduceHandler:
                 try:
                     batch = convert(p.records)
                 except errors.SluiceError as exc:
-                    if isinstance(exc, RecordRefusedError):
-                        refused_records[(len(refusals), len(mine))] = exc.record_index
                     mine.append((int(exc.code), exc.message))
                     continue
                 batches.append(ProducePartition(name, p.index, batch))
@@ -149,9 +146,6 @@ class ProduceHandler:
                 part = PartitionProduceResponse(index=p.index, base_offset=-1)
                 if refusal is not None:
                     part.error_code, part.error_message = refusal
-                    index = refused_records.get((t, len(out.partition_responses)))
-                    if index is not None:  # KIP-467: which record, and why
-                        part.record_errors = [BatchIndexAndErrorMessage(index, refusal[1])]
                 else:
                     a = next(answered)
                     part.error_code = int(a.error_code)
