@@ -64,6 +64,11 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # default.replication.factor. Off by default: a typo in a topic name should fail, not create a
     # topic. Sluice's own (gRPC) clients never auto-create.
     "auto.create.topics.enable": (bool, False),
+    # Sluice's own: a Kafka client's v2 batch is stored as sent (RecordBatch.records_format KAFKA_V2:
+    # no record decoded on Produce or on a Kafka consumer's Fetch). false: converted into Sluice's
+    # record encoding, as before that format existed; for the one rolling restart that upgrades brokers
+    # that cannot read records_format (docs/kafka-compatibility.md, "Upgrading").
+    "kafka.records.stored.as.sent": (bool, True),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),
     # the Kafka listener (broker/sluice_broker/kafka): a connection idle this long is closed, as Kafka does

@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import crc32c
@@ -256,6 +257,26 @@ def test_kafka_batches_are_stored_as_sent_and_every_kind_of_client_reads_them(kc
         (0, None, b"fine", [("h", b"x")]),
         (1, b"k", b"null header", [("trace", b"")]),
     ]
+
+
+def test_with_stored_as_sent_off_kafka_batches_are_stored_in_sluices_encoding(tmp_path: Path) -> None:
+    """kafka.records.stored.as.sent=false (a rolling upgrade from brokers that cannot read
+    records_format): a Kafka client's batch is stored in Sluice's record encoding and read back the same."""
+    topic = "kafka-converted"
+    with LocalCluster(brokers=1, data_dir=tmp_path, kafka_listener=True,
+                      config={"kafka.records.stored.as.sent": "false"}) as cluster:  # fmt: skip
+        create(cluster, topic)
+        builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+        builder.append(0, TS, b"k", b"v", [("h", b"x")])
+        [answer] = produce_raw(cluster, 9, topic, bytes(builder.build())).responses
+        assert answer.partition_responses[0].error_code == 0
+        wire = Wire(cluster.brokers[0].address)
+        try:
+            [stored] = wire.fetch(topic, 0, kafka_v2_records=True).batches
+        finally:
+            wire.close()
+        assert stored.records_format == pb.RECORDS_FORMAT_SLUICE and verify_crc(stored)
+        assert kafka_read(cluster, topic, "read_committed") == [(0, b"k", b"v", [("h", b"x")], TS)]
 
 
 def test_produce_versions_and_refusals(kcluster: LocalCluster) -> None:
