@@ -44,7 +44,7 @@ def test_an_older_data_directory_serves_both_protocols_and_takes_new_batches(tmp
         producer = kafka.KafkaProducer(bootstrap_servers=cluster.kafka_bootstrap_servers, request_timeout_ms=60000)
         producer.send("old", key=b"new", value=b"after-upgrade", partition=0, timestamp_ms=TS).get(timeout=60)
         producer.close()
-        both = OLD + [(7, b"new", b"after-upgrade")]
+        both = [*OLD, (7, b"new", b"after-upgrade")]
         assert [(o, k, v) for _p, o, k, v in read_topic(cluster.bootstrap_servers, "old")] == both
         kafka_rows = kafka_read(cluster, "old", "read_committed")
         assert [(o, k, v) for o, k, v, _h, _t in kafka_rows] == both
