@@ -43,6 +43,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+import cramjam
 import crc32c as _crc32c
 import lz4.frame
 import zstandard
@@ -98,6 +99,7 @@ COMPRESSION_NAMES = {
     None: records_pb2.COMPRESSION_NONE,
     "none": records_pb2.COMPRESSION_NONE,
     "gzip": records_pb2.COMPRESSION_GZIP,
+    "snappy": records_pb2.COMPRESSION_SNAPPY,
     "lz4": records_pb2.COMPRESSION_LZ4,
     "zstd": records_pb2.COMPRESSION_ZSTD,
 }
@@ -129,7 +131,7 @@ def compression_code(name: str | None) -> int:
     try:
         return COMPRESSION_NAMES[name.lower() if name else None]
     except KeyError:
-        raise ValueError(f"unsupported compression {name!r}: use None, 'gzip', 'lz4' or 'zstd'") from None
+        raise ValueError(f"unsupported compression {name!r}: use None, 'gzip', 'snappy', 'lz4' or 'zstd'") from None
 
 
 def compress(data: bytes, codec: int) -> bytes:
@@ -141,6 +143,8 @@ def compress(data: bytes, codec: int) -> bytes:
         return bytes(_ZSTD_C.compress(data))
     if codec == records_pb2.COMPRESSION_GZIP:
         return zlib.compress(data, 6, wbits=31)
+    if codec == records_pb2.COMPRESSION_SNAPPY:
+        return _snappy_compress(data)
     raise ValueError(f"unsupported compression codec {codec}")
 
 
@@ -155,6 +159,8 @@ def decompress(data: bytes, codec: int) -> bytes:
             return bytes(_ZSTD_D.decompressobj().decompress(data))
         if codec == records_pb2.COMPRESSION_GZIP:
             return zlib.decompress(data, wbits=31)
+        if codec == records_pb2.COMPRESSION_SNAPPY:
+            return _snappy_decompress(data)
     except Exception as exc:  # each codec raises its own error type
         raise RecordDecodeError(f"cannot decompress records: {exc}") from exc
     raise RecordDecodeError(f"unsupported compression codec {codec}")
@@ -186,6 +192,39 @@ def v2_crc_header(batch: RecordBatch) -> bytes:
         batch.base_sequence,
         batch.record_count,
     )
+
+
+# Snappy as Kafka's clients write it: the Java client (snappy-java's SnappyOutputStream) frames raw
+# snappy blocks as xerial does: a 16-byte header (magic, version 1, compatible version 1), then
+# blocks of int32 length + raw snappy of at most 32 KiB of input each. librdkafka writes one raw
+# snappy block without the header. Both are read; Sluice writes xerial's framing.
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK = 32 * 1024
+_BLOCK_LENGTH = struct.Struct(">i")
+
+
+def _snappy_compress(data: bytes) -> bytes:
+    out = [_XERIAL_HEADER]
+    for start in range(0, len(data), _XERIAL_BLOCK):
+        block = bytes(cramjam.snappy.compress_raw(data[start : start + _XERIAL_BLOCK]))
+        out += (_BLOCK_LENGTH.pack(len(block)), block)
+    return b"".join(out)
+
+
+def _snappy_decompress(data: bytes) -> bytes:
+    if not data.startswith(_XERIAL_MAGIC):
+        return bytes(cramjam.snappy.decompress_raw(data))
+    out: list[bytes] = []
+    pos = len(_XERIAL_HEADER)
+    while pos < len(data):
+        (length,) = _BLOCK_LENGTH.unpack_from(data, pos)
+        pos += 4
+        if length < 0 or pos + length > len(data):
+            raise RecordDecodeError(f"a snappy block of {length} bytes runs past the data")
+        out.append(bytes(cramjam.snappy.decompress_raw(data[pos : pos + length])))
+        pos += length
+    return b"".join(out)
 
 
 def compute_crc(batch: RecordBatch) -> int:

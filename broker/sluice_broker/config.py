@@ -157,8 +157,8 @@ _NO_SEGMENTS = (
 )
 UNSUPPORTED_TOPIC_KEYS = {
     "compression.type": (
-        "the broker never recompresses: each batch is stored with the codec its producer chose (none, gzip, lz4, "
-        "zstd); set compression on the producer (compression.type, sluice produce --compression)"
+        "the broker never recompresses: each batch is stored with the codec its producer chose (none, gzip, "
+        "snappy, lz4, zstd); set compression on the producer (compression.type, sluice produce --compression)"
     ),
     "segment.bytes": _NO_SEGMENTS,
     "segment.ms": _NO_SEGMENTS,

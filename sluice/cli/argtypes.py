@@ -57,9 +57,9 @@ def compression(text: str) -> str | None:
     value = text.strip().lower()
     if value == "none":
         return None
-    if value in ("gzip", "lz4", "zstd"):
+    if value in ("gzip", "snappy", "lz4", "zstd"):
         return value
-    raise argparse.ArgumentTypeError(f"compression must be none, gzip, lz4 or zstd, got {text!r}")
+    raise argparse.ArgumentTypeError(f"compression must be none, gzip, snappy, lz4 or zstd, got {text!r}")
 
 
 def separator(text: str) -> str:

@@ -62,7 +62,7 @@ def register(sub: Subcommands) -> None:
     )
     producing = argparse.ArgumentParser(add_help=False)
     producing.add_argument("--acks", type=acks, default="all", help="all (default), 1 or 0")
-    producing.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
+    producing.add_argument("--compression", type=compression, default=None, help="none, gzip, snappy, lz4 or zstd")
     producing.add_argument("--linger-ms", type=non_negative_int, default=5, help="producer linger (default 5)")
     producing.add_argument(
         "--batch-size", type=positive_int, default=262144, help="producer batch size in bytes (default 256 KiB)"

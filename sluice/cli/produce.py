@@ -41,7 +41,7 @@ def register(sub: Subcommands, client: argparse.ArgumentParser) -> None:
     produce.add_argument("--transactional-id", metavar="ID", help="send all of stdin in one transaction")
     produce.add_argument("--acks", type=acks, default="all", help="all (default), 1 or 0")
     produce.add_argument("--partition", type=non_negative_int, help="default: by key hash, else spread")
-    produce.add_argument("--compression", type=compression, default=None, help="none, gzip, lz4 or zstd")
+    produce.add_argument("--compression", type=compression, default=None, help="none, gzip, snappy, lz4 or zstd")
     produce.add_argument(
         "--linger-ms", type=non_negative_int, default=5, help="how long a batch waits for more records (default 5)"
     )

@@ -206,8 +206,10 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     compression = opts.get("compression.type")
     if compression in ("none", ""):
         compression = None
-    if compression is not None and compression not in ("gzip", "lz4", "zstd"):
-        raise SluiceWriteOptionError(f"option 'compression.type' must be none, gzip, lz4 or zstd, not {compression!r}")
+    if compression is not None and compression not in ("gzip", "snappy", "lz4", "zstd"):
+        raise SluiceWriteOptionError(
+            f"option 'compression.type' must be none, gzip, snappy, lz4 or zstd, not {compression!r}"
+        )
     hang = opts.get("sluice.test.hangaftercommit")
     return WriteOptions(
         bootstrap_servers=bootstrap,

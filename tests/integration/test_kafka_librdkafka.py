@@ -35,8 +35,11 @@ from confluent_kafka import (
 )
 
 from sluice import client
+from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin
 from sluice.testing import LocalCluster
+
+from .wire import Wire
 
 # (partition, offset, key, value, headers)
 Row = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes]]]
@@ -280,3 +283,35 @@ def test_idempotent_produce_every_record_acknowledged(kcluster: LocalCluster) ->
     expected = sorted((p, o, v) for p, o, v in acked)
     got = [(p, o, v) for p, o, _k, v, _h in grpc_read(kcluster, topic, "read_committed", count, partitions=3)]
     assert got == expected
+
+
+@pytest.mark.parametrize("codec", ["snappy", "lz4", "zstd", "gzip"])
+def test_compressed_batches_are_stored_as_sent_and_read_back(kcluster: LocalCluster, codec: str) -> None:
+    """librdkafka's compressed batches (snappy as librdkafka writes it: one raw block) are stored in
+    their codec, read back by librdkafka as sent and decoded by Sluice's own client."""
+    topic = f"rd-codec-{codec}-{uuid.uuid4().hex[:6]}"
+    create(kcluster, topic)
+    producer = rd_producer(kcluster, **{"compression.type": codec, "enable.idempotence": True})
+    for i in range(200):
+        producer.produce(topic, key=b"k%d" % i, value=b"value %d " % i * 20, partition=0, headers=[("n", b"%d" % i)])
+    assert producer.flush(LIMIT_S) == 0
+    expected = [(0, i, b"k%d" % i, b"value %d " % i * 20, [("n", b"%d" % i)]) for i in range(200)]
+    assert rd_read(kcluster, topic, "read_committed") == expected
+    assert grpc_read(kcluster, topic, "read_committed", 200) == expected
+    wire = Wire(kcluster.brokers[0].address if len(kcluster.brokers) == 1 else leader_address(kcluster, topic))
+    try:
+        stored = wire.fetch(topic, 0, kafka_v2_records=True).batches
+    finally:
+        wire.close()
+    assert stored and {(b.records_format, b.compression) for b in stored} == {
+        (pb.RECORDS_FORMAT_KAFKA_V2, pb.Compression.Value(f"COMPRESSION_{codec.upper()}"))
+    }
+
+
+def leader_address(cluster: LocalCluster, topic: str) -> str:
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        leader = admin.describe_topic(topic).partitions[0].leader
+    finally:
+        admin.close()
+    return next(b.address for b in cluster.brokers if b.broker_id == leader)

@@ -13,7 +13,7 @@ from sluice.testing import LocalCluster
 from .helpers import read_topic
 
 
-@pytest.mark.parametrize("compression", [None, "gzip", "lz4", "zstd"])
+@pytest.mark.parametrize("compression", [None, "gzip", "snappy", "lz4", "zstd"])
 def test_round_trip_with_keys_headers_and_compression(
     cluster: LocalCluster, unique_topic: str, compression: str | None
 ) -> None:

@@ -158,7 +158,7 @@ def test_bad_options_and_columns_are_refused_before_writing() -> None:
     with pytest.raises(SluiceWriteOptionError, match="unknown write option 'topc'"):
         parse_write_options({"bootstrap.servers": "h:1", "topc": "t"})
     with pytest.raises(SluiceWriteOptionError, match=r"compression\.type"):
-        parse_write_options({"bootstrap.servers": "h:1", "compression.type": "snappy"})
+        parse_write_options({"bootstrap.servers": "h:1", "compression.type": "brotli"})
     ok = parse_write_options({"kafka.bootstrap.servers": "h:1", "kafka.linger.ms": "20"})
     assert (ok.bootstrap_servers, ok.linger_ms, ok.topic) == ("h:1", 20, None)
     value = StructField("value", BinaryType())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 
+import cramjam
 import crc32c
 import pytest
 
@@ -28,6 +29,7 @@ from sluice.records import (
     RecordDecodeError,
     compress,
     decode_records,
+    decompress,
     to_sluice_format,
     verify_crc,
 )
@@ -212,13 +214,41 @@ def test_a_batch_whose_last_offset_delta_is_not_its_count_is_refused() -> None:
         to_stored_batch(header, batch)
 
 
-def test_snappy_is_refused_as_unsupported() -> None:
+@pytest.mark.parametrize("codec", [5, 6, 7])
+def test_a_codec_kafka_does_not_have_is_refused_as_unsupported(codec: int) -> None:
     data = bytearray(kafka_batch())
-    data[22] |= 2  # attributes' codec bits: snappy
+    data[22] |= codec  # attributes' codec bits
     data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
     [(header, batch)] = split_batches(bytes(data))
-    with pytest.raises(errors.UnsupportedCompressionTypeError, match="snappy"):
+    with pytest.raises(errors.UnsupportedCompressionTypeError, match=f"codec {codec} does not exist"):
         to_stored_batch(header, batch)
+
+
+def test_snappy_reads_xerials_framing_and_librdkafkas_raw_block() -> None:
+    data = b"".join(b"record %d;" % i for i in range(20_000))  # ~200 KB: several 32 KiB xerial blocks
+    framed = compress(data, records_pb2.COMPRESSION_SNAPPY)
+    assert framed.startswith(b"\x82SNAPPY\x00") and len(framed) < len(data) // 2
+    assert decompress(framed, records_pb2.COMPRESSION_SNAPPY) == data
+    raw = bytes(cramjam.snappy.compress_raw(data))
+    assert decompress(raw, records_pb2.COMPRESSION_SNAPPY) == data
+    with pytest.raises(RecordDecodeError):
+        decompress(framed[:-7], records_pb2.COMPRESSION_SNAPPY)
+
+
+def test_a_snappy_batch_is_stored_as_sent_and_decoded() -> None:
+    # kafka-python writes snappy only with python-snappy: recompress its uncompressed batch's records
+    plain = kafka_batch()
+    body = compress(plain[HEADER_SIZE:], records_pb2.COMPRESSION_SNAPPY)
+    data = bytearray(plain[:HEADER_SIZE]) + body
+    data[22] |= 2  # attributes' codec bits: snappy
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
+    [(header, batch)] = split_batches(bytes(data))
+    stored = stored_at(header, batch)
+    assert stored.compression == records_pb2.COMPRESSION_SNAPPY and stored.records == body and verify_crc(stored)
+    assert [(r.offset, r.key, r.value, list(r.headers)) for r in decode_records(stored)] == [
+        (1000 + i, k, v, h) for i, (k, v, h) in enumerate(RECORDS)
+    ]
 
 
 def lying(codec: int) -> tuple[BatchHeader, memoryview]:

@@ -15,7 +15,7 @@ What Kafka clients produce and fetch is Kafka's batch format, not Sluice's
   consumer. Batches that gRPC clients produced (Sluice's record encoding) are
   converted to v2 on that path, record by record (:func:`_to_v2_records`).
 * :func:`iter_records` decodes the varint records of one batch (decompressing
-  gzip, lz4 or zstd first) into plain tuples: the readable definition of the
+  gzip, snappy, lz4 or zstd first) into plain tuples: the readable definition of the
   format.
 
 Layout (all big-endian; Kafka's DefaultRecordBatch)::
@@ -59,10 +59,11 @@ _MAGIC_AT = 16
 _LENGTH_AT = 8
 
 COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD = range(5)
-# Kafka's codec ids -> Sluice's (records.proto Compression, the same numbers); snappy has no Sluice codec yet.
+# Kafka's codec ids -> Sluice's (records.proto Compression, the same numbers)
 _STORED_COMPRESSION = {
     COMPRESSION_NONE: records_pb2.COMPRESSION_NONE,
     COMPRESSION_GZIP: records_pb2.COMPRESSION_GZIP,
+    COMPRESSION_SNAPPY: records_pb2.COMPRESSION_SNAPPY,
     COMPRESSION_LZ4: records_pb2.COMPRESSION_LZ4,
     COMPRESSION_ZSTD: records_pb2.COMPRESSION_ZSTD,
 }
@@ -166,8 +167,8 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
         raise errors.InvalidRecordError("control batches are written by brokers, not produced")
     if header.compression not in _STORED_COMPRESSION:
         raise errors.UnsupportedCompressionTypeError(
-            f"Kafka compression codec {header.compression} is not supported (2, snappy, not yet): "
-            "use gzip (1), lz4 (3) or zstd (4)"
+            f"Kafka compression codec {header.compression} does not exist: "
+            "none (0), gzip (1), snappy (2), lz4 (3) and zstd (4) do"
         )
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
         raise errors.InvalidRecordError(

@@ -89,6 +89,7 @@ def validate_batch(batch: RecordBatch, max_message_bytes: int) -> int:
     if batch.compression not in (
         pb.COMPRESSION_NONE,
         pb.COMPRESSION_GZIP,
+        pb.COMPRESSION_SNAPPY,
         pb.COMPRESSION_LZ4,
         pb.COMPRESSION_ZSTD,
     ):

@@ -79,6 +79,7 @@ class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMPRESSION_NONE: _ClassVar[Compression]
     COMPRESSION_GZIP: _ClassVar[Compression]
+    COMPRESSION_SNAPPY: _ClassVar[Compression]
     COMPRESSION_LZ4: _ClassVar[Compression]
     COMPRESSION_ZSTD: _ClassVar[Compression]
 
@@ -164,6 +165,7 @@ FENCED_MEMBER_EPOCH: ErrorCode
 UNRELEASED_INSTANCE_ID: ErrorCode
 COMPRESSION_NONE: Compression
 COMPRESSION_GZIP: Compression
+COMPRESSION_SNAPPY: Compression
 COMPRESSION_LZ4: Compression
 COMPRESSION_ZSTD: Compression
 CREATE_TIME: TimestampType

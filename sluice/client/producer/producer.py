@@ -145,7 +145,7 @@ class Producer:
       retries never write duplicates and never reorder (on by default, as in
       Kafka 3). Required by transactions.
     * ``linger_ms``, ``batch_size``: how long a batch waits to fill, and its size in bytes.
-    * ``compression``: None, "gzip", "lz4" or "zstd".
+    * ``compression``: None, "gzip", "snappy", "lz4" or "zstd".
     * ``max_in_flight``: Produce requests in flight per partition (<= 5 with idempotence).
     * ``delivery_timeout_ms``: upper bound for a record from ``send()`` to
       success or failure, retries included.
