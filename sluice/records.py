@@ -67,6 +67,7 @@ __all__ = [
     "iter_v2_records",
     "parse_control",
     "read_headers",
+    "read_v2_headers",
     "serialize_encoded",
     "to_sluice_format",
     "v2_attributes",
@@ -567,6 +568,21 @@ def zigzag_varint(buf: bytes, pos: int) -> tuple[int, int]:
 V2Record = tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
+def read_v2_headers(buf: bytes, pos: int, count: int) -> tuple[list[tuple[str, bytes | None]], int]:
+    """``count`` v2 record headers at ``pos`` (values None where Kafka's are null), and the position after."""
+    headers: list[tuple[str, bytes | None]] = []
+    for _ in range(count):
+        klen, pos = zigzag_varint(buf, pos)
+        if klen < 0:
+            raise RecordDecodeError("a record header without a key")
+        key = buf[pos : pos + klen].decode()
+        pos += klen
+        vlen, pos = zigzag_varint(buf, pos)
+        headers.append((key, None if vlen < 0 else buf[pos : pos + vlen]))
+        pos += max(vlen, 0)
+    return headers, pos
+
+
 def iter_v2_records(buf: bytes, count: int) -> Iterator[V2Record]:
     """``count`` records of a v2 records section (uncompressed): (offset delta, timestamp delta, key,
     value, headers), header values None where Kafka's are null. Raises RecordDecodeError, IndexError
@@ -586,14 +602,7 @@ def iter_v2_records(buf: bytes, count: int) -> Iterator[V2Record]:
         value = None if vlen < 0 else buf[pos : pos + vlen]
         pos += max(vlen, 0)
         hcount, pos = varint(buf, pos)
-        headers: list[tuple[str, bytes | None]] = []
-        for _ in range(hcount):
-            hklen, pos = varint(buf, pos)
-            hkey = buf[pos : pos + hklen].decode()
-            pos += hklen
-            hvlen, pos = varint(buf, pos)
-            headers.append((hkey, None if hvlen < 0 else buf[pos : pos + hvlen]))
-            pos += max(hvlen, 0)
+        headers, pos = read_v2_headers(buf, pos, hcount) if hcount else ([], pos)
         if pos != end or end > len(buf) or klen < -1 or vlen < -1 or hcount < 0:
             raise RecordDecodeError(f"record of {length} bytes does not match its fields")
         yield offset_delta, ts_delta, key, value, headers

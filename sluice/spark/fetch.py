@@ -95,6 +95,7 @@ class RangeReader:
             max_bytes=self._max_bytes,
             isolation_level=self._isolation,
             replica_id=-1,
+            kafka_v2_records=True,  # the Arrow decoder reads Kafka clients' batches as stored
             topics=[
                 broker_pb2.FetchTopic(
                     name=topic,

@@ -9,9 +9,12 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sluice.api.v1 import records_pb2
+from sluice.broker.kafka.record_batch import split_batches, to_stored_batch
 from sluice.records import BatchBuilder, RecordBatch, control_batch, decode_record_tuples
 from sluice.spark.arrow import arrow_schema, decode_batches
 from sluice.spark.source import read_schema
+
+default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
 
 
 def _batch(base: int, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]] | None]]) -> RecordBatch:
@@ -92,3 +95,39 @@ def test_log_append_time_batches_carry_the_broker_time() -> None:
     assert rb is not None
     assert rb.column("timestampType").to_pylist() == [1, 1]
     assert [int(t.timestamp() * 1000) for t in rb.column("timestamp").to_pylist()] == [1_800_000_000_123] * 2
+
+
+def _kafka_batch(base: int, records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
+                 codec: int = 0) -> RecordBatch:  # fmt: skip
+    """A batch as a Kafka client's v2 batch is stored (kafka-python builds it; records_format KAFKA_V2)."""
+    builder = default_records.DefaultRecordBatchBuilder(2, codec, 0, -1, -1, -1, 1 << 24)
+    for i, (key, value, headers) in enumerate(records):
+        builder.append(i, 1_700_000_000_000 + base + i, key, value, headers)
+    [(header, data)] = split_batches(bytes(builder.build()))
+    batch = to_stored_batch(header, data)
+    batch.base_offset = base
+    return batch
+
+
+@pytest.mark.parametrize("codec", [0, 1, 3])  # none, gzip, lz4
+def test_batches_in_kafkas_encoding_decode_like_the_codec(codec: int) -> None:
+    rnd = random.Random(5)
+    kafka_batch = _kafka_batch(
+        100,
+        [
+            (
+                None if i % 5 == 0 else f"key-{i}".encode(),
+                None if i % 7 == 0 else bytes(rnd.randrange(256) for _ in range(rnd.randint(0, 300))),
+                [("trace", b"x" * (i % 3)), ("null", None)] if i % 4 == 0 else [],
+            )
+            for i in range(300)
+        ],
+        codec,
+    )
+    assert kafka_batch.records_format == records_pb2.RECORDS_FORMAT_KAFKA_V2
+    batches = [_batch(0, [(b"k", b"v" * 10, None) for _ in range(100)]), kafka_batch]  # both encodings, one fetch
+    schema = arrow_schema(True)
+    for start, end in [(0, 10_000), (50, 150), (101, 399), (399, 400)]:
+        rb = decode_batches(batches, "orders", 3, start, end, schema)
+        assert rb is not None
+        assert _got(rb) == _expected(batches, start, end), (start, end)
