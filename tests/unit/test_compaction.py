@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from sluice import errors
 from sluice.broker.config import DEFAULTS
 from sluice.broker.log.partition import PartitionLog
 from sluice.broker.log.storage import RocksStorage
@@ -94,3 +97,12 @@ def test_min_compaction_lag_keeps_recent_batches(tmp_path: Path) -> None:
     assert p.compact(NOW + 120_000) == 2  # once the lag has passed, the usual rule
     assert visible(p) == [(b"a", b"newest"), (b"z", b"last")]
     s.close()
+
+
+def test_a_record_without_a_key_is_refused_on_a_compacted_topic_and_nothing_is_appended(tmp_path: Path) -> None:
+    """As Kafka refuses it (INVALID_RECORD): compaction keeps the latest record per key."""
+    _s, p = open_log(tmp_path / "db")
+    with pytest.raises(errors.InvalidRecordError, match=r"without a key \(record 1 of the batch\)"):
+        p.append(build_batch([(b"a", b"1"), (None, b"2")]), leader_epoch=p.leader_epoch)
+    assert p.log_end_offset == 0
+    assert p.append(build_batch([(b"a", b"1"), (b"b", None)]), leader_epoch=p.leader_epoch) == (0, False)

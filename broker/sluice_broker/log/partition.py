@@ -60,8 +60,10 @@ from sluice.broker.log.producer_state import (
 from sluice.broker.log.storage import Storage, WriteSet
 from sluice.records import (
     RecordBatch,
+    RecordDecodeError,
     compute_crc,
     control_batch,
+    decode_record_tuples,
     decode_records,
     now_ms,
     parse_control,
@@ -328,6 +330,8 @@ class PartitionLog:
         of a transaction on this partition).
         """
         self.check_leader(leader_epoch)
+        if not batch.control and "compact" in str(self.config("cleanup.policy")).split(","):
+            self._require_keys(batch)
         pid = batch.producer_id
         if pid > 0:
             entry = self.producers.get(pid)
@@ -354,6 +358,20 @@ class PartitionLog:
             batch.crc = compute_crc(batch)
         self._write_staged(batch)
         return offset, False
+
+    def _require_keys(self, batch: RecordBatch) -> None:
+        """A compacted topic keeps the latest record per key, so it refuses a record without one, as
+        Kafka does (INVALID_RECORD). The one produce check that decodes every record, on these topics only."""
+        try:
+            records = decode_record_tuples(batch)
+        except RecordDecodeError as exc:
+            raise errors.CorruptMessageError(str(exc)) from None
+        for index, (_offset, _ts, key, _value, _headers) in enumerate(records):
+            if key is None:
+                raise errors.InvalidRecordError(
+                    f"compacted topic {self.topic} cannot accept a record without a key (record {index} of the "
+                    "batch): give every record a key, or use cleanup.policy=delete"
+                )
 
     def _check_producer_room(self, producer_id: int) -> None:
         """A new producer on this partition: refused once it holds producer.id.max.count.per.partition."""
