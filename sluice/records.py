@@ -170,7 +170,7 @@ def decompress(data: bytes, codec: int) -> bytes:
 def v2_attributes(batch: RecordBatch) -> int:
     """The attributes field of ``batch`` as a Kafka v2 batch header spells it.
 
-    Sluice's compression numbers are Kafka's codec ids (none 0, gzip 1, lz4 3, zstd 4)."""
+    Sluice's compression numbers are Kafka's codec ids (none 0, gzip 1, snappy 2, lz4 3, zstd 4)."""
     attributes = int(batch.compression)
     if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
         attributes |= 0x08

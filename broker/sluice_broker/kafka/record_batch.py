@@ -48,6 +48,7 @@ from sluice.records import (
     decompress,
     iter_v2_records,
     read_headers,
+    v2_attributes,
     v2_crc_header,
     zigzag_varint,
 )
@@ -252,13 +253,7 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
         return header + v2_crc_header(batch) + batch.records
     first_ts, base = batch.first_timestamp, batch.base_offset
     records = _to_v2_records(batch)
-    attributes = COMPRESSION_NONE
-    if batch.timestamp_type == records_pb2.LOG_APPEND_TIME:
-        attributes |= 0x08
-    if batch.transactional:
-        attributes |= 0x10
-    if batch.control:
-        attributes |= 0x20
+    attributes = v2_attributes(batch) & ~0x07  # the records are written uncompressed
     # Sluice spells "no producer id" -1 or 0; Kafka only -1, with epoch and sequence -1 too.
     if batch.producer_id > 0:
         pid, epoch, seq = batch.producer_id, batch.producer_epoch, batch.base_sequence
