@@ -97,6 +97,10 @@ def test_bad_batch_headers(wire: Wire, unique_topic: str) -> None:
     odd = batch_of([b"x"])
     odd.compression = 5  # no such codec
     assert wire.produce(unique_topic, 0, odd).error_code == pb.UNSUPPORTED_COMPRESSION_TYPE
+    unknown = batch_of([b"x"])
+    unknown.records_format = 7  # type: ignore[assignment]  # no such encoding
+    refused = wire.produce(unique_topic, 0, unknown)
+    assert refused.error_code == pb.INVALID_RECORD and "records_format 7" in refused.error_message
     assert wire.produce(unique_topic, 0, batch_of([b"x"]), acks=5).error_code == pb.INVALID_REQUIRED_ACKS
 
 

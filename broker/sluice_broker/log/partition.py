@@ -96,6 +96,8 @@ def validate_batch(batch: RecordBatch, max_message_bytes: int) -> int:
         pb.COMPRESSION_ZSTD,
     ):
         raise errors.UnsupportedCompressionTypeError(f"unknown compression {batch.compression}")
+    if batch.records_format not in (pb.RECORDS_FORMAT_SLUICE, pb.RECORDS_FORMAT_KAFKA_V2):
+        raise errors.InvalidRecordError(f"unknown records_format {batch.records_format} (0: Sluice's, 1: Kafka's v2)")
     size = batch.ByteSize()
     if size > max_message_bytes:
         raise errors.MessageTooLargeError(f"batch of {size} bytes is larger than max.message.bytes={max_message_bytes}")
