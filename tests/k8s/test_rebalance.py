@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
+from sluice.metadata import keys
+from sluice.testing import Scrape, free_port, scrape
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
@@ -27,6 +29,8 @@ V1 = "sluice.dev/v1alpha1"
 TOPIC = "orders"
 PARTITIONS, RF, RECORDS = 6, 2, 120
 # Internal topics of two replicas, so that broker 2 can be drained of everything.
+METRICS_PORT = free_port("127.0.0.1")
+METRICS = f"http://127.0.0.1:{METRICS_PORT}/metrics"
 CONFIG = {"offsets.topic.replication.factor": "2", "transaction.state.log.replication.factor": "2"}
 
 
@@ -50,6 +54,15 @@ def replicas_per_broker(sluice: SluiceOnK8s) -> Counter[int]:
 def reassigning(sluice: SluiceOnK8s) -> bool:
     doc = sluice.topic_doc(TOPIC) or {}
     return any(p.get("adding_replicas") or p.get("removing_replicas") for p in doc.get("partitions", []))
+
+
+def all_replicas_per_broker(sluice: SluiceOnK8s) -> dict[int, int]:
+    docs = [d.value for d in sluice.store.list(keys.TOPICS) if d.value is not None]
+    return dict(Counter(b for doc in docs for p in doc["partitions"] for b in p["replicas"]))
+
+
+def operator_replicas(m: Scrape) -> dict[int, int]:
+    return {int(labels["broker"]): int(v) for labels, v in m.series("sluice_operator_partition_replicas") if v}
 
 
 def in_state(sluice: SluiceOnK8s, name: str, state: str) -> dict[str, Any] | None:
@@ -83,7 +96,7 @@ def sluice(k8s: KubeCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for i in (0, 1):
             cluster.wait_serving(i)
             cluster.set_ready(i, True)
-        cluster.start_operator()
+        cluster.start_operator("--metrics-listen", f"127.0.0.1:{METRICS_PORT}")
         yield cluster
     finally:
         cluster.close()
@@ -127,6 +140,11 @@ def test_add_brokers_proposes_then_moves_the_new_brokers_share_once_approved(slu
     assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Rebalancing")["status"] == "False"
     assert "sluice.dev/rebalance" not in (obj["metadata"].get("annotations") or {})  # acted on: removed
     assert replicas_per_broker(sluice) == {0: 4, 1: 4, 2: 4} and not reassigning(sluice)
+    # The operator's metrics: replicas per broker (every topic, as the metadata has them), nothing moving.
+    wanted = all_replicas_per_broker(sluice)
+    m = wait_for(lambda: (m := scrape(METRICS)) and operator_replicas(m) == wanted and m, 30, "replica metrics")
+    assert m.value("sluice_operator_reassigning_partitions") == 0
+    assert m.value("sluice_operator_rebalances_running") == 0
     # Every record is still there, and broker 2 leads its partitions once the controller moves
     # leadership to the preferred replicas (preferred-leader delay 2 s).
     wait_for(lambda: Counter(sluice.leaders(TOPIC))[2] == 2, 60, "broker 2 leading", logs=sluice.logs)
@@ -174,6 +192,15 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
     )
     assert obj["status"]["progress"]["done"] == 0 and condition(obj, "Rebalancing")["status"] == "True"
     moving = [p for p in (sluice.topic_doc(TOPIC) or {})["partitions"] if p.get("adding_replicas")]
+    m = wait_for(
+        lambda: (m := scrape(METRICS)) and m.value("sluice_operator_reassigning_partitions") == 1 and m,
+        30,
+        "the move in flight in the operator's metrics",
+    )
+    assert m.value("sluice_operator_rebalances_running") == 1
+    assert m.value("sluice_operator_rebalance_partitions", state="in_flight") == 1
+    assert m.value("sluice_operator_rebalance_partitions", state="total") == obj["status"]["progress"]["total"]
+    assert m.value("sluice_operator_rebalance_partitions", state="done") == 0
     assert len(moving) == 1 and moving[0]["adding_replicas"] == [2], (sluice.topic_doc(TOPIC), obj["status"])
 
     sluice.k8s.kubectl("annotate", "-n", sluice.namespace, "sluicerebalance", "onto-2", "sluice.dev/rebalance=stop")
