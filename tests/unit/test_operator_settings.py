@@ -89,7 +89,13 @@ def test_timers_take_their_intervals_from_the_settings() -> None:
     registry = kopf.OperatorRegistry()
     register(registry, OperatorSettings(namespace="n", metadata_url="x", reconcile_interval_s=7, status_interval_s=2))
     intervals = {h.id.rsplit("/", 1)[-1]: h.interval for h in registry._spawning.get_all_handlers()}
-    assert intervals == {"topic_drift": 7, "coordinator_drift": 7, "transactional_id_status": 2, "user_drift": 7}
+    assert intervals == {
+        "topic_drift": 7,
+        "coordinator_drift": 7,
+        "transactional_id_status": 2,
+        "user_drift": 7,
+        "rebalance_tick": 2,
+    }
 
 
 def test_the_operators_own_client_certificate_goes_with_a_ca_file_and_no_token() -> None:
