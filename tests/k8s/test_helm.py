@@ -287,6 +287,9 @@ def test_operator_and_broker_roles_are_least_privilege(k8s: KubeCluster, k8s_nam
         assert can(broker, "create", "tokenreviews.authentication.k8s.io")  # the token listener
         assert not can(broker, "create", "subjectaccessreviews.authorization.k8s.io")
         assert can(operator, "patch", "sluiceusers.sluice.dev/status", "-n", ns)
+        assert can(operator, "patch", "sluicerebalances.sluice.dev", "-n", ns)  # it removes the annotation
+        assert can(operator, "patch", "sluicerebalances.sluice.dev/status", "-n", ns)
+        assert not can(broker, "list", "sluicerebalances.sluice.dev", "-n", ns)
 
         assert can(operator, "patch", "transactionalids.sluice.dev", "-n", ns)
         assert can(operator, "watch", "pods", "-n", ns)
