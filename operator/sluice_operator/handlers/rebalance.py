@@ -54,7 +54,7 @@ from sluice.metadata.rebalance import MODES, REMOVE_BROKERS, Goal, Plan, PlanRef
 from sluice.operator import metrics
 from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
 from sluice.operator.handlers.status import check_paused, conditions_of
-from sluice.operator.resources import FALSE, TRUE, set_condition
+from sluice.operator.resources import FALSE, TRUE, get_condition, set_condition
 from sluice.operator.settings import OperatorSettings
 
 log = logging.getLogger("sluice.operator")
@@ -108,6 +108,8 @@ def reconcile_rebalance(body: Mapping[str, Any], patch: kopf.Patch, runtime: Ope
 
     if action:  # acted on (or ignored) this round: removed, so the next one is the user's again
         patch.metadata.setdefault("annotations", {})[ANNOTATION] = None  # None removes it
+    if action and get_condition(conds, "AnnotationIgnored") is not None:  # a new request: the old verdict goes
+        conds = set_condition(conds, "AnnotationIgnored", FALSE, "Acted", "", generation)
     if action not in ("", APPROVE, STOP, REFRESH):
         message = f"{ANNOTATION}: {action!r} is not approve, stop or refresh"
         conds = set_condition(conds, "AnnotationIgnored", TRUE, "UnknownValue", message, generation)
