@@ -66,6 +66,7 @@ def test_defaults_and_values_from_the_environment() -> None:
         ("SLUICE_EXPECTED_BROKERS", "three", "whole number"),
         ("SLUICE_EXPECTED_BROKERS", "-1", "at least 0"),
         ("SLUICE_PEERING_PRIORITY", "1.5", "whole number"),
+        ("SLUICE_AUTO_REBALANCE_ON_SCALE_UP", "yes", "not true or false"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str, message: str) -> None:
@@ -111,3 +112,14 @@ def test_the_operators_own_client_certificate_goes_with_a_ca_file_and_no_token()
     ):
         with pytest.raises(SettingsError, match=message):
             OperatorSettings.from_environment(env).broker_security()
+
+
+def test_the_automatic_rebalance_on_scale_up_is_off_unless_asked() -> None:
+    base = {"SLUICE_NAMESPACE": "n"}
+    assert OperatorSettings.from_environment(base).auto_rebalance_on_scale_up is False
+    on = OperatorSettings.from_environment({**base, "SLUICE_AUTO_REBALANCE_ON_SCALE_UP": "True"})
+    assert on.auto_rebalance_on_scale_up is True
+    registry = kopf.OperatorRegistry()
+    register(registry, on)
+    watched = {h.id.rsplit("/", 1)[-1] for h in registry._watching.get_all_handlers()}
+    assert "broker_pod_event" in watched

@@ -31,6 +31,12 @@ checked on every round, also after Ready: the drained brokers are still register
 created later may land on them again. Scaling the StatefulSet down is left to the user (see
 docs/kubernetes.md), who then loses no partition.
 
+**Automatic rebalance on scale-up** (``SLUICE_AUTO_REBALANCE_ON_SCALE_UP=true``, the chart's
+``rebalance.autoOnScaleUp``): on every event of a broker Pod, a registered broker that holds no
+replica while others do, is not dead and is not being drained by a remove-brokers rebalance gets
+a SluiceRebalance ``auto-add-brokers-<ids>`` (mode add-brokers, autoApprove), which then runs as
+any other. Its name makes it once per set of brokers: a second event finds it exists.
+
 Moves are written to the topic documents directly, not through a broker's admin API: the
 operator already owns the store (its controller writes leadership there), the change is the
 one :mod:`sluice.metadata.reassignment` defines for the brokers, and a rebalance then does not
@@ -46,9 +52,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TopicDocument
+from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.reassignment import ReassignmentRefused, cancel, check_target, start, target_replicas
 from sluice.metadata.rebalance import MODES, REMOVE_BROKERS, Goal, Plan, PlanRefused, plan
 from sluice.operator import metrics
@@ -73,6 +81,62 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     register_kind(
         registry, PLURAL, changed=rebalance_changed, timer=rebalance_tick, interval_s=settings.status_interval_s
     )
+    if settings.auto_rebalance_on_scale_up:
+        labels = dict(kv.split("=", 1) for kv in settings.broker_selector.split(",") if "=" in kv)
+        kopf.on.event("", "v1", "pods", labels=labels, registry=registry)(broker_pod_event)
+
+
+def broker_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    runtime = getattr(memo, "runtime", None)
+    if not isinstance(runtime, OperatorRuntime) or event.get("type") == "DELETED":
+        return
+    try:
+        name = auto_rebalance(runtime)
+    except Exception as exc:  # the next pod event tries again; never fail Kopf's watch on it
+        log.warning("automatic rebalance on scale-up: %s", exc)
+        return
+    if name:
+        log.info("brokers joined empty: created SluiceRebalance %s (add-brokers, auto-approved)", name)
+
+
+def auto_rebalance(runtime: OperatorRuntime) -> str | None:
+    """Create the add-brokers rebalance for brokers that joined empty; its name, or None when none is due."""
+    held: dict[int, int] = {}
+    for topic in _topics(runtime):
+        for part in topic.partitions:
+            for b in part.replicas:
+                held[b] = held.get(b, 0) + 1
+    if not held:
+        return None  # no topic yet: there is nothing to share
+    existing = runtime.custom().list_namespaced_custom_object(GROUP, VERSION, runtime.namespace, PLURAL)
+    draining = {
+        int(b)
+        for item in existing.get("items") or []
+        if (item.get("spec") or {}).get("mode") == REMOVE_BROKERS
+        for b in (item.get("spec") or {}).get("brokers") or ()
+    }
+    dead = set(_dead(runtime))
+    empty = sorted(
+        b.broker_id
+        for b in runtime.brokers()
+        if not held.get(b.broker_id) and b.broker_id not in dead and b.broker_id not in draining
+    )
+    if not empty:
+        return None
+    name = "auto-add-brokers-" + "-".join(str(b) for b in empty)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SluiceRebalance",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "sluice-operator"}},
+        "spec": {"mode": "add-brokers", "brokers": empty, "autoApprove": True},
+    }
+    try:
+        runtime.custom().create_namespaced_custom_object(GROUP, VERSION, runtime.namespace, PLURAL, body)
+    except ApiException as exc:
+        if exc.status == 409:
+            return None  # made on an earlier event
+        raise
+    return name
 
 
 def rebalance_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
