@@ -131,3 +131,16 @@ def test_the_topic_filter_moves_only_those_topics() -> None:
 def test_invalid_goals_are_refused_with_the_reason(goal: Goal, ids: list[int], message: str) -> None:
     with pytest.raises(PlanRefused, match=re.escape(message)):
         plan(goal, brokers(ids), [placed("orders", 3, 3, [0, 1, 2])])
+
+
+def test_a_large_cluster_balances_with_about_the_least_data_moved() -> None:
+    # 2,000 partitions of 40 topics on 6 brokers, 3 brokers added (the planner indexes partitions
+    # by broker and topic: this takes well under a second; pytest-timeout bounds it anyway).
+    topics = [placed(f"t{i}", 50, 3, list(range(6))) for i in range(40)]
+    p = plan(Goal(ADD_BROKERS, (6, 7, 8)), brokers(list(range(9))), topics)
+    replicas, leaders = counts(after(topics, p))
+    assert max(replicas.values()) - min(replicas.values()) <= 1
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+    assert p.replicas_to_copy == replicas[6] + replicas[7] + replicas[8] == 6000 // 9 * 3  # only what they need
+    per_topic = Counter((k[0], b) for k, rs in after(topics, p).items() for b in rs)
+    assert all(per_topic[(f"t{i}", b)] >= 1 for i in range(40) for b in (6, 7, 8))  # topics spread too
