@@ -81,9 +81,18 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     register_kind(
         registry, PLURAL, changed=rebalance_changed, timer=rebalance_tick, interval_s=settings.status_interval_s
     )
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(rebalance_event)
     if settings.auto_rebalance_on_scale_up:
         labels = dict(kv.split("=", 1) for kv in settings.broker_selector.split(",") if "=" in kv)
         kopf.on.event("", "v1", "pods", labels=labels, registry=registry)(broker_pod_event)
+
+
+def rebalance_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A deleted rebalance leaves the progress metrics (no finalizer: its moves in flight finish
+    under the controller, the others are simply not started)."""
+    if event.get("type") == "DELETED":
+        meta = (event.get("object") or {}).get("metadata") or {}
+        metrics.rebalance_progress(f"{meta.get('namespace')}/{meta.get('name')}", {}, active=False)
 
 
 def broker_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
