@@ -22,7 +22,11 @@ one) carries on where the last left off:
 
 ``sluice.dev/rebalance: refresh`` (or a changed spec) computes a new proposal, except while
 Rebalancing, where a new plan would fight the one running (stop first). The operator removes
-the annotation once it has acted on it, as Strimzi does.
+the annotation once it has acted on it, as Strimzi does. Annotations are acted on by the timer
+(every ``status_interval_s``), which is also what moves a running rebalance on: the tests saw
+Kopf's update handler not called for an annotation change. A timer and an update handler may
+overlap in Kopf; every step is idempotent (a move started twice is one move), with one known
+window: a round that read the state before a ``stop`` may start moves after it (stop again).
 
 A ``remove-brokers`` rebalance also says whether the brokers it drains may go: condition
 ``BrokersHoldReplicas`` (True while any topic, filtered or not, still has a replica on one of
