@@ -16,6 +16,8 @@ by one hook line where each event happens and served by prometheus_client's own 
 * **Leaders per broker** and leaderless (offline) partitions, from the topic documents the
   controller read or wrote in its last round: Sluice's controller is the operator, so the
   cluster-wide leadership view belongs here.
+* **Replicas per broker** and partitions being reassigned, from the same documents; the
+  **rebalances** being executed (SluiceRebalance): their planned, moved and moving partitions.
 * **Drift repairs**: a change the periodic drift check had to make (a topic missing, partitions
   or config not as declared) because the cluster no longer matched its resource. A change made
   because the resource itself changed is a reconciliation, not a repair: the timer handlers run
@@ -31,6 +33,7 @@ import contextlib
 import functools
 import threading
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -48,6 +51,7 @@ KINDS = {
     "coordinators": "Coordinator",
     "transactionalids": "TransactionalId",
     "sluiceusers": "SluiceUser",
+    "sluicerebalances": "SluiceRebalance",
 }
 LEADERSHIP = "Leadership"  # the controller loop's rounds
 
@@ -152,18 +156,24 @@ class _Leadership(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._leaders: dict[str, list[int]] = {}  # topic document key -> leader of each partition
+        self._replicas: dict[str, list[list[int]]] = {}  # ... -> replicas of each partition
+        self._reassigning: dict[str, int] = {}  # ... -> partitions with a reassignment in progress
         self._dead_at: dict[int, float] = {}  # broker -> monotonic time its last healthy answer came
         self._rounds = 0
 
     def observe(self, key: str, doc: TopicDocument) -> None:
         with self._lock:
             self._leaders[key] = [p.leader for p in doc.partitions]
+            self._replicas[key] = [list(p.replicas) for p in doc.partitions]
+            self._reassigning[key] = sum(1 for p in doc.partitions if p.reassigning)
 
     def keep_only(self, keys: Iterable[str]) -> None:
         wanted = set(keys)
         with self._lock:
             for key in [k for k in self._leaders if k not in wanted]:
                 del self._leaders[key]
+                self._replicas.pop(key, None)
+                self._reassigning.pop(key, None)
             self._rounds += 1
 
     def broker_died(self, broker_id: int, silent_s: float) -> None:
@@ -182,6 +192,8 @@ class _Leadership(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
             leaders = [leader for ls in self._leaders.values() for leader in ls]
+            replicas = [b for rs in self._replicas.values() for p in rs for b in p]
+            reassigning = sum(self._reassigning.values())
             rounds = self._rounds
         per_broker = GaugeMetricFamily(
             "sluice_operator_leaders",
@@ -200,6 +212,20 @@ class _Leadership(Collector):
         )
         offline.add_metric([], sum(1 for leader in leaders if leader < 0) if rounds else 0)
         yield offline
+        per_broker_replicas = GaugeMetricFamily(
+            "sluice_operator_partition_replicas",
+            "Partition replicas on each broker (a partition being reassigned counts on its old and new ones)",
+            labels=["broker"],
+        )
+        for broker, n in sorted(Tally(replicas).items()):
+            per_broker_replicas.add_metric([str(broker)], n)
+        yield per_broker_replicas
+        moving = GaugeMetricFamily(
+            "sluice_operator_reassigning_partitions",
+            "Partitions with a reassignment in progress, cluster-wide (any cause: a rebalance, the CLI, Kafka's tool)",
+        )
+        moving.add_metric([], reassigning)
+        yield moving
 
 
 LEADERSHIP_VIEW = _Leadership()
@@ -250,6 +276,52 @@ def topic_written(key: str, old: TopicDocument, new: TopicDocument, dead: frozen
 def round_listed(keys: Iterable[str]) -> None:
     """The round listed these topic documents: forget topics that are gone."""
     LEADERSHIP_VIEW.keep_only(keys)
+
+
+# -- rebalances (SluiceRebalance) ---------------------------------------------------------------------
+
+
+class _Rebalances(Collector):
+    """Partitions of the running rebalances: planned, done, moving (summed: no resource names as labels)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[int, int, int]] = {}  # namespace/name -> total, done, in flight
+
+    def update(self, resource: str, progress: Mapping[str, Any], active: bool) -> None:
+        with self._lock:
+            if active:
+                self._running[resource] = (
+                    int(progress.get("total", 0)),
+                    int(progress.get("done", 0)),
+                    int(progress.get("inFlight", 0)),
+                )
+            else:
+                self._running.pop(resource, None)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            running = list(self._running.values())
+        family = GaugeMetricFamily(
+            "sluice_operator_rebalance_partitions",
+            "Partitions of the SluiceRebalances being executed: planned (total), moved (done), moving (in_flight)",
+            labels=["state"],
+        )
+        for i, state in enumerate(("total", "done", "in_flight")):
+            family.add_metric([state], sum(r[i] for r in running))
+        yield family
+        count = GaugeMetricFamily("sluice_operator_rebalances_running", "SluiceRebalances being executed")
+        count.add_metric([], len(running))
+        yield count
+
+
+REBALANCES = _Rebalances()
+REGISTRY.register(REBALANCES)
+
+
+def rebalance_progress(resource: str, progress: Mapping[str, Any], active: bool) -> None:
+    """A SluiceRebalance's progress after a round (``active``: it is executing; else it is forgotten)."""
+    REBALANCES.update(resource, progress, active)
 
 
 # -- serving ----------------------------------------------------------------------------------------

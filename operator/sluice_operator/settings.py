@@ -31,6 +31,8 @@ SLUICE_PREFERRED_LEADER_DELAY_S     a Ready broker takes its leaderships back af
 SLUICE_RECONCILE_INTERVAL_S         drift repair period of Topics and Coordinators        30
 SLUICE_STATUS_INTERVAL_S            TransactionalId status period                         5
 SLUICE_PEERING                      the KopfPeering object's name                         sluice
+SLUICE_AUTO_REBALANCE_ON_SCALE_UP   true: a broker that joins empty gets an approved      false
+                                    add-brokers SluiceRebalance (handlers.rebalance)
 SLUICE_PEERING_PRIORITY             this replica's peering priority                       random
 SLUICE_BROKER_CA_FILE               the cluster CA: TLS to the brokers' client listener   plaintext
 SLUICE_BROKER_TOKEN_FILE            a ServiceAccount token for a token listener           none
@@ -107,6 +109,7 @@ class OperatorSettings:
     operator_client_secret: str | None = None
     broker_cert_file: str | None = None
     broker_key_file: str | None = None
+    auto_rebalance_on_scale_up: bool = False
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -144,6 +147,7 @@ class OperatorSettings:
             operator_client_secret=_text(env, "SLUICE_OPERATOR_CLIENT_SECRET"),
             broker_cert_file=_text(env, "SLUICE_BROKER_CERT_FILE"),
             broker_key_file=_text(env, "SLUICE_BROKER_KEY_FILE"),
+            auto_rebalance_on_scale_up=_boolean(env, "SLUICE_AUTO_REBALANCE_ON_SCALE_UP"),
         )
 
     def broker_security(self) -> dict[str, str]:
@@ -190,6 +194,13 @@ def _text(env: Mapping[str, str], name: str) -> str | None:
     """The variable's value, None when it is unset or empty (an empty value means the default)."""
     value = env.get(name, "").strip()
     return value or None
+
+
+def _boolean(env: Mapping[str, str], name: str) -> bool:
+    raw = (_text(env, name) or "false").lower()
+    if raw not in ("true", "false"):
+        raise SettingsError(f"{name}={raw!r} is not true or false")
+    return raw == "true"
 
 
 def _number(

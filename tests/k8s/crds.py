@@ -10,7 +10,7 @@ from tests.support.k8s_env import KubeCluster
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "manifests" / "crds"
 POLICY_DIR = ROOT / "manifests" / "policies"
-KINDS = ("topics", "coordinators", "transactionalids", "metadatadocuments", "sluiceusers")
+KINDS = ("topics", "coordinators", "transactionalids", "metadatadocuments", "sluiceusers", "sluicerebalances")
 PEERING_CRD = "kopfpeerings.kopf.dev"
 
 

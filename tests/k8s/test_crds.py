@@ -180,3 +180,41 @@ def test_replication_factor_above_the_broker_count_is_refused_by_the_admission_p
          "spec": {"type": "group", "replicationFactor": 3}},
     )  # fmt: skip
     assert code != 0 and "exceeds the 2 broker(s)" in err, err
+
+
+def rebalance(name: str, **spec: object) -> dict[str, object]:
+    return {"apiVersion": "sluice.dev/v1alpha1", "kind": "SluiceRebalance", "metadata": {"name": name}, "spec": spec}
+
+
+def test_a_rebalance_gets_its_defaults_and_printer_columns(k8s: KubeCluster, k8s_namespace: str) -> None:
+    code, err = create(k8s, k8s_namespace, rebalance("even"))
+    assert code == 0, err
+    got = k8s.kubectl_json("get", "sluicerebalance", "even", "-n", k8s_namespace)
+    assert got["spec"] == {"mode": "full", "autoApprove": False, "maxPartitionsInFlight": 10}
+    code, err = create(k8s, k8s_namespace, rebalance("grow", mode="add-brokers", brokers=[3, 4], topics=["orders"]))
+    assert code == 0, err
+    table = k8s.kubectl("get", "srb", "-n", k8s_namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "MODE", "STATE", "MOVED", "TOTAL", "AGE"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"mode": "full", "brokers": [1]},
+            "spec.brokers is given with mode add-brokers or remove-brokers, and only then",
+        ),
+        ({"mode": "remove-brokers"}, "spec.brokers is given with mode add-brokers or remove-brokers, and only then"),
+        ({"mode": "add-brokers", "brokers": []}, "and only then"),
+        ({"mode": "shuffle"}, 'Unsupported value: "shuffle"'),
+        ({"mode": "remove-brokers", "brokers": [-1]}, "should be greater than or equal to 0"),
+        ({"mode": "remove-brokers", "brokers": [1, 1]}, "Duplicate value"),
+        ({"maxPartitionsInFlight": 0}, "should be greater than or equal to 1"),
+    ],
+)
+def test_invalid_rebalances_are_refused_by_the_api_server(
+    k8s: KubeCluster, k8s_namespace: str, spec: dict[str, object], expected: str
+) -> None:
+    code, err = create(k8s, k8s_namespace, rebalance("bad", **spec))
+    assert code != 0
+    assert expected in err, err

@@ -287,6 +287,10 @@ def test_operator_and_broker_roles_are_least_privilege(k8s: KubeCluster, k8s_nam
         assert can(broker, "create", "tokenreviews.authentication.k8s.io")  # the token listener
         assert not can(broker, "create", "subjectaccessreviews.authorization.k8s.io")
         assert can(operator, "patch", "sluiceusers.sluice.dev/status", "-n", ns)
+        assert can(operator, "patch", "sluicerebalances.sluice.dev", "-n", ns)  # it removes the annotation
+        assert can(operator, "patch", "sluicerebalances.sluice.dev/status", "-n", ns)
+        assert not can(operator, "create", "sluicerebalances.sluice.dev", "-n", ns)  # rebalance.autoOnScaleUp off
+        assert not can(broker, "list", "sluicerebalances.sluice.dev", "-n", ns)
 
         assert can(operator, "patch", "transactionalids.sluice.dev", "-n", ns)
         assert can(operator, "watch", "pods", "-n", ns)
@@ -328,6 +332,10 @@ def test_operator_command_line_and_environment_are_what_the_operator_reads(k8s: 
     settings = {e["name"] for e in container["env"] if e["name"].startswith("SLUICE_")}
     assert settings >= {"SLUICE_BROKER_SELECTOR", "SLUICE_BROKER_STATEFULSET", "SLUICE_FAILOVER_GRACE_SECONDS"}
     assert {s for s in settings if f'"{s}"' not in source} == set()
+    assert "SLUICE_AUTO_REBALANCE_ON_SCALE_UP" not in settings  # off by default
+    auto = find(render(k8s, "--set", "rebalance.autoOnScaleUp=true", namespace="prod"), "Deployment", "sluice-operator")
+    auto_env = {e["name"]: e.get("value") for e in auto["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert auto_env["SLUICE_AUTO_REBALANCE_ON_SCALE_UP"] == "true" and '"SLUICE_AUTO_REBALANCE_ON_SCALE_UP"' in source
     selector = dict(
         kv.split("=")
         for kv in next(e["value"] for e in container["env"] if e["name"] == "SLUICE_BROKER_SELECTOR").split(",")

@@ -25,8 +25,11 @@ from sluice.broker.main import parse_metrics_listen
 from sluice.broker.metrics.collectors import ReplicaCollector, compaction_stats, stall_seconds
 from sluice.broker.metrics.exporter import BrokerMetrics
 from sluice.broker.replica_manager import ReplicaManager
+from sluice.broker.replication.throttle import ReplicationThrottle
 from sluice.broker.txn import TransactionCoordinator
 from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
+from sluice.metadata import documents, keys, reassignment
+from sluice.metadata.documents import PartitionState, TopicDocument
 from sluice.records import build_batch
 from sluice.testing import Scrape, free_port
 from tests.support.broker_core import InProcessBroker
@@ -256,8 +259,8 @@ def test_replica_gauges_follow_the_cluster_view() -> None:
             config=lambda key: 2,  # min.insync.replicas
         )
 
-    def p(leader: int, isr: list[int]) -> SimpleNamespace:
-        return SimpleNamespace(leader=leader, replicas=[0, 1, 2], isr=isr)
+    def p(leader: int, isr: list[int]) -> PartitionState:
+        return PartitionState(leader=leader, replicas=[0, 1, 2], isr=isr)
 
     topics = {
         "t": SimpleNamespace(partitions=[p(0, [0, 1]), p(1, [1, 0, 2])]),  # t-0 at min ISR, t-1 led by 1
@@ -267,6 +270,8 @@ def test_replica_gauges_follow_the_cluster_view() -> None:
     replicas = SimpleNamespace(
         partitions={("t", 0): part(10, 8, 5, 1), ("t", 1): part(10, 10, 10, 0), ("u", 0): part(3, 3, 3, 0)},
         leader_of={("t", 0), ("u", 0)},
+        reassignment_throttle=ReplicationThrottle(-1),
+        fetchers=SimpleNamespace(throttle=ReplicationThrottle(-1)),
     )
     cluster = SimpleNamespace(topics=topics, brokers={0: None, 1: None, 2: None}, dead_brokers=set())
 
@@ -290,3 +295,26 @@ def test_replica_gauges_follow_the_cluster_view() -> None:
     assert _collect(collector(1)).value("kafka_controller_kafkacontroller_offlinepartitionscount") == 0
     cluster.dead_brokers = {0}
     assert _collect(collector(1)).value("kafka_controller_kafkacontroller_offlinepartitionscount") == 1
+
+
+def test_a_reassignment_led_here_is_counted_and_its_bytes_out(tmp_path: Path) -> None:
+    async def test(rm: ReplicaManager, txn: TransactionCoordinator, groups: GroupCoordinator, port: int) -> None:
+        before = await scrape(port)
+        assert before.value("kafka_server_replicamanager_reassigningpartitions") == 0
+        assert before.value("kafka_server_brokertopicmetrics_reassignmentbytesout_total") == 0
+        assert before.value("kafka_server_brokertopicmetrics_reassignmentbytesin_total") == 0
+
+        # Partition 0 starts moving to [0, 7] (broker 7 being added), as AlterPartitionReassignments writes it.
+        def moving(topic: TopicDocument | None) -> TopicDocument | None:
+            assert topic is not None
+            return topic.with_partition(0, reassignment.start(topic.partitions[0], [0, 7]))
+
+        documents.update_document(rm.cluster.store, keys.topic(TOPIC), TopicDocument, moving)
+        rm.cluster.refresh()
+        await until(lambda: rm.cluster.topics[TOPIC].partitions[0].adding_replicas == [7], "the move seen")
+        rm.reassignment_throttle.charge(4096)  # what the leader charges for a ReplicaFetch answer to broker 7
+        m = await scrape(port)
+        assert m.value("kafka_server_replicamanager_reassigningpartitions") == 1
+        assert m.value("kafka_server_brokertopicmetrics_reassignmentbytesout_total") == 4096
+
+    run(tmp_path, test)

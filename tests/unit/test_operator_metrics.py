@@ -71,3 +71,20 @@ def test_the_endpoint_serves_the_registry_and_refuses_bad_addresses() -> None:
     for bad in ("9405", "host:", "host:99999", ":80"):
         with pytest.raises(ValueError, match="HOST:PORT"):
             metrics.parse_listen(bad)
+
+
+def test_rebalance_progress_sums_the_running_rebalances_and_forgets_finished_or_deleted_ones() -> None:
+    from sluice.operator.handlers.rebalance import rebalance_event
+
+    metrics.rebalance_progress("ns/a", {"total": 10, "done": 4, "inFlight": 3}, active=True)
+    metrics.rebalance_progress("ns/b", {"total": 2, "done": 0, "inFlight": 2}, active=True)
+    s = metrics.snapshot()
+    assert s["sluice_operator_rebalance_partitions{state=total}"] == 12
+    assert s["sluice_operator_rebalance_partitions{state=done}"] == 4
+    assert s["sluice_operator_rebalance_partitions{state=in_flight}"] == 5
+    assert s["sluice_operator_rebalances_running{}"] == 2
+    metrics.rebalance_progress("ns/a", {"total": 10, "done": 10, "inFlight": 0}, active=False)  # Ready
+    rebalance_event({"type": "DELETED", "object": {"metadata": {"namespace": "ns", "name": "b"}}})
+    s = metrics.snapshot()
+    assert s["sluice_operator_rebalances_running{}"] == 0
+    assert s["sluice_operator_rebalance_partitions{state=total}"] == 0

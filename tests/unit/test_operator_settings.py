@@ -66,6 +66,7 @@ def test_defaults_and_values_from_the_environment() -> None:
         ("SLUICE_EXPECTED_BROKERS", "three", "whole number"),
         ("SLUICE_EXPECTED_BROKERS", "-1", "at least 0"),
         ("SLUICE_PEERING_PRIORITY", "1.5", "whole number"),
+        ("SLUICE_AUTO_REBALANCE_ON_SCALE_UP", "yes", "not true or false"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str, message: str) -> None:
@@ -89,7 +90,13 @@ def test_timers_take_their_intervals_from_the_settings() -> None:
     registry = kopf.OperatorRegistry()
     register(registry, OperatorSettings(namespace="n", metadata_url="x", reconcile_interval_s=7, status_interval_s=2))
     intervals = {h.id.rsplit("/", 1)[-1]: h.interval for h in registry._spawning.get_all_handlers()}
-    assert intervals == {"topic_drift": 7, "coordinator_drift": 7, "transactional_id_status": 2, "user_drift": 7}
+    assert intervals == {
+        "topic_drift": 7,
+        "coordinator_drift": 7,
+        "transactional_id_status": 2,
+        "user_drift": 7,
+        "rebalance_tick": 2,
+    }
 
 
 def test_the_operators_own_client_certificate_goes_with_a_ca_file_and_no_token() -> None:
@@ -105,3 +112,14 @@ def test_the_operators_own_client_certificate_goes_with_a_ca_file_and_no_token()
     ):
         with pytest.raises(SettingsError, match=message):
             OperatorSettings.from_environment(env).broker_security()
+
+
+def test_the_automatic_rebalance_on_scale_up_is_off_unless_asked() -> None:
+    base = {"SLUICE_NAMESPACE": "n"}
+    assert OperatorSettings.from_environment(base).auto_rebalance_on_scale_up is False
+    on = OperatorSettings.from_environment({**base, "SLUICE_AUTO_REBALANCE_ON_SCALE_UP": "True"})
+    assert on.auto_rebalance_on_scale_up is True
+    registry = kopf.OperatorRegistry()
+    register(registry, on)
+    watched = {h.id.rsplit("/", 1)[-1] for h in registry._watching.get_all_handlers()}
+    assert "broker_pod_event" in watched

@@ -96,7 +96,7 @@ class ReplicaCollector(_SafeCollector):
 
     def families(self) -> Iterator[Metric]:
         rm = self.replicas
-        under_replicated = under_min_isr = at_min_isr = 0
+        under_replicated = under_min_isr = at_min_isr = reassigning = 0
         leo = GaugeMetricFamily(
             "kafka_log_log_logendoffset",
             "The offset after the last batch of the partition's log on this replica",
@@ -149,6 +149,7 @@ class ReplicaCollector(_SafeCollector):
             under = isr < len(pinfo.replicas)
             part_under.add_metric(labels, 1 if under else 0)
             under_replicated += under
+            reassigning += pinfo.reassigning
             min_isr = int(str(part.config("min.insync.replicas")))
             under_min_isr += isr < min_isr
             at_min_isr += isr == min_isr
@@ -179,6 +180,23 @@ class ReplicaCollector(_SafeCollector):
             "kafka_server_replicamanager_atminisrpartitioncount",
             "Partitions led by this broker with exactly min.insync.replicas in-sync replicas",
             at_min_isr,
+        )
+        yield GaugeMetricFamily(
+            "kafka_server_replicamanager_reassigningpartitions",
+            "Partitions led by this broker with a reassignment in progress",
+            reassigning,
+        )
+        # Reassignment traffic (Kafka's BrokerTopicMetrics ReassignmentBytesIn/OutPerSec): the bytes
+        # the replication throttles charge, counted whether a throttle rate is set or not.
+        yield CounterMetricFamily(
+            "kafka_server_brokertopicmetrics_reassignmentbytesout",
+            "Bytes this broker sent, as leader, to replicas a reassignment is adding",
+            rm.reassignment_throttle.throttled_bytes,
+        )
+        yield CounterMetricFamily(
+            "kafka_server_brokertopicmetrics_reassignmentbytesin",
+            "Bytes this broker fetched for partitions a reassignment is adding it to",
+            rm.fetchers.throttle.throttled_bytes,
         )
         offline = 0
         if self._reports_cluster_wide():

@@ -202,8 +202,8 @@ class ReplicaFetcherManager:
             await asyncio.sleep(THROTTLE_WAIT_S)
             return
         resp = await stub.ReplicaFetch(req, timeout=FETCH_MAX_WAIT_MS / 1000 + 10)
-        if self.throttle.enabled:
-            self.throttle.charge(sum(p.ByteSize() for p in resp.partitions if (p.topic, p.partition) in throttled))
+        # counted with the throttle off too: the reassignment bytes fetched are a metric either way
+        self.throttle.charge(sum(p.ByteSize() for p in resp.partitions if (p.topic, p.partition) in throttled))
         changed: list[TopicPartition] = []
         backoff = False
         for presp in resp.partitions:

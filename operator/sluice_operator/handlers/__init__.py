@@ -4,6 +4,7 @@
 ``coordinators``       Coordinator -> its internal topic
 ``transactional_ids``  TransactionalId -> a ``transactional_ids/<id>`` document; status, fence/abort
 ``users``              SluiceUser -> its principal's ACLs (owned ``acls/`` documents), a client certificate
+``rebalance``          SluiceRebalance -> a proposal, approved, executed as partition reassignments
 ``lifecycle``          start-up (Kopf settings, the runtime into ``memo``), clean-up, the probe
 ``runtime``            what the handlers share: settings, store, admin client, controller
 ``status``             conditions, the pause annotation, reasons
@@ -28,7 +29,15 @@ from __future__ import annotations
 
 import kopf
 
-from sluice.operator.handlers import certificates, coordinators, lifecycle, topics, transactional_ids, users
+from sluice.operator.handlers import (
+    certificates,
+    coordinators,
+    lifecycle,
+    rebalance,
+    topics,
+    transactional_ids,
+    users,
+)
 from sluice.operator.settings import OperatorSettings
 
 __all__ = ["register"]
@@ -42,3 +51,4 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     transactional_ids.register(registry, settings)
     certificates.register(registry, settings)
     users.register(registry, settings)
+    rebalance.register(registry, settings)
