@@ -68,8 +68,8 @@ def update(
     for _ in range(attempts):
         doc = store.get(key)
         new = change(None if doc is None else dict(doc.value or {}))
-        if new is None:
-            return doc
+        if new is None or (doc is not None and new == doc.value):
+            return doc  # nothing to change: no write (every watcher would receive the document again)
         try:
             return store.compare_and_set(key, new, None if doc is None else doc.version)
         except VersionConflict:
