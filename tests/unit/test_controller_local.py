@@ -329,3 +329,29 @@ def test_a_replica_that_never_catches_up_holds_the_others_back_only_for_the_hold
     assert partitions(store)[first]["leader"] != 0
     fail_for(controller, fake, controller.preferred_leader_hold_s * 0.2)
     assert partitions(store)[first]["leader"] == 0 and partitions(store)[second]["leader"] != 0
+
+
+def test_an_idle_round_reads_the_store_only_through_its_changes(tmp_path: Path) -> None:
+    """No get or list per round (over Kubernetes each was a quorum read: 20 reads/s at 100 ms rounds);
+    the brokers and the controller document come from the store's changes, as topics do."""
+    store, controller, fake = setup(tmp_path)
+    controller.run_round()  # the brokers' liveness published: that one is a read-modify-write
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            if name in ("get", "list"):
+                calls.append(name)
+            return getattr(store, name)
+
+    controller.store = Counting()  # type: ignore[assignment]
+    for _ in range(5):
+        fake.now += 0.1
+        assert controller.run_round() == 0
+    assert calls == []
+    register(store, 3)  # a new broker is seen, and a newer controller still fences this one
+    controller.run_round()
+    assert 3 in controller.brokers
+    ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock)).claim()
+    with pytest.raises(ControllerFenced):
+        controller.run_round()

@@ -49,7 +49,13 @@ sets (with ``default_unclean``, fixed for a loop), so a
 topic whose document (its store-wide ``revision``) and liveness are those of
 a round that decided "no change" is not decided again, and the documents
 are read from the store's changes since the last round, each decoded once.
-An idle cluster's round is then the health checks and two small reads.
+So are the ``brokers/`` and ``controller`` documents: over Kubernetes, ``changes_since`` is
+served by the store's watch cache (an informer), so an idle round makes no request to the API
+server at all (it made a quorum GET and a quorum LIST, 20 reads/s at 100 ms rounds). The epoch
+check may then see a newer controller a watch delay late; that is safe because every write is a
+compare-and-set on the version the decision was made from, and the newer controller re-decides
+every topic in its first round (and in Kubernetes the Lease keeps a second controller off anyway).
+An idle cluster's round is then the health checks and reads of memory.
 
 Only one controller may act at a time. Each start takes the next
 ``epoch`` in the ``controller`` document; a controller that finds a higher
@@ -72,7 +78,7 @@ from typing import Protocol
 
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument, TopicDocument, Versioned
-from sluice.metadata.store import MetadataStore, StoreUnavailable, VersionConflict
+from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
@@ -163,6 +169,10 @@ class ControllerLoop:
         self._unchanged: dict[str, _Inputs] = {}
         self._topics: dict[str, Versioned[TopicDocument]] = {}  # every topic document, as of the last round
         self._topics_revision = 0  # the store revision _topics is current to
+        # The brokers/ and controller documents as of the last round, and the revision each prefix
+        # is current to (read from the store's changes, not a quorum read per round).
+        self._watched: dict[str, Document] = {}
+        self._watched_revision: dict[str, int] = {keys.BROKERS: 0, keys.CONTROLLER: 0}
 
     # -- the controller document ----------------------------------------------------------------
 
@@ -179,9 +189,19 @@ class ControllerLoop:
         log.info("controller epoch %d", self.epoch)
         return self.epoch
 
+    def _refresh_watched(self) -> None:
+        """Bring the cached brokers/ and controller documents up to the store's latest changes."""
+        for prefix, since in self._watched_revision.items():
+            for doc in self.store.changes_since(since, prefix):
+                self._watched_revision[prefix] = max(self._watched_revision[prefix], doc.revision)
+                if doc.value is None:
+                    self._watched.pop(doc.key, None)
+                else:
+                    self._watched[doc.key] = doc
+
     def _check_epoch(self) -> None:
-        doc = documents.read(self.store, keys.CONTROLLER, ControllerDocument)
-        epoch = 0 if doc is None else doc.value.epoch
+        cached = self._watched.get(keys.CONTROLLER)
+        epoch = 0 if cached is None or cached.value is None else ControllerDocument.from_json(cached.value).epoch
         if epoch > self.epoch:
             raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
 
@@ -261,8 +281,9 @@ class ControllerLoop:
 
     def _broker_documents(self) -> list[BrokerDocument]:
         out: list[BrokerDocument] = []
-        for doc in self.store.list(keys.BROKERS):
-            if doc.value is None:
+        self._refresh_watched()
+        for key, doc in sorted(self._watched.items()):
+            if not key.startswith(keys.BROKERS) or doc.value is None:
                 continue
             try:
                 out.append(BrokerDocument.from_json(doc.value))
@@ -273,6 +294,7 @@ class ControllerLoop:
     def run_round(self) -> int:
         """One round: check liveness, reconcile every topic. Returns the number of documents written."""
         with metrics.controller_round():
+            self._refresh_watched()
             self._check_epoch()
             registered = self._broker_documents()
             self.brokers = {b.broker_id: b.address for b in registered}
