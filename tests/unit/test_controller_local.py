@@ -302,17 +302,31 @@ def _six_partitions(tmp_path: Path) -> tuple[MetadataStore, ControllerLoop, Fake
     return store, controller, fake, prefers_0
 
 
-def test_preferred_leaders_return_in_one_write_once_the_returning_broker_caught_up(tmp_path: Path) -> None:
+def test_preferred_leaders_return_in_one_write_once_the_returning_broker_caught_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The leaders re-admit a returning broker one partition at a time; the controller hands its
     preferred leaderships back in one write of the topic when the last one is in sync, not one write
-    per round of re-admissions (1,614 controller writes in the simulation's rolling restart)."""
+    per round of re-admissions (1,614 controller writes in the simulation's rolling restart). While
+    the moves wait, rounds with the same inputs do not decide the topic again."""
+    from sluice.operator.controller import loop
+
     store, controller, fake, (first, second) = _six_partitions(tmp_path)
     _readmit(store, 0, first)
+    decided: list[str] = []
+    real = loop.elect_leaders
+
+    def counting(doc: Any, *args: Any, **kwargs: Any) -> Any:
+        decided.append(doc.name)
+        return real(doc, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "elect_leaders", counting)
     written = 0
     for _ in range(5):
         fake.now += 0.1
         written += controller.run_round()
     assert written == 0 and partitions(store)[first]["leader"] != 0, "moved before the others caught up"
+    assert decided == ["orders"], "a held topic was decided again with the same inputs"
     _readmit(store, 0, second)
     fake.now += 0.1
     assert controller.run_round() == 1

@@ -159,6 +159,7 @@ class ControllerLoop:
         # Per topic key: the clock (ms) of the first round whose preferred moves were held back
         # because other preferred replicas of the topic were still catching up.
         self._held_since: dict[str, int] = {}
+        self._held_inputs: dict[str, _Inputs] = {}  # the inputs of the last round that held them
         self.default_unclean = default_unclean
         self.clock_ms = clock_ms
         self.epoch = -1
@@ -323,7 +324,7 @@ class ControllerLoop:
             self._topics.pop(doc.key, None)
             self._unchanged.pop(doc.key, None)
             if doc.value is None:
-                self._held_since.pop(doc.key, None)
+                self._forget_hold(doc.key)
                 continue
             try:
                 value = TopicDocument.from_json(doc.value)
@@ -346,15 +347,18 @@ class ControllerLoop:
             inputs: _Inputs = (doc.revision, live, dead, settled)
             if self._unchanged.get(doc.key) == inputs:
                 return 0
+            if self._held_inputs.get(doc.key) == inputs and not self._hold_over(doc.key):
+                return 0  # held with these very inputs: only the end of the hold can change the answer
             elected = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
             new = elected
             if settled is not None:
                 preferred = restore_preferred_leaders(elected or current, settled)
                 if preferred is not None and elected is None and self._hold_preferred(doc.key, preferred, settled):
-                    return 0  # decided again next round: the hold ends with time, not only with a change
+                    self._held_inputs[doc.key] = inputs
+                    return 0
                 new = preferred or elected
             if new is None:
-                self._held_since.pop(doc.key, None)
+                self._forget_hold(doc.key)
                 self._unchanged[doc.key] = inputs
                 return 0
             try:
@@ -362,7 +366,7 @@ class ControllerLoop:
             except VersionConflict:
                 doc = documents.read(self.store, doc.key, TopicDocument)
                 continue
-            self._held_since.pop(doc.key, None)
+            self._forget_hold(doc.key)
             for line in describe_changes(current, new, live, dead):
                 log.info("%s", line)
             metrics.topic_written(doc.key, current, new, dead)
@@ -393,9 +397,16 @@ class ControllerLoop:
         )
         if not catching_up:
             return False
-        now = self.clock_ms()
-        since = self._held_since.setdefault(key, now)
-        return now - since < self.preferred_leader_hold_s * 1000
+        self._held_since.setdefault(key, self.clock_ms())
+        return not self._hold_over(key)
+
+    def _hold_over(self, key: str) -> bool:
+        since = self._held_since.get(key)
+        return since is None or self.clock_ms() - since >= self.preferred_leader_hold_s * 1000
+
+    def _forget_hold(self, key: str) -> None:
+        self._held_since.pop(key, None)
+        self._held_inputs.pop(key, None)
 
     def run(self, stop: threading.Event, interval_ms: int = DEFAULT_INTERVAL_MS) -> None:
         """Rounds every ``interval_ms`` until ``stop`` is set (or a newer controller fences this one)."""
