@@ -50,3 +50,12 @@ def test_a_read_modify_write_that_changes_nothing_writes_nothing(tmp_path: Path)
     assert store.writes == 1 and doc is not None and doc.value == {"a": 1} and doc.version == 1
     update(store, "k", lambda v: {**(v or {}), "a": 2})
     assert store.writes == 2
+
+    def nested_in_place(v: Any) -> Any:  # as callers do: change a nested value of what they were given
+        v["p"][0]["leader"] = 1
+        return v
+
+    update(store, "k", lambda v: {**(v or {}), "p": [{"leader": 0}]})
+    assert store.writes == 3
+    doc = update(store, "k", nested_in_place)
+    assert store.writes == 4 and doc is not None and doc.value is not None and doc.value["p"] == [{"leader": 1}]
