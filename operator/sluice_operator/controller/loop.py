@@ -278,11 +278,12 @@ class ControllerLoop:
     # -- one round ------------------------------------------------------------------------------
 
     def registered_brokers(self) -> dict[int, str]:
+        self._refresh_watched()
         return {b.broker_id: b.address for b in self._broker_documents()}
 
     def _broker_documents(self) -> list[BrokerDocument]:
+        """The registered brokers, as of the last ``_refresh_watched``."""
         out: list[BrokerDocument] = []
-        self._refresh_watched()
         for key, doc in sorted(self._watched.items()):
             if not key.startswith(keys.BROKERS) or doc.value is None:
                 continue
