@@ -21,6 +21,10 @@ from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.kubernetes import KubernetesController
 
 
+class NotFound(Exception):
+    status = 404  # as the kubernetes client's ApiException says it
+
+
 class FakeCustom:
     """Topic objects in memory; counts LIST, GET and status PATCH calls."""
 
@@ -34,6 +38,8 @@ class FakeCustom:
 
     def get_namespaced_custom_object(self, group: str, version: str, ns: str, plural: str, name: str) -> Any:
         self.calls["get"] += 1
+        if name not in self.objects[plural]:
+            raise NotFound()
         return copy.deepcopy(self.objects[plural][name])
 
     def patch_namespaced_custom_object_status(
@@ -122,3 +128,19 @@ def test_a_topic_without_a_resource_is_dropped_after_one_list_and_a_new_one_is_f
     controller.resources.clock = lambda: 1e12
     assert controller.project_once() == 1
     assert custom.calls["list"] == 2
+
+
+def test_a_topic_made_again_under_its_name_is_followed(setup: Any) -> None:
+    controller, custom, store = setup
+    write_topic(store, "orders")
+    controller.project_once()
+    custom.objects["topics"]["orders"] = {**topic_object("orders"), "metadata": {"name": "orders", "uid": "new"}}
+    write_topic(store, "orders", leader_of_0=-1)
+    assert controller.project_once() == 1
+    owner = controller.owner_of("orders")
+    assert owner is not None and owner["uid"] == "new"
+    del custom.objects["topics"]["orders"]  # deleted: forgotten, and not projected
+    write_topic(store, "orders")
+    assert controller.project_once() == 0
+    controller.resources.clock = lambda: 1e12
+    assert controller.owner_of("orders") is None

@@ -299,6 +299,12 @@ class ResourceIndex:
             self._listed_at[plural] = self.clock()
             self.lists += 1
 
+    def remember(self, topic: str, item: Mapping[str, Any]) -> None:
+        """Take ``item`` (just read) as ``topic``'s resource: one deleted and made again has a new uid."""
+        meta = item["metadata"]
+        with self._lock:
+            self._entries[self.plural_of(topic)][topic] = (str(meta["name"]), str(meta.get("uid", "")))
+
     def forget(self, topic: str) -> None:
         with self._lock:
             self._entries[self.plural_of(topic)].pop(topic, None)
@@ -624,6 +630,7 @@ class KubernetesController:
             if item is None or ResourceIndex.topic_of(plural, item) != topic:
                 self.resources.forget(topic)  # deleted or renamed meanwhile: found again by the next LIST
                 continue
+            self.resources.remember(topic, item)
             if plural == "topics":
                 patched += self._patch_status(plural, item, topic_status_patch(item, doc))
             else:
