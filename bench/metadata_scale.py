@@ -643,6 +643,7 @@ class Simulation:
         self.broker_store: CountingStore | None = None
         self.brokers: dict[int, SimBroker] = {}
         self.observers: list[Observer] = []
+        self.round_times: list[float] = []  # every controller round's duration (s), in order
         self.core: Any = None
         self.custom: Any = None
         self.raw: KubernetesMetadataStore | None = None  # uncounted: the harness's own reads
@@ -697,6 +698,7 @@ class Simulation:
             preferred_leader_delay_s=self.s.preferred_delay_s,
             identity="metasim-operator",
         )
+        self._time_rounds(self.controller.loop)
         self.controller.start()
         if not wait_until(self.controller.leading.is_set, 60):
             raise RuntimeError("the controller did not take its Lease within 60 s")
@@ -823,6 +825,19 @@ class Simulation:
 
     # -- measuring windows -----------------------------------------------------------------------
 
+    def _time_rounds(self, loop: Any) -> None:
+        """Record how long each of the controller's rounds takes (its loop object's run_round, wrapped)."""
+        inner = loop.run_round
+
+        def timed() -> int:
+            started = time.monotonic()
+            try:
+                return int(inner())
+            finally:
+                self.round_times.append(time.monotonic() - started)  # list.append: atomic under the GIL
+
+        loop.run_round = timed
+
     @contextlib.contextmanager
     def window(self, name: str) -> Iterator[dict[str, Any]]:
         """Measure one scenario: server metrics, store counts and watch counters around it."""
@@ -832,9 +847,18 @@ class Simulation:
         self.broker_store.take()
         self.controller_store.take()
         counters = {b.broker_id: b.watcher.counters() for b in self.brokers.values() if b.watcher is not None}
+        first_round = len(self.round_times)
         started = time.monotonic()
         yield out
         seconds = time.monotonic() - started
+        rounds = sorted(self.round_times[first_round:])
+        out["controller_rounds"] = {
+            "count": len(rounds),
+            "p50_ms": round(percentile(rounds, 50) * 1000, 1),
+            "p99_ms": round(percentile(rounds, 99) * 1000, 1),
+            "max_ms": round(max(rounds, default=0.0) * 1000, 1),
+            "over_1s": sum(1 for r in rounds if r > 1.0),
+        }
         after = scrape(self.plane)
         brokers_counts, controller_counts = self.broker_store.take(), self.controller_store.take()
         per_bytes, per_events, per_decode = [], [], []
@@ -1238,6 +1262,7 @@ def markdown(runs: dict[str, Any]) -> str:
                     "alive_again_s",
                     "completed",
                     "watchers_missing_final_state",
+                    "controller_rounds",
                 )
                 if k in sc
             }

@@ -539,6 +539,11 @@ class ClusterView:
                 p = doc.value.partitions[partition]
                 if p.leader != leader or p.leader_epoch != leader_epoch:
                     return None
+                if set(p.isr) == set(isr):
+                    # Already so (an earlier attempt landed, or another path wrote it): a write would
+                    # rewrite the whole document, and send it to every watcher, for nothing. The ISR
+                    # is a set; its order carries no meaning.
+                    return Document(key, doc.value.to_json(), doc.version, doc.revision)
                 changed = doc.value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
                 try:
                     version = documents.replace(self.store, key, changed, doc.version)

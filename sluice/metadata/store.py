@@ -16,6 +16,7 @@ form is :mod:`sluice.metadata.documents`.
 from __future__ import annotations
 
 import builtins
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,9 +68,11 @@ def update(
     """Read-modify-write with retries on conflict. ``change`` returns None to leave it as it is."""
     for _ in range(attempts):
         doc = store.get(key)
-        new = change(None if doc is None else dict(doc.value or {}))
-        if new is None:
-            return doc
+        # A deep copy: callers change nested values in place, which must neither touch the document
+        # read nor make the change look like no change below.
+        new = change(None if doc is None else copy.deepcopy(doc.value or {}))
+        if new is None or (doc is not None and new == doc.value):
+            return doc  # nothing to change: no write (every watcher would receive the document again)
         try:
             return store.compare_and_set(key, new, None if doc is None else doc.version)
         except VersionConflict:

@@ -37,6 +37,21 @@ KILL_MAX_WATCH_BYTES_PER_BROKER = 2 * 15_000
 # today's per broker.
 RETURN_MAX_409 = 3 * 60
 RETURN_MAX_WATCH_BYTES_PER_BROKER = 2 * 250_000
+# The controller's part of the return: one write per topic (every preferred leadership of the topic
+# handed back at once, after the ISR re-admissions) and the controller document (the broker live).
+# A write may still meet a leader's late ISR write (a 409, counted as a write by the counting store,
+# then one more try): those are bounded separately, at one per topic.
+RETURN_MAX_CONTROLLER_WRITES_LANDED = TOPICS + 1
+RETURN_MAX_CONTROLLER_CONFLICTS = TOPICS
+# The controller's reads (issue 28's fixes, 2026-11-28): its rounds read brokers/ and the controller
+# document from the watch cache, not a quorum GET and LIST per 100 ms round (each ~3 s window had 34
+# GETs and 32 LISTs; now 2 GETs in the kill, read-modify-writes of the controller document, and 1 in
+# the return). Bound: 10 per window, so a quorum read per round (30 or more) fails.
+MAX_CONTROLLER_READS = 10
+# The status projection and the Events' owner lookup find Topics in an index and GET them by name:
+# no LIST of every Topic per change (the kill's window had 5 LISTs: one per Event and the
+# projection's); the index is LISTed at start-up, so none in these windows.
+MAX_TOPIC_LISTS = 0
 
 
 def test_a_broker_failure_and_return_stay_within_todays_cost(k8s: KubeCluster, tmp_path: Path) -> None:
@@ -67,3 +82,11 @@ def test_a_broker_failure_and_return_stay_within_todays_cost(k8s: KubeCluster, t
     assert kill["watch"]["bytes_per_broker_max"] <= KILL_MAX_WATCH_BYTES_PER_BROKER, kill["watch"]
     assert back["server"]["conflicts_409"] <= RETURN_MAX_409, back["server"]
     assert back["watch"]["bytes_per_broker_max"] <= RETURN_MAX_WATCH_BYTES_PER_BROKER, back["watch"]
+    landed = back["controller_store"]["writes"] - back["controller_store"]["conflicts"]
+    assert landed <= RETURN_MAX_CONTROLLER_WRITES_LANDED, back["controller_store"]
+    assert back["controller_store"]["conflicts"] <= RETURN_MAX_CONTROLLER_CONFLICTS, back["controller_store"]
+    for window in (kill, back):
+        calls = window["controller_store"]["calls"]
+        assert calls.get("get", 0) + calls.get("list", 0) <= MAX_CONTROLLER_READS, window["controller_store"]
+        lists = window["server"]["requests_by_verb_resource"].get("LIST topics", 0)
+        assert lists <= MAX_TOPIC_LISTS, window["server"]["requests_by_verb_resource"]

@@ -33,7 +33,13 @@ Kopf's event loop, so a burst of resource events never delays a failover:
 * **Status projection.** Topic and Coordinator statuses follow the
   ``topics/<name>`` documents (partitions, leaders, ISR, epochs, Ready)
   through the store's watch: a leadership move or an ISR change by a leader
-  shows in ``kubectl get topic -o yaml`` within a moment.
+  shows in ``kubectl get topic -o yaml`` within a moment. Each changed topic's
+  resource is read by name (a GET) and patched only when its status would
+  change; which resource belongs to which topic (a Topic's ``spec.topicName`` may differ
+  from its object name) is kept in a :class:`ResourceIndex` that the Event owner lookup
+  shares, so neither LISTs every Topic per change (each LIST carries every Topic's
+  status, one row per partition). The index is re-LISTed only on a miss, at most
+  once per ``RELIST_S``.
 * **Broker count.** The ConfigMap ``sluice-cluster`` (``data.brokers``) says
   how many brokers the cluster has: the larger of the registered brokers
   and the configured count (the StatefulSet's replicas). The
@@ -71,6 +77,9 @@ from sluice.operator.settings import DEFAULT_BROKER_SELECTOR
 
 log = logging.getLogger("sluice.operator.controller")
 
+# A topic whose resource is not in the ResourceIndex LISTs its kind again, at most this often: a
+# topic without a resource (created through the Kafka admin API) must not LIST on every change.
+RELIST_S = 2.0
 LEASE_NAME = "sluice-controller"
 CLUSTER_CONFIGMAP = "sluice-cluster"
 COMPONENT = "sluice-operator"
@@ -232,6 +241,75 @@ class EventRecorder:
         self._thread.join(timeout=5)
 
 
+class ResourceIndex:
+    """Which Topic or Coordinator object belongs to which Kafka topic: ``(plural, topic) -> (name, uid)``.
+
+    Filled by one LIST of a kind, listed again only when a lookup misses and the last LIST is
+    older than ``RELIST_S`` (a Topic created since, or a topic that has none). ``forget`` drops
+    an entry a GET found gone or renamed. Thread-safe: the status thread and the event thread share it.
+    """
+
+    PLURALS = ("topics", "coordinators")
+
+    def __init__(self, custom: Any, namespace: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.custom = custom
+        self.namespace = namespace
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, dict[str, tuple[str, str]]] = {p: {} for p in self.PLURALS}
+        self._listed_at: dict[str, float] = {}  # plural -> clock of its last LIST
+        self.lists = 0  # LISTs made (tests and the simulation count them)
+
+    @staticmethod
+    def plural_of(topic: str) -> str:
+        return "coordinators" if topic in COORDINATOR_TOPICS.values() else "topics"
+
+    @staticmethod
+    def topic_of(plural: str, item: Mapping[str, Any]) -> str:
+        if plural == "topics":
+            return topic_name(item)
+        return COORDINATOR_TOPICS.get(str((item.get("spec") or {}).get("type", "")), "")
+
+    def listed_at(self, plural: str) -> float | None:
+        with self._lock:
+            return self._listed_at.get(plural)
+
+    def lookup(self, topic: str) -> tuple[str, str] | None:
+        """(object name, uid) of ``topic``'s resource; LISTs its kind on a miss (rate-limited)."""
+        plural = self.plural_of(topic)
+        with self._lock:
+            found = self._entries[plural].get(topic)
+            listed = self._listed_at.get(plural)
+        if found is not None or (listed is not None and self.clock() - listed < RELIST_S):
+            return found
+        self.relist(plural)
+        with self._lock:
+            return self._entries[plural].get(topic)
+
+    def relist(self, plural: str) -> None:
+        items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+        entries: dict[str, tuple[str, str]] = {}
+        for item in items:
+            topic = self.topic_of(plural, item)
+            if topic and topic not in entries:  # the first one, as the LIST-and-scan lookup chose
+                meta = item["metadata"]
+                entries[topic] = (str(meta["name"]), str(meta.get("uid", "")))
+        with self._lock:
+            self._entries[plural] = entries
+            self._listed_at[plural] = self.clock()
+            self.lists += 1
+
+    def remember(self, topic: str, item: Mapping[str, Any]) -> None:
+        """Take ``item`` (just read) as ``topic``'s resource: one deleted and made again has a new uid."""
+        meta = item["metadata"]
+        with self._lock:
+            self._entries[self.plural_of(topic)][topic] = (str(meta["name"]), str(meta.get("uid", "")))
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            self._entries[self.plural_of(topic)].pop(topic, None)
+
+
 class KubernetesController:
     """Pod watch, controller loop under a lease, events and status projection (module docstring)."""
 
@@ -280,6 +358,9 @@ class KubernetesController:
         self._threads: list[threading.Thread] = []
         self._published_brokers = -1
         self._projected_revision = 0
+        self.resources = ResourceIndex(self.custom, namespace)
+        # Changed topics whose status is not projected yet: topic -> (document, when its change was seen).
+        self._unprojected: dict[str, tuple[TopicDocument | None, float]] = {}
 
     # -- life cycle -------------------------------------------------------------------------------
 
@@ -431,27 +512,22 @@ class KubernetesController:
 
     def owner_of(self, topic: str) -> dict[str, Any] | None:
         """The resource a topic belongs to, as an involvedObject: its Topic, or its Coordinator."""
-        internal = {v: k for k, v in COORDINATOR_TOPICS.items()}
-        plural = "coordinators" if topic in internal else "topics"
+        plural = ResourceIndex.plural_of(topic)
         try:
-            items = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+            found = self.resources.lookup(topic)
         except Exception as exc:
             log.debug("listing %s failed: %s", plural, exc)
             return None
-        for item in items:
-            if plural == "topics" and topic_name(item) != topic:
-                continue
-            if plural == "coordinators" and (item.get("spec") or {}).get("type") != internal[topic]:
-                continue
-            meta = item["metadata"]
-            return {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "Topic" if plural == "topics" else "Coordinator",
-                "name": meta["name"],
-                "namespace": self.namespace,
-                "uid": meta.get("uid", ""),
-            }
-        return None
+        if found is None:
+            return None
+        name, uid = found
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Topic" if plural == "topics" else "Coordinator",
+            "name": name,
+            "namespace": self.namespace,
+            "uid": uid,
+        }
 
     def _on_change(
         self, key: str, old: TopicDocument, new: TopicDocument, live: frozenset[int], dead: frozenset[int]
@@ -518,33 +594,56 @@ class KubernetesController:
             self._stop.wait(0.2)
 
     def project_once(self) -> int:
-        """Patch the status of every Topic/Coordinator whose document changed; returns how many."""
+        """Patch the status of every Topic/Coordinator whose document changed; returns how many.
+
+        Each changed topic's resource is found in the :class:`ResourceIndex`, read by name and
+        patched when its status would change. A topic whose resource the index does not know
+        yet waits (at most ``RELIST_S``) for the next LIST; one that a LIST made after its
+        change still does not show has no resource, and is dropped.
+        """
         changes = self.store.changes_since(self._projected_revision, keys.TOPICS)
-        if not changes:
-            return 0
-        # The newest state of each changed topic (None: deleted), decoded once.
-        latest = {
-            d.key[len(keys.TOPICS) :]: None if d.value is None else TopicDocument.from_json(d.value) for d in changes
-        }
+        if changes:
+            seen = self.resources.clock()
+            # The newest state of each changed topic (None: deleted), decoded once.
+            for d in changes:
+                topic = d.key[len(keys.TOPICS) :]
+                self._unprojected[topic] = (None if d.value is None else TopicDocument.from_json(d.value), seen)
+            self._projected_revision = max(d.revision for d in changes)
         patched = 0
-        topics = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "topics")["items"]
-        for item in topics:
-            doc = latest.get(topic_name(item))
-            if doc is not None:
-                patched += self._patch_status("topics", item, topic_status_patch(item, doc))
-        internal = {v: k for k, v in COORDINATOR_TOPICS.items()}
-        if any(name in internal for name in latest):
-            coordinators = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "coordinators")
-            for item in coordinators["items"]:
-                doc = latest.get(COORDINATOR_TOPICS.get((item.get("spec") or {}).get("type", ""), ""))
-                if doc is not None:
-                    patched += self._patch_status("coordinators", item, coordinator_status_patch(item, doc))
-        self._projected_revision = max(d.revision for d in changes)
+        for topic, (doc, seen) in sorted(self._unprojected.items()):
+            if doc is None:
+                del self._unprojected[topic]
+                continue
+            plural = ResourceIndex.plural_of(topic)
+            found = self.resources.lookup(topic)
+            if found is None:
+                listed = self.resources.listed_at(plural)
+                if listed is not None and listed >= seen:
+                    del self._unprojected[topic]  # no resource for it (a topic made through the admin API)
+                continue
+            try:
+                item = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, found[0])
+            except Exception as exc:
+                if api_status(exc) != 404:
+                    raise
+                item = None
+            if item is None or ResourceIndex.topic_of(plural, item) != topic:
+                self.resources.forget(topic)  # deleted or renamed meanwhile: found again by the next LIST
+                continue
+            self.resources.remember(topic, item)
+            if plural == "topics":
+                patched += self._patch_status(plural, item, topic_status_patch(item, doc))
+            else:
+                patched += self._patch_status(plural, item, coordinator_status_patch(item, doc))
+            del self._unprojected[topic]
         return patched
 
     def _patch_status(self, plural: str, item: Mapping[str, Any], status: dict[str, Any]) -> int:
-        if "observedGeneration" not in (item.get("status") or {}):
+        current = item.get("status") or {}
+        if "observedGeneration" not in current:
             return 0  # not reconciled yet: its handler writes the first whole status
+        if all(current.get(k) == v for k, v in status.items()):
+            return 0  # already so: a patch would write the object (and wake its watchers) for nothing
         try:
             self.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, plural, item["metadata"]["name"], {"status": status}
