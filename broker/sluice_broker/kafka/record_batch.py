@@ -133,10 +133,10 @@ def split_batches(data: bytes | memoryview) -> list[tuple[BatchHeader, memoryvie
     return out
 
 
-def _records(header: BatchHeader, batch: bytes | memoryview) -> bytes:
-    """The batch's records section, decompressed (CORRUPT_MESSAGE if it cannot be)."""
+def _decompressed(header: BatchHeader, section: bytes) -> bytes:
+    """A batch's records section, decompressed (CORRUPT_MESSAGE if it cannot be)."""
     try:
-        return decompress(bytes(batch[HEADER_SIZE:]), header.compression)
+        return decompress(section, header.compression)
     except RecordDecodeError as exc:
         raise errors.CorruptMessageError(str(exc)) from None
 
@@ -147,7 +147,7 @@ KafkaRecord = tuple[int, int, bytes | None, bytes | None, list[Header]]  # offse
 
 def iter_records(header: BatchHeader, batch: bytes | memoryview) -> Iterator[KafkaRecord]:
     """The records of one validated batch: (offset_delta, timestamp, key, value, headers)."""
-    buf = _records(header, batch)
+    buf = _decompressed(header, bytes(batch[HEADER_SIZE:]))
     try:
         for offset_delta, ts_delta, key, value, headers in iter_v2_records(buf, header.record_count):
             yield offset_delta, header.base_timestamp + ts_delta, key, value, headers
@@ -178,7 +178,7 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
         )
     records = bytes(batch[HEADER_SIZE:])
     if header.compression != COMPRESSION_NONE:
-        _check_record_count(header, _records(header, batch))
+        _check_record_count(header, _decompressed(header, records))
     return RecordBatch(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
@@ -248,9 +248,10 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     codec's cost to the conversion's, and Kafka clients accept any codec per batch.
     """
     if batch.records_format == KAFKA_V2:  # stored as a Kafka client sent it: back as it came
-        header = struct.pack(">qiibI", batch.base_offset, HEADER_SIZE - 12 + len(batch.records),
+        records = batch.records  # each read of a bytes field copies it
+        header = struct.pack(">qiibI", batch.base_offset, HEADER_SIZE - 12 + len(records),
                              batch.partition_leader_epoch, 2, batch.crc)  # fmt: skip
-        return header + v2_crc_header(batch) + batch.records
+        return header + v2_crc_header(batch) + records
     first_ts, base = batch.first_timestamp, batch.base_offset
     records = _to_v2_records(batch)
     attributes = v2_attributes(batch) & ~0x07  # the records are written uncompressed
