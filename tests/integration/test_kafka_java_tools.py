@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,20 +57,29 @@ def grpc_values(cluster: LocalCluster, topic: str, count: int) -> list[tuple[int
     return out
 
 
+def verifiable_produce(
+    jars: Path, cluster: LocalCluster, topic: str, count: int, config: Path, settings: str
+) -> list[dict[str, Any]]:
+    """Create ``topic`` and run VerifiableProducer (acks=all) with ``settings`` for ``count`` records: its events."""
+    config.write_text(settings)
+    Admin(bootstrap_servers=cluster.bootstrap_servers).create_topic(topic, partitions=1, replication_factor=1)
+    out = run_tool(
+        jars,
+        "org.apache.kafka.tools.VerifiableProducer",
+        ["--bootstrap-server", cluster.kafka_bootstrap_servers, "--topic", topic, "--max-messages", str(count),
+         "--acks", "-1", "--command-config", str(config)],
+    )  # fmt: skip
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
 def test_verifiable_producer_idempotent_acks_all_every_record_acknowledged(
     jars: Path, jcluster: LocalCluster, tmp_path: Path
 ) -> None:
     topic = "java-verifiable"
-    config = tmp_path / "producer.properties"
-    config.write_text("enable.idempotence=true\nretries=2147483647\nmax.in.flight.requests.per.connection=5\n")
-    Admin(bootstrap_servers=jcluster.bootstrap_servers).create_topic(topic, partitions=1, replication_factor=1)
-    out = run_tool(
-        jars,
-        "org.apache.kafka.tools.VerifiableProducer",
-        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--topic", topic, "--max-messages", "2000",
-         "--acks", "-1", "--command-config", str(config)],
+    events = verifiable_produce(
+        jars, jcluster, topic, 2000, tmp_path / "producer.properties",
+        "enable.idempotence=true\nretries=2147483647\nmax.in.flight.requests.per.connection=5\n",
     )  # fmt: skip
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     acked = [e for e in events if e.get("name") == "producer_send_success"]
     assert not [e for e in events if e.get("name") == "producer_send_error"]
     assert len(acked) == 2000
@@ -86,17 +96,11 @@ def test_the_java_clients_compressed_batches_are_stored_as_sent_and_read_by_both
     """The Java client's codecs as it writes them (snappy in xerial's framing, zstd frames without a
     content size): stored as sent, decoded by Sluice's client, read back by the Java consumer."""
     topic = f"java-{codec}"
-    config = tmp_path / "producer.properties"
-    config.write_text(f"enable.idempotence=true\nretries=2147483647\ncompression.type={codec}\nlinger.ms=20\n")
-    Admin(bootstrap_servers=jcluster.bootstrap_servers).create_topic(topic, partitions=1, replication_factor=1)
-    out = run_tool(
-        jars,
-        "org.apache.kafka.tools.VerifiableProducer",
-        ["--bootstrap-server", jcluster.kafka_bootstrap_servers, "--topic", topic, "--max-messages", "500",
-         "--acks", "-1", "--command-config", str(config)],
+    events = verifiable_produce(
+        jars, jcluster, topic, 500, tmp_path / "producer.properties",
+        f"enable.idempotence=true\nretries=2147483647\ncompression.type={codec}\nlinger.ms=20\n",
     )  # fmt: skip
-    acked = [e for e in map(json.loads, (ln for ln in out.splitlines() if ln.startswith("{")))
-             if e.get("name") == "producer_send_success"]  # fmt: skip
+    acked = [e for e in events if e.get("name") == "producer_send_success"]
     assert sorted(e["offset"] for e in acked) == list(range(500))
     assert grpc_values(jcluster, topic, 500) == [(i, str(i).encode()) for i in range(500)]
     consumed = run_tool(
