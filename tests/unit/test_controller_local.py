@@ -138,13 +138,10 @@ def test_a_broker_that_flaps_does_not_take_leadership_back(tmp_path: Path) -> No
     assert partitions(store)[0]["leader"] == 0
 
 
-def test_a_decision_is_made_again_only_when_its_inputs_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Idle rounds skip topics whose document revision and liveness are those of a "no change"
-    decision; a new revision or a liveness change is decided again (and acted on)."""
+def count_decisions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the topics the controller decides from now on (its calls of elect_leaders), in order."""
     from sluice.operator.controller import loop
 
-    store, controller, fake = setup(tmp_path)
-    controller.run_round()
     decided: list[str] = []
     real = loop.elect_leaders
 
@@ -153,6 +150,16 @@ def test_a_decision_is_made_again_only_when_its_inputs_change(tmp_path: Path, mo
         return real(doc, *args, **kwargs)
 
     monkeypatch.setattr(loop, "elect_leaders", counting)
+    return decided
+
+
+def test_a_decision_is_made_again_only_when_its_inputs_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Idle rounds skip topics whose document revision and liveness are those of a "no change"
+    decision; a new revision or a liveness change is decided again (and acted on)."""
+
+    store, controller, fake = setup(tmp_path)
+    controller.run_round()
+    decided = count_decisions(monkeypatch)
     for _ in range(5):
         fake.now += 0.1
         assert controller.run_round() == 0
@@ -309,18 +316,10 @@ def test_preferred_leaders_return_in_one_write_once_the_returning_broker_caught_
     preferred leaderships back in one write of the topic when the last one is in sync, not one write
     per round of re-admissions (1,614 controller writes in the simulation's rolling restart). While
     the moves wait, rounds with the same inputs do not decide the topic again."""
-    from sluice.operator.controller import loop
 
     store, controller, fake, (first, second) = _six_partitions(tmp_path)
     _readmit(store, 0, first)
-    decided: list[str] = []
-    real = loop.elect_leaders
-
-    def counting(doc: Any, *args: Any, **kwargs: Any) -> Any:
-        decided.append(doc.name)
-        return real(doc, *args, **kwargs)
-
-    monkeypatch.setattr(loop, "elect_leaders", counting)
+    decided = count_decisions(monkeypatch)
     written = 0
     for _ in range(5):
         fake.now += 0.1
