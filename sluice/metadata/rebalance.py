@@ -27,9 +27,9 @@ spread too, not only the totals. Leaders are balanced after the replicas: reorde
 partition's replicas (no data moves) makes another in-sync replica its preferred leader, and
 the controller's preferred-leader rule moves leadership there.
 
-Counts are of replicas, not bytes: brokers do not report partition sizes (DescribeLogDirs
-answers 0, see sluice.broker.kafka.handlers.describe_log_dirs), so a plan states the number of
-replicas to copy and leaves bytes unknown rather than guessing.
+Counts are of replicas, not bytes: the planner works from the metadata alone, which holds no
+partition sizes (brokers report them in DescribeLogDirs, but the operator does not ask them),
+so a plan states the number of replicas to copy and leaves bytes unknown rather than guessing.
 
 Invalid goals raise :class:`PlanRefused` (unknown broker ids, no brokers named for add/remove
 or some named for full, every broker removed, a topic whose replication factor the remaining

@@ -28,6 +28,19 @@ def _plan(path: Path, topic: str, replicas: list[int]) -> Path:
     return path
 
 
+def _log_dir_sizes(jars: Path, boot: list[str], topic: str) -> dict[int, int]:
+    """Broker id -> the size of ``topic``-0 there, as Kafka's LogDirsCommand prints it (its JSON line)."""
+    out = run_tool(jars, "org.apache.kafka.tools.LogDirsCommand", [*boot, "--describe", "--topic-list", topic])
+    described = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    return {
+        b["broker"]: p["size"]
+        for b in described["brokers"]
+        for d in b["logDirs"]
+        for p in d["partitions"]
+        if p["partition"] == f"{topic}-0"
+    }
+
+
 def test_execute_verify_and_cancel(tmp_path: Path) -> None:
     from bench.kafka.fetch import ensure_jars
 
@@ -61,6 +74,10 @@ def test_execute_verify_and_cancel(tmp_path: Path) -> None:
             f.result(timeout=60)
         producer.close()
         owner = admin.describe_topic("big").partitions[0].replicas
+        # Kafka's kafka-log-dirs sees its size: what the operator judges a move by
+        sizes = _log_dir_sizes(jars, boot, "big")
+        assert list(sizes) == [owner[0]], sizes
+        assert 4 << 20 <= sizes[owner[0]] <= (4 << 20) + (256 << 10), sizes  # the values, plus headers
         spare = next(b for b in range(3) if b not in owner)
         big = _plan(tmp_path / "big.json", "big", [spare])
         run_tool(jars, MAIN, [*boot, "--reassignment-json-file", str(big), "--execute"])

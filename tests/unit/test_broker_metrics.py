@@ -124,6 +124,8 @@ def test_scrape_reads_partitions_transactions_groups_and_events(tmp_path: Path) 
         )
         assert m.value("kafka_server_brokertopicmetrics_totalfetchrequests_total", topic=TOPIC) == 1
         assert m.value("kafka_log_log_logendoffset", topic=TOPIC, partition="0") == 2
+        # partition 0 holds the one fetched batch: its stored bytes, what Fetch sent
+        assert m.value("kafka_log_log_size", topic=TOPIC, partition="0") == sum(map(len, fetched.raw)) > 0
         assert m.value("sluice_log_high_watermark", topic=TOPIC, partition="1") == 1
         assert m.value("sluice_log_last_stable_offset", topic=TOPIC, partition="1") == 0
         assert m.value("kafka_cluster_partition_laststableoffsetlag", topic=TOPIC, partition="1") == 1
@@ -253,6 +255,7 @@ def test_replica_gauges_follow_the_cluster_view() -> None:
         return SimpleNamespace(
             log_end_offset=leo,
             log_start_offset=0,
+            size_bytes=leo * 100,
             high_watermark=hw,
             last_stable_offset=lso,
             open_txns=dict.fromkeys(range(open_txns), lso),

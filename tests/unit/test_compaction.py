@@ -43,11 +43,15 @@ def test_latest_value_per_key_survives(tmp_path: Path) -> None:
         put(p, b"a", b"a%d" % i)
         put(p, b"b", b"b%d" % i)
     put(p, b"c", b"c0")
+    before = p.size_bytes
     assert p.compact(NOW) == 8
     assert visible(p) == [(b"a", b"a4"), (b"b", b"b4"), (b"c", b"c0")]
     assert p.log_end_offset == 11
+    kept = sum(len(v) for _k, v in s.scan("log", p.prefix, p.prefix + b"\xff" * 9))
+    assert p.size_bytes == kept < before  # the dropped batches leave the size
     s.close()
     s, p = open_log(tmp_path / "db")  # the log end survives the gaps
+    assert p.size_bytes == kept  # and so does the size (the compaction wrote it)
     assert p.log_end_offset == 11 and put(p, b"d", b"d0") == 11
     s.close()
 

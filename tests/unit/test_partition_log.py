@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.config import DEFAULTS
 from sluice.broker.log.partition import PartitionLog, validate_batch
-from sluice.broker.log.storage import RocksStorage
+from sluice.broker.log.storage import RocksStorage, WriteSet
 from sluice.errors import SluiceError
 from sluice.records import build_batch, decode_records
 
@@ -198,3 +199,49 @@ def test_a_new_producer_is_refused_once_the_partition_holds_the_cap(storage: Roc
     p.append(
         build_batch([(None, b"y")], producer_id=1, producer_epoch=0, base_sequence=1), leader_epoch=p.leader_epoch
     )  # known ones go on
+
+
+def stored_bytes(storage: RocksStorage, p: PartitionLog) -> int:
+    """The oracle: the bytes of the partition's batches, read straight from RocksDB."""
+    return sum(len(v) for _k, v in storage.scan("log", p.prefix, p.prefix + b"\xff" * 9))
+
+
+def test_the_size_follows_appends_retention_truncation_and_restarts(tmp_path: Path) -> None:
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s, **{"retention.bytes": 1000, "retention.ms": -1})
+    assert p.size_bytes == 0
+    for n in range(1, 13):
+        append(p, n)
+    assert p.size_bytes == stored_bytes(s, p) > 1000
+    p.apply_retention(0)
+    assert p.log_start_offset > 0 and p.size_bytes == stored_bytes(s, p) <= 1000
+    p.truncate_to(p.log_end_offset - 12)  # drops the last batch (12 records)
+    assert p.size_bytes == stored_bytes(s, p) > 0
+    p.checkpoint_high_watermark()
+    tail = [append(p, 2) for _ in range(3)]  # after the meta's size: a restart counts them again
+    expected = stored_bytes(s, p)
+    s.close()
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s, **{"retention.bytes": 1000, "retention.ms": -1})
+    assert tail and p.size_bytes == expected
+    p.reset_to(1000)
+    assert p.size_bytes == stored_bytes(s, p) == 0
+    s.close()
+
+
+def test_a_meta_written_before_sizes_were_kept_is_counted_once_at_start(tmp_path: Path) -> None:
+    s = RocksStorage(str(tmp_path / "db"))
+    p = part(s)
+    for n in (3, 4, 5):
+        append(p, n)
+    expected = stored_bytes(s, p)
+    meta = json.loads(s.get("partition_meta", p.prefix) or b"{}")
+    for key in ("size_bytes", "size_end"):
+        del meta[key]
+    ws = WriteSet()
+    ws.put("partition_meta", p.prefix, json.dumps(meta).encode())
+    s.write(ws)
+    s.close()
+    s = RocksStorage(str(tmp_path / "db"))
+    assert part(s).size_bytes == expected > 0
+    s.close()

@@ -143,6 +143,11 @@ class PartitionLog:
         self._end_key = self.prefix + MAX_OFFSET_KEY
         self.log_start_offset = 0
         self.log_end_offset = 0
+        # Bytes of the stored batches in [log start, log end) (what DescribeLogDirs reports), kept
+        # as batches come and go; None until first read after a start (see size_bytes). Until
+        # then, the size persisted with the meta: (bytes, up to which offset).
+        self._size: int | None = 0
+        self._size_base: tuple[int, int] | None = None
         # (marker offset, first offset, producer id) of transactions ended at a marker not yet below
         # the HW, sorted; see the module docstring. Set before the HW, whose setter prunes it.
         self._unreplicated: list[tuple[int, int, int]] = []
@@ -172,8 +177,17 @@ class PartitionLog:
                 "leader_epoch": self.leader_epoch,
                 "epoch_cache": self.epoch_cache if epoch_cache is None else epoch_cache,
                 "high_watermark": self.high_watermark,
+                **self._size_fields(),
             }
         ).encode()
+
+    def _size_fields(self) -> dict[str, int]:
+        """The size of [log start, size_end): a restart adds the batches stored after size_end."""
+        if self._size is not None:
+            return {"size_bytes": self._size, "size_end": self.log_end_offset}
+        if self._size_base is not None:
+            return {"size_bytes": self._size_base[0], "size_end": self._size_base[1]}
+        return {}
 
     def checkpoint_high_watermark(self) -> None:
         """Persist the HW (periodically, as Kafka's checkpoint file): a restarted replica starts there."""
@@ -196,12 +210,16 @@ class PartitionLog:
             self.leader_epoch = meta["leader_epoch"]
             self.epoch_cache = [(int(e), int(o)) for e, o in meta["epoch_cache"]]
             persisted_hw = meta.get("high_watermark")
+            if "size_end" in meta:
+                self._size_base = (int(meta["size_bytes"]), int(meta["size_end"]))
         last = self.storage.last("log", self.prefix, self._end_key)
         if last is not None:
             batch = RecordBatch.FromString(last[1])
             self.log_end_offset = batch.base_offset + batch.record_count
         else:
             self.log_end_offset = self.log_start_offset
+        if raw is not None:
+            self._size = None  # counted when first read: opening a partition reads no batch
         # A replica restarts at its checkpointed HW (never above its own log end); the leader
         # raises it again as followers fetch. Logs written before HW checkpoints existed were
         # single-replica, where everything stored was committed.
@@ -227,6 +245,27 @@ class PartitionLog:
             self.aborted.setdefault(pid, []).append((first, last_offset))
         for ranges in self.aborted.values():
             ranges.sort()
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the stored batches in [log start, log end).
+
+        Counted at the first read after a start: the persisted size plus the batches stored after
+        it. The meta is written with every change of the log start and at each HW checkpoint, so
+        that tail is short. A meta without a size (written before sizes were kept) costs one scan
+        of the whole log, once.
+        """
+        if self._size is None:
+            size, since = self._size_base or (0, self.log_start_offset)
+            if not self.log_start_offset <= since <= self.log_end_offset:
+                size, since = 0, self.log_start_offset
+            if since < self.log_end_offset:
+                size += self._stored_bytes(since, self.log_end_offset)
+            self._size = size
+        return self._size
+
+    def _stored_bytes(self, start: int, end: int) -> int:
+        return sum(len(v) for _k, v in self.storage.scan("log", self._log_key(start), self._log_key(end)))
 
     # -- offsets ----------------------------------------------------------------------------------
 
@@ -486,7 +525,8 @@ class PartitionLog:
         """
         base = batch.base_offset
         end = base + batch.record_count
-        ws.put("log", self._log_key(base), batch.SerializeToString())
+        stored = batch.SerializeToString()
+        ws.put("log", self._log_key(base), stored)
         cache = self.epoch_cache
         if batch.partition_leader_epoch > self.latest_epoch:
             cache = [*self.epoch_cache, (batch.partition_leader_epoch, base)]
@@ -529,6 +569,8 @@ class PartitionLog:
 
         def commit() -> None:
             self.log_end_offset = end
+            if self._size is not None:  # else counted from the disk when first read
+                self._size += len(stored)
             self.epoch_cache = cache
             if new is None:
                 return
@@ -583,11 +625,12 @@ class PartitionLog:
             for _k, v in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(offset))
         ]
         saved = (self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset)
-        saved_unreplicated = self._unreplicated
+        saved_unreplicated, saved_size = self._unreplicated, self._size
         self.producers, self.open_txns, self.aborted = {}, {}, {}
         self._unreplicated = []
         self.epoch_cache = [(e, s) for e, s in saved[3] if s < offset]
         self.log_end_offset = self.log_start_offset
+        self._size = 0  # the replay below counts what is kept
         scratch = WriteSet()
         for batch in kept:
             self._stage(batch, scratch)()
@@ -607,7 +650,7 @@ class PartitionLog:
             self.storage.write(ws)
         except Exception:
             self.producers, self.open_txns, self.aborted, self.epoch_cache, self.log_end_offset = saved
-            self._unreplicated = saved_unreplicated
+            self._unreplicated, self._size = saved_unreplicated, saved_size
             raise
         self._checkpointed_hw = self.high_watermark
 
@@ -717,6 +760,7 @@ class PartitionLog:
             entries.append((key, batch.base_offset + batch.record_count, batch.max_timestamp, len(value)))
             total += len(value)
         new_start = self.log_start_offset
+        removed = 0
         for _key, end, max_ts, size in entries:
             too_old = retention_ms >= 0 and max_ts < now - retention_ms
             too_big = retention_bytes >= 0 and total > retention_bytes
@@ -724,8 +768,9 @@ class PartitionLog:
                 break
             new_start = end
             total -= size
+            removed += size
         if new_start > self.log_start_offset:
-            self.advance_log_start(new_start)
+            self.advance_log_start(new_start, removed_bytes=removed)
         return self.log_start_offset
 
     def compact(self, now: int) -> int:
@@ -747,11 +792,13 @@ class PartitionLog:
         delete_retention_ms = int(str(self.config("delete.retention.ms")))
         lag_ms = int(str(self.config("min.compaction.lag.ms")))
         entries: list[tuple[bytes, RecordBatch]] = []
+        stored_size: dict[bytes, int] = {}
         for key, value in self.storage.scan("log", self._log_key(self.log_start_offset), self._log_key(bound)):
             batch = RecordBatch.FromString(value)
             if lag_ms > 0 and batch.max_timestamp > now - lag_ms:
                 break  # too recent to clean, and so is everything after it
             entries.append((key, batch))
+            stored_size[key] = len(value)
         if len(entries) < 2:
             return 0
         last_key = self.storage.last("log", self.prefix, self._end_key)
@@ -808,18 +855,29 @@ class PartitionLog:
         for ranges in gone.values():
             for first, _last in ranges:
                 ws.delete("txn_index", self.prefix + _OFFSET.pack(first))
-        self.storage.write(ws)
+        old_size = self.size_bytes
+        self._size = old_size - sum(stored_size[key] for key in drop)
+        ws.put("partition_meta", self.prefix, self._meta())
+        try:
+            self.storage.write(ws)
+        except Exception:
+            self._size = old_size
+            raise
         for pid, ranges in gone.items():
             self.aborted[pid] = [r for r in self.aborted[pid] if r not in ranges]
             if not self.aborted[pid]:
                 del self.aborted[pid]
         return len(drop)
 
-    def advance_log_start(self, new_start: int) -> None:
+    def advance_log_start(self, new_start: int, *, removed_bytes: int | None = None) -> None:
+        """Drop the batches below ``new_start`` (``removed_bytes``: their size, if the caller has it)."""
+        if removed_bytes is None:
+            removed_bytes = self._stored_bytes(self.log_start_offset, new_start)
         ws = WriteSet()
         ws.delete_range("log", self._log_key(self.log_start_offset), self._log_key(new_start))
-        old_start = self.log_start_offset
+        old_start, old_size = self.log_start_offset, self.size_bytes
         self.log_start_offset = new_start
+        self._size = max(0, old_size - removed_bytes)
         ws.put("partition_meta", self.prefix, self._meta())
         for ranges in self.aborted.values():
             for first, last in ranges:
@@ -828,7 +886,7 @@ class PartitionLog:
         try:
             self.storage.write(ws)
         except Exception:
-            self.log_start_offset = old_start
+            self.log_start_offset, self._size = old_start, old_size
             raise
         for pid in list(self.aborted):
             self.aborted[pid] = [r for r in self.aborted[pid] if r[1] >= new_start]
@@ -842,6 +900,7 @@ class PartitionLog:
         for cf in ("log", "producers", "txn_index"):
             ws.delete_range(cf, self.prefix, end)
         self.log_start_offset = self.log_end_offset = self.high_watermark = offset
+        self._size = 0
         self.producers, self.open_txns, self.aborted = {}, {}, {}
         self._unreplicated = []
         self.epoch_cache = []

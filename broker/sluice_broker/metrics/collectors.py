@@ -105,6 +105,9 @@ class ReplicaCollector(_SafeCollector):
         log_start = GaugeMetricFamily(
             "kafka_log_log_logstartoffset", "The first offset of the partition's log on this replica", labels=TP_LABELS
         )
+        size = GaugeMetricFamily(
+            "kafka_log_log_size", "Bytes of the partition's stored batches on this replica", labels=TP_LABELS
+        )
         hw = GaugeMetricFamily(
             "sluice_log_high_watermark",
             "The partition's high watermark on this replica (on a follower, as the leader last told it)",
@@ -134,6 +137,7 @@ class ReplicaCollector(_SafeCollector):
             labels = _tp(key)
             leo.add_metric(labels, part.log_end_offset)
             log_start.add_metric(labels, part.log_start_offset)
+            size.add_metric(labels, part.size_bytes)
             hw.add_metric(labels, part.high_watermark)
             if key not in rm.leader_of:
                 continue
@@ -155,6 +159,7 @@ class ReplicaCollector(_SafeCollector):
             at_min_isr += isr == min_isr
         yield leo
         yield log_start
+        yield size
         yield hw
         yield lso
         yield lso_lag

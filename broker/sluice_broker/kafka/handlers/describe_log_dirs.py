@@ -4,10 +4,10 @@ Kafka's ``Admin.describeLogDirs`` asks every broker; ``kafka-reassign-partitions
 asks before it moves anything (and ``kafka-log-dirs --describe`` prints it). A Sluice broker has
 one log directory (its RocksDB data directory) holding every partition it is a replica of, so
 the answer is that directory with its volume's total and usable bytes, never cordoned, and the
-partitions among those asked for (all when the topics are null). Partition sizes are reported
-as 0: a partition's byte size is not kept (it would take a scan of its batches), and no
-reassignment decision here depends on it. Authorization (Kafka's): Describe on the cluster,
-else CLUSTER_AUTHORIZATION_FAILED for the whole request.
+partitions among those asked for (all when the topics are null), each with its size: the bytes
+of its stored batches, which the partition log keeps as batches come and go. The offset lag is
+0, as Kafka answers for a current (not a future) replica. Authorization (Kafka's): Describe on
+the cluster, else CLUSTER_AUTHORIZATION_FAILED for the whole request.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class DescribeLogDirsHandler:
             if topic is None:
                 topic = topics[name] = DescribeLogDirsTopic(name=name)
                 result.topics.append(topic)
-            topic.partitions.append(DescribeLogDirsPartition(partition_index=index))
+            log = ctx.replicas.partitions[(name, index)]
+            topic.partitions.append(DescribeLogDirsPartition(partition_index=index, partition_size=log.size_bytes))
         resp.results.append(result)
         return resp
