@@ -28,6 +28,8 @@ SLUICE_FAILOVER_GRACE_SECONDS       a broker Pod NotReady this long is dead     
 SLUICE_EXPECTED_BROKERS             broker count for replicationFactor checks (0: none)   0
 SLUICE_BROKER_STATEFULSET           the broker StatefulSet (its replicas: the count)      none
 SLUICE_PREFERRED_LEADER_DELAY_S     a Ready broker takes its leaderships back after this  10
+SLUICE_PREFERRED_LEADER_HOLD_S      a topic's leadership moves wait at most this long for  30
+                                    its catching-up preferred replicas (0: no waiting)
 SLUICE_RECONCILE_INTERVAL_S         drift repair period of Topics and Coordinators        30
 SLUICE_STATUS_INTERVAL_S            TransactionalId status period                         5
 SLUICE_PEERING                      the KopfPeering object's name                         sluice
@@ -92,6 +94,7 @@ class OperatorSettings:
     expected_brokers: int = 0
     broker_statefulset: str | None = None
     preferred_leader_delay_s: float = 10.0
+    preferred_leader_hold_s: float = 30.0
     reconcile_interval_s: float = 30.0
     status_interval_s: float = 5.0
     peering_name: str = "sluice"
@@ -130,6 +133,7 @@ class OperatorSettings:
             expected_brokers=_integer(env, "SLUICE_EXPECTED_BROKERS", 0, minimum=0),
             broker_statefulset=_text(env, "SLUICE_BROKER_STATEFULSET"),
             preferred_leader_delay_s=_number(env, "SLUICE_PREFERRED_LEADER_DELAY_S", 10.0, minimum=0.0),
+            preferred_leader_hold_s=_number(env, "SLUICE_PREFERRED_LEADER_HOLD_S", 30.0, minimum=0.0),
             reconcile_interval_s=_number(env, "SLUICE_RECONCILE_INTERVAL_S", 30.0, positive=True),
             status_interval_s=_number(env, "SLUICE_STATUS_INTERVAL_S", 5.0, positive=True),
             peering_name=_text(env, "SLUICE_PEERING") or "sluice",

@@ -18,8 +18,10 @@ import pytest
 from sluice.metadata import keys, open_store
 from sluice.metadata.store import Document, MetadataStore
 from sluice.operator.controller.decisions import new_topic
+from sluice.operator.controller.local import parse_args
 from sluice.operator.controller.loop import (
     DEFAULT_PREFERRED_LEADER_DELAY_MS,
+    DEFAULT_PREFERRED_LEADER_HOLD_MS,
     ControllerFenced,
     ControllerLoop,
 )
@@ -289,14 +291,18 @@ def _readmit(store: MetadataStore, broker: int, *indexes: int, name: str = "orde
     store.compare_and_set(doc.key, value, doc.version)
 
 
-def _six_partitions(tmp_path: Path) -> tuple[MetadataStore, ControllerLoop, Fake, list[int]]:
+def _six_partitions(
+    tmp_path: Path, hold_ms: int = DEFAULT_PREFERRED_LEADER_HOLD_MS
+) -> tuple[MetadataStore, ControllerLoop, Fake, list[int]]:
     """Six partitions over three brokers, broker 0 dead and back: the partitions it prefers."""
     store = open_store(str(tmp_path / "metadata.sqlite"))
     register(store, 0, 1, 2)
     doc = new_topic("orders", "id", 6, 3, {}, [(0, ""), (1, ""), (2, "")])
     store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
     fake = Fake()
-    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller = ControllerLoop(
+        store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock), preferred_leader_hold_ms=hold_ms
+    )
     controller.claim()
     controller.clock_ms = lambda: int(fake.now * 1000)
     controller.run_round()
@@ -342,6 +348,22 @@ def test_a_replica_that_never_catches_up_holds_the_others_back_only_for_the_hold
     assert partitions(store)[first]["leader"] != 0
     fail_for(controller, fake, controller.preferred_leader_hold_s * 0.2)
     assert partitions(store)[first]["leader"] == 0 and partitions(store)[second]["leader"] != 0
+
+
+def test_with_no_hold_each_preferred_leader_returns_as_soon_as_it_is_in_sync(tmp_path: Path) -> None:
+    """--preferred-leader-hold-ms 0 (SLUICE_PREFERRED_LEADER_HOLD_S 0 in the operator): Kafka's behaviour,
+    one write per re-admission, for a cluster that prefers balance now to fewer metadata writes."""
+    args = parse_args(["--metadata", str(tmp_path / "m.sqlite"), "--preferred-leader-hold-ms", "0"])
+    store, controller, fake, (first, second) = _six_partitions(tmp_path, hold_ms=args.preferred_leader_hold_ms)
+    _readmit(store, 0, first)
+    fake.now += 0.1
+    assert controller.run_round() == 1
+    assert [partitions(store)[i]["leader"] == 0 for i in (first, second)] == [True, False]
+
+
+def test_a_negative_hold_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--metadata", str(tmp_path / "m.sqlite"), "--preferred-leader-hold-ms", "-1"])
 
 
 def test_an_idle_round_reads_the_store_only_through_its_changes(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ from sluice.metadata.documents import TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller.decisions import describe_changes
-from sluice.operator.controller.loop import ControllerFenced, ControllerLoop
+from sluice.operator.controller.loop import DEFAULT_PREFERRED_LEADER_HOLD_MS, ControllerFenced, ControllerLoop
 from sluice.operator.liveness.pods import PodLiveness
 from sluice.operator.resources import (
     COORDINATOR_TOPICS,
@@ -327,6 +327,7 @@ class KubernetesController:
         lease_duration_s: float = 6.0,
         statefulset: str | None = None,
         preferred_leader_delay_s: float = 10.0,
+        preferred_leader_hold_s: float = DEFAULT_PREFERRED_LEADER_HOLD_MS / 1000,
     ) -> None:
         from kubernetes import client
 
@@ -351,6 +352,7 @@ class KubernetesController:
             on_log_dir=self._on_log_dir,
             on_log_dir_space=self._on_log_dir_space,
             preferred_leader_delay_ms=int(preferred_leader_delay_s * 1000),
+            preferred_leader_hold_ms=int(preferred_leader_hold_s * 1000),
         )
         self.leading = threading.Event()
         self.pods_synced = threading.Event()

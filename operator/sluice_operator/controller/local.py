@@ -25,7 +25,13 @@ from sluice import tls
 from sluice.metadata import MetadataStore, open_store
 from sluice.metadata.faults import CuttableStore
 from sluice.operator import metrics
-from sluice.operator.controller.loop import DEFAULT_INTERVAL_MS, DEFAULT_PREFERRED_LEADER_DELAY_MS, ControllerLoop, log
+from sluice.operator.controller.loop import (
+    DEFAULT_INTERVAL_MS,
+    DEFAULT_PREFERRED_LEADER_DELAY_MS,
+    DEFAULT_PREFERRED_LEADER_HOLD_MS,
+    ControllerLoop,
+    log,
+)
 from sluice.operator.liveness.brokers import DEFAULT_TIMEOUT_MS, FailureDetector, GrpcHealthChecker
 
 
@@ -63,6 +69,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a returning broker takes its preferred leaderships back once alive this long (default %(default)s)",
     )
     ap.add_argument(
+        "--preferred-leader-hold-ms",
+        type=int,
+        default=DEFAULT_PREFERRED_LEADER_HOLD_MS,
+        help="a topic's preferred-leader moves wait at most this long for its replicas still catching up, "
+        "to move in one write (0: no waiting; default %(default)s)",
+    )
+    ap.add_argument(
         "--unclean-leader-election",
         action="store_true",
         help="default of unclean.leader.election.enable for topics that do not set it",
@@ -90,8 +103,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.failure_timeout_ms <= 0 or args.interval_ms <= 0:
         ap.error("--failure-timeout-ms and --interval-ms must be positive")
-    if args.preferred_leader_delay_ms < 0:
-        ap.error("--preferred-leader-delay-ms must not be negative")
+    if args.preferred_leader_delay_ms < 0 or args.preferred_leader_hold_ms < 0:
+        ap.error("--preferred-leader-delay-ms and --preferred-leader-hold-ms must not be negative")
     return args
 
 
@@ -125,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         FailureDetector(checker, timeout_ms=args.failure_timeout_ms),
         preferred_leaders=args.preferred_leaders,
         preferred_leader_delay_ms=args.preferred_leader_delay_ms,
+        preferred_leader_hold_ms=args.preferred_leader_hold_ms,
         default_unclean=args.unclean_leader_election,
     )
     log.info(

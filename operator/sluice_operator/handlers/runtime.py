@@ -115,6 +115,7 @@ class OperatorRuntime:
             expected_brokers=settings.expected_brokers,
             statefulset=settings.broker_statefulset,
             preferred_leader_delay_s=settings.preferred_leader_delay_s,
+            preferred_leader_hold_s=settings.preferred_leader_hold_s,
             identity=settings.identity,
         )
         controller.start()
