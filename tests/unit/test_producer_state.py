@@ -67,3 +67,15 @@ def test_entry_round_trips() -> None:
     e.txn_first_offset = 17
     d = ProducerEntry.decode(7, e.encode())
     assert (d.epoch, d.txn_first_offset, list(d.batches)) == (4, 17, list(e.batches))
+
+
+def test_a_copy_is_equal_and_independent() -> None:
+    """The append path changes a copy while its write is pending: the stored entry must not move."""
+    e = entry_with([(0, 2), (2, 2), (4, 2), (6, 2), (8, 2)])
+    e.coordinator_epoch, e.completed = 3, [(0, 9)]
+    c = e.copy()
+    assert c == e and c.encode() == e.encode() and c.batches.maxlen == e.batches.maxlen
+    c.appended(0, 10, 2, 10, 5, True)
+    c.completed.append((10, 12))
+    assert e.last_seq == 9 and e.txn_first_offset == -1 and e.completed == [(0, 9)]
+    assert ProducerEntry.decode(7, c.encode()) == c

@@ -537,7 +537,7 @@ class PartitionLog:
         aborted_range: tuple[int, int] | None = None
         if pid > 0:
             old = self.producers.get(pid)
-            new = ProducerEntry(pid, batch.producer_epoch) if old is None else ProducerEntry.decode(pid, old.encode())
+            new = ProducerEntry(pid, batch.producer_epoch) if old is None else old.copy()
             if batch.control:
                 committed, coordinator_epoch = parse_control(batch)
                 new.coordinator_epoch = max(coordinator_epoch, new.coordinator_epoch)
@@ -587,7 +587,7 @@ class PartitionLog:
         return commit
 
     def _store_entry_change(self, entry: ProducerEntry, epoch: int, coordinator_epoch: int) -> None:
-        new_entry = ProducerEntry.decode(entry.producer_id, entry.encode())
+        new_entry = entry.copy()
         new_entry.coordinator_epoch = max(coordinator_epoch, entry.coordinator_epoch)
         if epoch > new_entry.epoch:
             new_entry.epoch = epoch

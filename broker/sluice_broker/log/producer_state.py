@@ -89,6 +89,18 @@ class ProducerEntry:
             self.txn_first_offset = first_offset
         self.last_timestamp = max(self.last_timestamp, timestamp)
 
+    def copy(self) -> ProducerEntry:
+        """A copy to change while the write that stores it is pending (its BatchMetas are immutable)."""
+        return ProducerEntry(
+            self.producer_id,
+            self.epoch,
+            self.coordinator_epoch,
+            self.txn_first_offset,
+            self.last_timestamp,
+            deque(self.batches, maxlen=DUPLICATE_WINDOW),
+            list(self.completed),
+        )
+
     def encode(self) -> bytes:
         head = _HEAD.pack(
             self.epoch, self.coordinator_epoch, self.txn_first_offset, self.last_timestamp, len(self.batches)
