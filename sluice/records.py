@@ -40,8 +40,9 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import cramjam
 import crc32c as _crc32c
@@ -149,22 +150,61 @@ def compress(data: bytes, codec: int) -> bytes:
     raise ValueError(f"unsupported compression codec {codec}")
 
 
-def decompress(data: bytes, codec: int) -> bytes:
+# The most one compressed batch may expand to. Kafka streams a compressed batch's records; here a
+# section is decompressed whole, so without a bound a 16 KiB zstd batch of zeros could ask for
+# gigabytes (a decompression bomb). 64 MiB is far above what a producer's batch (batch.size,
+# max.message.bytes) holds in practice.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+
+
+def decompress(data: bytes, codec: int, limit: int = MAX_DECOMPRESSED_BYTES) -> bytes:
+    """``data`` decompressed: all of it (every gzip member, every zstd or lz4 frame), at most
+    ``limit`` bytes; RecordDecodeError if it is truncated, corrupt or expands past ``limit``."""
     try:
         if codec == records_pb2.COMPRESSION_NONE:
             return data
         if codec == records_pb2.COMPRESSION_LZ4:
-            return bytes(lz4.frame.decompress(data))
-        if codec == records_pb2.COMPRESSION_ZSTD:
+            out = _frames(data, limit, lz4.frame.LZ4FrameDecompressor, 64 * 1024)
+        elif codec == records_pb2.COMPRESSION_ZSTD:
             # a stream decoder: frames written by Kafka's Java clients carry no content size
-            return bytes(_ZSTD_D.decompressobj().decompress(data))
-        if codec == records_pb2.COMPRESSION_GZIP:
-            return zlib.decompress(data, wbits=31)
-        if codec == records_pb2.COMPRESSION_SNAPPY:
-            return _snappy_decompress(data)
+            out = _frames(data, limit, _ZSTD_D.decompressobj, 512)
+        elif codec == records_pb2.COMPRESSION_GZIP:
+            out = _frames(data, limit, lambda: zlib.decompressobj(wbits=31), 16 * 1024)
+        elif codec == records_pb2.COMPRESSION_SNAPPY:
+            out = _snappy_decompress(data, limit)
+        else:
+            raise RecordDecodeError(f"unsupported compression codec {codec}")
+    except RecordDecodeError:
+        raise
     except Exception as exc:  # each codec raises its own error type
         raise RecordDecodeError(f"cannot decompress records: {exc}") from exc
-    raise RecordDecodeError(f"unsupported compression codec {codec}")
+    return out
+
+
+def _frames(data: bytes, limit: int, decoder: Callable[[], Any], piece_size: int) -> bytes:
+    """Every frame (gzip member, zstd or lz4 frame) of ``data``, one after another, at most ``limit`` bytes.
+
+    Input is fed ``piece_size`` bytes at a time, sized by the codec's largest expansion (deflate
+    about 1,000:1, lz4 255:1, zstd 32,000:1), so one call never expands past about 16 MiB and a
+    bomb stops there. A frame that ends early is an error (zstd's and lz4's decoders would
+    otherwise return what they have)."""
+    out: list[bytes] = []
+    total = 0
+    rest = memoryview(data)
+    while rest:
+        d = decoder()
+        while rest and not d.eof:
+            piece, rest = rest[:piece_size], rest[piece_size:]
+            chunk = d.decompress(bytes(piece))
+            total += len(chunk)
+            if total > limit:
+                raise RecordDecodeError(f"the records expand past {limit} bytes (a decompression bomb?)")
+            out.append(chunk)
+        if not d.eof:
+            raise RecordDecodeError("the compressed records end in the middle of a frame")
+        tail = d.unused_data
+        rest = memoryview(bytes(tail) + bytes(rest)) if tail else rest
+    return b"".join(out)
 
 
 def v2_attributes(batch: RecordBatch) -> int:
@@ -213,19 +253,31 @@ def _snappy_compress(data: bytes) -> bytes:
     return b"".join(out)
 
 
-def _snappy_decompress(data: bytes) -> bytes:
+def _snappy_decompress(data: bytes, limit: int) -> bytes:
     if not data.startswith(_XERIAL_MAGIC):
+        _check_snappy_length(data, 0, limit)
         return bytes(cramjam.snappy.decompress_raw(data))
     out: list[bytes] = []
     pos = len(_XERIAL_HEADER)
+    total = 0
     while pos < len(data):
         (length,) = _BLOCK_LENGTH.unpack_from(data, pos)
         pos += 4
         if length < 0 or pos + length > len(data):
             raise RecordDecodeError(f"a snappy block of {length} bytes runs past the data")
-        out.append(bytes(cramjam.snappy.decompress_raw(data[pos : pos + length])))
+        block = data[pos : pos + length]
+        total = _check_snappy_length(block, total, limit)
+        out.append(bytes(cramjam.snappy.decompress_raw(block)))
         pos += length
     return b"".join(out)
+
+
+def _check_snappy_length(block: bytes, total: int, limit: int) -> int:
+    """``total`` plus the length a raw snappy block declares, checked against ``limit`` before decoding."""
+    total += int(cramjam.snappy.decompress_raw_len(block))
+    if total > limit:
+        raise RecordDecodeError(f"the records expand past {limit} bytes (a decompression bomb?)")
+    return total
 
 
 def compute_crc(batch: RecordBatch) -> int:
@@ -676,6 +728,8 @@ def _decode_v2_tuples(batch: RecordBatch, min_offset: int) -> list[RecordTuple]:
                 pos += 1
             else:
                 hcount, pos = varint(data, pos)
+                if hcount < 0:
+                    raise RecordDecodeError(f"a record with {hcount} headers")
                 found, pos = read_v2_headers(data, pos, hcount)
                 headers = [(k, b"" if v is None else v) for k, v in found]
             if pos != end or end > size or klen < -1 or vlen < -1:

@@ -90,7 +90,7 @@ from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import keys
 from sluice.metadata.store import StoreUnavailable
-from sluice.records import RecordBatch, now_ms
+from sluice.records import RecordBatch, RecordDecodeError, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -855,6 +855,9 @@ class ReplicaManager:
                 else:
                     raise errors.InvalidRequestError(f"unknown offset spec {q.spec}")
                 out.leader_epoch = part.leader_epoch
+            except RecordDecodeError as exc:  # a timestamp search met a batch it cannot decode
+                answer(out, errors.CorruptMessageError(f"{q.topic}-{q.partition}: {exc}"))
+                out.offset = out.timestamp = out.leader_epoch = -1
             except SluiceError as exc:
                 answer(out, exc)
                 out.offset = out.timestamp = out.leader_epoch = -1

@@ -159,13 +159,19 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
     """A produced v2 batch as Sluice stores it: its records section as sent (compressed as sent), in
     Sluice's envelope with the header's fields and its own CRC (``records_format`` KAFKA_V2).
 
-    No record is decoded, as Kafka decodes none of an uncompressed batch's on this path: the CRC
-    (checked by :func:`split_batches`) covers them, and the header says what the broker needs.
-    A compressed batch is decompressed once to count its records against the header, as Kafka
-    does, so a batch that lies about its count is refused before it is stored.
+    No record is copied or converted. The records are walked once, as Kafka's LogValidator walks
+    them (a compressed section after one bounded decompression): a batch whose records are
+    malformed, fewer or more than its header says, or numbered other than 0..n-1 is refused
+    before it is stored, so every reader can decode what the log holds. Attribute bits above the
+    control bit are refused: the stored batch keeps only the ones it rebuilds the header from.
     """
     if header.control:
         raise errors.InvalidRecordError("control batches are written by brokers, not produced")
+    if header.attributes & ~0x3F:
+        raise errors.InvalidRecordError(
+            f"batch attributes 0x{header.attributes:04x}: bits above the control bit (0x20) are not accepted "
+            "from producers"
+        )
     if header.compression not in _STORED_COMPRESSION:
         raise errors.UnsupportedCompressionTypeError(
             f"Kafka compression codec {header.compression} does not exist: "
@@ -177,8 +183,7 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
             f"not {header.last_offset_delta}"
         )
     records = bytes(batch[HEADER_SIZE:])
-    if header.compression != COMPRESSION_NONE:
-        _check_record_count(header, _decompressed(header, records))
+    _check_records(header, records if header.compression == COMPRESSION_NONE else _decompressed(header, records))
     return RecordBatch(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
@@ -195,21 +200,75 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
     )
 
 
-def _check_record_count(header: BatchHeader, buf: bytes) -> None:
-    """The records of a decompressed section, stepped over by their lengths, are as many as the header says."""
-    pos = count = 0
+def _check_records(header: BatchHeader, buf: bytes) -> None:
+    """The records section holds exactly the header's records, each well formed, as Kafka's
+    LogValidator checks on produce: every field in bounds, the record's length matching its
+    fields, offset deltas 0..n-1. No key, value or header is copied; one-byte varints (nearly
+    every length and delta) are read in line."""
+    end = len(buf)
+    pos = index = 0
     try:
-        while pos < len(buf):
-            length, pos = zigzag_varint(buf, pos)
-            if length < 0:
-                raise RecordDecodeError(f"a record of length {length}")
-            pos += length
-            count += 1
+        while pos < end:
+            b = buf[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = zigzag_varint(buf, pos)
+            record_end = pos + length
+            if length < 6 or record_end > end:  # attributes, timestamp delta, offset delta, 2 lengths, a count
+                raise RecordDecodeError(f"record {index} of length {length} does not fit the section")
+            pos += 1  # attributes (unused in v2)
+            b = buf[pos]
+            pos = pos + 1 if b < 0x80 else zigzag_varint(buf, pos)[1]  # timestamp delta
+            b = buf[pos]
+            if b < 0x80:
+                delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                delta, pos = zigzag_varint(buf, pos)
+            if delta != index:
+                raise RecordDecodeError(f"record {index} has offset delta {delta}")
+            b = buf[pos]  # the key's length (-1: null, one byte 0x01)
+            if b == 1:
+                pos += 1
+            else:
+                size, pos = zigzag_varint(buf, pos)
+                if size < 0:
+                    raise RecordDecodeError(f"record {index} has a key of length {size}")
+                pos += size
+            b = buf[pos]  # the value's length
+            if b < 0x80:
+                size, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                size, pos = zigzag_varint(buf, pos)
+            if size > 0:
+                pos += size
+            elif size < -1:
+                raise RecordDecodeError(f"record {index} has a value of length {size}")
+            b = buf[pos]
+            if b == 0:  # no headers: nearly every record
+                pos += 1
+                count = 0
+            else:
+                count, pos = zigzag_varint(buf, pos)
+            if count < 0:
+                raise RecordDecodeError(f"record {index} has {count} headers")
+            for _ in range(count):
+                size, pos = zigzag_varint(buf, pos)
+                if size < 0:
+                    raise RecordDecodeError(f"record {index} has a header without a key")
+                pos += size
+                size, pos = zigzag_varint(buf, pos)
+                if size < -1:
+                    raise RecordDecodeError(f"record {index} has a header value of length {size}")
+                pos += max(size, 0)
+            if pos != record_end:
+                raise RecordDecodeError(f"record {index} of {length} bytes does not match its fields")
+            index += 1
     except (IndexError, RecordDecodeError) as exc:
         raise errors.CorruptMessageError(f"undecodable record: {exc}") from None
-    if pos != len(buf) or count != header.record_count:
+    if index != header.record_count:
         raise errors.CorruptMessageError(
-            f"the batch's header says {header.record_count} records; its records section holds {count}"
+            f"the batch's header says {header.record_count} records; its records section holds {index}"
         )
 
 

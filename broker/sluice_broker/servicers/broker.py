@@ -78,10 +78,13 @@ MAX_WAIT_MS = 300_000  # the longest a Fetch may ask to wait
 log = logging.getLogger(__name__)
 
 
-def _sluice_encoded(batches: list[RecordBatch], raw: list[bytes]) -> tuple[list[bytes], str]:
+def _sluice_encoded(
+    batches: list[RecordBatch], raw: list[bytes], next_fetch_offset: int
+) -> tuple[list[bytes], str, int]:
     """The stored batches for a client that reads only Sluice's record encoding: those a Kafka client
-    produced (stored in Kafka's v2 records format) re-encoded, the rest sent as stored. A batch whose
-    records cannot be decoded ends the list, with why (the partition's CORRUPT_MESSAGE)."""
+    produced (stored in Kafka's v2 records format) re-encoded, the rest sent as stored; and where
+    the client goes on. A batch whose records cannot be decoded ends the list, with why (the
+    partition's CORRUPT_MESSAGE), and the client goes on at that batch, never past it."""
     out: list[bytes] = []
     for batch, stored in zip(batches, raw, strict=True):
         if batch.records_format != KAFKA_V2:
@@ -90,8 +93,8 @@ def _sluice_encoded(batches: list[RecordBatch], raw: list[bytes]) -> tuple[list[
         try:
             out.append(to_sluice_format(batch).SerializeToString())
         except RecordDecodeError as exc:
-            return out, str(exc)
-    return out, ""
+            return out, str(exc), batch.base_offset
+    return out, "", next_fetch_offset
 
 
 async def admin_result(cluster: ClusterView, result: Any, action: Callable[[], str]) -> None:
@@ -326,14 +329,15 @@ class BrokerService:
                     continue
                 r = next(answered)
                 sent, error_code, error_message = r.raw, r.error_code, r.error_message
+                next_fetch_offset = r.next_fetch_offset
                 if not req.kafka_v2_records:
-                    sent, unreadable = _sluice_encoded(r.batches, r.raw)
+                    sent, unreadable, next_fetch_offset = _sluice_encoded(r.batches, r.raw, next_fetch_offset)
                     if unreadable:
                         error_code, error_message = pb.CORRUPT_MESSAGE, unreadable
                 header = bpb.FetchPartitionResponse(
                     partition=r.partition, error_code=error_code, error_message=error_message,
                     high_watermark=r.high_watermark, last_stable_offset=r.last_stable_offset,
-                    log_start_offset=r.log_start_offset, next_fetch_offset=r.next_fetch_offset,
+                    log_start_offset=r.log_start_offset, next_fetch_offset=next_fetch_offset,
                     aborted_transactions=[
                         bpb.AbortedTransaction(producer_id=pid, first_offset=first) for pid, first in r.aborted
                     ],
