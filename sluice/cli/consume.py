@@ -112,13 +112,29 @@ def run(args: argparse.Namespace) -> int:
             else:
                 consumer.subscribe([args.topic])
             _print_records(consumer, args, printed, stop)
-            if args.group and not args.no_commit and printed.next_offsets:
-                # what was printed, not the consumer's position: a poll may return more than was printed
-                consumer.commit(printed.next_offsets)
+            if args.group and not args.no_commit:
+                offsets = _offsets_to_commit(consumer, printed)
+                if offsets:
+                    consumer.commit(offsets)
     finally:
         close_quietly(consumer)
         err(f"processed a total of {printed.count} messages")
     return INTERRUPTED if stop.requested else SUCCESS
+
+
+def _offsets_to_commit(consumer: Consumer, printed: _Printed) -> dict[TopicPartition, int]:
+    """Where the group's next run starts, for every partition this run was assigned, as Kafka's
+    console consumer commits on close: after the last record printed; where nothing was printed,
+    the position the consumer resolved (the end, without --from-beginning), so records produced
+    between two runs are read by the next one instead of skipped by its own reset to the end."""
+    offsets = dict(printed.next_offsets)  # what was printed, not the position: a poll may return more
+    for tp in consumer.assignment():
+        if tp not in offsets:
+            try:
+                offsets[tp] = consumer.position(tp, timeout=5.0)
+            except SluiceError as exc:
+                err(f"no position to commit for {tp.topic}-{tp.partition}: {exc}")
+    return offsets
 
 
 class _StopOnCtrlC:
@@ -186,10 +202,12 @@ def _print_records(consumer: Consumer, args: argparse.Namespace, printed: _Print
         records = consumer.poll(timeout=wait)
         if records:
             last_record = time.monotonic()
-        for rec in records:
+        for i, rec in enumerate(records):
             out.write(format_record(rec, args))
             printed.count += 1
             printed.next_offsets[rec.topic_partition] = rec.offset + 1
             if args.max_messages is not None and printed.count >= args.max_messages:
+                for left in records[i + 1 :]:  # returned, not printed: the group's next run starts there
+                    printed.next_offsets.setdefault(left.topic_partition, left.offset)
                 break
         out.flush()

@@ -98,3 +98,36 @@ def test_ctrl_c_exits_130_and_commits_what_was_printed(cluster: LocalCluster) ->
 def test_cli_reference_says_so() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     assert "commit its offsets at exit" in text and "130" in text
+
+
+def test_a_run_that_printed_nothing_commits_its_position_so_the_next_run_misses_nothing(
+    cluster: LocalCluster,
+) -> None:
+    """Without --from-beginning the group starts at the end; a first run that printed nothing still
+    commits that position (as Kafka's console consumer), so what is produced before the second run
+    is read by it, not skipped by a second reset to the end."""
+    topic, group = "quiet-start", "quiet-start-group"
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    try:
+        admin.create_topic(topic, partitions=2)
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all")
+        for i in range(4):
+            producer.send(topic, value=b"old%d" % i, partition=i % 2)
+        producer.flush()
+        base = [sys.executable, "-m", "sluice", "consume", topic, "--group", group,
+                "--bootstrap-server", cluster.bootstrap_servers]  # fmt: skip
+        first = subprocess.run([*base, "--timeout", "15"], capture_output=True, text=True, timeout=120, check=False)
+        assert first.returncode == 0 and first.stdout == "", first.stderr
+        committed = {tp.partition: off for tp, off in admin.list_consumer_group_offsets(group).items()}
+        assert committed == {0: 2, 1: 2}, first.stderr  # the end, where it started
+        for i in range(3):
+            producer.send(topic, value=b"new%d" % i, partition=i % 2)
+        producer.flush()
+        producer.close()
+        second = subprocess.run(
+            [*base, "--max-messages", "3", "--timeout", "60"], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert second.returncode == 0, second.stderr
+        assert sorted(second.stdout.split()) == ["new0", "new1", "new2"]
+    finally:
+        admin.close()
