@@ -127,6 +127,8 @@ def _offsets_to_commit(consumer: Consumer, printed: _Printed) -> dict[TopicParti
     console consumer commits on close: after the last record printed; where nothing was printed,
     the position the consumer resolved (the end, without --from-beginning), so records produced
     between two runs are read by the next one instead of skipped by its own reset to the end."""
+    from sluice.errors import SluiceError  # here: the CLI starts without loading the client's modules
+
     offsets = dict(printed.next_offsets)  # what was printed, not the position: a poll may return more
     for tp in consumer.assignment():
         if tp not in offsets:
