@@ -759,8 +759,7 @@ class PartitionLog:
             batch = RecordBatch.FromString(value)
             entries.append((key, batch.base_offset + batch.record_count, batch.max_timestamp, len(value)))
             total += len(value)
-        new_start = self.log_start_offset
-        removed = 0
+        new_start, before = self.log_start_offset, total
         for _key, end, max_ts, size in entries:
             too_old = retention_ms >= 0 and max_ts < now - retention_ms
             too_big = retention_bytes >= 0 and total > retention_bytes
@@ -768,9 +767,8 @@ class PartitionLog:
                 break
             new_start = end
             total -= size
-            removed += size
         if new_start > self.log_start_offset:
-            self.advance_log_start(new_start, removed_bytes=removed)
+            self.advance_log_start(new_start, removed_bytes=before - total)
         return self.log_start_offset
 
     def compact(self, now: int) -> int:
@@ -869,10 +867,8 @@ class PartitionLog:
                 del self.aborted[pid]
         return len(drop)
 
-    def advance_log_start(self, new_start: int, *, removed_bytes: int | None = None) -> None:
-        """Drop the batches below ``new_start`` (``removed_bytes``: their size, if the caller has it)."""
-        if removed_bytes is None:
-            removed_bytes = self._stored_bytes(self.log_start_offset, new_start)
+    def advance_log_start(self, new_start: int, *, removed_bytes: int) -> None:
+        """Drop the batches below ``new_start``, ``removed_bytes`` of them (retention has just summed them)."""
         ws = WriteSet()
         ws.delete_range("log", self._log_key(self.log_start_offset), self._log_key(new_start))
         old_start, old_size = self.log_start_offset, self.size_bytes
