@@ -20,8 +20,9 @@ What runs, in this one process unless said otherwise:
   documents). Each holds one watch stream (:class:`Watcher`) on every ``MetadataDocument``, exactly
   the request a broker's store makes (LIST, then WATCH from its resourceVersion with bookmarks,
   renewed every 30 s), counting bytes and events and time-stamping when it applied each change.
-  ISR changes go through ``ClusterView.write_isr``, the store calls a real leader makes (a quorum
-  GET of the whole topic document, then a replace carrying its resourceVersion, up to 20 tries).
+  ISR changes go through ``ClusterView.write_isrs``, the store calls a real leader makes (a quorum
+  GET of the whole topic document, then a replace carrying its resourceVersion with all of the
+  leader's changes to that topic, up to 20 tries, a short random pause after each conflict).
 * **A few real ClusterViews** (``--observers``, default 2): complete broker views, each over its
   own KubernetesMetadataStore (its own watch cache), refreshed every 100 ms as a broker's metadata
   poller does; the time a change reaches them is the end-to-end figure, including the decode of
@@ -43,8 +44,9 @@ Scenarios (``--scenarios``):
   the chart's defaults, comes on top of the detection figure measured here, which is the
   operator's grace period plus a controller round);
 * ``return``: that broker comes back: it registers again, relists, its Pod turns Ready, every
-  leader of a partition it replicates adds it back to the ISR (each leader one partition at a
-  time, all leaders at once, as their followers catch up), and the controller hands preferred
+  leader of a partition it replicates adds it back to the ISR (each leader one write per topic
+  document with all its partitions of that topic, all leaders at once, as their followers catch
+  up), and the controller hands preferred
   leaderships back after ``--preferred-delay``.
 * ``rolling`` (not in the default set: minutes): a rolling restart of ``--rolling-brokers``
   brokers, one after the other as a StatefulSet does it: the Pod is deleted (the operator takes a
@@ -107,6 +109,7 @@ from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
 from sluice.metadata.documents import ControllerDocument, TopicDocument  # noqa: E402
+from sluice.metadata.isr import IsrChange  # noqa: E402
 from sluice.metadata.kubernetes import GROUP, PLURAL, VERSION, KubernetesMetadataStore, api_client  # noqa: E402
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict  # noqa: E402
 
@@ -1075,30 +1078,37 @@ class Simulation:
         broker.alive = True
         wait_until(lambda: all(victim not in o.view.dead_brokers for o in self.observers), self.s.grace_s + 30)
         out["alive_again_s"] = round(time.monotonic() - t0, 3)
-        # every leader of a partition the returned broker replicates adds it back, one partition at a
-        # time per leader, all leaders at once (their followers catch up together); what a leader could
-        # not write (write_isr gave up after 20 conflicts) it tries again on its next pass, as a broker
-        # does on its next ISR check
+        # every leader of a partition the returned broker replicates adds it back, one write per topic
+        # document per leader, all leaders at once (their followers catch up together); what a leader
+        # could not write (refused as stale, or 20 conflicts) it tries again on its next pass, as a
+        # broker does on its next ISR check
         outcome: Counter[str] = Counter()
         lock = threading.Lock()
 
         def expand(leader: int, items: list[tuple[str, int]]) -> None:
+            # as a broker's maintain_isr: all of this leader's changes to one topic in one write
             view = self.brokers[leader].view
+            by_topic: dict[str, list[int]] = {}
             for name, i in items:
-                result = "no document"
+                by_topic.setdefault(name, []).append(i)
+            for name, indexes in by_topic.items():
+                results: list[str]
                 try:
                     doc = view.store.get(keys.topic(name))
-                    if doc is not None and doc.value is not None:
-                        p = TopicDocument.from_json(doc.value).partitions[i]
-                        isr = sorted(set(p.isr) | {victim})
-                        got = view.write_isr(name, i, p.leader, p.leader_epoch, isr)
-                        result = "expanded" if got is not None else "refused (leader moved)"
-                except VersionConflict:
-                    result = "gave up after 20 conflicts"
+                    if doc is None or doc.value is None:
+                        results = ["no document"] * len(indexes)
+                    else:
+                        parts = TopicDocument.from_json(doc.value).partitions
+                        changes = [
+                            IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(sorted({*p.isr, victim})))
+                            for i, p in ((i, parts[i]) for i in indexes)
+                        ]
+                        written = view.write_isrs(name, leader, changes)
+                        results = [written.outcomes[i].value for i in indexes]
                 except StoreUnavailable:
-                    result = "store unavailable"
+                    results = ["store unavailable"] * len(indexes)
                 with lock:
-                    outcome[result] += 1
+                    outcome.update(results)
 
         passes = 0
         leaders: set[int] = set()

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import random
 import re
 import threading
 import time
@@ -47,6 +48,7 @@ from sluice.metadata.documents import (
 )
 from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
 from sluice.metadata.documents import TRANSACTION_STATE_TOPIC as TRANSACTION_STATE_TOPIC
+from sluice.metadata.isr import IsrChange, IsrOutcome, IsrWrite, apply_isr_changes
 from sluice.metadata.placement import place_replicas
 from sluice.metadata.reassignment import ReassignmentRefused
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
@@ -61,6 +63,8 @@ PID_BLOCK_SIZE = 1000
 _INTERNAL_TOPIC_KEYS = {TRANSACTION_STATE_TOPIC: "transaction.state.log", CONSUMER_OFFSETS_TOPIC: "offsets.topic"}
 MAX_PARTITIONS = 10_000
 ISR_WARNING_INTERVAL_S = 10.0  # ISR changes the store could not take: logged at most this often
+ISR_WRITE_ATTEMPTS = 20  # compare-and-sets of one topic's ISR changes before leaving them to the next round
+ISR_CONFLICT_PAUSE_S = 0.01  # after the n-th conflict, a random pause of up to n times this
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
@@ -201,7 +205,7 @@ class ClusterView:
                 self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
         elif doc.key.startswith(keys.TOPICS):
             if doc.version < self._topic_versions.get(doc.key, 0):
-                return  # older than what this broker wrote and applied itself (update_isr)
+                return  # older than what this broker wrote and applied itself (write_isrs)
             self._topic_versions[doc.key] = doc.version
             name = doc.key[len(keys.TOPICS) :]
             old = self.topics.get(name)
@@ -512,56 +516,67 @@ class ClusterView:
         value = self.config.values[key]
         return str(value).lower() if isinstance(value, bool) else str(value)
 
-    def update_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> bool:
-        """Compare-and-set a partition's ISR, only while ``leader`` still leads it at ``leader_epoch``.
+    def write_isrs(self, topic: str, leader: int, changes: Sequence[IsrChange]) -> IsrWrite:
+        """The ISR changes one leader makes to one topic, in one compare-and-set of its document.
 
-        False when the document moved on (a new leader or epoch): the caller is
-        no longer entitled to change the ISR and will hear of its new role. Also
-        False when the store cannot be reached: the ISR stays as it is.
+        Each change applies only while ``leader`` still leads the partition at the change's leader
+        epoch, and only if the partition's ISR in the store is still the one the leader decided from
+        (``base``): a leader whose view is behind (the controller took a dead broker out of the ISR
+        meanwhile) must not write its stale ISR back, so it learns the new one and decides again next
+        round, as Kafka's AlterPartition is refused for a stale partition epoch. All of a leader's
+        changes to a topic go in one write, not one write per partition: every write is the whole
+        document, into etcd and to every watcher, and when a broker returns every leader re-admits it
+        to dozens of partitions at once, all racing on the same documents (issue 28's measured
+        conflict storm). A conflict reads the document again after a short random pause, so racing
+        leaders spread out rather than collide again at once.
+
+        Returns the document to apply (the one written, or the one read when nothing was written, so the
+        view catches up with what refused a change) and each change's outcome. Raises StoreUnavailable
+        when the store cannot be reached (a write may or may not have happened). Touches only the store,
+        so it may run in a worker thread: a store call can block (an API server that does not answer),
+        and the broker's event loop must not wait for it.
         """
-        try:
-            written = self.write_isr(topic, partition, leader, leader_epoch, isr)
-        except StoreUnavailable:
-            written = None
-        return self.isr_written(written)
-
-    def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
-        """The store half of :meth:`update_isr`: the document written, or None when this leader may not
-        change it. Raises StoreUnavailable when the store cannot be reached (the write may or may not
-        have happened). Touches only the store, so it may run in a worker thread: a store call can
-        block (an API server that does not answer), and the broker's event loop must not wait for it."""
         key = keys.topic(topic)
         try:
-            for _ in range(20):
+            for attempt in range(ISR_WRITE_ATTEMPTS):
                 doc = documents.read(self.store, key, TopicDocument)
-                if doc is None or partition >= len(doc.value.partitions):
-                    return None
-                p = doc.value.partitions[partition]
-                if p.leader != leader or p.leader_epoch != leader_epoch:
-                    return None
-                if set(p.isr) == set(isr):
-                    # Already so (an earlier attempt landed, or another path wrote it): a write would
-                    # rewrite the whole document, and send it to every watcher, for nothing. The ISR
-                    # is a set; its order carries no meaning.
-                    return Document(key, doc.value.to_json(), doc.version, doc.revision)
-                changed = doc.value.with_partition(partition, dataclasses.replace(p, isr=list(isr)))
+                if doc is None:
+                    return IsrWrite(None, {c.partition: IsrOutcome.NO_PARTITION for c in changes})
+                value, outcomes = apply_isr_changes(doc.value, leader, changes)
+                if value is doc.value:
+                    # Nothing to write (each change refused, or already so: an earlier attempt landed); a
+                    # write would send the whole document to every watcher for nothing.
+                    return IsrWrite(Document(key, doc.value.to_json(), doc.version, doc.revision), outcomes)
                 try:
-                    version = documents.replace(self.store, key, changed, doc.version)
+                    version = documents.replace(self.store, key, value, doc.version)
                 except VersionConflict:
+                    time.sleep(random.uniform(0, ISR_CONFLICT_PAUSE_S * (attempt + 1)))
                     continue
-                return Document(key, changed.to_json(), version, doc.revision)
+                return IsrWrite(Document(key, value.to_json(), version, doc.revision), outcomes)
         except StoreUnavailable as exc:
             # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
             # implies) until the store takes the change; the caller tries again next round.
             now = time.monotonic()
             if now - self._isr_warned_at >= ISR_WARNING_INTERVAL_S:  # one line per interval, not per partition
                 self._isr_warned_at = now
-                log.warning("%s-%d: ISR change to %s not written (nor others, for now): %s", topic, partition, isr, exc)
+                log.warning("%s: ISR changes %s not written (nor others, for now): %s", topic, changes, exc)
             raise
-        return None
+        # Kept changing: the caller tries again next round, from the view this refreshes.
+        return IsrWrite(None, {c.partition: IsrOutcome.CONFLICTS for c in changes})
+
+    def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
+        """One partition's ISR change from the ISR in the store now (no ``base`` check): the document
+        written, or None when this leader may not change it. For tools and tests; brokers use
+        :meth:`write_isrs`."""
+        doc = documents.read(self.store, keys.topic(topic), TopicDocument)
+        if doc is None or partition >= len(doc.value.partitions):
+            return None
+        base = tuple(doc.value.partitions[partition].isr)
+        written = self.write_isrs(topic, leader, [IsrChange(partition, leader_epoch, base, tuple(isr))])
+        return written.document if IsrOutcome.applied(written.outcomes.get(partition)) else None
 
     def isr_written(self, written: Document | None) -> bool:
-        """The view half of :meth:`update_isr` (on the event loop): take the ISR written into the view at
+        """The view half of :meth:`write_isrs` (on the event loop): take the ISR written into the view at
         once, not at the next refresh, which the store may not answer now (an ISR grown in the store but
         not in memory would let the HW pass a replica the controller may already elect); then refresh."""
         if written is not None:

@@ -89,6 +89,7 @@ from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import keys
+from sluice.metadata.isr import IsrChange, IsrOutcome
 from sluice.metadata.store import StoreUnavailable
 from sluice.records import RecordBatch, RecordDecodeError, now_ms
 
@@ -104,6 +105,7 @@ DEFAULT_PARTITION_MAX_BYTES = 1024 * 1024
 MARKER_REPLICATION_TIMEOUT_S = 30.0
 # a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
 ISR_FETCH_RECENCY_MS = 1500
+ISR_WRITES_IN_FLIGHT = 4  # topic documents a leader writes ISR changes to at once
 # Test-only hook (docs/architecture.md, "Test-only hooks"): while the file HOLD_MARKERS_FILE exists in the
 # data directory, this broker as leader serves followers nothing from the first marker of a client topic on.
 HOOK_HOLD_MARKERS = "replication.hold_markers"
@@ -703,70 +705,99 @@ class ReplicaManager:
     async def maintain_isr(self) -> None:
         """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones.
 
-        Each change is written to the store in a worker thread (a store call may block: an API
-        server that does not answer) while the loop goes on serving. Meanwhile the HW counts the
-        replicas of both the old and the new ISR (Kafka's "maximal ISR"): a replica being added
-        may be elected once the store has it, so the HW must not pass it before the view has it.
-        A write whose outcome is unknown (the store unreachable: it may have happened) keeps both
-        counted until the document is read again, at the start of a later round.
+        The changes of one round are written one topic at a time, all of a topic's in one write
+        (:meth:`ClusterView.write_isrs`, which refuses a change decided from an ISR that is no longer
+        the store's), in worker threads (a store call may block: an API server that does not answer)
+        while the loop goes on serving. Meanwhile the HW counts the replicas of both the old and the
+        new ISR (Kafka's "maximal ISR"): a replica being added may be elected once the store has it,
+        so the HW must not pass it before the view has it. A write whose outcome is unknown (the store
+        unreachable: it may have happened) keeps both counted until the document is read again, at the
+        start of a later round.
         """
-        me = self.config.broker_id
-        lag_max = self.config.int("replica.lag.time.max.ms")
-        now = monotonic_ms()
         for key in [k for k in self._pending_isr if k not in self.leader_of]:
             self._pending_isr.pop(key, None)  # no longer led here: a new leadership starts afresh
             self._isr_unsure.discard(key)
-        for key in list(self.leader_of):
-            if key in self._isr_unsure:
-                try:
-                    current = await asyncio.to_thread(self.cluster.store.get, keys.topic(key[0]))
-                except StoreUnavailable:
-                    continue  # still unknown: both ISRs stay counted
-                self.cluster.isr_written(current)  # the view takes the ISR the store has
+        for topic in sorted({key[0] for key in self._isr_unsure}):
+            try:
+                current = await asyncio.to_thread(self.cluster.store.get, keys.topic(topic))
+            except StoreUnavailable:
+                continue  # still unknown: both ISRs stay counted
+            self.cluster.isr_written(current)  # the view takes the ISR the store has
+            for key in [k for k in self._isr_unsure if k[0] == topic]:
                 self._isr_unsure.discard(key)
                 self._pending_isr.pop(key, None)
-            info = self.cluster.topics.get(key[0])
-            part = self.partitions.get(key)
-            tracker = self.trackers.get(key)
-            if info is None or part is None or tracker is None or key[1] >= len(info.partitions):
-                continue
-            pinfo = info.partitions[key[1]]
-            if len(pinfo.replicas) < 2:
-                continue
-            isr = [r for r in pinfo.isr if r == me or not tracker.lagging(r, now, lag_max)]
-            epoch_start = part.end_offset_for_epoch(part.leader_epoch - 1)[1] if part.leader_epoch > 0 else 0
-            for r in pinfo.replicas:
-                if r not in isr and r != me:
-                    leo = tracker.end_offset(r)
-                    alive = r not in self.cluster.dead_brokers and tracker.fetching(r, now, ISR_FETCH_RECENCY_MS)
-                    if alive and leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
-                        isr.append(r)
-            if me not in isr:
-                isr.insert(0, me)
-            if sorted(isr) == sorted(pinfo.isr):
-                continue
-            self._pending_isr[key] = set(isr) | set(pinfo.isr)
+        by_topic: dict[str, list[tuple[TopicPartition, IsrChange]]] = {}
+        for key in list(self.leader_of):
+            change = self._isr_change(key)
+            if change is not None:
+                by_topic.setdefault(key[0], []).append((key, change))
+        if by_topic:
+            gate = asyncio.Semaphore(ISR_WRITES_IN_FLIGHT)
+            await asyncio.gather(*(self._write_isrs(topic, items, gate) for topic, items in by_topic.items()))
+
+    def _isr_change(self, key: TopicPartition) -> IsrChange | None:
+        """The ISR this leader wants for ``key`` now, from its view's and its followers' state; None
+        when it is the view's already (or the partition is not to be changed now)."""
+        if key in self._isr_unsure:
+            return None  # its last write's outcome is still unknown
+        me = self.config.broker_id
+        info = self.cluster.topics.get(key[0])
+        part = self.partitions.get(key)
+        tracker = self.trackers.get(key)
+        if info is None or part is None or tracker is None or key[1] >= len(info.partitions):
+            return None
+        pinfo = info.partitions[key[1]]
+        if len(pinfo.replicas) < 2:
+            return None
+        now = monotonic_ms()
+        lag_max = self.config.int("replica.lag.time.max.ms")
+        isr = [r for r in pinfo.isr if r == me or not tracker.lagging(r, now, lag_max)]
+        epoch_start = part.end_offset_for_epoch(part.leader_epoch - 1)[1] if part.leader_epoch > 0 else 0
+        for r in pinfo.replicas:
+            if r not in isr and r != me:
+                leo = tracker.end_offset(r)
+                alive = r not in self.cluster.dead_brokers and tracker.fetching(r, now, ISR_FETCH_RECENCY_MS)
+                if alive and leo >= part.high_watermark and leo >= epoch_start and leo >= 0:
+                    isr.append(r)
+        if me not in isr:
+            isr.insert(0, me)
+        if sorted(isr) == sorted(pinfo.isr):
+            return None
+        return IsrChange(key[1], part.leader_epoch, tuple(pinfo.isr), tuple(isr))
+
+    async def _write_isrs(
+        self, topic: str, items: list[tuple[TopicPartition, IsrChange]], gate: asyncio.Semaphore
+    ) -> None:
+        """Write one topic's ISR changes (one document write), then apply what the store took."""
+        async with gate:
+            for key, change in items:
+                self._pending_isr[key] = set(change.isr) | set(change.base)
+                self._isr_unsure.add(key)
             unsure = True  # until the write answered (a cancelled round leaves it so: read again)
-            self._isr_unsure.add(key)
             try:
                 written = await asyncio.to_thread(
-                    self.cluster.write_isr, key[0], key[1], me, part.leader_epoch, list(isr)
+                    self.cluster.write_isrs, topic, self.config.broker_id, [c for _k, c in items]
                 )
                 unsure = False
             except StoreUnavailable:
                 written = None
             finally:
                 if not unsure:
-                    self._isr_unsure.discard(key)
-                    self._pending_isr.pop(key, None)
-            changed = self.cluster.isr_written(written)
+                    for key, _c in items:
+                        self._isr_unsure.discard(key)
+                        self._pending_isr.pop(key, None)
+        self.cluster.isr_written(written.document if written is not None else None)
+        if written is None:
+            return
+        for key, change in items:
             part = self.partitions.get(key)  # the loop went on meanwhile
-            if changed and part is not None:
-                log.info("%s-%d: ISR %s -> %s", key[0], key[1], pinfo.isr, isr)
-                self.events.isr_changed(pinfo.isr, isr)
-                if key in self.leader_of:
-                    self._maybe_advance_hw(key, part)
-                self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
+            if not IsrOutcome.applied(written.outcomes.get(key[1])) or part is None:
+                continue  # refused: the view now has the document that refused it; decided again next round
+            log.info("%s-%d: ISR %s -> %s", key[0], key[1], list(change.base), list(change.isr))
+            self.events.isr_changed(list(change.base), list(change.isr))
+            if key in self.leader_of:
+                self._maybe_advance_hw(key, part)
+            self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
 
     # -- fetch ------------------------------------------------------------------------------------
 
