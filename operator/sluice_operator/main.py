@@ -38,6 +38,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "($SLUICE_FAILOVER_GRACE_SECONDS, else 10)",
     )
     ap.add_argument(
+        "--broker-session-timeout-s",
+        type=float,
+        default=None,
+        help="a broker without a SERVING answer to the operator's own health checks this long is dead, "
+        "its Pod Ready or not ($SLUICE_BROKER_SESSION_TIMEOUT_S, else 9; 0: Pods only)",
+    )
+    ap.add_argument(
         "--brokers",
         type=int,
         default=None,
@@ -63,7 +70,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
     ap.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "INFO"))
     args = ap.parse_args(argv)
-    for name in ("pod_grace_s", "brokers", "preferred_leader_delay_s"):
+    for name in ("pod_grace_s", "brokers", "preferred_leader_delay_s", "broker_session_timeout_s"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0")
     for name in ("reconcile_interval_s", "status_interval_s"):
@@ -79,6 +86,7 @@ def settings_from(args: argparse.Namespace, environ: Mapping[str, str]) -> Opera
         "SLUICE_METADATA": args.metadata,
         "SLUICE_BROKER_SELECTOR": args.broker_selector,
         "SLUICE_FAILOVER_GRACE_SECONDS": args.pod_grace_s,
+        "SLUICE_BROKER_SESSION_TIMEOUT_S": args.broker_session_timeout_s,
         "SLUICE_EXPECTED_BROKERS": args.brokers,
         "SLUICE_PREFERRED_LEADER_DELAY_S": args.preferred_leader_delay_s,
         "SLUICE_RECONCILE_INTERVAL_S": args.reconcile_interval_s,

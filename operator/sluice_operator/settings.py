@@ -25,6 +25,10 @@ SLUICE_METADATA                     the metadata store                          
 SLUICE_KUBECONFIG                   kubeconfig for the API server (none in a pod)         in-cluster
 SLUICE_BROKER_SELECTOR              label selector of the broker Pods                     see below
 SLUICE_FAILOVER_GRACE_SECONDS       a broker Pod NotReady this long is dead               10
+SLUICE_BROKER_SESSION_TIMEOUT_S     a broker without a SERVING health check from the      9
+                                    operator this long is dead, Ready or not (0: off)
+SLUICE_BROKER_HEALTH_PORT           the brokers' plaintext health port for those checks   the gRPC port
+                                    (TLS brokers: without it, no checks)                  (plaintext)
 SLUICE_EXPECTED_BROKERS             broker count for replicationFactor checks (0: none)   0
 SLUICE_BROKER_STATEFULSET           the broker StatefulSet (its replicas: the count)      none
 SLUICE_PREFERRED_LEADER_DELAY_S     a Ready broker takes its leaderships back after this  10
@@ -113,6 +117,8 @@ class OperatorSettings:
     broker_cert_file: str | None = None
     broker_key_file: str | None = None
     auto_rebalance_on_scale_up: bool = False
+    broker_session_timeout_s: float = 9.0
+    broker_health_port: int | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
@@ -152,7 +158,19 @@ class OperatorSettings:
             broker_cert_file=_text(env, "SLUICE_BROKER_CERT_FILE"),
             broker_key_file=_text(env, "SLUICE_BROKER_KEY_FILE"),
             auto_rebalance_on_scale_up=_boolean(env, "SLUICE_AUTO_REBALANCE_ON_SCALE_UP"),
+            broker_session_timeout_s=_number(env, "SLUICE_BROKER_SESSION_TIMEOUT_S", 9.0, minimum=0.0),
+            broker_health_port=_port(env, "SLUICE_BROKER_HEALTH_PORT"),
         )
+
+    def health_checks(self) -> tuple[float, int | None]:
+        """(session timeout s, port) of the controller's own health checks of the brokers; (0, None): off.
+
+        The checks are plaintext: on ``SLUICE_BROKER_HEALTH_PORT`` (the brokers' plaintext health
+        listener, which TLS brokers serve for the kubelet's probes), else on the brokers' registered
+        address when they are plaintext. TLS brokers without a health port are judged by their Pods."""
+        if self.broker_session_timeout_s <= 0 or (self.broker_health_port is None and self.broker_ca_file):
+            return 0.0, None
+        return self.broker_session_timeout_s, self.broker_health_port
 
     def broker_security(self) -> dict[str, str]:
         """The Admin client's security keyword arguments (plaintext without a CA file)."""
@@ -232,6 +250,13 @@ def _integer(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
         return default
     if value < minimum:
         raise SettingsError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _port(env: Mapping[str, str], name: str) -> int | None:
+    value = _optional_integer(env, name)
+    if value is not None and not 1 <= value <= 65535:
+        raise SettingsError(f"{name}={value} is not a port (1 to 65535)")
     return value
 
 

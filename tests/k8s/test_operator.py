@@ -466,9 +466,11 @@ def read_committed(sluice: SluiceOnK8s, name: str, partitions: int) -> list[byte
     return out
 
 
-@pytest.mark.parametrize("how", ["not-ready", "pod-deleted"])
+@pytest.mark.parametrize("how", ["not-ready", "pod-deleted", "hung"])
 def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None:
-    tag = "nr" if how == "not-ready" else "del"
+    """Killed with its Pod NotReady, killed with its Pod deleted, or hung (SIGSTOP) with its Pod still
+    Ready: the last is seen only by the operator's own health checks (the session timeout, 9 s)."""
+    tag = {"not-ready": "nr", "pod-deleted": "del", "hung": "hung"}[how]
     sent = seed(sluice, tag)
     copiers = Copiers(sluice, tag)
     copiers.start()
@@ -480,15 +482,19 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
     before = led_by(sluice, victim)
     assert "__transaction_state" in before and before, before
     killed_at = time.monotonic()
-    sluice.kill(victim)
+    if how == "hung":
+        sluice.brokers[victim].pause()  # the kubelet's probe has not failed yet: the Pod stays Ready
+    else:
+        sluice.kill(victim)
     if how == "not-ready":
         sluice.set_ready(victim, False)
-    else:
+    elif how == "pod-deleted":
         sluice.delete_pod(victim)
     wait_for(lambda: not led_by(sluice, victim), 60, f"broker {victim}'s leaderships moving", logs=sluice.logs)
     failover_s = time.monotonic() - killed_at
+    moved_count = sum(len(v) for v in before.values())
     print(f"\nfailover ({how}): every leadership of broker {victim} moved {failover_s:.2f} s after the kill "
-          f"(pod grace period 2 s; {sum(len(v) for v in before.values())} partitions)")  # fmt: skip
+          f"(pod grace period 2 s, session timeout 9 s; {moved_count} partitions)")  # fmt: skip
 
     # Statuses show it: the Topic and Coordinator rows no longer name the victim as leader.
     def statuses_moved() -> bool:
@@ -510,10 +516,13 @@ def test_failover_when_a_broker_pod_fails(sluice: SluiceOnK8s, how: str) -> None
 
     # The broker comes back: preferred leaders return.
     time.sleep(1.0)
-    if how == "pod-deleted":
-        sluice.create_pod(victim)  # what the StatefulSet does
-    sluice.restart(victim)
-    sluice.set_ready(victim, True)
+    if how == "hung":
+        sluice.brokers[victim].resume()  # a zombie leader wakes up: it must learn it was deposed
+    else:
+        if how == "pod-deleted":
+            sluice.create_pod(victim)  # what the StatefulSet does
+        sluice.restart(victim)
+        sluice.set_ready(victim, True)
     back_at = time.monotonic()
     wait_for(lambda: preferred_everywhere(sluice), 120, "preferred leaders to return", logs=sluice.logs)
     print(f"preferred leaders back {time.monotonic() - back_at:.2f} s after broker {victim} was Ready again")

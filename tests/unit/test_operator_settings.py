@@ -70,6 +70,9 @@ def test_defaults_and_values_from_the_environment() -> None:
         ("SLUICE_EXPECTED_BROKERS", "-1", "at least 0"),
         ("SLUICE_PEERING_PRIORITY", "1.5", "whole number"),
         ("SLUICE_AUTO_REBALANCE_ON_SCALE_UP", "yes", "not true or false"),
+        ("SLUICE_BROKER_SESSION_TIMEOUT_S", "-1", "at least 0"),
+        ("SLUICE_BROKER_HEALTH_PORT", "70000", "not a port"),
+        ("SLUICE_BROKER_HEALTH_PORT", "http", "whole number"),
     ],
 )
 def test_a_bad_value_names_its_variable(name: str, value: str, message: str) -> None:
@@ -126,3 +129,24 @@ def test_the_automatic_rebalance_on_scale_up_is_off_unless_asked() -> None:
     register(registry, on)
     watched = {h.id.rsplit("/", 1)[-1] for h in registry._watching.get_all_handlers()}
     assert "broker_pod_event" in watched
+
+
+def test_the_operators_own_health_checks_of_the_brokers() -> None:
+    """On by default (9 s, Kafka's broker.session.timeout.ms), plaintext only: on the health port, or
+    on the brokers' own address when they are plaintext; TLS brokers without a health port: Pods only."""
+    env = {"POD_NAMESPACE": "prod"}
+    assert OperatorSettings.from_environment(env).health_checks() == (9.0, None)
+    assert OperatorSettings.from_environment({**env, "SLUICE_BROKER_HEALTH_PORT": "9094"}).health_checks() == (
+        9.0,
+        9094,
+    )
+    tls = {**env, "SLUICE_BROKER_CA_FILE": "/etc/ca.crt"}
+    assert OperatorSettings.from_environment(tls).health_checks() == (0.0, None)
+    assert OperatorSettings.from_environment({**tls, "SLUICE_BROKER_HEALTH_PORT": "9094"}).health_checks() == (
+        9.0,
+        9094,
+    )
+    off = {**env, "SLUICE_BROKER_SESSION_TIMEOUT_S": "0", "SLUICE_BROKER_HEALTH_PORT": "9094"}
+    assert OperatorSettings.from_environment(off).health_checks() == (0.0, None)
+    args = parse_args(["--namespace", "n", "--broker-session-timeout-s", "4"])
+    assert settings_from(args, {}).health_checks() == (4.0, None)

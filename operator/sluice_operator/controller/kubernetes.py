@@ -7,7 +7,12 @@ Kopf's event loop, so a burst of resource events never delays a failover:
 
 * **Pod watch.** A LIST+WATCH of the broker Pods (a label selector) feeds
   :class:`~sluice.operator.liveness.pods.PodLiveness`: Ready pods are live,
-  pods NotReady beyond the grace period or deleted are dead.
+  pods NotReady beyond the grace period or deleted are dead. With a session
+  timeout (``SLUICE_BROKER_SESSION_TIMEOUT_S``, the chart's 9 s, Kafka's
+  ``broker.session.timeout.ms``) the controller also health-checks every
+  broker itself, and one without a SERVING answer that long is dead while its
+  Pod still says Ready: a crash, a hang or a lost node is seen without waiting
+  for the kubelet's probes (:mod:`sluice.operator.liveness.sessions`).
 * **Controller loop.** The same :class:`~sluice.operator.controller.loop.ControllerLoop`
   the embedded cluster runs, over the Kubernetes MetadataStore, with Pod
   liveness instead of health checks: it applies the pure rules of
@@ -64,7 +69,9 @@ from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller.decisions import describe_changes
 from sluice.operator.controller.loop import DEFAULT_PREFERRED_LEADER_HOLD_MS, ControllerFenced, ControllerLoop
+from sluice.operator.liveness.brokers import FailureDetector, GrpcHealthChecker
 from sluice.operator.liveness.pods import PodLiveness
+from sluice.operator.liveness.sessions import SessionLiveness
 from sluice.operator.resources import (
     COORDINATOR_TOPICS,
     coordinator_rows,
@@ -328,6 +335,8 @@ class KubernetesController:
         statefulset: str | None = None,
         preferred_leader_delay_s: float = 10.0,
         preferred_leader_hold_s: float = DEFAULT_PREFERRED_LEADER_HOLD_MS / 1000,
+        session_timeout_s: float = 0.0,
+        health_port: int | None = None,
     ) -> None:
         from kubernetes import client
 
@@ -343,11 +352,18 @@ class KubernetesController:
         self.core: Any = client.CoreV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
         self.liveness = PodLiveness(grace_s)
+        # With a session timeout, the operator health-checks the brokers itself too (liveness.sessions)
+        self._checker: GrpcHealthChecker | None = None
+        detector: PodLiveness | SessionLiveness = self.liveness
+        if session_timeout_s > 0:
+            self._checker = GrpcHealthChecker(int(session_timeout_s * 1000))
+            health = FailureDetector(self._checker, int(session_timeout_s * 1000))
+            detector = SessionLiveness(self.liveness, health, health_port)
         self.events = EventRecorder(self.core, namespace, self.identity)
         self.elector = LeaseElector(client.CoordinationV1Api(api_client), namespace, self.identity, lease_duration_s)
         self.loop = ControllerLoop(
             store,
-            self.liveness,
+            detector,
             on_change=self._on_change,
             on_log_dir=self._on_log_dir,
             on_log_dir_space=self._on_log_dir_space,
@@ -380,6 +396,8 @@ class KubernetesController:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self._checker is not None:
+            self._checker.close()
         self.events.close()
 
     # -- pods -------------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ class OperatorRuntime:
     def open(cls, settings: OperatorSettings) -> OperatorRuntime:
         """Open the store and start the controller's threads."""
         store = open_store(settings.metadata_url)
+        session_timeout_s, health_port = settings.health_checks()
         controller = KubernetesController(
             store,
             api_client(settings.kubeconfig),
@@ -117,6 +118,8 @@ class OperatorRuntime:
             preferred_leader_delay_s=settings.preferred_leader_delay_s,
             preferred_leader_hold_s=settings.preferred_leader_hold_s,
             identity=settings.identity,
+            session_timeout_s=session_timeout_s,
+            health_port=health_port,
         )
         controller.start()
         log.info("operator for namespace %s, metadata %s", settings.namespace, settings.metadata_url)
