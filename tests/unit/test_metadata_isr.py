@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from sluice.broker.cluster import ClusterView
 from sluice.broker.config import BrokerConfig
@@ -16,20 +15,9 @@ from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import MetadataStore
 from sluice.operator.controller.decisions import new_topic
 
+from .test_metadata_noop_writes import CountingWrites
+
 BROKERS = [(0, ""), (1, ""), (2, "")]
-
-
-class CountingWrites:
-    def __init__(self, store: MetadataStore) -> None:
-        self.store = store
-        self.writes = 0
-
-    def compare_and_set(self, *args: Any, **kwargs: Any) -> Any:
-        self.writes += 1
-        return self.store.compare_and_set(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
 
 
 def _setup(tmp_path: Path, partitions: int = 6) -> tuple[CountingWrites, ClusterView, TopicDocument]:
