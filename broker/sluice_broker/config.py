@@ -31,6 +31,9 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "retention.bytes": (int, -1),
     "max.message.bytes": (int, 1024 * 1024 + 12),
     "message.timestamp.type": (str, "CreateTime"),
+    # KIP-937 (Kafka 3.6), Kafka 4's defaults: CreateTime records any time in the past, at most 1 h ahead
+    "message.timestamp.before.max.ms": (int, 9_223_372_036_854_775_807),
+    "message.timestamp.after.max.ms": (int, 3_600_000),
     "cleanup.policy": (str, "delete"),
     "delete.retention.ms": (int, 86_400_000),
     "min.compaction.lag.ms": (int, 0),
@@ -139,12 +142,20 @@ TOPIC_KEYS = {
     "retention.bytes",
     "max.message.bytes",
     "message.timestamp.type",
+    "message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms",
     "cleanup.policy",
     "min.insync.replicas",
     "unclean.leader.election.enable",
     "delete.retention.ms",
     "min.compaction.lag.ms",
 }
+
+_NON_NEGATIVE_TOPIC_KEYS = (
+    "min.compaction.lag.ms",
+    "message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms",
+)
 
 # Topic keys whose value is a comma-separated list (Kafka's ConfigDef type LIST): the only keys
 # IncrementalAlterConfigs may APPEND to or SUBTRACT from (sluice.broker.topic_config_ops).
@@ -233,7 +244,7 @@ def validate_topic_config(config: Mapping[str, str]) -> dict[str, str]:
             raise ConfigError(f"cleanup.policy must be delete, compact or both, not {raw!r}")
         if key == "message.timestamp.type" and value not in ("CreateTime", "LogAppendTime"):
             raise ConfigError(f"message.timestamp.type must be CreateTime or LogAppendTime, not {raw!r}")
-        if key == "min.compaction.lag.ms" and value < 0:
+        if key in _NON_NEGATIVE_TOPIC_KEYS and value < 0:
             raise ConfigError(f"{key} must be >= 0, not {raw!r}")
         if key in ("retention.ms", "retention.bytes") and value < -1:
             raise ConfigError(f"{key} must be -1 (unlimited) or >= 0, not {raw!r}")

@@ -371,6 +371,8 @@ class PartitionLog:
         of a transaction on this partition).
         """
         self.check_leader(leader_epoch)
+        if not batch.control and self.config("message.timestamp.type") != "LogAppendTime":
+            self._check_timestamps(batch)
         if not batch.control and "compact" in str(self.config("cleanup.policy")).split(","):
             self._require_keys(batch)
         pid = batch.producer_id
@@ -399,6 +401,23 @@ class PartitionLog:
             batch.crc = compute_crc(batch)
         self._write_staged(batch)
         return offset, False
+
+    def _check_timestamps(self, batch: RecordBatch) -> None:
+        """CreateTime records no further from the broker's clock than ``message.timestamp.before.max.ms``
+        into the past and ``message.timestamp.after.max.ms`` into the future (KIP-937; Kafka 4's defaults:
+        any past, one hour ahead), else INVALID_TIMESTAMP, as Kafka refuses them. The batch header's
+        first and largest timestamps are what is checked (the records are not decoded here); -1 (no
+        timestamp) passes, as in Kafka."""
+        now = now_ms()
+        before = int(self.config("message.timestamp.before.max.ms"))
+        after = int(self.config("message.timestamp.after.max.ms"))
+        for ts in (batch.first_timestamp, batch.max_timestamp):
+            if ts != -1 and (now - ts > before or ts - now > after):
+                raise errors.InvalidTimestampError(
+                    f"timestamp {ts} of a record for {self.topic}-{self.partition} is out of range: the broker "
+                    f"takes timestamps from {now - before if before < now else 0} to {now + after} now "
+                    f"(message.timestamp.before.max.ms={before}, message.timestamp.after.max.ms={after})"
+                )
 
     def _require_keys(self, batch: RecordBatch) -> None:
         """A compacted topic keeps the latest record per key, so it refuses a record without one, as
