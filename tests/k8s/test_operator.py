@@ -318,6 +318,37 @@ def test_transactional_id_status_follows_a_producer_and_the_resource_fences_it(s
     assert "no open transaction" in obj["status"]["lastOperation"]["message"]
 
 
+def status_patches(sluice: SluiceOnK8s, plural: str) -> int:
+    """PATCH requests the API server has served for ``plural`` (its apiserver_request_total)."""
+    from bench.metadata_scale import parse_metrics
+
+    text = sluice.k8s.kubectl("get", "--raw", "/metrics").stdout
+    return int(
+        sum(
+            value
+            for _name, labels, value in parse_metrics(text, ("apiserver_request_total",))
+            if labels.get("verb") == "PATCH" and labels.get("resource") == plural
+        )
+    )
+
+
+def test_an_idle_transactional_id_costs_no_status_patches(sluice: SluiceOnK8s) -> None:
+    """Its status timer runs every second here and finds nothing new: no PATCH (issue 28)."""
+    sluice.apply(txn_id("idle-1"))
+    wait_for(
+        lambda: condition(sluice.get("transactionalids", "idle-1"), "Ready").get("status") == "True",
+        30,
+        "idle-1 declared",
+        logs=sluice.logs,
+    )
+    time.sleep(2.0)  # the first timer calls write the status that is then steady
+    before = status_patches(sluice, "transactionalids")
+    time.sleep(6.0)  # six timer calls of idle-1, and of every other TransactionalId of this module
+    patched = status_patches(sluice, "transactionalids") - before
+    print(f"\n{patched} PATCHes of transactionalids in 6 s (status timers every 1 s)")
+    assert patched <= 1, f"{patched} status PATCHes in 6 s for resources that did not change"
+
+
 def test_abort_through_the_resource_aborts_a_live_transaction(sluice: SluiceOnK8s) -> None:
     sluice.apply(txn_id("app-2"))
     wait_for(

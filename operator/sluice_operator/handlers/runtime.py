@@ -11,6 +11,7 @@ handlers' reconcile functions with it directly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from sluice.metadata.kubernetes import GROUP, VERSION, api_client
 from sluice.metadata.store import MetadataStore
 from sluice.operator import metrics
 from sluice.operator.controller.kubernetes import KubernetesController
+from sluice.operator.handlers.status import drop_unchanged_status
 from sluice.operator.settings import OperatorSettings
 
 log = logging.getLogger("sluice.operator")
@@ -56,6 +58,7 @@ def register_kind(
     finalizer from objects an older operator put it on, on their next event.
     """
     kind = metrics.kind_of(plural)  # every call counted and timed (sluice.operator.metrics)
+    changed, timer = _sends_only_changes(changed), _sends_only_changes(timer)
     changed, timer = metrics.instrument(kind, changed), metrics.instrument(kind, timer, drift_check=True)
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(changed)
@@ -65,6 +68,22 @@ def register_kind(
         kopf.on.delete(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(deleted)
     else:
         _timers_hold_no_deletion(registry, plural)
+
+
+def _sends_only_changes(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` with the status fields it set to what the resource has already left out of its patch
+    (:func:`~sluice.operator.handlers.status.drop_unchanged_status`), so an idle resource costs no PATCH."""
+
+    @functools.wraps(handler)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return handler(*args, **kwargs)
+        finally:
+            patch, body = kwargs.get("patch"), kwargs.get("body")
+            if isinstance(patch, kopf.Patch) and body is not None:
+                drop_unchanged_status(patch, body)
+
+    return wrapped
 
 
 def _timers_hold_no_deletion(registry: kopf.OperatorRegistry, plural: str) -> None:
