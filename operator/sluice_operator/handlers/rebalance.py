@@ -253,7 +253,7 @@ def reconcile_rebalance(body: Mapping[str, Any], patch: kopf.Patch, runtime: Ope
         throttle_note = _hold_throttle(runtime, resource, spec)
         conds, state = _execute(runtime, meta, spec, status, conds, generation, patch)
     if state != REBALANCING:
-        release_throttle(runtime, resource)
+        sweep_throttle(runtime, resource, mine_too=True)  # ours goes when it stops; another's if left behind
     elif throttle_note:
         conds = _note(conds, "Rebalancing", throttle_note)
     if state != NOT_READY and goal_mode(spec) == REMOVE_BROKERS:
@@ -288,6 +288,8 @@ def _hold_throttle(runtime: OperatorRuntime, resource: str, spec: Mapping[str, A
         rate = -1
     if rate is None:
         release_throttle(runtime, resource)  # the field was removed while running
+    else:
+        sweep_throttle(runtime, resource)  # another rebalance's, left behind: this one's rate takes over
 
     def change(doc: ReplicationThrottleDocument | None) -> ReplicationThrottleDocument | None:
         if rate is None or rate < 0 or (doc is not None and doc.resource != resource):
@@ -302,6 +304,33 @@ def _hold_throttle(runtime: OperatorRuntime, resource: str, spec: Mapping[str, A
     if doc.resource != resource:
         return f"the throttle in force is {doc.rate} bytes/s, set by rebalance {doc.resource}"
     return f"throttled to {doc.rate} bytes/s"
+
+
+def sweep_throttle(runtime: OperatorRuntime, resource: str = "", *, mine_too: bool = False) -> bool:
+    """Remove a replication_throttle document left by another rebalance (not ``resource``) that is
+    gone or no longer Rebalancing: one deleted while no operator ran (its DELETED event then never
+    came), say; with ``mine_too``, ``resource``'s own as well. Whether one was removed. A rebalance
+    that has just started and whose status does not say Rebalancing yet writes its document again
+    on its next round."""
+    found = documents.read(runtime.meta, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument)
+    if found is None:
+        return False
+    if found.value.resource == resource:
+        return mine_too and release_throttle(runtime, resource)
+    namespace, _, name = found.value.resource.partition("/")
+    if namespace != runtime.namespace:
+        return False  # not ours to judge
+    try:
+        obj = runtime.custom().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except kopf.TemporaryError:
+        return False  # no API client (yet): a later round sweeps
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        obj = None
+    if obj is not None and (obj.get("status") or {}).get("state") == REBALANCING:
+        return False
+    return release_throttle(runtime, found.value.resource)
 
 
 def release_throttle(runtime: OperatorRuntime, resource: str) -> bool:
