@@ -9,10 +9,11 @@ of three goals, Strimzi's KafkaRebalance modes:
 * ``remove-brokers``: drain the named brokers; every replica they hold moves to the others
   and nothing else moves. Afterwards they hold nothing and may be scaled away.
 
-:func:`plan` reads the topic and broker documents and returns a :class:`Plan`: the target
-replica list of each partition that changes, and the replica and leader counts per broker
-before and after. It never writes; the handler executes a plan by starting reassignments
-(:func:`sluice.metadata.reassignment.start`) a bounded batch at a time.
+:func:`plan` reads the topic and broker documents (and, when given, partition sizes) and
+returns a :class:`Plan`: the target replica list of each partition that changes, and the
+replica, leader and byte counts per broker before and after. It never writes; the handler
+executes a plan by starting reassignments (:func:`sluice.metadata.reassignment.start`) a bounded
+batch at a time.
 
 Why a greedy move-by-move planner and not a fresh layout: re-placing every partition with
 :func:`sluice.metadata.placement.place_replicas` (what ``sluice partitions reassign --generate``
@@ -46,11 +47,16 @@ never invents a size: a partition missing from ``sizes`` is of unknown size. Wit
   skewed sizes grown from 6 to 9 brokers this ends within about 1% of the mean where the count
   planner's choice left 15-30%. A drain places the largest partitions first, each on the
   broker with the fewest replicas, then the fewest bytes, and then swaps the destinations of two
-  drained replicas (between the heaviest and the lightest broker of one rack) while that evens
-  bytes: free, as both are copies anyway. Nothing swaps replicas that would otherwise stay put to
-  even bytes further: each such swap copies two more replicas, the data a rebalance should keep
-  small, so bytes end closer, not necessarily even. With some sizes unknown the plan is by counts only (treating an
-  unknown size as 0 would be guessing) and states the bytes it knows.
+  drained replicas (the most uneven pair of brokers of one rack that has such a swap first)
+  while that evens bytes: free, as both are copies anyway (the pairs looked at are bounded, so a
+  drain of many thousands of replicas plans in about a second and evens less). Nothing swaps replicas that would
+  otherwise stay put to even bytes further: each such swap copies two more replicas, the data a
+  rebalance should keep small, so bytes end closer, not necessarily even (a drain's counts are
+  fixed by the count rule, which leaves it less room than a grow).
+
+With some sizes unknown the plan is by counts only, exactly as without sizes (treating an
+unknown size as 0 would be guessing, and would steer the big unknown partitions anywhere), and
+states the bytes it knows.
 
 Preferred leaders are balanced by count (moving a leadership copies nothing).
 
@@ -286,20 +292,26 @@ def _even_placed(
     held: dict[int, int],
     rack_of: Mapping[int, str],
     sizes: Mapping[Key, int],
+    budget: int = 5_000_000,
 ) -> None:
     """Swap the destinations of two drained replicas while that evens out bytes: free, since both
-    are new copies anyway; the counts stay, and racks too (only brokers of one rack swap)."""
+    are new copies anyway; the counts stay, and racks too (only brokers of one rack swap). The
+    pairs of replicas looked at are bounded by ``budget`` (a huge drain stops evening early)."""
     where = dict(enumerate(placed))
+    on: dict[int, set[int]] = {}  # broker -> indices of the drained replicas placed there
+    for i, (_, b) in where.items():
+        on.setdefault(b, set()).add(i)
+    spent = 0
 
     def best_swap(heavy: int, light: int) -> tuple[int, int, int] | None:
+        nonlocal spent
         gap = held[heavy] - held[light]
-        on_heavy = [(i, k) for i, (k, b) in where.items() if b == heavy and light not in layout[k]]
-        on_light = [(i, k) for i, (k, b) in where.items() if b == light and heavy not in layout[k]]
-        if len(on_heavy) * len(on_light) > 250_000:
-            return None  # bounded work: a drain of thousands of replicas stays as placed
+        givers = [(i, where[i][0]) for i in sorted(on.get(heavy, ())) if light not in layout[where[i][0]]]
+        takers = [(j, where[j][0]) for j in sorted(on.get(light, ())) if heavy not in layout[where[j][0]]]
+        spent += len(givers) * len(takers) + len(givers) + len(takers)
         best: tuple[int, int, int] | None = None
-        for i, a in on_heavy:
-            for j, c in on_light:
+        for i, a in givers:
+            for j, c in takers:
                 d = sizes[a] - sizes[c]
                 if d > 0 and abs(gap - 2 * d) < gap and (best is None or abs(gap - 2 * d) < best[0]):
                     best = (abs(gap - 2 * d), i, j)
@@ -310,17 +322,25 @@ def _even_placed(
             ((x, y) for x in held for y in held if held[x] > held[y] and rack_of.get(x, "") == rack_of.get(y, "")),
             key=lambda xy: (held[xy[1]] - held[xy[0]], xy),
         )  # the most uneven pair first
-        found = next(((x, y, swap) for x, y in pairs if (swap := best_swap(x, y)) is not None), None)
+        found = None
+        for x, y in pairs:
+            if spent > budget:
+                return
+            swap = best_swap(x, y)
+            if swap is not None:
+                found = (x, y, swap)
+                break
         if found is None:
             return
-        heavy, light, best = found
-        if best is None:
-            return
-        _, i, j = best
+        heavy, light, (_, i, j) = found
         (a, _), (c, _) = where[i], where[j]
         layout[a] = [light if b == heavy else b for b in layout[a]]
         layout[c] = [heavy if b == light else b for b in layout[c]]
         where[i], where[j] = (a, light), (c, heavy)
+        on[heavy].discard(i)
+        on[light].discard(j)
+        on.setdefault(light, set()).add(i)
+        on.setdefault(heavy, set()).add(j)
         d = sizes[a] - sizes[c]
         held[heavy] -= d
         held[light] += d
