@@ -44,6 +44,7 @@ from sluice.metadata.documents import (
     ControllerDocument,
     PartitionState,
     ProducerIdBlock,
+    ReplicationThrottleDocument,
     TopicDocument,
 )
 from sluice.metadata.documents import INTERNAL_TOPICS as INTERNAL_TOPICS
@@ -117,6 +118,10 @@ class ClusterView:
         self.listeners: list[TopicListener] = []
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
+        # A running rebalance's reassignment throttle (the replication_throttle document; None: the
+        # brokers' configured rates), told to throttle_listeners as it changes.
+        self.replication_throttle: int | None = None
+        self.throttle_listeners: list[Callable[[int | None], None]] = []
         self._revision = 0
         self._isr_warned_at = -ISR_WARNING_INTERVAL_S
         self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
@@ -227,6 +232,13 @@ class ClusterView:
                 self.declared_transactional_ids.add(txn_id)
         elif doc.key == keys.CONTROLLER:
             self.dead_brokers = set(ControllerDocument.from_json(doc.value or {}).dead_brokers)
+        elif doc.key == keys.REPLICATION_THROTTLE:
+            rate = None if doc.value is None else ReplicationThrottleDocument.from_json(doc.value).rate
+            if rate != self.replication_throttle:
+                log.info("reassignment throttle: %s", "configured rates" if rate is None else f"{rate} bytes/s")
+                self.replication_throttle = rate
+                for on_throttle in self.throttle_listeners:
+                    on_throttle(rate)
 
     def transactional_id_declared(self, txn_id: str) -> bool:
         """Whether a TransactionalId declares ``txn_id``: the watched set, else a fresh read.

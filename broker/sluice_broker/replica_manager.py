@@ -165,9 +165,18 @@ class ReplicaManager:
             ReplicationThrottle(config.int("follower.replication.throttled.rate")),
         )
         cluster.listeners.append(self._on_topic_change)
+        # a running rebalance's throttle (the replication_throttle document) overrides both rates
+        cluster.throttle_listeners.append(self._on_throttle_change)
+        self._on_throttle_change(cluster.replication_throttle)
         logs.storage.failure_listeners.append(self._on_storage_failure)
 
     # -- partitions follow the cluster view ------------------------------------------------------
+
+    def _on_throttle_change(self, rate: int | None) -> None:
+        """The cluster view's replication_throttle changed: both reassignment buckets use ``rate``
+        (None: back to leader/follower.replication.throttled.rate)."""
+        self.reassignment_throttle.override(rate)
+        self.fetchers.throttle.override(rate)
 
     def _on_storage_failure(self, reason: str) -> None:
         """Storage's failure listener: handle it on the event loop, after the failing call has unwound.

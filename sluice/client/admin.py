@@ -94,6 +94,22 @@ class PartitionReassignment:
 
 
 @dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """One broker's log directory (Kafka's ``LogDirDescription``) and the size of each replica it holds.
+
+    ``error`` is the broker's refusal (ClusterAuthorizationFailedError, KafkaStorageError for a
+    failed directory), with no partitions then. Sizes are bytes of the stored batches.
+    """
+
+    broker_id: int
+    path: str
+    total_bytes: int  # -1: unknown
+    usable_bytes: int  # -1: unknown
+    replica_sizes: dict[TopicPartition, int] = field(default_factory=dict)
+    error: errors.SluiceError | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ListedTransaction:
     transactional_id: str
     producer_id: int
@@ -447,6 +463,32 @@ class Admin:
             )
             for x in response.reassignments
         }
+
+    def describe_log_dirs(
+        self, partitions: Iterable[TopicPartition | tuple[str, int]] | None = None, timeout: float | None = None
+    ) -> dict[int, LogDirDescription]:
+        """Every broker's log directory and replica sizes (Kafka's ``describeLogDirs``), by broker id.
+
+        Each registered broker is asked about itself, all at once; a broker that does not answer
+        within ``timeout`` is left out (the caller sees whose sizes it lacks). ``partitions``
+        limits the replicas listed (default: all). Needs Describe on the cluster.
+        """
+        request = broker_pb2.DescribeLogDirsRequest(
+            partitions=[records_pb2.TopicPartition(topic=str(t), partition=int(p)) for t, p in partitions or ()]
+        )
+        out: dict[int, LogDirDescription] = {}
+        for broker_id, r in self._cluster.call_all(
+            rpcs.DESCRIBE_LOG_DIRS, request, self._deadline(timeout).timeout(self._timeout)
+        ):
+            out[broker_id] = LogDirDescription(
+                broker_id,
+                r.log_dir,
+                r.total_bytes,
+                r.usable_bytes,
+                {TopicPartition(x.topic, x.partition): x.size_bytes for x in r.partitions},
+                errors.error_for(r.error_code, r.error_message) if r.error_code else None,
+            )
+        return out
 
     def alter_topic_config(
         self,
@@ -976,6 +1018,7 @@ __all__ = [
     "ConsumerGroupDescription",
     "ConsumerGroupListing",
     "ListedTransaction",
+    "LogDirDescription",
     "MemberDescription",
     "PartitionDescription",
     "PartitionReassignment",

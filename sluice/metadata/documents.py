@@ -17,6 +17,7 @@ The JSON shapes, keyed as in :mod:`sluice.metadata.keys`:
 ``topics/<name>``           :class:`TopicDocument` (partitions: :class:`PartitionState`)
 ``producer_id_block``       :class:`ProducerIdBlock`
 ``controller``              :class:`ControllerDocument`
+``replication_throttle``    :class:`ReplicationThrottleDocument`
 ``transactional_ids/<id>``  :class:`TransactionalIdDocument`
 
 Decoding is lenient where readers always were (a missing optional field takes
@@ -58,6 +59,7 @@ __all__ = [
     "ControllerDocument",
     "PartitionState",
     "ProducerIdBlock",
+    "ReplicationThrottleDocument",
     "TopicDocument",
     "TransactionalIdDocument",
     "Versioned",
@@ -381,6 +383,37 @@ class ControllerDocument:
             "dead_brokers": list(self.dead_brokers),
             "updated_ms": self.updated_ms,
         }
+
+
+@dataclass(frozen=True)
+class ReplicationThrottleDocument:
+    """``replication_throttle``: a cluster-wide reassignment throttle in force while a rebalance runs.
+
+    What ``kafka-reassign-partitions --throttle`` does with dynamic broker configs: the operator
+    writes it when a SluiceRebalance with ``spec.throttleBytesPerSecond`` starts moving and removes
+    it when that rebalance is Ready, Stopped or deleted (``resource`` names it, so one rebalance
+    never removes another's). While it exists every broker's leader and follower reassignment
+    throttles use ``rate`` (bytes/s) instead of their ``leader/follower.replication.throttled.rate``.
+    """
+
+    rate: int
+    resource: str = ""
+    updated_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("rate", "resource", "updated_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            rate=int(value["rate"]),
+            resource=str(value.get("resource", "")),
+            updated_ms=int(value.get("updated_ms", 0)),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "rate": self.rate, "resource": self.resource, "updated_ms": self.updated_ms}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ the table below is the summary.
 ``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",
                                   "updated_ms"}  (written by the controller; leaders never
                                   re-admit a dead broker to an ISR, as in KIP-841)
+``replication_throttle``         {"rate": bytes/s, "resource": "namespace/name", "updated_ms"}  (written
+                                  by the operator while a SluiceRebalance with
+                                  spec.throttleBytesPerSecond runs, removed when it ends: the rate
+                                  every broker's reassignment throttles use instead of their
+                                  leader/follower.replication.throttled.rate)
 ``transactional_ids/<id>``       {"transactional_id", "resource": "namespace/name"}  (written by
                                   the operator for each TransactionalId resource; with
                                   transactional.id.declaration.required, only these ids may be used)
@@ -33,6 +38,7 @@ the table below is the summary.
 CLUSTER = "cluster"
 PID_BLOCK = "producer_id_block"
 CONTROLLER = "controller"
+REPLICATION_THROTTLE = "replication_throttle"
 BROKERS = "brokers/"
 TOPICS = "topics/"
 TRANSACTIONAL_IDS = "transactional_ids/"

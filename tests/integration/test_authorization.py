@@ -28,6 +28,7 @@ from sluice.client import (
     TopicPartition,
 )
 from sluice.testing import LocalCluster
+from tests.support.waiting import wait_for
 
 T, LIT, PRE = ResourceType.TOPIC, ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
 ALLOW, DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
@@ -254,8 +255,17 @@ def test_partition_reassignments_need_alter_and_describe_on_the_cluster(cluster:
             alice.alter_partition_reassignments({("moved", 0): [0]})
         with pytest.raises(errors.ClusterAuthorizationFailedError):
             alice.list_partition_reassignments()
+        refused = alice.describe_log_dirs()  # each broker answers for itself: every one refuses
+        assert refused and all(isinstance(d.error, errors.ClusterAuthorizationFailedError) for d in refused.values())
+        assert not any(d.replica_sizes for d in refused.values())
         admin.create_acls([acl("kafka-cluster", AclOperation.DESCRIBE, rtype=ResourceType.CLUSTER)])
         assert alice.list_partition_reassignments() == {}
+        assert all(d.error is None for d in alice.describe_log_dirs().values())
+        wait_for(
+            lambda: any(TopicPartition("moved", 0) in d.replica_sizes for d in alice.describe_log_dirs().values()),
+            timeout=10,
+            what="moved-0 in the log dirs",
+        )
         with pytest.raises(errors.ClusterAuthorizationFailedError):
             alice.alter_partition_reassignments({("moved", 0): [0]})
         admin.create_acls([acl("kafka-cluster", AclOperation.ALTER, rtype=ResourceType.CLUSTER)])

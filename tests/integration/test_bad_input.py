@@ -19,6 +19,7 @@ RPCS = [
     "DescribeTopics", "FindCoordinator", "InitProducerId", "AddPartitionsToTxn", "AddOffsetsToTxn", "EndTxn",
     "DescribeTransactions", "ListTransactions", "TxnOffsetCommit", "OffsetCommit", "OffsetFetch",
     "ConsumerGroupHeartbeat", "AlterTopicConfigs", "AlterPartitionReassignments", "ListPartitionReassignments",
+    "DescribeLogDirs",
 ]  # fmt: skip
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition
-from sluice.metadata import open_store
+from sluice.metadata import keys, open_store
+from sluice.operator.handlers.rebalance import reconcile_rebalance
 from sluice.operator.handlers.runtime import OperatorRuntime
 from sluice.operator.handlers.topics import reconcile_topic
 from sluice.operator.handlers.transactional_ids import reconcile_transactional_id, release_transactional_id
@@ -153,3 +154,17 @@ def test_a_transactional_id_is_declared_described_and_fenced(cluster: LocalClust
 
     release_transactional_id(body("app", transactionalId="app"), ops)
     assert store.get("transactional_ids/app") is None
+
+
+@pytest.mark.parametrize("rate", [0, -5, "10MB", True, 1.5])
+def test_a_rebalance_with_an_invalid_throttle_is_invalid_spec_and_sets_no_throttle(
+    cluster: LocalCluster, ops: OperatorRuntime, rate: object
+) -> None:
+    """The CRD refuses these; an object it did not check (an older CRD) is refused by the operator too."""
+    patch = kopf.Patch()
+    reconcile_rebalance(body("throttled", mode="full", autoApprove=True, throttleBytesPerSecond=rate), patch, ops)
+    assert patch["status"]["state"] == "NotReady", patch
+    ready = cond(patch, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert "throttleBytesPerSecond must be a positive integer" in ready["message"]
+    assert cluster.metadata.get(keys.REPLICATION_THROTTLE) is None

@@ -20,11 +20,17 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import kopf
 import pytest
 
 from sluice import errors
 from sluice.client import Admin, Producer, TopicPartition
+from sluice.metadata import keys, open_store
+from sluice.operator.handlers.rebalance import reconcile_rebalance
+from sluice.operator.handlers.runtime import OperatorRuntime
+from sluice.operator.settings import OperatorSettings
 from sluice.testing import LocalCluster
 from sluice.testing.replicas import read_replica_logs
 from tests.support.waiting import wait_for
@@ -197,6 +203,119 @@ def test_throttle_slows_the_move_and_cancel_reverts(tmp_path: Path, side: str) -
         assert _replicas(admin, "slow")[0] == target
         _check_nothing_lost(cluster, "slow", sent)
         admin.close()
+
+
+def _round(ops: OperatorRuntime, obj: dict[str, Any]) -> dict[str, Any]:
+    """One round of the SluiceRebalance handler over ``obj``; its status as the API server would keep it."""
+    patch = kopf.Patch()
+    reconcile_rebalance(obj, patch, ops)
+    status = dict(obj.get("status") or {})
+    status.update({k: v for k, v in patch.get("status", {}).items()})
+    annotations = (patch.get("metadata") or {}).get("annotations") or {}
+    obj["metadata"]["annotations"] = {
+        k: v for k, v in {**obj["metadata"].get("annotations", {}), **annotations}.items() if v is not None
+    }
+    obj["status"] = status
+    return status
+
+
+def _throttle_document(cluster: LocalCluster) -> dict[str, Any] | None:
+    doc = cluster.metadata.get(keys.REPLICATION_THROTTLE)
+    return None if doc is None else doc.value
+
+
+def test_a_rebalance_states_real_bytes_and_its_throttle_holds_the_brokers_back_while_it_runs(tmp_path: Path) -> None:
+    """No broker has a throttle configured: a SluiceRebalance's spec.throttleBytesPerSecond alone
+    slows its move (the brokers read the replication_throttle document), and taking it away lets
+    the move finish at once. The proposal's bytes are the sizes the brokers report over gRPC."""
+    data = 2 * DATA_BYTES  # at 256 KiB/s: at least 14 s, however the bursts and one fetch of debt fall
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=CONFIG, failure_timeout_ms=30_000)) as cluster:
+        ops = OperatorRuntime(OperatorSettings(namespace="test", metadata_url=str(cluster.metadata_path)),
+                              open_store(str(cluster.metadata_path)))  # fmt: skip
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("slow", partitions=1, replication_factor=2)
+        before, _, _ = _replicas(admin, "slow")
+        spare = next(b for b in range(3) if b not in before)
+        sent = _fill(cluster.bootstrap_servers, "slow", data)
+        logdirs = admin.describe_log_dirs()
+        assert sorted(logdirs) == [0, 1, 2] and logdirs[spare].replica_sizes.get(TopicPartition("slow", 0)) is None
+        size = logdirs[before[0]].replica_sizes[TopicPartition("slow", 0)]
+        assert data <= size < data * 1.1, size  # the stored batches: the values and a little framing
+
+        obj: dict[str, Any] = {
+            "metadata": {"name": "drain", "namespace": "test", "generation": 1},
+            "spec": {"mode": "remove-brokers", "brokers": [before[1]], "topics": ["slow"], "autoApprove": True,
+                     "throttleBytesPerSecond": THROTTLE},
+        }  # fmt: skip
+        status = _round(ops, obj)  # proposed, approved (autoApprove) and started in one round
+        proposal = status["proposal"]
+        assert status["state"] == "Rebalancing", status
+        assert proposal["bytesToMove"] == size and proposal["balancedBy"] == "bytes", proposal
+        assert proposal["brokersWithoutSizes"] == []
+        loads = {b["id"]: b for b in proposal["brokers"]}
+        assert (loads[before[1]]["bytesBefore"], loads[before[1]]["bytesAfter"]) == (size, 0)
+        assert (loads[spare]["bytesBefore"], loads[spare]["bytesAfter"]) == (0, size)
+        assert _throttle_document(cluster) == {"rate": THROTTLE, "resource": "test/drain", "updated_ms": ANY_MS}
+        started = time.monotonic()
+        time.sleep(4.0)
+        assert admin.list_partition_reassignments(), f"done in {time.monotonic() - started:.1f} s despite the throttle"
+        assert "throttled to 262144 bytes/s" in next(
+            c["message"] for c in _round(ops, obj)["conditions"] if c["type"] == "Rebalancing"
+        )
+
+        # The throttle taken off the running rebalance: the brokers go back to their configured
+        # rates (none), and the rest, about half the data, moves in far less than the 7 s it needs throttled.
+        obj["spec"].pop("throttleBytesPerSecond")
+        obj["metadata"]["generation"] = 2
+        _round(ops, obj)
+        assert _throttle_document(cluster) is None
+        released = time.monotonic()
+        wait_for(lambda: not admin.list_partition_reassignments(), timeout=60, what="the move, unthrottled")
+        assert time.monotonic() - released < 4.0, f"the rest took {time.monotonic() - released:.1f} s"
+        wait_for(lambda: _round(ops, obj)["state"] == "Ready", timeout=30, what="the rebalance Ready")
+        assert _replicas(admin, "slow")[0] == [before[0], spare]
+        _check_nothing_lost(cluster, "slow", sent)
+
+        # A broker that does not answer: its partitions' sizes are unknown, the plan is by counts and
+        # says whose sizes are missing; no byte is invented.
+        admin.create_topic("one", partitions=3, replication_factor=1)  # a partition on each broker
+        wait_for(
+            lambda: (
+                sum(
+                    len([tp for tp in d.replica_sizes if tp.topic == "one"]) for d in admin.describe_log_dirs().values()
+                )
+                == 3
+            ),
+            timeout=30,
+            what="the brokers to open one's partitions",
+        )
+        cluster.pause(spare)
+        try:
+            obj = {
+                "metadata": {"name": "off-spare", "namespace": "test", "generation": 1},
+                "spec": {"mode": "remove-brokers", "brokers": [spare], "topics": ["one"]},
+            }
+            status = _round(ops, obj)
+        finally:
+            cluster.resume(spare)
+        proposal = status["proposal"]
+        assert status["state"] == "ProposalReady" and proposal["replicasToCopy"] == 1, status
+        assert proposal["brokersWithoutSizes"] == [spare] and proposal["balancedBy"] == "replicas"
+        assert isinstance(proposal["bytesToMove"], str) and f"broker(s) [{spare}]" in proposal["bytesToMove"]
+        loads = {b["id"]: b for b in proposal["brokers"]}
+        assert "bytesBefore" not in loads[spare]  # it leads a partition of "one": its size is unknown
+        assert all("bytesBefore" in loads[b] for b in before)  # theirs are known (a few bytes: "one" is empty)
+        assert _throttle_document(cluster) is None
+        ops.close()
+        admin.close()
+
+
+class _AnyMs:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and other > 0
+
+
+ANY_MS: Any = _AnyMs()
 
 
 def test_leader_killed_midway_the_move_completes(tmp_path: Path) -> None:

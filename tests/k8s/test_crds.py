@@ -210,6 +210,8 @@ def test_a_rebalance_gets_its_defaults_and_printer_columns(k8s: KubeCluster, k8s
         ({"mode": "remove-brokers", "brokers": [-1]}, "should be greater than or equal to 0"),
         ({"mode": "remove-brokers", "brokers": [1, 1]}, "Duplicate value"),
         ({"maxPartitionsInFlight": 0}, "should be greater than or equal to 1"),
+        ({"throttleBytesPerSecond": 0}, "spec.throttleBytesPerSecond: Invalid value"),
+        ({"throttleBytesPerSecond": "10MB"}, "spec.throttleBytesPerSecond: Invalid value"),
     ],
 )
 def test_invalid_rebalances_are_refused_by_the_api_server(

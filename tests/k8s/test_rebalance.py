@@ -1,10 +1,13 @@
 """SluiceRebalance against a real API server, real brokers and the real operator (tests/k8s/sluice_on_k8s.py).
 
 The cluster grows as a platform team's does: brokers 0 and 1 hold a topic with data, broker 2
-joins and holds nothing. An ``add-brokers`` rebalance proposes its share, moves nothing until it
-is approved with the annotation, then moves partitions to it; the records are all still there,
-and broker 2 serves some. Then a ``remove-brokers`` rebalance of broker 2 (invalid specs first:
-they are refused and move nothing) drains it again and reports ReadyToScaleDown.
+joins and holds nothing. An ``add-brokers`` rebalance proposes its share, with the bytes to copy
+as the brokers report them (the operator asks them over gRPC), moves nothing until it is approved
+with the annotation, then moves partitions to it; the records are all still there, and broker 2
+serves some. Then a ``remove-brokers`` rebalance of broker 2 (invalid specs first: they are
+refused and move nothing) drains it again and reports ReadyToScaleDown. A rebalance with
+``throttleBytesPerSecond`` holds the cluster's replication_throttle document while it runs and
+only then.
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ PARTITIONS, RF, RECORDS = 6, 2, 120
 METRICS_PORT = free_port("127.0.0.1")
 METRICS = f"http://127.0.0.1:{METRICS_PORT}/metrics"
 CONFIG = {"offsets.topic.replication.factor": "2", "transaction.state.log.replication.factor": "2"}
+
+
+THROTTLE = 1024 * 1024  # the data is small: the throttle is checked for its document, not its speed
+
+
+def throttle_document(sluice: SluiceOnK8s) -> dict[str, Any] | None:
+    """The replication_throttle document (without its timestamp), None when there is none."""
+    doc = sluice.store.get(keys.REPLICATION_THROTTLE)
+    return None if doc is None or doc.value is None else {k: v for k, v in doc.value.items() if k != "updated_ms"}
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -125,7 +137,17 @@ def test_add_brokers_proposes_then_moves_the_new_brokers_share_once_approved(slu
     assert sorted(loads[b]["replicasAfter"] for b in (0, 1, 2)) == [4, 4, 4]
     assert loads[2]["leadersAfter"] == 2 and loads[0]["leadersAfter"] == loads[1]["leadersAfter"] == 2
     assert proposal["replicasToCopy"] == 4 and proposal["partitionsToMove"] == len(obj["status"]["plan"])
-    assert proposal["bytesToMove"].startswith("unknown")  # brokers report no sizes: none invented
+    # Bytes: what the partitions' leaders report (nothing is written meanwhile), weighed by the plan.
+    with Admin(",".join(sluice.address(i) for i in (0, 1, 2))) as admin:
+        dirs = admin.describe_log_dirs()
+    leaders = sluice.leaders(TOPIC)
+    size = {p: dirs[leaders[p]].replica_sizes[TopicPartition(TOPIC, p)] for p in range(PARTITIONS)}
+    copied = sum(size[row["partition"]] for row in obj["status"]["plan"] if 2 in row["replicas"])
+    assert isinstance(proposal["bytesToMove"], int) and proposal["bytesToMove"] == copied > 0, (proposal, size)
+    assert proposal["balancedBy"] == "bytes" and proposal["brokersWithoutSizes"] == []
+    assert (loads[2]["bytesBefore"], loads[2]["bytesAfter"]) == (0, copied)
+    assert loads[0]["bytesBefore"] == loads[1]["bytesBefore"] == sum(size.values())
+    assert f"({copied} bytes)" in condition(obj, "ProposalReady")["message"]
     assert condition(obj, "ProposalReady")["status"] == "True"
     assert condition(obj, "Ready")["reason"] == "ProposalReady"
     # Not approved: nothing moves, over three of the operator's status rounds (1 s each).
@@ -166,6 +188,13 @@ def test_invalid_specs_move_nothing_and_remove_brokers_drains_then_allows_scale_
         ' "spec": {"mode": "full", "brokers": [1]}}',
     )  # fmt: skip
     assert refused.returncode != 0 and "only then" in refused.stderr
+    # ... and a throttle that is not a positive number of bytes per second
+    refused = sluice.k8s.kubectl(
+        "apply", "-n", sluice.namespace, "-f", "-", check=False,
+        input='{"apiVersion": "sluice.dev/v1alpha1", "kind": "SluiceRebalance", "metadata": {"name": "bad-rate"},'
+        ' "spec": {"mode": "full", "throttleBytesPerSecond": 0}}',
+    )  # fmt: skip
+    assert refused.returncode != 0 and "throttleBytesPerSecond" in refused.stderr, refused.stderr
     assert sluice.topic_doc(TOPIC) == before
 
     sluice.apply(rebalance("drain", mode="remove-brokers", brokers=[2], autoApprove=True))
@@ -182,8 +211,11 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
     before = {p["replicas"][0]: p for p in (sluice.topic_doc(TOPIC) or {})["partitions"]}
     sluice.kill(2)  # its copies can never catch up: the moves stay in flight
     sluice.apply(
-        rebalance("onto-2", mode="add-brokers", brokers=[2], topics=[TOPIC], autoApprove=True, maxPartitionsInFlight=1)
-    )
+        rebalance(
+            "onto-2", mode="add-brokers", brokers=[2], topics=[TOPIC], autoApprove=True, maxPartitionsInFlight=1,
+            throttleBytesPerSecond=THROTTLE,
+        )
+    )  # fmt: skip
     obj = wait_for(
         lambda: (o := in_state(sluice, "onto-2", "Rebalancing")) and o["status"]["progress"]["inFlight"] == 1 and o,
         60,
@@ -191,6 +223,11 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
         logs=sluice.logs,
     )
     assert obj["status"]["progress"]["done"] == 0 and condition(obj, "Rebalancing")["status"] == "True"
+    # broker 2 is down: the proposal names it as giving no sizes (it leads nothing: every size is known)
+    assert obj["status"]["proposal"]["brokersWithoutSizes"] == [2], obj["status"]["proposal"]
+    # its throttle is the cluster's while it runs (the brokers apply it: tests/integration/test_reassignment.py)
+    assert throttle_document(sluice) == {"rate": THROTTLE, "resource": f"{sluice.namespace}/onto-2"}
+    assert f"throttled to {THROTTLE} bytes/s" in condition(obj, "Rebalancing")["message"]
     moving = [p for p in (sluice.topic_doc(TOPIC) or {})["partitions"] if p.get("adding_replicas")]
     m = wait_for(
         lambda: (m := scrape(METRICS)) and m.value("sluice_operator_reassigning_partitions") == 1 and m,
@@ -206,6 +243,7 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
     sluice.k8s.kubectl("annotate", "-n", sluice.namespace, "sluicerebalance", "onto-2", "sluice.dev/rebalance=stop")
     obj = wait_for(lambda: in_state(sluice, "onto-2", "Stopped"), 60, "stopped", logs=sluice.logs)
     assert "1 move(s) in flight cancelled" in condition(obj, "Rebalancing")["message"]
+    assert throttle_document(sluice) is None  # stopped: the brokers' configured rates again
     assert not reassigning(sluice) and 2 not in replicas_per_broker(sluice)
     assert {p["replicas"][0]: p["replicas"] for p in (sluice.topic_doc(TOPIC) or {})["partitions"]} == {
         k: p["replicas"] for k, p in before.items()
@@ -220,4 +258,11 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
     wait_for(lambda: in_state(sluice, "onto-2", "Rebalancing") or in_state(sluice, "onto-2", "Ready"), 60, "resumed")
     obj = wait_for(lambda: in_state(sluice, "onto-2", "Ready"), 120, "the rebalance done", logs=sluice.logs)
     assert replicas_per_broker(sluice) == {0: 4, 1: 4, 2: 4} and not reassigning(sluice)
+    assert throttle_document(sluice) is None  # done: removed
     assert sorted(read_all(sluice)) == sorted(f"r{i}".encode() for i in range(RECORDS))
+
+    # A throttle left by a rebalance that is gone (deleted while no operator ran) is swept away by
+    # the next round of any rebalance: it would otherwise hold every broker back for good.
+    ghost = {"rate": 1, "resource": f"{sluice.namespace}/ghost", "updated_ms": 1}
+    sluice.store.compare_and_set(keys.REPLICATION_THROTTLE, ghost, None)
+    wait_for(lambda: throttle_document(sluice) is None, 30, "the ghost's throttle swept", logs=sluice.logs)

@@ -29,7 +29,7 @@ from sluice.broker.replication.throttle import ReplicationThrottle
 from sluice.broker.txn import TransactionCoordinator
 from sluice.broker.txn.api import InitProducerIdInput, TxnHandle
 from sluice.metadata import documents, keys, reassignment
-from sluice.metadata.documents import PartitionState, TopicDocument
+from sluice.metadata.documents import PartitionState, ReplicationThrottleDocument, TopicDocument
 from sluice.records import build_batch
 from sluice.testing import Scrape, free_port
 from tests.support.broker_core import InProcessBroker
@@ -319,5 +319,30 @@ def test_a_reassignment_led_here_is_counted_and_its_bytes_out(tmp_path: Path) ->
         m = await scrape(port)
         assert m.value("kafka_server_replicamanager_reassigningpartitions") == 1
         assert m.value("kafka_server_brokertopicmetrics_reassignmentbytesout_total") == 4096
+
+    run(tmp_path, test)
+
+
+def test_a_rebalance_throttle_document_sets_the_rate_in_force_until_it_is_removed(tmp_path: Path) -> None:
+    async def test(rm: ReplicaManager, txn: TransactionCoordinator, groups: GroupCoordinator, port: int) -> None:
+        def rates(m: Scrape) -> tuple[float | None, float | None]:
+            side = "sluice_replication_throttle_rate_bytes"
+            return m.value(side, side="leader"), m.value(side, side="follower")
+
+        assert rates(await scrape(port)) == (-1, -1)  # nothing configured: off
+        doc = ReplicationThrottleDocument(5_000_000, "ns/grow", 1)
+        documents.update_document(
+            rm.cluster.store, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument, lambda _d: doc
+        )
+        rm.cluster.refresh()
+        await until(lambda: rm.cluster.replication_throttle == 5_000_000, "the throttle seen")
+        assert rm.reassignment_throttle.enabled and rm.fetchers.throttle.enabled
+        assert rates(await scrape(port)) == (5_000_000, 5_000_000)
+        found = rm.cluster.store.get(keys.REPLICATION_THROTTLE)
+        assert found is not None
+        rm.cluster.store.delete(keys.REPLICATION_THROTTLE, found.version)
+        rm.cluster.refresh()
+        await until(lambda: rm.cluster.replication_throttle is None, "the throttle removed")
+        assert not rm.reassignment_throttle.enabled and rates(await scrape(port)) == (-1, -1)
 
     run(tmp_path, test)

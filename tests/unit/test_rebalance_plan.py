@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 
@@ -144,3 +145,108 @@ def test_a_large_cluster_balances_with_about_the_least_data_moved() -> None:
     assert p.replicas_to_copy == replicas[6] + replicas[7] + replicas[8] == 6000 // 9 * 3  # only what they need
     per_topic = Counter((k[0], b) for k, rs in after(topics, p).items() for b in rs)
     assert all(per_topic[(f"t{i}", b)] >= 1 for i in range(40) for b in (6, 7, 8))  # topics spread too
+
+
+# ---------------------------------------------------------------- with partition sizes (bytes)
+
+
+def held_bytes(layout: dict[tuple[str, int], list[int]], sizes: dict[tuple[str, int], int]) -> Counter[int]:
+    held: Counter[int] = Counter()
+    for key, rs in layout.items():
+        for b in rs:
+            held[b] += sizes[key]
+    return held
+
+
+def spread(held: Counter[int], ids: list[int]) -> int:
+    return max(held[b] for b in ids) - min(held[b] for b in ids)
+
+
+def skewed() -> tuple[list[TopicDocument], dict[tuple[str, int], int]]:
+    """Two topics on brokers 0-2: a few big partitions among many small ones (sizes as leaders report)."""
+    topics = [placed("big", 6, 2, [0, 1, 2]), placed("small", 12, 2, [0, 1, 2])]
+    sizes = {("big", i): (i + 1) * 1_000_000 for i in range(6)}
+    sizes.update({("small", i): 1_000 * (i + 1) for i in range(12)})
+    return topics, sizes
+
+
+def test_with_sizes_the_plan_states_bytes_and_evens_them_out_at_the_same_copy_count() -> None:
+    topics, sizes = skewed()
+    ids = [0, 1, 2, 3, 4]
+    by_count = plan(Goal(ADD_BROKERS, (3, 4)), brokers(ids), topics)
+    by_bytes = plan(Goal(ADD_BROKERS, (3, 4)), brokers(ids), topics, sizes)
+    assert not by_count.by_bytes and by_bytes.by_bytes
+    # the count rule holds either way, and the same number of replicas is copied
+    for p in (by_count, by_bytes):
+        replicas, _ = counts(after(topics, p))
+        assert max(replicas[b] for b in ids) - min(replicas[b] for b in ids) <= 1
+    assert by_bytes.replicas_to_copy == by_count.replicas_to_copy
+    # bytes end more even when weighed (the unweighed plan takes the lowest partitions, the big ones)
+    weighed = held_bytes(after(topics, by_bytes), sizes)
+    unweighed = held_bytes(after(topics, by_count), sizes)
+    assert spread(weighed, ids) < spread(unweighed, ids), (weighed, unweighed)
+    # what the plan states is what its layout holds
+    before = held_bytes(after(topics, Plan()), sizes)
+    for load in by_bytes.loads:
+        assert (load.bytes_before, load.bytes_after) == (before[load.broker_id], weighed[load.broker_id])
+    copied = sum(
+        sizes[k] * len(set(target) - set(next(t for t in topics if t.name == k[0]).partitions[k[1]].replicas))
+        for k, target in by_bytes.moves.items()
+    )
+    assert by_bytes.bytes_to_move == copied == weighed[3] + weighed[4] > 0
+    # without sizes nothing is invented
+    assert by_count.bytes_to_move is None and all(x.bytes_after is None for x in by_count.loads if x.replicas_after)
+
+
+def test_a_drain_with_sizes_gives_the_big_replicas_to_the_brokers_with_the_fewest_bytes() -> None:
+    one = [topic("t", [[0], [1], [2], [2]])]  # broker 0 holds 5 MB, broker 1 1 MB; broker 2 goes
+    sizes = {("t", 0): 5_000_000, ("t", 1): 1_000_000, ("t", 2): 4_000_000, ("t", 3): 0}
+    by_count = plan(Goal(REMOVE_BROKERS, (2,)), brokers([0, 1, 2]), one)
+    by_bytes = plan(Goal(REMOVE_BROKERS, (2,)), brokers([0, 1, 2]), one, sizes)
+    assert by_bytes.moves == {("t", 2): [1], ("t", 3): [0]}  # 5 MB each
+    assert by_count.moves == {("t", 2): [0], ("t", 3): [1]}  # by id: 9 MB and 1 MB
+    loads = {x.broker_id: x for x in by_bytes.loads}
+    assert [(loads[b].bytes_before, loads[b].bytes_after) for b in (0, 1, 2)] == [
+        (5_000_000, 5_000_000), (1_000_000, 5_000_000), (4_000_000, 0),
+    ]  # fmt: skip
+    assert by_bytes.bytes_to_move == 4_000_000 and by_bytes.replicas_to_copy == by_count.replicas_to_copy == 2
+
+    _, sizes = skewed()  # with replication: still the count rule, and the bytes stated are the layout's
+    ids = [0, 1, 2, 3]
+    grown = [placed("big", 6, 2, ids), placed("small", 12, 2, ids)]
+    p = plan(Goal(REMOVE_BROKERS, (3,)), brokers(ids), grown, sizes)
+    layout = after(grown, p)
+    assert (
+        counts(layout)[0][3] == 0
+        and p.replicas_to_copy == plan(Goal(REMOVE_BROKERS, (3,)), brokers(ids), grown).replicas_to_copy
+    )
+    assert {x.broker_id: x.bytes_after for x in p.loads} == {b: held_bytes(layout, sizes)[b] for b in ids}
+    assert p.bytes_to_move == held_bytes(after(grown, Plan()), sizes)[3]
+
+
+def test_unknown_sizes_leave_the_plan_by_counts_and_its_bytes_unknown_where_they_are() -> None:
+    topics, sizes = skewed()
+    ids = [0, 1, 2, 3]
+    by_count = plan(Goal(ADD_BROKERS, (3,)), brokers(ids), topics)
+    partial = {k: v for k, v in sizes.items() if k != ("big", 5)}  # its leader did not answer
+    p = plan(Goal(ADD_BROKERS, (3,)), brokers(ids), topics, partial)
+    assert not p.by_bytes and p.moves == by_count.moves  # counts only: an unknown size is not taken as 0
+    holders = set(topics[0].partitions[5].replicas)
+    for load in p.loads:
+        if load.broker_id in holders:
+            assert load.bytes_before is None
+        else:
+            assert load.bytes_before == held_bytes(after(topics, Plan()), sizes)[load.broker_id]
+    copies_big5 = ("big", 5) in p.moves and 3 in p.moves[("big", 5)]
+    assert (p.bytes_to_move is None) == copies_big5
+
+
+def test_skewed_sizes_on_a_large_cluster_end_within_a_few_percent_of_even() -> None:
+    rnd = random.Random(27)
+    topics = [placed(f"t{i}", 50, 3, list(range(6))) for i in range(40)]
+    sizes = {(t.name, i): int(rnd.paretovariate(1.5) * 1_000_000) for t in topics for i in range(50)}
+    ids = list(range(9))
+    weighed = held_bytes(after(topics, plan(Goal(ADD_BROKERS, (6, 7, 8)), brokers(ids), topics, sizes)), sizes)
+    unweighed = held_bytes(after(topics, plan(Goal(ADD_BROKERS, (6, 7, 8)), brokers(ids), topics)), sizes)
+    assert spread(weighed, ids) < 0.05 * max(weighed.values()), weighed
+    assert spread(weighed, ids) * 5 < spread(unweighed, ids)

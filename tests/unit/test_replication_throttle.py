@@ -60,3 +60,23 @@ def test_bytes_moved_stay_within_the_rate_over_time() -> None:
         clock.now += 0.01
     assert moved <= 1000 * 10 + 1000 + 300
     assert moved >= 1000 * 10 * 0.9
+
+
+def test_a_rebalance_rate_overrides_the_configured_one_until_it_is_removed() -> None:
+    clock = Clock()
+    throttle = ReplicationThrottle(-1, clock)  # no configured rate: off
+    throttle.override(1000)  # a rebalance's spec.throttleBytesPerSecond
+    assert throttle.enabled and throttle.rate == 1000 and throttle.available() == 1000
+    throttle.charge(2500)
+    clock.now += 1.0
+    assert throttle.available() == 0  # 500 of the debt still to repay
+    throttle.override(None)  # the rebalance ended: back to the configured rate (off)
+    assert not throttle.enabled and throttle.available() > 1 << 40
+
+    configured = ReplicationThrottle(10_000, clock)
+    configured.override(100)  # lower than configured: the bucket holds no more than one second of it
+    assert configured.rate == 100 and configured.available() == 100
+    configured.override(None)
+    assert configured.rate == 10_000
+    clock.now += 1.0
+    assert configured.available() == 10_000

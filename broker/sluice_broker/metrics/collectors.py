@@ -203,6 +203,14 @@ class ReplicaCollector(_SafeCollector):
             "Bytes this broker fetched for partitions a reassignment is adding it to",
             rm.fetchers.throttle.throttled_bytes,
         )
+        rates = GaugeMetricFamily(
+            "sluice_replication_throttle_rate_bytes",
+            "Reassignment throttle rate in force (bytes/s; <= 0: off): a running rebalance's, else the configured one",
+            labels=["side"],
+        )
+        rates.add_metric(["leader"], rm.reassignment_throttle.rate)
+        rates.add_metric(["follower"], rm.fetchers.throttle.rate)
+        yield rates
         offline = 0
         if self._reports_cluster_wide():
             for info in self.cluster.topics.values():

@@ -19,6 +19,15 @@ fetch is served, so over any interval longer than a second the bytes moved stay 
 ``rate * seconds + burst`` (burst: one second's worth plus one fetch). A throttled partition
 then answers with no records, and the follower fetches again after its wait, as a Kafka
 follower throttled by its leader does. Rate <= 0: no throttle.
+
+**A rate per rebalance.** ``kafka-reassign-partitions --throttle`` sets the brokers' rates as
+dynamic configs for the time of a reassignment, and ``--verify`` removes them. Here a running
+SluiceRebalance with ``spec.throttleBytesPerSecond`` writes the cluster-wide
+``replication_throttle`` document (:class:`sluice.metadata.documents.ReplicationThrottleDocument`),
+and removes it when it ends; every broker's cluster view hands its rate to :meth:`override`
+on both buckets. The rate in force is the document's while it exists, else the static
+configuration's (:attr:`configured`). A changed rate takes effect at once: the bucket keeps what
+it holds, capped at one second's worth of the new rate.
 """
 
 from __future__ import annotations
@@ -33,11 +42,31 @@ class ReplicationThrottle:
     """A bytes-per-second budget shared by every throttled replica fetch served by one broker."""
 
     def __init__(self, rate: int, clock: Callable[[], float] | None = None) -> None:
-        self.rate = rate
+        self.configured = rate  # the static leader/follower.replication.throttled.rate
+        self.overridden: int | None = None  # a rebalance's rate (the replication_throttle document)
         self._clock = clock or time.monotonic
         self._tokens = float(max(rate, 0))  # one second's worth to start with
         self._at = self._clock()
         self.throttled_bytes = 0  # moved under the throttle (a metric)
+
+    @property
+    def rate(self) -> int:
+        """The rate in force: the rebalance's while there is one, else the configured one."""
+        return self.configured if self.overridden is None else self.overridden
+
+    def override(self, rate: int | None) -> None:
+        """Use ``rate`` (None: back to the configured rate) from now on."""
+        if rate == self.overridden:
+            return
+        was_enabled = self.enabled
+        if was_enabled:
+            self._refill()  # settle what the old rate earned
+        self.overridden = rate
+        self._at = self._clock()
+        if not was_enabled:
+            self._tokens = float(max(self.rate, 0))  # one second's worth, as at the start
+        elif self.enabled:
+            self._tokens = min(self._tokens, float(self.rate))
 
     @property
     def enabled(self) -> bool:

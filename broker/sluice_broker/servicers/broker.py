@@ -10,8 +10,8 @@ Authorization (when ``authorizer.enabled``; decisions in :mod:`sluice.broker.sec
 data path and topic admin check what Kafka checks (Produce: Write on the topic and, with a
 transactional id, Write on it; Fetch: Read; ListOffsets and Metadata: Describe; CreateTopics:
 Create on the cluster or the topic; DeleteTopics: Delete; CreatePartitions: Alter;
-AlterPartitionReassignments: Alter on the cluster; ListPartitionReassignments: Describe on
-the cluster, as Kafka's, the whole request refused with CLUSTER_AUTHORIZATION_FAILED). What is
+AlterPartitionReassignments: Alter on the cluster; ListPartitionReassignments and DescribeLogDirs:
+Describe on the cluster, as Kafka's, the whole request refused with CLUSTER_AUTHORIZATION_FAILED). What is
 refused is answered per topic with TOPIC_AUTHORIZATION_FAILED (or
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED); the rest of the request is served. The transaction
 and group coordinators' RPCs are checked by :mod:`sluice.broker.security.coordinator_checks`.
@@ -51,6 +51,7 @@ from sluice.broker.group.api import (
     Outcome,
     TxnOffsetCommitInput,
 )
+from sluice.broker.log.dir_space import read_space
 from sluice.broker.log.fetch_response import FetchResponseWriter
 from sluice.broker.replica_manager import ReplicaManager
 from sluice.broker.security import coordinator_checks as checks
@@ -157,6 +158,7 @@ class BrokerService:
                     b.AlterPartitionReassignmentsRequest,
                 ),
                 "ListPartitionReassignments": (self.list_partition_reassignments, b.ListPartitionReassignmentsRequest),
+                "DescribeLogDirs": (self.describe_log_dirs, b.DescribeLogDirsRequest),
                 "FindCoordinator": (self.find_coordinator, b.FindCoordinatorRequest),
                 "InitProducerId": (self.init_producer_id, b.InitProducerIdRequest),
                 "AddPartitionsToTxn": (self.add_partitions_to_txn, b.AddPartitionsToTxnRequest),
@@ -476,6 +478,36 @@ class BrokerService:
                 adding_replicas=state.adding_replicas,
                 removing_replicas=state.removing_replicas,
             )
+        return resp
+
+    async def describe_log_dirs(self, req: bpb.DescribeLogDirsRequest, ctx: Ctx) -> bpb.DescribeLogDirsResponse:
+        """This broker's log directory and the size of each replica it holds (Kafka's DescribeLogDirs,
+        as the Kafka listener answers it): what a rebalance plan weighs its moves by."""
+        data_dir = self.cluster.config.data_dir
+        resp = bpb.DescribeLogDirsResponse(
+            broker_id=self.cluster.config.broker_id, log_dir=data_dir, total_bytes=-1, usable_bytes=-1
+        )
+        if self.access.enabled and not self.access.cluster(ctx, AclOperation.DESCRIBE):
+            resp.error_code = pb.CLUSTER_AUTHORIZATION_FAILED
+            resp.error_message = "not authorized to Describe the cluster (no ACL allows it)"
+            return resp
+        failure = self.replicas.storage.failure
+        if failure is not None:
+            resp.error_code, resp.error_message = pb.KAFKA_STORAGE_ERROR, f"the log directory has failed: {failure}"
+            return resp
+        try:
+            space = read_space(data_dir)
+            resp.total_bytes, resp.usable_bytes = space.size_bytes, space.free_bytes
+        except OSError:
+            pass  # -1: unknown
+        held = sorted(self.replicas.partitions)
+        if req.partitions:
+            wanted = {(p.topic, p.partition) for p in req.partitions}
+            held = [key for key in held if key in wanted]
+        for topic, partition in held:
+            log = self.replicas.partitions.get((topic, partition))
+            if log is not None:  # deleted meanwhile
+                resp.partitions.add(topic=topic, partition=partition, size_bytes=log.size_bytes)
         return resp
 
     async def alter_topic_configs(self, req: bpb.AlterTopicConfigsRequest, ctx: Ctx) -> bpb.AlterTopicConfigsResponse:

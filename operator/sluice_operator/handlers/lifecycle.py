@@ -4,7 +4,8 @@ At start-up Kopf's own settings are set (finalizer, annotation storage,
 peering, posting level, workers, no cluster-wide scanning), the :class:`~sluice.operator.settings.OperatorSettings`
 and the :class:`~sluice.operator.handlers.runtime.OperatorRuntime` made from
 them go into Kopf's ``memo`` (which Kopf hands to every handler), and the
-controller's threads start. Clean-up stops them. The probe (on the liveness
+controller's threads start (and a reassignment throttle left by a rebalance that is gone is
+removed: :func:`sluice.operator.handlers.rebalance.sweep_throttle`). Clean-up stops them. The probe (on the liveness
 endpoint) says whether the controller runs and leads.
 """
 
@@ -16,8 +17,11 @@ from typing import Any
 
 import kopf
 
+from sluice.operator.handlers.rebalance import sweep_throttle
 from sluice.operator.handlers.runtime import FINALIZER, OperatorRuntime, runtime_of
 from sluice.operator.settings import OperatorSettings
+
+log = logging.getLogger("sluice.operator")
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -28,6 +32,11 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         configure_kopf(settings, operator_settings)
         memo.settings = operator_settings
         memo.runtime = OperatorRuntime.open(operator_settings)
+        try:  # a rebalance deleted while no operator ran leaves its throttle behind: take it away
+            if sweep_throttle(memo.runtime):
+                log.info("removed the reassignment throttle of a rebalance that is gone or no longer running")
+        except Exception as exc:  # the rebalances' rounds sweep too: never fail the start-up on it
+            log.warning("reassignment throttle sweep at start-up: %s", exc)
 
     kopf.on.startup(registry=registry)(startup)
     kopf.on.cleanup(registry=registry)(cleanup)

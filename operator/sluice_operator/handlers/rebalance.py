@@ -5,8 +5,9 @@ KafkaRebalance. Its life, kept in ``status.state`` so that any operator replica 
 one) carries on where the last left off:
 
 ``ProposalReady``  the plan (:func:`sluice.metadata.rebalance.plan`) is in status: per broker the
-                   replica and preferred-leader counts before and after, the partitions to move
-                   and the replicas to copy, and ``status.plan`` the target of each partition.
+                   replica and preferred-leader counts and bytes before and after, the partitions
+                   to move, the replicas and bytes to copy, and ``status.plan`` the target of
+                   each partition.
                    Nothing moves until the annotation ``sluice.dev/rebalance: approve`` (or
                    ``spec.autoApprove: true``).
 ``Rebalancing``    each round starts reassignments (:func:`sluice.metadata.reassignment.start`,
@@ -41,12 +42,30 @@ replica while others do, is not dead and is not being drained by a remove-broker
 a SluiceRebalance ``auto-add-brokers-<ids>`` (mode add-brokers, autoApprove), which then runs as
 any other. Its name makes it once per set of brokers: a second event finds it exists.
 
+**Bytes.** The metadata holds no partition sizes, so each proposal asks every broker for its
+log directory (DescribeLogDirs over gRPC, with the operator's admin client and credentials, the
+ones its Coordinator and TransactionalId handlers use) and passes the planner each partition's
+size as its leader reports it: the plan then states bytes per broker before and after and
+``bytesToMove``, and weighs its moves by bytes (:mod:`sluice.metadata.rebalance`, "Bytes"). A
+broker that does not answer within a few seconds, or refuses, is named in
+``proposal.brokersWithoutSizes``; the partitions it leads have no size, the plan is then by
+counts, and ``bytesToMove`` says why it is unknown. No byte is guessed.
+
 Moves are written to the topic documents directly, not through a broker's admin API: the
 operator already owns the store (its controller writes leadership there), the change is the
 one :mod:`sluice.metadata.reassignment` defines for the brokers, and a rebalance then does not
 depend on an admin connection being up. Throughput is bounded by the batch size and by the
-brokers' replication throttles (``leader/follower.replication.throttled.rate``), which are
-broker configuration.
+brokers' reassignment throttles: their ``leader/follower.replication.throttled.rate``, or
+**the rebalance's own** ``spec.throttleBytesPerSecond``, as ``kafka-reassign-partitions
+--throttle`` sets a dynamic broker rate for the time of a reassignment: while the rebalance is
+Rebalancing the operator keeps the ``replication_throttle`` document
+(:class:`sluice.metadata.documents.ReplicationThrottleDocument`) at that rate, which every broker
+applies to both its leader and follower buckets in place of its configured rates, and it removes
+the document once the rebalance is Ready, Stopped, NotReady or deleted (as ``--verify`` removes
+the throttle). The document names its rebalance: one cluster has one such rate, so a second
+rebalance running at the same time leaves the first one's in force (its Rebalancing condition
+says so) rather than fighting over it. The rate may be changed while the rebalance runs (the
+plan stays; the AnnotationIgnored condition says the spec changed).
 """
 
 from __future__ import annotations
@@ -58,16 +77,19 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
+from sluice.client.types import TopicPartition
 from sluice.metadata import documents, keys
-from sluice.metadata.documents import TopicDocument
+from sluice.metadata.documents import ReplicationThrottleDocument, TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.reassignment import ReassignmentRefused, cancel, check_target, start, target_replicas
 from sluice.metadata.rebalance import MODES, REMOVE_BROKERS, Goal, Plan, PlanRefused, plan
+from sluice.metadata.store import VersionConflict
 from sluice.operator import metrics
 from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
 from sluice.operator.handlers.status import check_paused, conditions_of
 from sluice.operator.resources import FALSE, TRUE, get_condition, set_condition
 from sluice.operator.settings import OperatorSettings
+from sluice.records import now_ms
 
 log = logging.getLogger("sluice.operator")
 
@@ -76,8 +98,7 @@ ANNOTATION = "sluice.dev/rebalance"
 APPROVE, STOP, REFRESH = "approve", "stop", "refresh"
 PROPOSAL_READY, REBALANCING, READY, STOPPED, NOT_READY = "ProposalReady", "Rebalancing", "Ready", "Stopped", "NotReady"
 DEFAULT_IN_FLIGHT = 10
-# Brokers report no partition sizes (DescribeLogDirs answers 0): say so rather than invent bytes.
-BYTES_UNKNOWN = "unknown: the brokers do not report partition sizes; replicasToCopy counts the partition copies"
+SIZES_TIMEOUT_S = 5.0  # how long a proposal waits for the brokers' DescribeLogDirs answers
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -91,12 +112,19 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         kopf.on.event("", "v1", "pods", labels=labels, registry=registry)(broker_pod_event)
 
 
-def rebalance_event(event: kopf.RawEvent, **_: Any) -> None:
-    """A deleted rebalance leaves the progress metrics (no finalizer: its moves in flight finish
-    under the controller, the others are simply not started)."""
+def rebalance_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    """A deleted rebalance leaves the progress metrics and takes its throttle away (no finalizer:
+    its moves in flight finish under the controller, the others are simply not started)."""
     if event.get("type") == "DELETED":
         meta = (event.get("object") or {}).get("metadata") or {}
-        metrics.rebalance_progress(f"{meta.get('namespace')}/{meta.get('name')}", {}, active=False)
+        resource = f"{meta.get('namespace')}/{meta.get('name')}"
+        metrics.rebalance_progress(resource, {}, active=False)
+        runtime = getattr(memo, "runtime", None)
+        if isinstance(runtime, OperatorRuntime) and runtime.store is not None:
+            try:
+                release_throttle(runtime, resource)
+            except Exception as exc:  # the next round of another rebalance, or a restart, does not repair this
+                log.warning("SluiceRebalance %s deleted: its throttle could not be removed: %s", resource, exc)
 
 
 def broker_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
@@ -160,6 +188,17 @@ def rebalance_tick(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any
     reconcile_rebalance(body, patch, runtime_of(memo))
 
 
+def throttle_of(spec: Mapping[str, Any]) -> int | None:
+    """``spec.throttleBytesPerSecond``: a positive integer, or None when absent (PlanRefused otherwise;
+    the CRD's schema refuses such values too, this is for objects it did not check)."""
+    value = spec.get("throttleBytesPerSecond")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PlanRefused(f"spec.throttleBytesPerSecond must be a positive integer (bytes/s), not {value!r}")
+    return value
+
+
 def goal_of(spec: Mapping[str, Any]) -> Goal:
     """The planner's goal from a spec (the CRD's schema checks types; the planner checks meaning)."""
     mode = str(spec.get("mode") or "full")
@@ -208,8 +247,15 @@ def reconcile_rebalance(body: Mapping[str, Any], patch: kopf.Patch, runtime: Ope
     ):
         state = REBALANCING
         log.info("SluiceRebalance %s approved: %d partition(s) to move", meta["name"], len(status.get("plan") or ()))
+    resource = f"{meta.get('namespace') or runtime.namespace}/{meta['name']}"
+    throttle_note = ""
     if state == REBALANCING:
+        throttle_note = _hold_throttle(runtime, resource, spec)
         conds, state = _execute(runtime, meta, spec, status, conds, generation, patch)
+    if state != REBALANCING:
+        sweep_throttle(runtime, resource, mine_too=True)  # ours goes when it stops; another's if left behind
+    elif throttle_note:
+        conds = _note(conds, "Rebalancing", throttle_note)
     if state != NOT_READY and goal_mode(spec) == REMOVE_BROKERS:
         conds = _drain_conditions(runtime, spec, conds, generation, state == READY)
     patch.status["state"] = state
@@ -225,6 +271,111 @@ def goal_mode(spec: Mapping[str, Any]) -> str:
     return str(spec.get("mode") or "full")
 
 
+def _note(conds: list[dict[str, Any]], type_: str, note: str) -> list[dict[str, Any]]:
+    """``conds`` with ``note`` appended to the message of condition ``type_``."""
+    return [
+        {**c, "message": f"{c.get('message') or ''}; {note}".lstrip("; ")} if c.get("type") == type_ else c
+        for c in conds
+    ]
+
+
+def _hold_throttle(runtime: OperatorRuntime, resource: str, spec: Mapping[str, Any]) -> str:
+    """Keep the replication_throttle document at this rebalance's rate while it runs; what is in force, in words."""
+    try:
+        rate = throttle_of(spec)
+    except PlanRefused as exc:  # changed to an invalid value while running: keep what is in force
+        log.warning("SluiceRebalance %s: %s (the throttle in force stays)", resource, exc)
+        rate = -1
+    if rate is None:
+        release_throttle(runtime, resource)  # the field was removed while running
+    else:
+        sweep_throttle(runtime, resource)  # another rebalance's, left behind: this one's rate takes over
+
+    def change(doc: ReplicationThrottleDocument | None) -> ReplicationThrottleDocument | None:
+        if rate is None or rate < 0 or (doc is not None and doc.resource != resource):
+            return None  # nothing to write, or another rebalance's rate is in force
+        if doc is not None and doc.rate == rate:
+            return None
+        return ReplicationThrottleDocument(rate, resource, now_ms())
+
+    doc = documents.update_document(runtime.meta, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument, change)
+    if doc is None:
+        return ""
+    if doc.resource != resource:
+        return f"the throttle in force is {doc.rate} bytes/s, set by rebalance {doc.resource}"
+    return f"throttled to {doc.rate} bytes/s"
+
+
+def sweep_throttle(runtime: OperatorRuntime, resource: str = "", *, mine_too: bool = False) -> bool:
+    """Remove a replication_throttle document left by another rebalance (not ``resource``) that is
+    gone or no longer Rebalancing: one deleted while no operator ran (its DELETED event then never
+    came), say; with ``mine_too``, ``resource``'s own as well. Whether one was removed. A rebalance
+    that has just started and whose status does not say Rebalancing yet writes its document again
+    on its next round."""
+    found = documents.read(runtime.meta, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument)
+    if found is None:
+        return False
+    if found.value.resource == resource:
+        return mine_too and release_throttle(runtime, resource)
+    namespace, _, name = found.value.resource.partition("/")
+    if namespace != runtime.namespace:
+        return False  # not ours to judge
+    try:
+        obj = runtime.custom().get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except kopf.TemporaryError:
+        return False  # no API client (yet): a later round sweeps
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        obj = None
+    if obj is not None and (obj.get("status") or {}).get("state") == REBALANCING:
+        return False
+    return release_throttle(runtime, found.value.resource)
+
+
+def release_throttle(runtime: OperatorRuntime, resource: str) -> bool:
+    """Remove the replication_throttle document if ``resource`` set it; whether one was removed."""
+    for _ in range(10):
+        found = documents.read(runtime.meta, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument)
+        if found is None or found.value.resource != resource:
+            return False
+        try:
+            runtime.meta.delete(keys.REPLICATION_THROTTLE, found.version)
+        except VersionConflict:
+            continue
+        log.info("SluiceRebalance %s: its reassignment throttle removed", resource)
+        return True
+    return False
+
+
+def partition_sizes(
+    runtime: OperatorRuntime, topics: list[TopicDocument]
+) -> tuple[dict[tuple[str, int], int], dict[int, str]]:
+    """Each partition's size as its leader reports it (DescribeLogDirs to every broker), and the
+    registered brokers whose sizes are unknown, with why. A partition whose leader did not answer
+    (or that has none) is left out: its size is unknown."""
+    registered = [b.broker_id for b in runtime.brokers()]
+    try:
+        answers = runtime.admin().describe_log_dirs(timeout=SIZES_TIMEOUT_S)
+    except Exception as exc:  # none answered, or the call itself failed: every size is unknown
+        log.warning("partition sizes: DescribeLogDirs failed: %s", exc)
+        return {}, dict.fromkeys(registered, f"DescribeLogDirs failed: {exc}")
+    unknown = {b: "did not answer" for b in registered if b not in answers}
+    for b, answer in answers.items():
+        if answer.error is not None:
+            unknown[b] = f"refused: {answer.error}"
+    sizes: dict[tuple[str, int], int] = {}
+    for topic in topics:
+        for index, part in enumerate(topic.partitions):
+            leader = answers.get(part.leader)
+            if leader is None or leader.error is not None:
+                continue
+            size = leader.replica_sizes.get(TopicPartition(topic.name, index))
+            if size is not None:
+                sizes[(topic.name, index)] = size
+    return sizes, unknown
+
+
 def _topics(runtime: OperatorRuntime) -> list[TopicDocument]:
     return [d.value for d in documents.list_documents(runtime.meta, keys.TOPICS, TopicDocument)]
 
@@ -235,7 +386,11 @@ def _propose(
     """Plan anew: the proposal and plan in status, state ProposalReady (Ready when nothing moves)."""
     patch.status["observedGeneration"] = generation
     try:
-        result = plan(goal_of(spec), runtime.brokers(), _topics(runtime))
+        goal = goal_of(spec)
+        throttle_of(spec)
+        topics = _topics(runtime)
+        sizes, unknown = partition_sizes(runtime, topics)
+        result = plan(goal, runtime.brokers(), topics, sizes)
     except PlanRefused as exc:
         patch.status["proposal"] = None
         patch.status["plan"] = []
@@ -244,11 +399,12 @@ def _propose(
         conds = set_condition(conds, "Rebalancing", FALSE, "InvalidSpec", "", generation)
         return set_condition(conds, "Ready", FALSE, "InvalidSpec", str(exc), generation), NOT_READY, {}
     rows = [{"topic": t, "partition": p, "replicas": rs} for (t, p), rs in result.moves.items()]
-    patch.status["proposal"] = proposal_status(result)
+    patch.status["proposal"] = proposal_status(result, unknown)
     patch.status["plan"] = rows
     patch.status["progress"] = {"total": len(rows), "done": 0, "inFlight": 0}
+    copied = "" if result.bytes_to_move is None else f" ({result.bytes_to_move} bytes)"
     summary = (
-        f"{result.partitions_to_move} partition(s) to move, {result.replicas_to_copy} replica(s) to copy,"
+        f"{result.partitions_to_move} partition(s) to move, {result.replicas_to_copy} replica(s) to copy{copied},"
         f" {result.leader_changes} preferred leader(s) to change"
     )
     conds = set_condition(conds, "ProposalReady", TRUE, "ProposalComputed", summary, generation)
@@ -260,23 +416,43 @@ def _propose(
     return conds, PROPOSAL_READY, {"plan": rows}
 
 
-def proposal_status(result: Plan) -> dict[str, Any]:
-    """The proposal as status shows it (the CRD's ``status.proposal``)."""
+def bytes_unknown(unknown: Mapping[int, str]) -> str:
+    """``bytesToMove`` when a copied partition's size is unknown: why, never a guess."""
+    if unknown:
+        why = "; ".join(f"broker {b} {reason}" for b, reason in sorted(unknown.items()))
+        return f"unknown: no partition sizes from broker(s) {sorted(unknown)} ({why}); replicasToCopy counts the copies"
+    return (
+        "unknown: a partition to copy has no size (no leader, or its leader has not opened it yet);"
+        " replicasToCopy counts the copies"
+    )
+
+
+def proposal_status(result: Plan, unknown: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """The proposal as status shows it (the CRD's ``status.proposal``); ``unknown``: the brokers
+    whose sizes are unknown, with why."""
+    unknown = dict(unknown or {})
+    brokers = []
+    for load in result.loads:
+        row: dict[str, Any] = {
+            "id": load.broker_id,
+            "replicasBefore": load.replicas_before,
+            "replicasAfter": load.replicas_after,
+            "leadersBefore": load.leaders_before,
+            "leadersAfter": load.leaders_after,
+        }
+        if load.bytes_before is not None:
+            row["bytesBefore"] = load.bytes_before
+        if load.bytes_after is not None:
+            row["bytesAfter"] = load.bytes_after
+        brokers.append(row)
     return {
         "partitionsToMove": result.partitions_to_move,
         "replicasToCopy": result.replicas_to_copy,
         "leaderChanges": result.leader_changes,
-        "bytesToMove": BYTES_UNKNOWN,
-        "brokers": [
-            {
-                "id": load.broker_id,
-                "replicasBefore": load.replicas_before,
-                "replicasAfter": load.replicas_after,
-                "leadersBefore": load.leaders_before,
-                "leadersAfter": load.leaders_after,
-            }
-            for load in result.loads
-        ],
+        "bytesToMove": bytes_unknown(unknown) if result.bytes_to_move is None else result.bytes_to_move,
+        "balancedBy": "bytes" if result.by_bytes else "replicas",
+        "brokersWithoutSizes": sorted(unknown),
+        "brokers": brokers,
     }
 
 

@@ -447,6 +447,40 @@ class ListPartitionReassignmentsResponse(_message.Message):
     error_message: str
     def __init__(self, reassignments: _Optional[_Iterable[_Union[OngoingReassignment, _Mapping]]] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
 
+class DescribeLogDirsRequest(_message.Message):
+    __slots__ = ("partitions",)
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[_records_pb2.TopicPartition]
+    def __init__(self, partitions: _Optional[_Iterable[_Union[_records_pb2.TopicPartition, _Mapping]]] = ...) -> None: ...
+
+class LogDirPartition(_message.Message):
+    __slots__ = ("topic", "partition", "size_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    size_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class DescribeLogDirsResponse(_message.Message):
+    __slots__ = ("broker_id", "log_dir", "total_bytes", "usable_bytes", "partitions", "error_code", "error_message")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_DIR_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    log_dir: str
+    total_bytes: int
+    usable_bytes: int
+    partitions: _containers.RepeatedCompositeFieldContainer[LogDirPartition]
+    error_code: _records_pb2.ErrorCode
+    error_message: str
+    def __init__(self, broker_id: _Optional[int] = ..., log_dir: _Optional[str] = ..., total_bytes: _Optional[int] = ..., usable_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[LogDirPartition, _Mapping]]] = ..., error_code: _Optional[_Union[_records_pb2.ErrorCode, str]] = ..., error_message: _Optional[str] = ...) -> None: ...
+
 class ConfigAlteration(_message.Message):
     __slots__ = ("key", "operation", "value")
     KEY_FIELD_NUMBER: _ClassVar[int]

@@ -90,6 +90,11 @@ class BrokerStub:
                 request_serializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/sluice.v1.Broker/DescribeLogDirs',
+                request_serializer=sluice_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
         self.FindCoordinator = channel.unary_unary(
                 '/sluice.v1.Broker/FindCoordinator',
                 request_serializer=sluice_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
@@ -273,6 +278,14 @@ class BrokerServicer:
 
     def ListPartitionReassignments(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeLogDirs(self, request, context):
+        """Kafka's DescribeLogDirs, answered by the broker asked about itself (a client asks each broker):
+        its log directory and the size of every partition replica it holds. Describe on the cluster.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -483,6 +496,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListPartitionReassignments,
                     request_deserializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=sluice_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
             'FindCoordinator': grpc.unary_unary_rpc_method_handler(
                     servicer.FindCoordinator,
@@ -892,6 +910,33 @@ class Broker:
             '/sluice.v1.Broker/ListPartitionReassignments',
             sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsRequest.SerializeToString,
             sluice_dot_v1_dot_broker__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sluice.v1.Broker/DescribeLogDirs',
+            sluice_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            sluice_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

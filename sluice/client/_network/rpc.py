@@ -101,6 +101,7 @@ LIST_PARTITION_REASSIGNMENTS = _rpc(
     broker_pb2.ListPartitionReassignmentsRequest,
     broker_pb2.ListPartitionReassignmentsResponse,
 )
+DESCRIBE_LOG_DIRS = _rpc("DescribeLogDirs", broker_pb2.DescribeLogDirsRequest, broker_pb2.DescribeLogDirsResponse)
 DESCRIBE_TOPICS = _rpc("DescribeTopics", broker_pb2.MetadataRequest, broker_pb2.MetadataResponse)
 FIND_COORDINATOR = _rpc("FindCoordinator", broker_pb2.FindCoordinatorRequest, broker_pb2.FindCoordinatorResponse)
 INIT_PRODUCER_ID = _rpc("InitProducerId", broker_pb2.InitProducerIdRequest, broker_pb2.InitProducerIdResponse)
