@@ -89,6 +89,11 @@ def _entity(args: argparse.Namespace) -> tuple[list[str], list[str | None]]:
     return types, names
 
 
+def _rate(value: float) -> str:
+    """A quota as people write it: 2097152, not 2.09715e+06 (a fraction only when there is one)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def _label(name: str | None) -> str:
     return DEFAULT if name is None else name
 
@@ -134,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json([{"user": u or None, "client_id": c or None, "key": k, "value": v} for u, c, k, v in rows])
         elif rows:
-            print(table([(u, c, k, f"{v:g}") for u, c, k, v in rows], ("USER", "CLIENT-ID", "QUOTA", "VALUE")))
+            print(table([(u, c, k, _rate(v)) for u, c, k, v in rows], ("USER", "CLIENT-ID", "QUOTA", "VALUE")))
         return 0
     finally:
         close_quietly(admin)

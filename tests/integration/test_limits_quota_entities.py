@@ -316,6 +316,9 @@ def test_sluice_configs_takes_kafka_configs_entity_options(
         ("alice", "app1", C, 2048.0),
         ("alice", "app1", P, 1048576.0),
     ]
+    assert cli(["configs", "--describe", "--entity-type", "users", "--entity-type", "clients", *common]) == 0
+    out = capsys.readouterr().out
+    assert "1048576" in out and "2048" in out and "e+" not in out  # rates as written, not 1.04858e+06
     assert cli(["configs", "--describe", "--entity-type", "clients", *common]) == 0  # named client ids only
     out = capsys.readouterr().out
     assert "app2" in out and "512" in out and "<default>" not in out and "alice" not in out
