@@ -146,6 +146,7 @@ class ClusterView:
             str(cfg.get("broker.rack")),
             now_ms(),
             inter_broker_port=cfg.inter_broker_port,
+            records_formats=documents.RECORDS_FORMAT_NAMES,
         )
         documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
@@ -184,6 +185,32 @@ class ClusterView:
             f"{name} does not exist yet: it is created once {wanted} broker(s) are alive "
             f"({key}.replication.factor), and {self._alive_brokers()} are"
         )
+
+    def kafka_v2_writable(self, topic: str, partition: int) -> bool:
+        """Whether a Kafka client's batch may be stored as sent (RECORDS_FORMAT_KAFKA_V2) in this partition.
+
+        Only while every replica of the partition (a reassignment's new ones included, live or not)
+        registered with code that reads that encoding (BrokerDocument.records_formats): a broker from
+        before records_format refuses such a batch as a follower (its CRC is Kafka's, not Sluice's),
+        so the partition would stop replicating, and as a leader it would serve the records as Sluice's
+        encoding. A replica with no document, or one written by older code, counts as old; a stopped
+        broker counts as what it last registered as (the one being restarted in a rolling upgrade
+        keeps the gate closed until it comes back with the new code). Otherwise the leader converts
+        the batch into Sluice's encoding, as brokers did before records_format (docs/architecture.md,
+        "Record formats across versions").
+        """
+        info = self.topics.get(topic)
+        if info is None or not 0 <= partition < len(info.partitions):
+            return False
+        p = info.partitions[partition]
+        me = self.config.broker_id
+        for replica in {*p.replicas, *p.adding_replicas}:
+            if replica == me:
+                continue
+            doc = self.brokers.get(replica)
+            if doc is None or documents.RECORDS_FORMAT_KAFKA_V2_NAME not in doc.records_formats:
+                return False
+        return True
 
     def _alive_brokers(self) -> int:
         return len((set(self.brokers) | {self.config.broker_id}) - self.dead_brokers)  # this one is, registered or not

@@ -68,9 +68,10 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # topic. Sluice's own (gRPC) clients never auto-create.
     "auto.create.topics.enable": (bool, False),
     # Sluice's own: a Kafka client's v2 batch is stored as sent (RecordBatch.records_format KAFKA_V2:
-    # no record decoded on Produce or on a Kafka consumer's Fetch). false: converted into Sluice's
-    # record encoding, as before that format existed; for the one rolling restart that upgrades brokers
-    # that cannot read records_format (docs/kafka-compatibility.md, "Upgrading").
+    # no record decoded on Produce or on a Kafka consumer's Fetch), once every replica of the partition
+    # reads that format (a rolling upgrade needs no setting: docs/architecture.md, "Record formats
+    # across versions"). false: always converted into Sluice's record encoding, as before that format
+    # existed (the step before a downgrade to such brokers).
     "kafka.records.stored.as.sent": (bool, True),
     # requests
     "socket.request.max.bytes": (int, 100 * 1024 * 1024),

@@ -91,7 +91,7 @@ from sluice.errors import SluiceError
 from sluice.metadata import keys
 from sluice.metadata.isr import IsrChange, IsrOutcome
 from sluice.metadata.store import StoreUnavailable
-from sluice.records import RecordBatch, RecordDecodeError, now_ms
+from sluice.records import KAFKA_V2, RecordBatch, RecordDecodeError, now_ms, to_sluice_format
 
 log = logging.getLogger(__name__)
 
@@ -393,13 +393,13 @@ class ReplicaManager:
                 part = self.leader_partition(one.topic, one.partition)
                 # the epoch this request is admitted at: the append checks it after every await
                 epoch = part.leader_epoch
-                base, _dup = await self._produce_one(req, one.topic, part, epoch, one.batch)
+                base, stored = await self._produce_one(req, one.topic, part, epoch, one.batch)
                 result.base_offset = base
                 result.log_start_offset = part.log_start_offset
                 if part.config("message.timestamp.type") == "LogAppendTime":
-                    result.log_append_time = one.batch.max_timestamp
+                    result.log_append_time = stored.max_timestamp
                 if req.acks == -1:
-                    waits.append((result, one.topic, one.partition, base + one.batch.record_count))
+                    waits.append((result, one.topic, one.partition, base + stored.record_count))
             except SluiceError as exc:
                 self.events.produce_failed(one.topic, one.topic in self.cluster.topics)
                 answer(result, exc)
@@ -409,12 +409,15 @@ class ReplicaManager:
 
     async def _produce_one(
         self, req: ProduceInput, topic: str, part: PartitionLog, epoch: int, batch: RecordBatch
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, RecordBatch]:
+        """Append one produced batch as leader: its base offset and the batch as stored (a duplicate's
+        original offset and the batch as it came)."""
         if req.acks not in (-1, 0, 1):
             raise errors.InvalidRequiredAcksError(f"acks must be -1 (all), 0 or 1, not {req.acks}")
         if topic in INTERNAL_TOPICS:
             raise errors.InvalidTopicError(f"clients cannot write to internal topic {topic}")
         size = validate_batch(batch, int(str(part.config("max.message.bytes"))))
+        batch = self._in_stored_format(part, batch)
         key = (part.topic, part.partition)
         if req.acks == -1:
             self._check_min_isr(key, part)
@@ -423,12 +426,12 @@ class ReplicaManager:
             result = part.append(batch, leader_epoch=epoch, verified_txn=True)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
-            return result
+            return result[0], batch
         if not needs_verification:
             result = part.append(batch, leader_epoch=epoch)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
-            return result
+            return result[0], batch
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if batch.producer_id not in part.open_txns:
@@ -438,7 +441,27 @@ class ReplicaManager:
             result = part.append(batch, leader_epoch=epoch, verified_txn=True)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
-            return result
+            return result[0], batch
+
+    def _in_stored_format(self, part: PartitionLog, batch: RecordBatch) -> RecordBatch:
+        """``batch`` (validated) in the encoding this partition stores it in now.
+
+        Sluice's encoding as it is. Kafka's (RECORDS_FORMAT_KAFKA_V2, what the Kafka listener hands
+        over, or a gRPC producer sent) as sent, unless a replica of the partition runs code that cannot
+        read it (:meth:`ClusterView.kafka_v2_writable`: a rolling upgrade from d37a648 or older is under
+        way) or ``kafka.records.stored.as.sent`` is false: then converted into Sluice's encoding, as
+        every broker did before records_format, so old followers copy it and an old leader serves it.
+        """
+        if batch.records_format != KAFKA_V2:
+            return batch
+        if self.config.get("kafka.records.stored.as.sent") and self.cluster.kafka_v2_writable(
+            part.topic, part.partition
+        ):
+            return batch
+        try:
+            return to_sluice_format(batch)
+        except RecordDecodeError as exc:
+            raise errors.CorruptMessageError(str(exc)) from None
 
     def _skipping_verification(self) -> bool:
         """The skip-verification test hook: True while its file exists; always False without the hook."""

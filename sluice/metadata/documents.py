@@ -87,6 +87,14 @@ def _extra(value: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in known}
 
 
+# RecordBatch.records_format values by the name a broker document advertises them under
+# (BrokerDocument.records_formats): "sluice" (RECORDS_FORMAT_SLUICE, every version), "kafka_v2"
+# (RECORDS_FORMAT_KAFKA_V2, a Kafka client's v2 records section as sent; after d37a648).
+RECORDS_FORMAT_SLUICE_NAME = "sluice"
+RECORDS_FORMAT_KAFKA_V2_NAME = "kafka_v2"
+RECORDS_FORMAT_NAMES = (RECORDS_FORMAT_SLUICE_NAME, RECORDS_FORMAT_KAFKA_V2_NAME)
+
+
 @dataclass(frozen=True)
 class ClusterDocument:
     """``cluster``: the id every broker of the cluster reports, made by the first broker to start."""
@@ -133,6 +141,11 @@ class BrokerDocument:
     tls_certificate: str = ""
     # The CAs of its --clients-ca file (mtls listener only): a clients CA rotation waits for them.
     tls_clients_trusted: tuple[str, ...] = ()
+    # The encodings of RecordBatch.records this broker's code reads, copies and serves
+    # (RECORDS_FORMAT_NAMES). Empty (a document written by a broker from before records_format,
+    # d37a648 and older): Sluice's only. A leader stores a Kafka client's batch as sent only while every
+    # replica of the partition lists "kafka_v2" (sluice.broker.cluster.ClusterView.kafka_v2_writable).
+    records_formats: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -149,6 +162,7 @@ class BrokerDocument:
         "tls_trusted",
         "tls_certificate",
         "tls_clients_trusted",
+        "records_formats",
     )
 
     @classmethod
@@ -167,6 +181,7 @@ class BrokerDocument:
             tls_trusted=tuple(str(fp) for fp in value.get("tls_trusted") or ()),
             tls_certificate=str(value.get("tls_certificate") or ""),
             tls_clients_trusted=tuple(str(fp) for fp in value.get("tls_clients_trusted") or ()),
+            records_formats=tuple(str(f) for f in value.get("records_formats") or ()),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -188,6 +203,8 @@ class BrokerDocument:
             out["tls_certificate"] = self.tls_certificate
         if self.tls_clients_trusted:
             out["tls_clients_trusted"] = list(self.tls_clients_trusted)
+        if self.records_formats:
+            out["records_formats"] = list(self.records_formats)
         return out
 
     def _low_space_json(self) -> dict[str, Any]:

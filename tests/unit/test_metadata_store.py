@@ -55,6 +55,10 @@ STORED: list[tuple[type[Any], dict[str, Any]]] = [
         {"controller_id": -1, "epoch": 4, "live_brokers": [0, 2], "dead_brokers": [1], "updated_ms": 5},
     ),
     (TransactionalIdDocument, {"transactional_id": "app", "resource": "ns/app"}),
+    (
+        BrokerDocument,
+        {"broker_id": 2, "host": "h", "port": 1, "rack": "", "started_ms": 1, "records_formats": ["sluice"]},
+    ),
 ]
 
 

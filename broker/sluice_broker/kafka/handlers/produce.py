@@ -60,7 +60,7 @@ from sluice.broker.kafka_wire.messages.produce_response import (
     TopicProduceResponse,
 )
 from sluice.broker.kafka_wire.messages.request_header import RequestHeader
-from sluice.records import RecordBatch, RecordDecodeError, to_sluice_format
+from sluice.records import RecordBatch
 
 TOPIC_IDS_FROM = 13  # Produce v13 names topics by id (KIP-516)
 LEADER_HINTS_FROM = 10  # KIP-951
@@ -87,9 +87,10 @@ def _txn_refused(ctx: KafkaContext, request: ProduceRequest) -> str | None:
     return None
 
 
-def convert(records: bytes | None, *, as_sent: bool = True) -> RecordBatch:
-    """The one v2 batch of a partition's ``records``, validated, as it will be stored (a SluiceError if not):
-    as sent, or with ``as_sent`` false re-encoded in Sluice's record encoding."""
+def convert(records: bytes | None) -> RecordBatch:
+    """The one v2 batch of a partition's ``records``, validated, in Sluice's envelope as sent (a SluiceError
+    if not). Whether it is stored so or converted into Sluice's encoding is the core's decision
+    (``ReplicaManager._in_stored_format``: ``kafka.records.stored.as.sent`` and the replicas' versions)."""
     if not records:
         raise errors.InvalidRecordError("a produced partition has no record batch")
     batches = split_batches(records)
@@ -98,13 +99,7 @@ def convert(records: bytes | None, *, as_sent: bool = True) -> RecordBatch:
     header, batch = batches[0]
     if header.record_count == 0:
         raise errors.InvalidRecordError("a record batch without records")
-    stored = to_stored_batch(header, batch)
-    if as_sent:
-        return stored
-    try:
-        return to_sluice_format(stored)
-    except RecordDecodeError as exc:
-        raise errors.CorruptMessageError(str(exc)) from None
+    return to_stored_batch(header, batch)
 
 
 class ProduceHandler:
@@ -117,7 +112,6 @@ class ProduceHandler:
         by_id = {topic_uuid(t): t.name for t in ctx.cluster.topics.values()} if version >= TOPIC_IDS_FROM else {}
         names = [by_id.get(t.topic_id, "") if version >= TOPIC_IDS_FROM else t.name for t in request.topic_data]
         txn_refused = _txn_refused(ctx, request)
-        as_sent = bool(ctx.config.get("kafka.records.stored.as.sent"))
         denied = authorization.denied_topics(ctx, AclOperation.WRITE, (n for n in names if n))
         # Per partition of the request, in order: the refusal found here, or None (the core answers).
         refusals: list[list[tuple[int, str] | None]] = []
@@ -135,7 +129,7 @@ class ProduceHandler:
                     mine.append((pb.TOPIC_AUTHORIZATION_FAILED, authorization.topic_refusal(AclOperation.WRITE, name)))
                     continue
                 try:
-                    batch = convert(p.records, as_sent=as_sent)
+                    batch = convert(p.records)
                 except errors.SluiceError as exc:
                     mine.append((int(exc.code), exc.message))
                     continue
