@@ -109,7 +109,7 @@ from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
 from sluice.metadata.documents import ControllerDocument, TopicDocument  # noqa: E402
-from sluice.metadata.isr import IsrChange  # noqa: E402
+from sluice.metadata.isr import IsrChange, IsrOutcome  # noqa: E402
 from sluice.metadata.kubernetes import GROUP, PLURAL, VERSION, KubernetesMetadataStore, api_client  # noqa: E402
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict  # noqa: E402
 
@@ -611,7 +611,7 @@ class Settings:
 @dataclass
 class SimBroker:
     broker_id: int
-    view: ClusterView  # for register() and write_isr(); its store is the brokers' shared CountingStore
+    view: ClusterView  # for register() and write_isrs(); its store is the brokers' shared CountingStore
     watcher: Watcher | None = None
     alive: bool = True
 
@@ -807,10 +807,9 @@ class Simulation:
             topic = TopicDocument.from_json(doc.value or {})
             for i, p in enumerate(topic.partitions):
                 if sorted(p.isr) != sorted(p.replicas) and p.leader in self.brokers and self.brokers[p.leader].alive:
-                    written = self.brokers[p.leader].view.write_isr(
-                        key[len(keys.TOPICS) :], i, p.leader, p.leader_epoch, list(p.replicas)
-                    )
-                    healed += written is not None
+                    change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(p.replicas))
+                    written = self.brokers[p.leader].view.write_isrs(key[len(keys.TOPICS) :], p.leader, [change])
+                    healed += IsrOutcome.applied(written.outcomes.get(i))
         return healed
 
     def settle(self, what: str, timeout: float = 90.0) -> None:
@@ -910,7 +909,7 @@ class Simulation:
         def one_change() -> None:
             # The leader decides on its own state, which is the stored document's: the harness reads it
             # (one GET, uncounted by the brokers' store but seen by the API server), then the leader
-            # writes through write_isr (its own GET and PUT). A decision on a view 100 ms stale would
+            # writes through write_isrs (its own GET and PUT). A decision on a view 100 ms stale would
             # sometimes write the ISR the document already has: a no-op PUT.
             assert self.raw is not None
             name = f"t{rng.randrange(self.s.topics):03d}"
@@ -930,8 +929,9 @@ class Simulation:
             else:
                 isr = list(p.replicas)
             try:
-                written = self.brokers[p.leader].view.write_isr(name, i, p.leader, p.leader_epoch, isr)
-                outcome["written" if written is not None else "refused (leader moved)"] += 1
+                change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr))
+                written = self.brokers[p.leader].view.write_isrs(name, p.leader, [change])
+                outcome[written.outcomes[i].value] += 1
             except StoreUnavailable:
                 outcome["store unavailable"] += 1
             except VersionConflict:
