@@ -31,7 +31,7 @@ from tests.support.k8s_env import KubeCluster
 # check that raises (a resource not there yet, a broker moving) is "not yet"; the last error is reported.
 wait_for = functools.partial(waiting.wait_for, interval=0.2, tolerate=(Exception,))
 
-HOSTS = ("127.0.0.10", "127.0.0.11", "127.0.0.12")
+HOSTS = ("127.0.0.10", "127.0.0.11", "127.0.0.12", "127.0.0.13")  # a fourth for a broker that joins later
 SELECTOR = {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "broker"}
 INTERNAL_PARTITIONS = 4
 BROKER_CONFIG = {

@@ -411,13 +411,17 @@ def test_host_network_brokers_take_their_port_from_the_ordinal_and_advertise_the
         assert container[probe]["exec"]["command"][:2] == ["python", "-c"]
     assert container["readinessProbe"]["exec"]["command"][-1] == ""
     assert container["livenessProbe"]["exec"]["command"][-1] == "sluice.liveness"
-    operator = find(docs, "Deployment")["spec"]["template"]["spec"]
+    deployment = find(docs, "Deployment")["spec"]
+    operator = deployment["template"]["spec"]
     assert operator["hostNetwork"] is True
+    # the node's health port: a rollout replaces the operator pod in place, never beside it
+    assert deployment["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     op_env = {e["name"]: e.get("value") for e in operator["containers"][0]["env"]}
     assert (op_env["KUBERNETES_SERVICE_HOST"], op_env["KUBERNETES_SERVICE_PORT"]) == ("127.0.0.1", "16443")
     # Off by default: no host network, no API server override.
     default = find(render(k8s), "StatefulSet")["spec"]["template"]["spec"]
     assert "hostNetwork" not in default
+    assert "strategy" not in find(render(k8s), "Deployment")["spec"]  # the default surge: pod IPs do not collide
     assert "KUBERNETES_SERVICE_HOST" not in str(default)
 
 

@@ -121,6 +121,7 @@ class Release:
         self.name = name
         self.node_ip = next(a["address"] for a in self.node()["status"]["addresses"] if a["type"] == "InternalIP")
         self.install_seconds = 0.0
+        self.replicas_peak = 3  # the most brokers it has had (each left a PersistentVolumeClaim)
 
     # -- objects ---------------------------------------------------------------------------------
 

@@ -11,9 +11,13 @@ tests run in file order and build on each other, as an operator's day would:
    leadership away, the copy is exactly once, and both brokers come back with their RocksDB
    data from their PersistentVolumes;
 4. `helm upgrade` rolls the brokers one at a time, and no acknowledged write is lost;
-5. `helm uninstall` finishes on its own and keeps the volumes.
+5. `helm upgrade --set broker.replicas=5` with the automatic rebalance on: the new brokers get
+   replicas and data; a remove-brokers SluiceRebalance drains them and says when they may go,
+   `helm upgrade --set broker.replicas=3`; an acks=all producer and an exactly-once copy run
+   throughout, nothing acknowledged is lost and nothing is copied twice;
+6. `helm uninstall` finishes on its own and keeps the volumes.
 
-The measured times (install to Ready, failover of a real pod) are printed (`pytest -s`) and
+The measured times (install to Ready, failover of a real pod, scaling) are printed (`pytest -s`) and
 recorded in docs/kubernetes.md.
 """
 
@@ -117,26 +121,38 @@ def test_topics_and_transactional_ids_applied_with_kubectl_are_reconciled(releas
 class Copiers:
     """The exactly-once copier program (python -m sluice.cli.copier), one per input partition."""
 
-    def __init__(self, release: Release, workdir: Path) -> None:
+    def __init__(
+        self,
+        release: Release,
+        workdir: Path,
+        source: str = "in",
+        sink: str = "out",
+        group: str = "copiers",
+        ids: str = "copier-node",
+    ) -> None:
         self.release = release
         self.workdir = workdir
+        self.source, self.sink, self.group, self.ids = source, sink, group, ids
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def log(self, p: int) -> Path:
+        return self.workdir / f"{self.group}-{p}.log"
 
     def start(self) -> None:
         for p in range(PARTITIONS):
-            with open(self.workdir / f"copier-{p}.log", "wb") as log:
+            with open(self.log(p), "ab") as log:
                 self.procs[p] = subprocess.Popen(
                     [
                         sys.executable, "-m", "sluice.cli.copier", "--bootstrap-server", self.release.bootstrap(),
-                        "--input", "in", "--output", "out", "--group", "copiers", "--partition", str(p),
-                        "--transactional-id", f"copier-node-{p}", "--transaction-size", str(TXN_SIZE),
+                        "--input", self.source, "--output", self.sink, "--group", self.group, "--partition", str(p),
+                        "--transactional-id", f"{self.ids}-{p}", "--transaction-size", str(TXN_SIZE),
                         "--max-seconds", "900",
                     ],
                     stdout=log, stderr=log,
                 )  # fmt: skip
 
     def commits(self) -> int:
-        return sum((self.workdir / f"copier-{p}.log").read_text().count('"committed"') for p in self.procs)
+        return sum(self.log(p).read_text().count('"committed"') for p in self.procs)
 
     def running(self) -> bool:
         return any(p.poll() is None for p in self.procs.values())
@@ -153,9 +169,7 @@ class Copiers:
         return out
 
     def log_tail(self) -> str:
-        return "\n".join(
-            f"--- copier-{p}\n" + (self.workdir / f"copier-{p}.log").read_text()[-1500:] for p in self.procs
-        )
+        return "\n".join(f"--- {self.group}-{p}\n" + self.log(p).read_text()[-1500:] for p in self.procs)
 
 
 def led_by(release: Release, broker: int) -> list[str]:
@@ -332,6 +346,156 @@ def test_helm_upgrade_rolls_brokers_one_at_a_time_without_losing_an_acknowledged
     assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
 
 
+def replicas_by_broker(release: Release) -> Counter[int]:
+    """Replicas per broker over every topic (the internal ones too)."""
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        topics = admin.describe_topics(admin.list_topics(include_internal=True))
+    return Counter(b for t in topics for p in t.partitions for b in p.replicas)
+
+
+def all_in_sync_on(release: Release, brokers: set[int]) -> bool:
+    """Every partition of every topic has its replicas on ``brokers`` only, all of them in its ISR."""
+    with Admin(release.bootstrap(), request_timeout_ms=5000) as admin:
+        topics = admin.describe_topics(admin.list_topics(include_internal=True))
+    return all(set(p.replicas) <= brokers and sorted(p.isr) == sorted(p.replicas) for t in topics for p in t.partitions)
+
+
+def rebalances(release: Release) -> dict[str, dict[str, Any]]:
+    return {r["metadata"]["name"]: r for r in release.items("sluicerebalances")}
+
+
+class Feeder:
+    """An acks=all producer appending to ``topic`` (~200 records/s) until stopped; what it was told
+    was written, and how many sends failed (not acknowledged: nothing is promised of those)."""
+
+    def __init__(self, release: Release, topic: str) -> None:
+        self.release, self.topic = release, topic
+        self.acked: list[bytes] = []
+        self.failed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        producer = Producer(self.release.bootstrap(), acks="all", linger_ms=5, request_timeout_ms=20_000)
+        i = 0
+        try:
+            while not self.stop.wait(0.1):
+                batch = [(f"g{i + k}".encode(), (i + k) % PARTITIONS) for k in range(20)]
+                i += len(batch)
+                futures = [(v, producer.send(self.topic, key=v, value=v, partition=p)) for v, p in batch]
+                for value, future in futures:
+                    try:
+                        future.result(timeout=60)
+                        self.acked.append(value)
+                    except errors.SluiceError:
+                        self.failed += 1
+        finally:
+            producer.close()
+
+
+def test_scale_to_five_brokers_and_back_to_three_with_an_exactly_once_copy_running(
+    release: Release, tmp_path: Path
+) -> None:
+    """The issue's scale test: helm upgrade to 5 brokers with the automatic rebalance on, data
+    moves to the new pods; a remove-brokers rebalance drains them, its ReadyToScaleDown says when,
+    helm upgrade back to 3. Throughout, an acks=all producer feeds the input and the transactional
+    copiers copy it (run again and again: each run copies what the input holds when it starts)."""
+    with Admin(release.bootstrap()) as admin:
+        admin.create_topic("grow-in", PARTITIONS, 3)
+        admin.create_topic("grow-out", PARTITIONS, 3)
+    feeder = Feeder(release, "grow-in")
+    feeder.thread.start()
+    wait_for(lambda: len(feeder.acked) >= 200, 120, "the feeder's first acknowledged writes")
+    stop_copying = threading.Event()
+    codes: list[dict[int, int | None]] = []
+    copiers = Copiers(release, tmp_path, "grow-in", "grow-out", group="growers", ids="grower-node")
+
+    def copy_rounds() -> None:
+        for _ in range(100):  # bounded: a round lasts seconds to minutes
+            last = stop_copying.is_set()  # set once the feeder has stopped: this round copies the rest
+            copiers.start()
+            codes.append(copiers.wait(600))
+            if last or any(c != 0 for c in codes[-1].values()):
+                return
+
+    copying = threading.Thread(target=copy_rounds, daemon=True)
+    copying.start()
+    wait_for(lambda: copiers.commits() >= 6, 180, "the copiers' first commits")
+
+    # Scale up: the user's whole step is this helm upgrade (the operator rolls in place first).
+    t0 = time.monotonic()
+    release.helm(
+        "upgrade", release.name, str(CHART), "--reuse-values", "--set", "broker.replicas=5",
+        "--set", "rebalance.autoOnScaleUp=true", "--wait", "--timeout", "600s", timeout=660,
+    )  # fmt: skip
+    wait_for(lambda: len(release.brokers()) == 5 and all(release.ready(p) for p in release.brokers()), 300,
+             "5 broker pods Ready")  # fmt: skip
+    up_s = time.monotonic() - t0
+
+    def added() -> list[dict[str, Any]] | None:
+        auto = [r for n, r in rebalances(release).items() if n.startswith("auto-add-brokers-")]
+        done = auto and all((r.get("status") or {}).get("state") == "Ready" for r in auto)
+        held = replicas_by_broker(release)
+        return auto if done and held[3] > 0 and held[4] > 0 else None
+
+    auto = wait_for(added, 600, "the automatic rebalance(s) of brokers 3 and 4 done", logs=release.logs)
+    moved_s = time.monotonic() - t0
+    assert sorted(b for r in auto for b in r["spec"]["brokers"]) == [3, 4], [r["spec"] for r in auto]
+    held = replicas_by_broker(release)
+    # The new brokers hold data, on their own volumes (describe_log_dirs: their replicas' bytes).
+    with Admin(release.bootstrap()) as admin:
+        dirs = admin.describe_log_dirs()
+    for b in (3, 4):
+        assert sum(dirs[b].replica_sizes.values()) > 0, f"broker {b} holds no bytes: {dirs[b]}"
+        assert list(release.volume_dir(b).rglob("IDENTITY")), f"no RocksDB on broker {b}'s volume"
+    assert copiers.running() or feeder.thread.is_alive()
+
+    # Scale down: drain 3 and 4 first; the rebalance's condition says when they may go.
+    t1 = time.monotonic()
+    release.apply({
+        "apiVersion": "sluice.dev/v1alpha1", "kind": "SluiceRebalance", "metadata": {"name": "drain-3-4"},
+        "spec": {"mode": "remove-brokers", "brokers": [3, 4], "autoApprove": True},
+    })  # fmt: skip
+
+    def drained() -> dict[str, Any] | None:
+        obj = release.get("sluicerebalance", "drain-3-4")
+        return obj if condition(obj, "ReadyToScaleDown") == "True" else None
+
+    obj = wait_for(drained, 600, "brokers 3 and 4 drained (ReadyToScaleDown)", logs=release.logs)
+    drained_s = time.monotonic() - t1
+    assert condition(obj, "BrokersHoldReplicas") == "False"
+    assert {3, 4}.isdisjoint(replicas_by_broker(release)), replicas_by_broker(release)
+    release.helm(
+        "upgrade", release.name, str(CHART), "--reuse-values", "--set", "broker.replicas=3", "--wait",
+        "--timeout", "300s", timeout=360,
+    )  # fmt: skip
+    wait_for(lambda: len(release.brokers()) == 3, 180, "brokers 3 and 4 gone")
+    down_s = time.monotonic() - t1
+    wait_for(lambda: all_in_sync_on(release, {0, 1, 2}), 240, "every partition in sync on brokers 0-2")
+    acked_before = len(feeder.acked)
+    wait_for(lambda: len(feeder.acked) >= acked_before + 100, 120, "writes acknowledged after the scale-down")
+
+    feeder.stop.set()
+    feeder.thread.join(120)
+    stop_copying.set()  # the next round to start copies everything that was written
+    copying.join(900)
+    assert not copying.is_alive(), f"the copy did not finish\n{copiers.log_tail()}"
+    assert all(c == 0 for r in codes for c in r.values()), f"copier rounds ended with {codes}\n{copiers.log_tail()}"
+    written = read_committed(release, "grow-in")
+    copied = Counter(read_committed(release, "grow-out"))
+    lost = [v for v in feeder.acked if v not in set(written)]
+    assert lost == [], f"{len(lost)} acknowledged writes lost, e.g. {lost[:5]}"
+    assert [v for v, n in copied.items() if n > 1] == [], "duplicates in the copy"
+    assert set(copied) == set(written), f"the copy lacks {len(set(written) - set(copied))} records"
+    release.replicas_peak = 5
+    print(
+        f"\nscale 3 -> 5: pods Ready {up_s:.1f} s after helm upgrade, {held[3]} + {held[4]} replicas on brokers 3 "
+        f"and 4 after {moved_s:.1f} s ({len(auto)} automatic rebalance(s)); drain of 3 and 4 took {drained_s:.1f} s, "
+        f"scale 5 -> 3 done {down_s:.1f} s after it started; {len(feeder.acked)} writes acknowledged "
+        f"({feeder.failed} refused), {len(copied)} copied exactly once in {len(codes)} copier round(s)"
+    )
+
+
 def test_helm_uninstall_finishes_on_its_own_and_keeps_the_volumes(release: Release) -> None:
     started = time.monotonic()
     release.helm("uninstall", release.name, "--wait", "--timeout", "180s", timeout=200)
@@ -339,5 +503,6 @@ def test_helm_uninstall_finishes_on_its_own_and_keeps_the_volumes(release: Relea
     assert release.items("coordinators") == []
     wait_for(lambda: release.items("pods") == [], 180, "every pod gone")
     claims = sorted(c["metadata"]["name"] for c in release.items("pvc"))
-    assert claims == [f"data-{release.name}-broker-{b}" for b in range(3)]
-    print(f"\nhelm uninstall finished in {took:.1f} s; the three PVCs stay")
+    # A StatefulSet keeps its claims: the drained brokers' too (a scale-up reuses them).
+    assert claims == [f"data-{release.name}-broker-{b}" for b in range(release.replicas_peak)]
+    print(f"\nhelm uninstall finished in {took:.1f} s; the {len(claims)} PVCs stay")

@@ -38,8 +38,8 @@
 #
 # Environment: SLUICE_NODE_DIR (state root, default /var/lib/sluice-node), SLUICE_NODE_PORT
 # (API server port, default 16443), SLUICE_NODE_ETCD_PORT (default 16379), SLUICE_NODE_IP,
-# SLUICE_NODE_PVS (default 9: the node tests install two releases of three brokers, and a
-# release's volumes outlive it), SLUICE_K8S_BIN / SLUICE_K8S_CACHE (where build.sh put the binaries).
+# SLUICE_NODE_PVS (default 12: the node tests install two releases, one of which grows to five
+# brokers, and a release's volumes outlive it), SLUICE_K8S_BIN / SLUICE_K8S_CACHE (where build.sh put the binaries).
 # Needs root (containerd, kubelet, mounts).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -49,7 +49,7 @@ STATE="$NODE_DIR/run"
 IMAGES="$NODE_DIR/containerd"            # containerd's root: images survive `down`
 PORT="${SLUICE_NODE_PORT:-16443}"
 ETCD_PORT="${SLUICE_NODE_ETCD_PORT:-16379}"
-PVS="${SLUICE_NODE_PVS:-9}"
+PVS="${SLUICE_NODE_PVS:-12}"
 BIN="${SLUICE_K8S_BIN:-${SLUICE_K8S_CACHE:-$HOME/.cache/sluice-k8s}/bin}"
 SOCK="$STATE/containerd/containerd.sock"
 PAUSE_IMAGE="localhost/pause:3.10"

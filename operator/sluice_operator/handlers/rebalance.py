@@ -40,7 +40,13 @@ docs/kubernetes.md), who then loses no partition.
 ``rebalance.autoOnScaleUp``): on every event of a broker Pod, a registered broker that holds no
 replica while others do, is not dead and is not being drained by a remove-brokers rebalance gets
 a SluiceRebalance ``auto-add-brokers-<ids>`` (mode add-brokers, autoApprove), which then runs as
-any other. Its name makes it once per set of brokers: a second event finds it exists.
+any other. Its name makes it once per set of brokers: a second event finds it exists. One runs at
+a time, as Strimzi queues brokers added during an auto-rebalance: while any rebalance is about to
+run or running (no state yet, Rebalancing, or ProposalReady with autoApprove), a broker that joins
+waits, and the round in which that rebalance ends creates the next one for every broker still
+empty. Two plans made at once would each count the other's targets as they were, and fight over
+the same partitions. A StatefulSet with ``podManagementPolicy: Parallel`` starts its new brokers
+together, so one may register before and one after the first auto rebalance is planned.
 
 **Bytes.** The metadata holds no partition sizes, so each proposal asks every broker for its
 log directory (DescribeLogDirs over gRPC, with the operator's admin client and credentials, the
@@ -140,8 +146,10 @@ def broker_pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         log.info("brokers joined empty: created SluiceRebalance %s (add-brokers, auto-approved)", name)
 
 
-def auto_rebalance(runtime: OperatorRuntime) -> str | None:
-    """Create the add-brokers rebalance for brokers that joined empty; its name, or None when none is due."""
+def auto_rebalance(runtime: OperatorRuntime, ending: str = "") -> str | None:
+    """Create the add-brokers rebalance for brokers that joined empty; its name, or None when none
+    is due or another rebalance is running (its end calls this again with ``ending``, its own
+    name: its status does not say so yet)."""
     held: dict[int, int] = {}
     for topic in _topics(runtime):
         for part in topic.partitions:
@@ -150,6 +158,11 @@ def auto_rebalance(runtime: OperatorRuntime) -> str | None:
     if not held:
         return None  # no topic yet: there is nothing to share
     existing = runtime.custom().list_namespaced_custom_object(GROUP, VERSION, runtime.namespace, PLURAL)
+    running = sorted(
+        item["metadata"]["name"]
+        for item in existing.get("items") or []
+        if item["metadata"]["name"] != ending and _runs_or_will_run(item)
+    )
     draining = {
         int(b)
         for item in existing.get("items") or []
@@ -163,6 +176,9 @@ def auto_rebalance(runtime: OperatorRuntime) -> str | None:
         if not held.get(b.broker_id) and b.broker_id not in dead and b.broker_id not in draining
     )
     if not empty:
+        return None
+    if running:
+        log.info("brokers %s joined empty: their rebalance waits for SluiceRebalance %s", empty, ", ".join(running))
         return None
     name = "auto-add-brokers-" + "-".join(str(b) for b in empty)
     body = {
@@ -178,6 +194,14 @@ def auto_rebalance(runtime: OperatorRuntime) -> str | None:
             return None  # made on an earlier event
         raise
     return name
+
+
+def _runs_or_will_run(item: Mapping[str, Any]) -> bool:
+    """A rebalance that moves or is about to: not planned yet, Rebalancing, or a proposal approved
+    in advance (autoApprove). A proposal waiting for the user's approval does not hold back others."""
+    state = str((item.get("status") or {}).get("state") or "")
+    auto = bool((item.get("spec") or {}).get("autoApprove"))
+    return state in ("", REBALANCING) or (state == PROPOSAL_READY and auto)
 
 
 def rebalance_changed(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
@@ -260,11 +284,26 @@ def reconcile_rebalance(body: Mapping[str, Any], patch: kopf.Patch, runtime: Ope
         conds = _drain_conditions(runtime, spec, conds, generation, state == READY)
     patch.status["state"] = state
     patch.status["conditions"] = conds
+    if state != str(status.get("state") or "") and not _runs_or_will_run({"spec": spec, "status": {"state": state}}):
+        _next_auto_rebalance(runtime, meta["name"])
     metrics.rebalance_progress(
         f"{meta.get('namespace') or runtime.namespace}/{meta['name']}",
         dict(patch.status.get("progress") or status.get("progress") or {}),
         active=state == REBALANCING,
     )
+
+
+def _next_auto_rebalance(runtime: OperatorRuntime, ending: str) -> None:
+    """``ending`` has just ended: brokers that joined empty while it ran get their rebalance now."""
+    if not runtime.settings.auto_rebalance_on_scale_up:
+        return
+    try:
+        name = auto_rebalance(runtime, ending)
+    except Exception as exc:  # a pod event (or the operator's restart) tries again
+        log.warning("automatic rebalance on scale-up after %s: %s", ending, exc)
+        return
+    if name:
+        log.info("SluiceRebalance %s ended: created %s for the brokers that joined empty meanwhile", ending, name)
 
 
 def goal_mode(spec: Mapping[str, Any]) -> str:
