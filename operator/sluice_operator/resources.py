@@ -206,7 +206,10 @@ def transaction_status(
             "Hanging",
             FALSE,
             "WithinTimeout" if state == "Ongoing" else "NoOpenTransaction",
-            f"open for {open_ms // 1000} s of {timeout} ms" if state == "Ongoing" else f"state {state}",
+            # no running count of seconds: a message that changed every round would be a PATCH every round
+            f"open since {status.get('transactionStartTime', '?')}, within its {timeout} ms timeout"
+            if state == "Ongoing"
+            else f"state {state}",
             generation,
         )
     return status

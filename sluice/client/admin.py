@@ -29,7 +29,17 @@ from typing import Protocol, TypeVar
 from sluice import errors
 from sluice.acls import AclBinding, AclBindingFilter, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 from sluice.api.v1 import broker_pb2, records_pb2
-from sluice.client._network import GROUP, TRANSACTION, Backoff, Cluster, Deadline, Rpc, first_error, response_error
+from sluice.client._network import (
+    COORDINATOR_MOVED_CODES,
+    GROUP,
+    TRANSACTION,
+    Backoff,
+    Cluster,
+    Deadline,
+    Rpc,
+    first_error,
+    response_error,
+)
 from sluice.client._network import rpc as rpcs
 from sluice.client._network.leaders import Answer, call_leaders
 from sluice.client._network.security import ClientSecurity
@@ -572,28 +582,86 @@ class Admin:
     def describe_transactions(
         self, transactional_ids: Iterable[str], timeout: float | None = None
     ) -> list[TransactionDescription]:
-        """The state of each transactional id, from its coordinator. Raises TransactionalIdNotFoundError."""
-        deadline = self._deadline(timeout)
+        """The state of each transactional id, from its coordinator, in the order asked. Raises the
+        first id's error (TransactionalIdNotFoundError for an id never used); see
+        :meth:`describe_transactions_each` for every answer at once."""
+        wanted = list(transactional_ids)
+        found = self.describe_transactions_each(wanted, timeout)
         out: list[TransactionDescription] = []
-        for txn_id in transactional_ids:
+        for txn_id in wanted:
+            answer = found[txn_id]
+            if isinstance(answer, errors.SluiceError):
+                raise answer
+            out.append(answer)
+        return out
 
-            def error_of(r: broker_pb2.DescribeTransactionsResponse, txn_id: str = txn_id) -> tuple[int, str]:
-                for t in r.transactions:
-                    if t.transactional_id == txn_id:
-                        return t.error_code, t.error_message
-                return records_pb2.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {txn_id!r}"
+    def describe_transactions_each(
+        self, transactional_ids: Iterable[str], timeout: float | None = None
+    ) -> dict[str, TransactionDescription | errors.SluiceError]:
+        """Each transactional id's description, or the error it got (Kafka's
+        ``DescribeTransactionsResult.byTransactionalId``).
 
-            response: broker_pb2.DescribeTransactionsResponse = self._cluster.coordinator_call(
-                txn_id,
-                TRANSACTION,
-                rpcs.DESCRIBE_TRANSACTIONS,
-                broker_pb2.DescribeTransactionsRequest(transactional_ids=[txn_id]),
-                error_of,
-                deadline,
-            )
-            t = next(t for t in response.transactions if t.transactional_id == txn_id)
-            out.append(
-                TransactionDescription(
+        One DescribeTransactions per coordinator carries all of its ids, as Kafka's admin client
+        batches them: the operator describes thousands of ids per status round. Ids whose
+        coordinator moved, is loading or did not answer are asked again (their coordinator found
+        anew) until the deadline; then they keep that retriable error.
+        """
+        deadline = self._deadline(timeout)
+        pending = list(dict.fromkeys(transactional_ids))
+        out: dict[str, TransactionDescription | errors.SluiceError] = {}
+        backoff = Backoff()
+        while pending:
+            by_coordinator: dict[str, list[str]] = {}
+            for i, txn_id in enumerate(pending):
+                try:
+                    _node, address = self._cluster.find_coordinator(txn_id, TRANSACTION, deadline)
+                except errors.SluiceError as exc:  # no broker answers: the others would wait as long
+                    out.update(dict.fromkeys(pending[i:], exc))
+                    break
+                by_coordinator.setdefault(address, []).append(txn_id)
+            again: list[str] = []
+            for address, ids in by_coordinator.items():
+                again += self._describe_at(address, ids, deadline, out)
+            if not again or deadline.expired():
+                break
+            pending = again
+            backoff.sleep(deadline)
+        return out
+
+    def _describe_at(
+        self,
+        address: str,
+        ids: list[str],
+        deadline: Deadline,
+        out: dict[str, TransactionDescription | errors.SluiceError],
+    ) -> list[str]:
+        """One DescribeTransactions to the coordinator at ``address``; its answers into ``out``, and
+        the ids worth asking again (retriable errors)."""
+        request = broker_pb2.DescribeTransactionsRequest(transactional_ids=ids)
+        try:
+            response = self._cluster.call(address, rpcs.DESCRIBE_TRANSACTIONS, request, deadline.timeout(self._timeout))
+        except (errors.BrokerNotAvailableError, errors.RequestTimedOutError) as exc:
+            for txn_id in ids:
+                self._cluster.forget_coordinator(txn_id, TRANSACTION)
+                out[txn_id] = exc
+            return ids
+        answered = {t.transactional_id: t for t in response.transactions}
+        again: list[str] = []
+        for txn_id in ids:
+            t = answered.get(txn_id)
+            if t is None:
+                out[txn_id] = errors.error_for(
+                    records_pb2.TRANSACTIONAL_ID_NOT_FOUND, f"no transactional id {txn_id!r}"
+                )
+            elif t.error_code != records_pb2.NONE:
+                failed = errors.error_for(t.error_code, t.error_message)
+                out[txn_id] = failed
+                if t.error_code in COORDINATOR_MOVED_CODES:
+                    self._cluster.forget_coordinator(txn_id, TRANSACTION)
+                if failed.retriable:
+                    again.append(txn_id)
+            else:
+                out[txn_id] = TransactionDescription(
                     transactional_id=t.transactional_id,
                     state=t.state,
                     producer_id=t.producer_id,
@@ -604,8 +672,7 @@ class Admin:
                     coordinator_id=t.coordinator_id,
                     last_update_time_ms=t.last_update_time_ms,
                 )
-            )
-        return out
+        return again
 
     def fence_producers(
         self, transactional_ids: Iterable[str], transaction_timeout_ms: int = 60_000, timeout: float | None = None

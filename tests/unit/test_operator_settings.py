@@ -99,7 +99,6 @@ def test_timers_take_their_intervals_from_the_settings() -> None:
     assert intervals == {
         "topic_drift": 7,
         "coordinator_drift": 7,
-        "transactional_id_status": 2,
         "user_drift": 7,
         "rebalance_tick": 2,
     }

@@ -41,13 +41,14 @@ def register_kind(
     plural: str,
     *,
     changed: Callable[..., Any],
-    timer: Callable[..., Any],
+    timer: Callable[..., Any] | None,
     interval_s: float,
     deleted: Callable[..., Any] | None = None,
 ) -> None:
     """Register one kind's handlers the way every kind wants them: ``changed`` on resume, create
     and update (retried after HANDLER_BACKOFF_S), ``timer`` every ``interval_s`` (drift repair or
-    status), and ``deleted`` behind the finalizer when given.
+    status; None for a kind whose periodic work is one loop for all its resources, as
+    TransactionalIds), and ``deleted`` behind the finalizer when given.
 
     A kind without ``deleted`` gets no finalizer: deleting such a resource has nothing to clean
     up, so nothing should wait for the operator. Kopf puts its finalizer on every resource that
@@ -58,15 +59,16 @@ def register_kind(
     finalizer from objects an older operator put it on, on their next event.
     """
     kind = metrics.kind_of(plural)  # every call counted and timed (sluice.operator.metrics)
-    changed, timer = _sends_only_changes(changed), _sends_only_changes(timer)
-    changed, timer = metrics.instrument(kind, changed), metrics.instrument(kind, timer, drift_check=True)
+    changed = metrics.instrument(kind, _sends_only_changes(changed))
     for on in (kopf.on.resume, kopf.on.create, kopf.on.update):
         on(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(changed)
-    kopf.timer(GROUP, VERSION, plural, interval=interval_s, initial_delay=interval_s, registry=registry)(timer)
+    if timer is not None:
+        timer = metrics.instrument(kind, _sends_only_changes(timer), drift_check=True)
+        kopf.timer(GROUP, VERSION, plural, interval=interval_s, initial_delay=interval_s, registry=registry)(timer)
     if deleted is not None:
         deleted = metrics.instrument(kind, deleted)
         kopf.on.delete(GROUP, VERSION, plural, backoff=HANDLER_BACKOFF_S, registry=registry)(deleted)
-    else:
+    elif timer is not None:
         _timers_hold_no_deletion(registry, plural)
 
 
