@@ -742,9 +742,10 @@ def _decode_v2_tuples(batch: RecordBatch, min_offset: int) -> list[RecordTuple]:
     return out
 
 
-def to_sluice_format(batch: RecordBatch) -> RecordBatch:
+def to_sluice_format(batch: RecordBatch, compression: int = records_pb2.COMPRESSION_NONE) -> RecordBatch:
     """A batch in Kafka's records format re-encoded in Sluice's (same offsets, producer fields,
-    timestamps and flags), for a gRPC client that reads only Sluice's encoding; others as they are."""
+    timestamps and flags), for a gRPC client that reads only Sluice's encoding; others as they are.
+    The records are compressed with ``compression`` (none by default: a reader decompresses less)."""
     if batch.records_format != KAFKA_V2:
         return batch
     tuples = decode_record_tuples(batch)
@@ -758,6 +759,7 @@ def to_sluice_format(batch: RecordBatch) -> RecordBatch:
         producer_epoch=batch.producer_epoch,
         base_sequence=batch.base_sequence,
         transactional=batch.transactional,
+        compression=compression,
     )
     out.base_offset = batch.base_offset
     out.partition_leader_epoch = batch.partition_leader_epoch

@@ -110,6 +110,35 @@ def check_changes_since(open_store: StoreFactory) -> None:
     watcher.close()
 
 
+def check_changes_since_gives_each_key_once_at_its_latest(open_store: StoreFactory) -> None:
+    """Many writes to a few keys: a poll from any revision gets each key changed since once, at its
+    latest value, in revision order (the Kubernetes store answers from an index of its cache)."""
+    writer, watcher = open_store(), open_store()
+    start = max([d.revision for d in watcher.changes_since(0)], default=0)
+    versions: dict[str, int | None] = {f"topics/many-{k}": None for k in range(5)}
+    revisions: list[int] = []
+    for i in range(30):
+        key = f"topics/many-{i % 5 if i < 20 else 0}"  # the last ten writes all go to many-0
+        doc = writer.compare_and_set(key, {"i": i}, versions[key])
+        versions[key] = doc.version
+        revisions.append(doc.revision)
+    expected = {"topics/many-0": {"i": 29}, **{f"topics/many-{k}": {"i": 15 + k} for k in range(1, 5)}}
+    wait_for(
+        lambda: {d.key: d.value for d in watcher.changes_since(start, "topics/many-")} == expected,
+        10.0,
+        "the watch to see the thirty writes",
+        interval=0.05,
+    )
+    for store in (writer, watcher):
+        seen = store.changes_since(start, "topics/many-")
+        assert sorted(d.key for d in seen) == sorted(expected)  # once each
+        assert [d.revision for d in seen] == sorted(d.revision for d in seen)
+        after = store.changes_since(revisions[19], "topics/many-")  # only many-0 changed after write 19
+        assert [(d.key, d.value) for d in after] == [("topics/many-0", {"i": 29})]
+    writer.close()
+    watcher.close()
+
+
 def check_concurrent_updates_lose_nothing(open_store: StoreFactory, threads: int = 4, each: int = 10) -> None:
     """Read-modify-write from several stores at once: every increment lands exactly once."""
     stores = [open_store() for _ in range(threads)]
@@ -139,5 +168,6 @@ CHECKS = [
     check_compare_and_set,
     check_delete,
     check_changes_since,
+    check_changes_since_gives_each_key_once_at_its_latest,
     check_concurrent_updates_lose_nothing,
 ]

@@ -123,6 +123,10 @@ HOOK_SKIP_VERIFICATION = "produce.skip_verification"
 SKIP_VERIFICATION_FILE = "skip-verification"
 
 
+# Codecs of Sluice's encoding that brokers from before records_format (d37a648) read: not snappy.
+_CODECS_EVERY_VERSION_READS = frozenset({pb.COMPRESSION_GZIP, pb.COMPRESSION_LZ4, pb.COMPRESSION_ZSTD})
+
+
 class ReplicaManager:
     def __init__(
         self,
@@ -458,8 +462,11 @@ class ReplicaManager:
             part.topic, part.partition
         ):
             return batch
+        # The producer's codec is kept where brokers before records_format read it (as they converted);
+        # snappy came with records_format, so such a batch is stored uncompressed.
+        codec = batch.compression if batch.compression in _CODECS_EVERY_VERSION_READS else pb.COMPRESSION_NONE
         try:
-            return to_sluice_format(batch)
+            return to_sluice_format(batch, codec)
         except RecordDecodeError as exc:
             raise errors.CorruptMessageError(str(exc)) from None
 

@@ -58,6 +58,7 @@ or ~/.kube/config, or the ``kubeconfig`` parameter).
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import contextlib
 import hashlib
@@ -179,6 +180,11 @@ class KubernetesMetadataStore:
         # The watch cache (informer), started by the first changes_since.
         self._cond = threading.Condition()
         self._cache: dict[str, Document] = {}
+        # (revision, key) of every cache entry in revision order, with stale pairs left behind
+        # until compacted: changes_since bisects it instead of scanning the whole cache (every
+        # broker polls it several times a second, and 10,000 TransactionalIds are 10,000 entries).
+        self._order: builtins.list[tuple[int, str]] = []
+        self._order_revisions: builtins.list[int] = []
         self._synced = -1  # every event up to this revision is in the cache; -1: not listed yet
         self._wanted = 0  # the highest revision this process wrote (read-your-writes)
         self._deleted: dict[str, int] = {}  # key -> version this process deleted, until the watch shows it
@@ -346,8 +352,27 @@ class KubernetesMetadataStore:
             else:
                 if not stalled:
                     self._given_up_at = -1
-            docs = [d for d in self._cache.values() if d.revision > revision and d.key.startswith(prefix)]
-        return sorted(docs, key=lambda d: d.revision)
+            start = bisect.bisect_right(self._order_revisions, revision)
+            docs = []
+            for rev, key in self._order[start:]:
+                doc = self._cache.get(key)
+                if doc is not None and doc.revision == rev and key.startswith(prefix):
+                    docs.append(doc)  # a later pair of the same key is newer: this one is stale otherwise
+        return docs
+
+    def _index(self, doc: Document) -> None:
+        """Record ``doc`` (just put in the cache) in the revision order (called under ``_cond``)."""
+        if self._order_revisions and doc.revision < self._order_revisions[-1]:
+            self._reindex()  # not in watch order (a relist's entry): rebuild
+            return
+        self._order.append((doc.revision, doc.key))
+        self._order_revisions.append(doc.revision)
+        if len(self._order) > 2 * len(self._cache) + 1024:
+            self._reindex()  # mostly stale pairs: keep one per key
+
+    def _reindex(self) -> None:
+        self._order = sorted((d.revision, d.key) for d in self._cache.values())
+        self._order_revisions = [rev for rev, _key in self._order]
 
     def _caught_up(self) -> bool:
         if self._synced < 0 or self._synced < self._wanted:
@@ -377,6 +402,7 @@ class KubernetesMetadataStore:
                 elif key not in docs:
                     docs[key] = old
             self._cache = docs
+            self._reindex()
             self._synced = max(self._synced, listed)
             self._cond.notify_all()
         return listed
@@ -392,6 +418,7 @@ class KubernetesMetadataStore:
             if kind in ("ADDED", "MODIFIED", "DELETED"):
                 doc = self._doc(obj, deleted=kind == "DELETED")
                 self._cache[doc.key] = doc
+                self._index(doc)
             self._synced = max(self._synced, rv)
             self._cond.notify_all()
         return rv

@@ -12,11 +12,12 @@ The old code is tests/data/sluice-d37a648-src.tgz (made by tests/data/make_old_s
 put first on PYTHONPATH of the old brokers: its dependencies are this environment's. The local
 controller (the operator's stand-in) runs this code throughout: what is upgraded here is the brokers.
 
-The cluster starts all old (RF3, min.insync.replicas=2); an acks=all idempotent Kafka producer and
-Sluice's gRPC producer write to three partitions while each broker in turn is stopped with SIGTERM and
-started with the new code on the same data directory. After each step every partition must take new
-acknowledged writes; at the end every acknowledged record is read back exactly once, at its offset and
-in send order, by a Kafka consumer and by Sluice's consumer, and the replicas are compared batch by batch.
+The cluster starts all old (RF3, min.insync.replicas=2). An acks=all idempotent Kafka producer (gzip:
+the converted batches keep it, as every version reads it) and Sluice's gRPC producer write to three
+partitions while each broker in turn is stopped with SIGTERM and started with the new code on the
+same data directory. After each step every partition must take new acknowledged writes; at the end
+every acknowledged record is read back exactly once, at its offset and in send order, by a Kafka
+consumer and by Sluice's consumer, and the replicas are compared batch by batch.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ def test_a_rolling_upgrade_from_d37a648_loses_nothing(tmp_path: Path) -> None:
             enable_idempotence=True,
             request_timeout_ms=30_000,
             linger_ms=5,
+            compression_type="gzip",  # kept through the conversion: brokers of every version read gzip
         )
         gproducer = Producer(cluster.bootstrap_servers, acks="all", enable_idempotence=True, linger_ms=5)
         senders = [Sender("kafka", kafka_sender(kproducer)), Sender("grpc", grpc_sender(gproducer))]
@@ -230,6 +232,9 @@ def test_a_rolling_upgrade_from_d37a648_loses_nothing(tmp_path: Path) -> None:
             early = [b for b in batches if b.base_offset < old_until[p]]
             v2_early = [(b.base_offset, b.producer_id, b.partition_leader_epoch) for b in early if b.records_format]
             assert early and not v2_early, f"partition {p}: Kafka's encoding before offset {old_until[p]}: {v2_early}"
+            # The Kafka producer's gzip survived the conversion (the gRPC producer sends uncompressed).
+            codecs = {b.compression for b in early}
+            assert codecs == {pb.COMPRESSION_GZIP, pb.COMPRESSION_NONE}, f"partition {p}: codecs {codecs}"
 
         grpc_rows = read_topic(cluster.bootstrap_servers, TOPIC, limit_s=120)
         for p in range(PARTITIONS):

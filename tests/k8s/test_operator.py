@@ -422,6 +422,18 @@ def test_a_status_round_patches_at_most_its_budget_and_the_next_one_goes_on(
     assert "state" not in found["not-reconciled"]
 
 
+def test_a_transactional_id_document_deleted_behind_the_operators_back_is_declared_again(
+    sluice: SluiceOnK8s,
+) -> None:
+    """The status rounds' drift repair (every 12th round: 12 s here)."""
+    key = "transactional_ids/many-07"
+    found = sluice.store.get(key)
+    assert found is not None and found.value is not None
+    sluice.store.delete(key, found.version)
+    back = wait_for(lambda: sluice.store.get(key), 40, "many-07 declared again", logs=sluice.logs)
+    assert back.value == {"transactional_id": "many-07", "resource": f"{sluice.namespace}/many-07"}
+
+
 def test_abort_through_the_resource_aborts_a_live_transaction(sluice: SluiceOnK8s) -> None:
     sluice.apply(txn_id("app-2"))
     wait_for(
