@@ -580,6 +580,12 @@ def per_s_of(label: str) -> Callable[[dict[str, Any]], Any]:
     return get
 
 
+def effective_period(r: dict[str, Any]) -> Any:
+    """How often each id's status timer really ran: one DescribeTransactions per timer call."""
+    per_s = r["steady"]["describe_transactions_per_s"]
+    return round(r["ids"] / per_s, 1) if per_s else "-"
+
+
 def markdown(runs: dict[str, Any]) -> str:
     keys = sorted(runs, key=int)
     out = [
@@ -638,6 +644,8 @@ def markdown(runs: dict[str, Any]) -> str:
     row("broker CPU (% of a core)", lambda r: " / ".join(str(v) for v in r["steady"]["broker_cpu_pct"].values()))
     row("DescribeTransactions served /s", lambda r: r["steady"]["describe_transactions_per_s"])
     row("active commits /s", lambda r: r["steady"]["active_commits_per_s"])
+    row("status timer calls /s asked (ids / interval)", lambda r: round(r["ids"] / r["status_interval_s"], 1))
+    row("effective status period (s): ids / DescribeTransactions per s", effective_period)
     row(
         "freshness: begin -> Ongoing (s)",
         lambda r: " / ".join(str(x["ongoing_s"]) for x in r["freshness"]),
