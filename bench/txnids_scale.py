@@ -150,6 +150,31 @@ def broker_requests(url: str) -> Counter[str]:
     return out
 
 
+TIMER_DONE = "Timer 'transactional_id_status' succeeded"
+
+
+def timer_calls(path: Path, start: str, end: str) -> dict[str, Any]:
+    """The TransactionalId status timer calls the operator logged in [start, end) (UTC, its log's format).
+
+    Kopf logs one line per call that succeeded; the calls per second against the ``ids / interval``
+    asked say how often each status is really refreshed (DescribeTransactions cannot say it alone:
+    the brokers also ask each other for it, KIP-890's verification of the active producers).
+    """
+    calls = 0
+    try:
+        with path.open(errors="replace") as f:
+            for line in f:
+                stamp = line[:19]
+                if start <= stamp < end and TIMER_DONE in line:
+                    calls += 1
+    except OSError:
+        return {}
+    seconds = (
+        time.mktime(time.strptime(end, "%Y-%m-%d %H:%M:%S")) - time.mktime(time.strptime(start, "%Y-%m-%d %H:%M:%S"))
+    ) or 1.0
+    return {"status_timer_calls": calls, "status_timer_calls_per_s": round(calls / seconds, 2)}
+
+
 # -- the active producers ------------------------------------------------------------------------
 
 
@@ -399,6 +424,7 @@ class TxnIdsRun:
         br_cpu0 = {i: cpu_seconds(p.pid) for i, p in brokers.items()}
         rpcs0 = [broker_requests(u) for u in self.metrics_urls]
         t0 = time.monotonic()
+        wall0 = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         log(f"steady window: {self.args.seconds:.0f} s")
         end = t0 + self.args.seconds
         for _ in range(int(self.args.seconds) + 2):
@@ -413,7 +439,10 @@ class TxnIdsRun:
         br_cpu = {i: cpu_seconds(p.pid) - br_cpu0[i] for i, p in brokers.items()}
         rpcs1 = [broker_requests(u) for u in self.metrics_urls]
         after: ServerMetrics = scrape(self.plane)
-        return self._window(before, after, elapsed, op_cpu, br_cpu, rpcs0, rpcs1)
+        window = self._window(before, after, elapsed, op_cpu, br_cpu, rpcs0, rpcs1)
+        window["window_utc"] = [wall0, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())]
+        window.update(timer_calls(self.workdir / "sluice" / "operator.log", *window["window_utc"]))
+        return window
 
     def _window(
         self,
@@ -463,10 +492,10 @@ class TxnIdsRun:
         timeout = self.args.freshness_timeout
         state: dict[str, str] = {}
 
-        def status_state() -> str:
-            obj = cluster.get(PLURAL, probe)
-            state["now"] = str((obj.get("status") or {}).get("state"))
-            return state["now"]
+        def status() -> tuple[str, str]:
+            st = cluster.get(PLURAL, probe).get("status") or {}
+            state["now"] = str(st.get("state"))
+            return state["now"], str(st.get("transactionStartTime") or "")
 
         reps: list[dict[str, Any]] = []
         producer = Producer(
@@ -477,16 +506,24 @@ class TxnIdsRun:
         try:
             producer.init_transactions(timeout=60)
             for rep in range(self.args.freshness_reps):
-                wait_until(lambda: status_state() != "Ongoing", timeout, 0.5)  # start from a settled status
+                t0 = time.monotonic()
+                # this transaction's Ongoing, not a stale one of the repetition before: its start time
+                # (whole seconds in the status) is not before this begin
+                since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 1))
                 producer.begin_transaction()
                 producer.send(TOPIC, value=f"probe-{rep}".encode(), partition=0)
                 producer.flush(timeout=30)
-                t0 = time.monotonic()
-                seen = wait_until(lambda: status_state() == "Ongoing", timeout, 0.2)
+
+                def ongoing(since: str = since) -> bool:
+                    now, started = status()
+                    return now == "Ongoing" and started >= since
+
+                seen = wait_until(ongoing, timeout, 0.2)
                 ongoing_s = round(time.monotonic() - t0, 2) if seen else None
                 producer.commit_transaction(timeout=30)
                 t1 = time.monotonic()
-                gone = wait_until(lambda: status_state() not in ("Ongoing", ""), timeout, 0.2)
+                # only meaningful once the status had said Ongoing (else it still shows an older state)
+                gone = seen and wait_until(lambda: status()[0] not in ("Ongoing", ""), timeout, 0.2)
                 after_s = round(time.monotonic() - t1, 2) if gone else None
                 row = {"ongoing_s": ongoing_s, "not_ongoing_s": after_s, "final_state": state.get("now")}
                 reps.append(row)
@@ -581,8 +618,8 @@ def per_s_of(label: str) -> Callable[[dict[str, Any]], Any]:
 
 
 def effective_period(r: dict[str, Any]) -> Any:
-    """How often each id's status timer really ran: one DescribeTransactions per timer call."""
-    per_s = r["steady"]["describe_transactions_per_s"]
+    """How often each id's status timer really ran: ids / the timer calls per second of the window."""
+    per_s = r["steady"]["status_timer_calls_per_s"]
     return round(r["ids"] / per_s, 1) if per_s else "-"
 
 
@@ -645,14 +682,15 @@ def markdown(runs: dict[str, Any]) -> str:
     row("DescribeTransactions served /s", lambda r: r["steady"]["describe_transactions_per_s"])
     row("active commits /s", lambda r: r["steady"]["active_commits_per_s"])
     row("status timer calls /s asked (ids / interval)", lambda r: round(r["ids"] / r["status_interval_s"], 1))
-    row("effective status period (s): ids / DescribeTransactions per s", effective_period)
+    row("status timer calls /s done (operator log)", lambda r: r["steady"]["status_timer_calls_per_s"])
+    row("effective status period (s): ids / calls done per s", effective_period)
     row(
         "freshness: begin -> Ongoing (s)",
         lambda r: " / ".join(str(x["ongoing_s"]) for x in r["freshness"]),
     )
     row(
         "freshness: commit -> not Ongoing (s)",
-        lambda r: " / ".join(str(x["not_ongoing_s"]) for x in r["freshness"]),
+        lambda r: " / ".join(str(x["not_ongoing_s"]) if x["ongoing_s"] is not None else "-" for x in r["freshness"]),
     )
     row("operator log: warnings / errors / tracebacks", lambda r: "{} / {} / {}".format(
         r["operator_log"]["by_level"].get("WARNING", 0),
@@ -660,7 +698,10 @@ def markdown(runs: dict[str, Any]) -> str:
         r["operator_log"]["tracebacks"],
     ))  # fmt: skip
     out.append("")
-    out.append("`None` in a freshness cell: not seen within the run's --freshness-timeout.")
+    out.append(
+        "`None` in a freshness cell: not seen within the run's --freshness-timeout (120 s);"
+        " `-`: not measured, Ongoing was never seen."
+    )
     for k in keys:
         top = (runs[k].get("operator_log") or {}).get("top_messages") or {}
         if top:
