@@ -30,7 +30,10 @@ server requests (``apiserver_request_total`` deltas, by :func:`bench.metadata_sc
 writes/s (POST, PUT, PATCH, DELETE) and reads/s (GET, LIST; WATCH apart) overall and by verb and
 resource, API Priority-and-Fairness rejections, etcd's database size; the CPU of the operator
 process and of each broker (utime + stime from ``/proc/<pid>/stat``, as % of one core); the
-DescribeTransactions the brokers answered (and the other RPCs, by name). Then the **status
+DescribeTransactions the brokers answered (and the other RPCs, by name: the brokers ask each other
+for DescribeTransactions too, so the operator's own calls are counted apart, as the status timer
+calls its log records in the window; ``ids`` / those calls per second is how often each status is
+really refreshed, against the ``--status-interval`` asked). Then the **status
 freshness**: for one idle probe id, ``--freshness-reps`` times, begin a transaction and time until
 its resource's ``status.state`` says Ongoing, commit and time until it no longer does (each wait
 bounded by ``--freshness-timeout``). That is the lag a user of ``kubectl get transactionalids``
@@ -603,11 +606,16 @@ class TxnIdsRun:
 
 def summary_line(r: dict[str, Any]) -> str:
     s = r.get("steady") or {}
-    top = ", ".join(f"{k} {v}" for k, v in list((s.get("per_s_by_verb_resource") or {}).items())[:5])
+    top5 = ", ".join(f"{k} {v}" for k, v in top(s.get("per_s_by_verb_resource") or {}, 5))
     return (
-        f"{r['ids']} ids: writes {s.get('writes_per_s')}/s, reads {s.get('reads_per_s')}/s ({top}); "
+        f"{r['ids']} ids: writes {s.get('writes_per_s')}/s, reads {s.get('reads_per_s')}/s ({top5}); "
         f"operator CPU {s.get('operator_cpu_pct')}%, DescribeTransactions {s.get('describe_transactions_per_s')}/s"
     )
+
+
+def top(rates: dict[str, float], n: int) -> list[tuple[str, float]]:
+    """The ``n`` largest (the JSON file keeps its keys sorted by name, not by rate)."""
+    return sorted(rates.items(), key=lambda kv: -kv[1])[:n]
 
 
 def per_s_of(label: str) -> Callable[[dict[str, Any]], Any]:
@@ -670,7 +678,7 @@ def markdown(runs: dict[str, Any]) -> str:
         row(f"&nbsp; {label} /s", per_s_of(label))
     row(
         "top 5 by verb+resource /s",
-        lambda r: "; ".join(f"{k} {v}" for k, v in list(r["steady"]["per_s_by_verb_resource"].items())[:5]),
+        lambda r: "; ".join(f"{k} {v}" for k, v in top(r["steady"]["per_s_by_verb_resource"], 5)),
     )
     row("APF rejections", lambda r: r["steady"]["apf_rejected"])
     row("etcd db (MB)", lambda r: round(r["steady"]["etcd_db_bytes"] / 1e6, 1))
@@ -703,10 +711,10 @@ def markdown(runs: dict[str, Any]) -> str:
         " `-`: not measured, Ongoing was never seen."
     )
     for k in keys:
-        top = (runs[k].get("operator_log") or {}).get("top_messages") or {}
-        if top:
+        frequent = (runs[k].get("operator_log") or {}).get("top_messages") or {}
+        if frequent:
             out += ["", f"Operator log, {k} ids, most frequent warnings/errors:", ""]
-            out += [f"- {n} x `{m}`" for m, n in top.items()]
+            out += [f"- {n} x `{m}`" for m, n in frequent.items()]
     return "\n".join(out) + "\n"
 
 
