@@ -153,7 +153,8 @@ def broker_requests(url: str) -> Counter[str]:
     return out
 
 
-TIMER_DONE = "Timer 'transactional_id_status' succeeded"
+TIMER_DONE = "Timer 'transactional_id_status' succeeded"  # the operator before status rounds: a timer per id
+ROUND_DONE = "TransactionalId status round:"  # since: one round refreshes every id (logged when any changed)
 
 
 def timer_calls(path: Path, start: str, end: str) -> dict[str, Any]:
@@ -163,19 +164,33 @@ def timer_calls(path: Path, start: str, end: str) -> dict[str, Any]:
     asked say how often each status is really refreshed (DescribeTransactions cannot say it alone:
     the brokers also ask each other for it, KIP-890's verification of the active producers).
     """
-    calls = 0
+    calls = rounds = 0
+    round_seconds: list[float] = []
     try:
         with path.open(errors="replace") as f:
             for line in f:
                 stamp = line[:19]
-                if start <= stamp < end and TIMER_DONE in line:
+                if not start <= stamp < end:
+                    continue
+                if TIMER_DONE in line:
                     calls += 1
+                elif ROUND_DONE in line:
+                    rounds += 1
+                    with contextlib.suppress(ValueError, IndexError):
+                        round_seconds.append(float(line.rsplit(" in ", 1)[1].split()[0]))
     except OSError:
         return {}
     seconds = (
         time.mktime(time.strptime(end, "%Y-%m-%d %H:%M:%S")) - time.mktime(time.strptime(start, "%Y-%m-%d %H:%M:%S"))
     ) or 1.0
-    return {"status_timer_calls": calls, "status_timer_calls_per_s": round(calls / seconds, 2)}
+    out: dict[str, Any] = {"status_timer_calls": calls, "status_timer_calls_per_s": round(calls / seconds, 2)}
+    if rounds:
+        out.update(
+            status_rounds=rounds,
+            status_round_period_s=round(seconds / rounds, 2),
+            status_round_seconds_max=max(round_seconds, default=0.0),
+        )
+    return out
 
 
 # -- the active producers ------------------------------------------------------------------------
@@ -626,7 +641,10 @@ def per_s_of(label: str) -> Callable[[dict[str, Any]], Any]:
 
 
 def effective_period(r: dict[str, Any]) -> Any:
-    """How often each id's status timer really ran: ids / the timer calls per second of the window."""
+    """How often each id's status was really refreshed: with status rounds, the window / the rounds
+    (each refreshes every id); with a timer per id, ids / the timer calls per second."""
+    if r["steady"].get("status_rounds"):
+        return r["steady"]["status_round_period_s"]
     per_s = r["steady"]["status_timer_calls_per_s"]
     return round(r["ids"] / per_s, 1) if per_s else "-"
 
@@ -691,6 +709,10 @@ def markdown(runs: dict[str, Any]) -> str:
     row("active commits /s", lambda r: r["steady"]["active_commits_per_s"])
     row("status timer calls /s asked (ids / interval)", lambda r: round(r["ids"] / r["status_interval_s"], 1))
     row("status timer calls /s done (operator log)", lambda r: r["steady"]["status_timer_calls_per_s"])
+    row(
+        "status rounds in the window; longest round (s)",
+        lambda r: f"{r['steady'].get('status_rounds', '-')}; {r['steady'].get('status_round_seconds_max', '-')}",
+    )
     row("effective status period (s): ids / calls done per s", effective_period)
     row(
         "freshness: begin -> Ongoing (s)",
@@ -718,10 +740,10 @@ def markdown(runs: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_reports(runs: dict[str, Any]) -> None:
+def write_reports(runs: dict[str, Any], stem: str = STEM) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{STEM}.json").write_text(json.dumps(runs, indent=2, sort_keys=True) + "\n")
-    (RESULTS / f"{STEM}.md").write_text(markdown(runs))
+    (RESULTS / f"{stem}.json").write_text(json.dumps(runs, indent=2, sort_keys=True) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(runs))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -737,13 +759,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freshness-timeout", type=float, default=120.0, help="seconds per freshness wait, at most")
     parser.add_argument("--workdir", type=Path, help="kept after the run (default: a new directory under /tmp)")
     parser.add_argument("--report-only", action="store_true", help="write the .md from the .json again")
+    parser.add_argument("--stem", default=STEM, help=f"results file names in bench/results/ (default {STEM})")
     args = parser.parse_args(argv)
     if args.ids < 1:
         parser.error("--ids must be at least 1")
-    path = RESULTS / f"{STEM}.json"
+    path = RESULTS / f"{args.stem}.json"
     runs: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     if args.report_only:
-        write_reports(runs)
+        write_reports(runs, args.stem)
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="txnsim-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -758,9 +781,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         sim.close()
-        write_reports(runs)
+        write_reports(runs, args.stem)
     log(summary_line(runs[str(args.ids)]))
-    log(f"results: {RESULTS / STEM}.json, .md; operator log {workdir / 'sluice' / 'operator.log'}")
+    log(f"results: {RESULTS / args.stem}.json, .md; operator log {workdir / 'sluice' / 'operator.log'}")
     return 0
 
 

@@ -140,8 +140,18 @@ class TransactionalIdStatuses:
             except Exception as exc:  # the API server or every broker away: the next round tries again
                 log.warning("TransactionalId status round failed: %s", exc)
                 continue
-            if done.patched or done.conflicts or done.redeclared or done.changed > done.patched:
-                log.info("TransactionalId statuses: %s", done)
+            log.log(
+                logging.INFO if done.changed or done.conflicts or done.redeclared else logging.DEBUG,
+                "TransactionalId status round: %d listed, %d changed, %d patched, %d unanswered, "
+                "%d conflicts, %d redeclared in %.2f s",
+                done.listed,
+                done.changed,
+                done.patched,
+                done.unanswered,
+                done.conflicts,
+                done.redeclared,
+                done.seconds,
+            )
 
     # -- one round --------------------------------------------------------------------------------
 
