@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,7 @@ log = logging.getLogger("sluice.operator")
 
 FINALIZER = "sluice.dev/finalizer"
 ADMIN_TIMEOUT_S = 15.0
+ADDRESSES_TTL_S = 2.0  # how long the admin client's broker addresses are reused before a new LIST
 HANDLER_BACKOFF_S = 3.0  # a failed handler is retried this soon (Kopf's default is 60 s)
 
 
@@ -121,6 +123,7 @@ class OperatorRuntime:
         self.store = store
         self.controller = controller
         self._admin: tuple[tuple[tuple[str, ...], bytes | None], Admin] | None = None
+        self._addresses: tuple[float, tuple[str, ...]] = (0.0, ())  # (read at, monotonic s; addresses)
         self._lock = threading.Lock()
 
     @classmethod
@@ -188,10 +191,25 @@ class OperatorRuntime:
         expected = self.controller.expected() if self.controller is not None else self.settings.expected_brokers
         return max(len(self.brokers()), expected)
 
+    def _broker_addresses(self) -> tuple[str, ...]:
+        """The registered brokers' addresses, read again at most every ADDRESSES_TTL_S: every
+        handler call asks for the admin client, and a LIST of ``brokers/`` each time was one API
+        read per handler call (thousands a second with TransactionalId timers at 10,000 ids). The
+        client finds the cluster's brokers itself from any one of them."""
+        now = time.monotonic()
+        with self._lock:
+            read_at, addresses = self._addresses
+        if addresses and now - read_at < ADDRESSES_TTL_S:
+            return addresses
+        addresses = tuple(b.address for b in self.brokers())
+        with self._lock:
+            self._addresses = (now, addresses)
+        return addresses
+
     def admin(self) -> Admin:
         """An admin client to the registered brokers (made again when they change, or when the
         brokers' CA file changed: a client reads it once, and a CA rotation replaces it)."""
-        addresses = tuple(b.address for b in self.brokers())
+        addresses = self._broker_addresses()
         if not addresses:
             raise kopf.TemporaryError("no broker has registered yet", delay=5)
         ca = self._broker_ca()
