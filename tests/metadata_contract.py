@@ -122,6 +122,7 @@ def check_changes_since_gives_each_key_once_at_its_latest(open_store: StoreFacto
         doc = writer.compare_and_set(key, {"i": i}, versions[key])
         versions[key] = doc.version
         revisions.append(doc.revision)
+    solo = writer.compare_and_set("solo-many", {"i": -1}, None)  # a key without "/", as "controller"
     expected = {"topics/many-0": {"i": 29}, **{f"topics/many-{k}": {"i": 15 + k} for k in range(1, 5)}}
     wait_for(
         lambda: {d.key: d.value for d in watcher.changes_since(start, "topics/many-")} == expected,
@@ -135,6 +136,10 @@ def check_changes_since_gives_each_key_once_at_its_latest(open_store: StoreFacto
         assert [d.revision for d in seen] == sorted(d.revision for d in seen)
         after = store.changes_since(revisions[19], "topics/many-")  # only many-0 changed after write 19
         assert [(d.key, d.value) for d in after] == [("topics/many-0", {"i": 29})]
+        assert [d.key for d in store.changes_since(start, "solo-")] == ["solo-many"]
+        everything = [d.key for d in store.changes_since(revisions[19]) if "many" in d.key]
+        assert everything == ["topics/many-0", "solo-many"]  # every family, in revision order
+        assert store.changes_since(solo.revision, "solo-") == []
     writer.close()
     watcher.close()
 

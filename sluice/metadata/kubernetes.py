@@ -61,6 +61,7 @@ from __future__ import annotations
 import bisect
 import builtins
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -167,6 +168,21 @@ def unreachable(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
 
 
+def _family(key: str) -> str:
+    """The family of a key: its part before the first "/" ("" for a key without one)."""
+    head, slash, _rest = key.partition("/")
+    return head if slash else ""
+
+
+@dataclasses.dataclass
+class _Order:
+    """One key family's cache entries by revision (see ``KubernetesMetadataStore._orders``)."""
+
+    pairs: builtins.list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    revisions: builtins.list[int] = dataclasses.field(default_factory=list)
+    keys: int = 0  # distinct keys of the family in the cache (tombstones stay)
+
+
 class KubernetesMetadataStore:
     """MetadataStore over MetadataDocument objects in one namespace (see the module docstring)."""
 
@@ -180,11 +196,12 @@ class KubernetesMetadataStore:
         # The watch cache (informer), started by the first changes_since.
         self._cond = threading.Condition()
         self._cache: dict[str, Document] = {}
-        # (revision, key) of every cache entry in revision order, with stale pairs left behind
-        # until compacted: changes_since bisects it instead of scanning the whole cache (every
-        # broker polls it several times a second, and 10,000 TransactionalIds are 10,000 entries).
-        self._order: builtins.list[tuple[int, str]] = []
-        self._order_revisions: builtins.list[int] = []
+        # Per key family (the key up to its first "/": topics, brokers, transactional_ids ...), the
+        # (revision, key) of its cache entries in revision order, stale pairs left behind until
+        # compacted: changes_since bisects the families its prefix covers instead of scanning the
+        # whole cache. Every broker polls several times a second, the controller polls brokers/ and
+        # controller, and 10,000 TransactionalIds are 10,000 entries none of those polls want.
+        self._orders: dict[str, _Order] = {}
         self._synced = -1  # every event up to this revision is in the cache; -1: not listed yet
         self._wanted = 0  # the highest revision this process wrote (read-your-writes)
         self._deleted: dict[str, int] = {}  # key -> version this process deleted, until the watch shows it
@@ -352,27 +369,41 @@ class KubernetesMetadataStore:
             else:
                 if not stalled:
                     self._given_up_at = -1
-            start = bisect.bisect_right(self._order_revisions, revision)
-            docs = []
-            for rev, key in self._order[start:]:
-                doc = self._cache.get(key)
-                if doc is not None and doc.revision == rev and key.startswith(prefix):
-                    docs.append(doc)  # a later pair of the same key is newer: this one is stale otherwise
-        return docs
+            head, slash, _rest = prefix.partition("/")
+            if slash:  # within one family
+                orders = [self._orders[head]] if head in self._orders else []
+            else:  # keys without "/", and every family whose name the prefix begins
+                orders = [o for family, o in self._orders.items() if family == "" or family.startswith(prefix)]
+            found = []
+            for order in orders:
+                start = bisect.bisect_right(order.revisions, revision)
+                for rev, key in order.pairs[start:]:
+                    doc = self._cache.get(key)
+                    if doc is not None and doc.revision == rev and key.startswith(prefix):
+                        found.append(doc)  # else a later pair of the same key is newer: this one is stale
+        return found if len(orders) <= 1 else sorted(found, key=lambda d: d.revision)
 
-    def _index(self, doc: Document) -> None:
-        """Record ``doc`` (just put in the cache) in the revision order (called under ``_cond``)."""
-        if self._order_revisions and doc.revision < self._order_revisions[-1]:
-            self._reindex()  # not in watch order (a relist's entry): rebuild
+    def _put(self, doc: Document) -> None:
+        """Put ``doc`` in the cache and its family's revision order (called under ``_cond``)."""
+        new_key = doc.key not in self._cache
+        self._cache[doc.key] = doc
+        order = self._orders.setdefault(_family(doc.key), _Order())
+        order.keys += new_key
+        if order.revisions and doc.revision < order.revisions[-1]:
+            self._reindex()  # not in watch order: rebuild
             return
-        self._order.append((doc.revision, doc.key))
-        self._order_revisions.append(doc.revision)
-        if len(self._order) > 2 * len(self._cache) + 1024:
+        order.pairs.append((doc.revision, doc.key))
+        order.revisions.append(doc.revision)
+        if len(order.pairs) > 2 * order.keys + 1024:
             self._reindex()  # mostly stale pairs: keep one per key
 
     def _reindex(self) -> None:
-        self._order = sorted((d.revision, d.key) for d in self._cache.values())
-        self._order_revisions = [rev for rev, _key in self._order]
+        self._orders = {}
+        for doc in sorted(self._cache.values(), key=lambda d: (d.revision, d.key)):
+            order = self._orders.setdefault(_family(doc.key), _Order())
+            order.keys += 1
+            order.pairs.append((doc.revision, doc.key))
+            order.revisions.append(doc.revision)
 
     def _caught_up(self) -> bool:
         if self._synced < 0 or self._synced < self._wanted:
@@ -416,9 +447,7 @@ class KubernetesMetadataStore:
         rv = int(obj["metadata"]["resourceVersion"])
         with self._cond:
             if kind in ("ADDED", "MODIFIED", "DELETED"):
-                doc = self._doc(obj, deleted=kind == "DELETED")
-                self._cache[doc.key] = doc
-                self._index(doc)
+                self._put(self._doc(obj, deleted=kind == "DELETED"))
             self._synced = max(self._synced, rv)
             self._cond.notify_all()
         return rv
