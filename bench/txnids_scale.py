@@ -1,9 +1,11 @@
-"""10,000 TransactionalIds: the operator's status timers against a real API server (issue 28's scenario).
+"""10,000 TransactionalIds: the operator's status work against a real API server (issue 28's scenario).
 
 Issue 28's target: "steady API-server writes under 20 per second with 10,000 TransactionalIds".
-The cost of a TransactionalId resource is the operator's: a Kopf timer per resource every
-``--status-interval-s`` (5 s in the chart) that declares the id's document, asks the coordinator
-(DescribeTransactions) and patches the status when it changed. Nothing of that can be simulated
+The cost of a TransactionalId resource is the operator's status work every
+``--status-interval-s`` (5 s in the chart): asking the coordinator (DescribeTransactions) and
+patching the status when it changed. It was a Kopf timer per resource (which also declared the
+id's document each time; results kept in ``txnids-scale-timers``); it is now one status round for
+every id (:mod:`sluice.operator.transactional_id_statuses`). Nothing of that can be simulated
 faithfully without running it, so everything here is real and only the count is scaled:
 
 * **The control plane**: the kube-apiserver and etcd of the Kubernetes tests
@@ -31,9 +33,10 @@ writes/s (POST, PUT, PATCH, DELETE) and reads/s (GET, LIST; WATCH apart) overall
 resource, API Priority-and-Fairness rejections, etcd's database size; the CPU of the operator
 process and of each broker (utime + stime from ``/proc/<pid>/stat``, as % of one core); the
 DescribeTransactions the brokers answered (and the other RPCs, by name: the brokers ask each other
-for DescribeTransactions too, so the operator's own calls are counted apart, as the status timer
-calls its log records in the window; ``ids`` / those calls per second is how often each status is
-really refreshed, against the ``--status-interval`` asked). Then the **status
+for DescribeTransactions too, so the operator's own work is counted apart from its log: the
+status timer calls in the window, ``ids`` / those calls per second being how often each status
+was really refreshed; or the status rounds, the window / the rounds being that period; against
+the ``--status-interval`` asked). Then the **status
 freshness**: for one idle probe id, ``--freshness-reps`` times, begin a transaction and time until
 its resource's ``status.state`` says Ongoing, commit and time until it no longer does (each wait
 bounded by ``--freshness-timeout``). That is the lag a user of ``kubectl get transactionalids``
@@ -44,9 +47,10 @@ summarised: warnings, errors and tracebacks by message.
 Everyone authenticates as the control plane's admin (``system:masters``), as the tests do; API
 Priority and Fairness exempts it, so APF rejections are reported but cannot happen here.
 
-Results: ``bench/results/txnids-scale.json`` (keyed by id count: a run replaces its own entry and
-keeps the others) and ``txnids-scale.md`` (a table). Every wait here is bounded in time and every
-loop in count; brokers, operator and control plane are stopped at the end, whatever happens.
+Results: ``bench/results/txnids-scale.json`` (``--stem`` names another; keyed by id count: a run
+replaces its own entry and keeps the others) and ``txnids-scale.md`` (a table). Every wait here is
+bounded in time and every loop in count; brokers, operator and control plane are stopped at the
+end, whatever happens.
 """
 
 from __future__ import annotations
