@@ -167,7 +167,6 @@ class TransactionalIdStatuses:
         started = time.monotonic()
         done = Round()
         by_id: dict[str, list[Mapping[str, Any]]] = {}
-        reconciled: list[Mapping[str, Any]] = []
         for item in self._list():
             done.listed += 1
             if "observedGeneration" not in (item.get("status") or {}):
@@ -175,9 +174,8 @@ class TransactionalIdStatuses:
             txn_id = (item.get("spec") or {}).get("transactionalId")
             if txn_id:
                 by_id.setdefault(str(txn_id), []).append(item)
-                reconciled.append(item)
         if self.redeclare is not None and self._rounds % self.declare_every == 0:
-            done.redeclared = self.redeclare(reconciled)
+            done.redeclared = self.redeclare([item for items in by_id.values() for item in items])
         self._rounds += 1
         answers: dict[str, TransactionDescription | errors.SluiceError] = {}
         if by_id:

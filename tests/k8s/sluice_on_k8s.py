@@ -224,6 +224,11 @@ class SluiceOnK8s:
     def get(self, plural: str, name: str) -> dict[str, Any]:
         return dict(self.custom.get_namespaced_custom_object("sluice.dev", "v1alpha1", self.namespace, plural, name))
 
+    def rebalance_in_state(self, name: str, state: str) -> dict[str, Any] | None:
+        """The SluiceRebalance ``name`` if its ``status.state`` is ``state``, else None (for wait_for)."""
+        obj = self.get("sluicerebalances", name)
+        return obj if (obj.get("status") or {}).get("state") == state else None
+
     def apply(self, obj: Mapping[str, Any]) -> None:
         import json
 

@@ -77,11 +77,6 @@ def operator_replicas(m: Scrape) -> dict[int, int]:
     return {int(labels["broker"]): int(v) for labels, v in m.series("sluice_operator_partition_replicas") if v}
 
 
-def in_state(sluice: SluiceOnK8s, name: str, state: str) -> dict[str, Any] | None:
-    obj = sluice.get("sluicerebalances", name)
-    return obj if (obj.get("status") or {}).get("state") == state else None
-
-
 def read_all(sluice: SluiceOnK8s) -> list[bytes]:
     consumer = Consumer(sluice.bootstrap_servers, group_id=None)
     consumer.assign([TopicPartition(TOPIC, p) for p in range(PARTITIONS)])
@@ -130,7 +125,7 @@ def test_add_brokers_proposes_then_moves_the_new_brokers_share_once_approved(slu
     sluice.wait_serving(2)
     sluice.set_ready(2, True)
     sluice.apply(rebalance("grow", mode="add-brokers", brokers=[2], topics=[TOPIC]))
-    obj = wait_for(lambda: in_state(sluice, "grow", "ProposalReady"), 60, "a proposal", logs=sluice.logs)
+    obj = wait_for(lambda: sluice.rebalance_in_state("grow", "ProposalReady"), 60, "a proposal", logs=sluice.logs)
     proposal = obj["status"]["proposal"]
     loads = {b["id"]: b for b in proposal["brokers"]}
     assert (loads[2]["replicasBefore"], loads[2]["replicasAfter"]) == (0, 4), proposal
@@ -152,12 +147,12 @@ def test_add_brokers_proposes_then_moves_the_new_brokers_share_once_approved(slu
     assert condition(obj, "Ready")["reason"] == "ProposalReady"
     # Not approved: nothing moves, over three of the operator's status rounds (1 s each).
     for _ in range(15):
-        assert in_state(sluice, "grow", "ProposalReady")
+        assert sluice.rebalance_in_state("grow", "ProposalReady")
         assert replicas_per_broker(sluice) == {0: 6, 1: 6} and not reassigning(sluice)
         time.sleep(0.2)
 
     sluice.k8s.kubectl("annotate", "-n", sluice.namespace, "sluicerebalance", "grow", "sluice.dev/rebalance=approve")
-    obj = wait_for(lambda: in_state(sluice, "grow", "Ready"), 120, "the rebalance done", logs=sluice.logs)
+    obj = wait_for(lambda: sluice.rebalance_in_state("grow", "Ready"), 120, "the rebalance done", logs=sluice.logs)
     assert obj["status"]["progress"]["done"] == obj["status"]["progress"]["total"] == len(obj["status"]["plan"])
     assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Rebalancing")["status"] == "False"
     assert "sluice.dev/rebalance" not in (obj["metadata"].get("annotations") or {})  # acted on: removed
@@ -178,7 +173,7 @@ def test_invalid_specs_move_nothing_and_remove_brokers_drains_then_allows_scale_
     sluice.apply(rebalance("bad-id", mode="remove-brokers", brokers=[7], autoApprove=True))
     sluice.apply(rebalance("bad-all", mode="remove-brokers", brokers=[0, 1, 2], autoApprove=True))
     for name, message in (("bad-id", "unknown broker id(s) [7]"), ("bad-all", "would leave no broker")):
-        obj = wait_for(lambda name=name: in_state(sluice, name, "NotReady"), 60, name, logs=sluice.logs)
+        obj = wait_for(lambda name=name: sluice.rebalance_in_state(name, "NotReady"), 60, name, logs=sluice.logs)
         ready = condition(obj, "Ready")
         assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and message in ready["message"], ready
     # The API server refuses brokers with mode full.
@@ -198,7 +193,7 @@ def test_invalid_specs_move_nothing_and_remove_brokers_drains_then_allows_scale_
     assert sluice.topic_doc(TOPIC) == before
 
     sluice.apply(rebalance("drain", mode="remove-brokers", brokers=[2], autoApprove=True))
-    obj = wait_for(lambda: in_state(sluice, "drain", "Ready"), 120, "the drain done", logs=sluice.logs)
+    obj = wait_for(lambda: sluice.rebalance_in_state("drain", "Ready"), 120, "the drain done", logs=sluice.logs)
     assert condition(obj, "ReadyToScaleDown")["status"] == "True", obj["status"]["conditions"]
     assert condition(obj, "BrokersHoldReplicas")["status"] == "False"
     assert 2 not in replicas_per_broker(sluice) and not reassigning(sluice)
@@ -217,7 +212,9 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
         )
     )  # fmt: skip
     obj = wait_for(
-        lambda: (o := in_state(sluice, "onto-2", "Rebalancing")) and o["status"]["progress"]["inFlight"] == 1 and o,
+        lambda: (
+            (o := sluice.rebalance_in_state("onto-2", "Rebalancing")) and o["status"]["progress"]["inFlight"] == 1 and o
+        ),
         60,
         "one move in flight",
         logs=sluice.logs,
@@ -241,7 +238,7 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
     assert len(moving) == 1 and moving[0]["adding_replicas"] == [2], (sluice.topic_doc(TOPIC), obj["status"])
 
     sluice.k8s.kubectl("annotate", "-n", sluice.namespace, "sluicerebalance", "onto-2", "sluice.dev/rebalance=stop")
-    obj = wait_for(lambda: in_state(sluice, "onto-2", "Stopped"), 60, "stopped", logs=sluice.logs)
+    obj = wait_for(lambda: sluice.rebalance_in_state("onto-2", "Stopped"), 60, "stopped", logs=sluice.logs)
     assert "1 move(s) in flight cancelled" in condition(obj, "Rebalancing")["message"]
     assert throttle_document(sluice) is None  # stopped: the brokers' configured rates again
     assert not reassigning(sluice) and 2 not in replicas_per_broker(sluice)
@@ -249,14 +246,18 @@ def test_stop_cancels_the_moves_in_flight_and_approve_after_refresh_finishes(slu
         k: p["replicas"] for k, p in before.items()
     }
     for _ in range(10):  # stopped stays stopped
-        assert in_state(sluice, "onto-2", "Stopped") and not reassigning(sluice)
+        assert sluice.rebalance_in_state("onto-2", "Stopped") and not reassigning(sluice)
         time.sleep(0.2)
 
     sluice.restart(2)
     annotate = ("annotate", "-n", sluice.namespace, "--overwrite", "sluicerebalance", "onto-2")
     sluice.k8s.kubectl(*annotate, "sluice.dev/rebalance=refresh")
-    wait_for(lambda: in_state(sluice, "onto-2", "Rebalancing") or in_state(sluice, "onto-2", "Ready"), 60, "resumed")
-    obj = wait_for(lambda: in_state(sluice, "onto-2", "Ready"), 120, "the rebalance done", logs=sluice.logs)
+    wait_for(
+        lambda: sluice.rebalance_in_state("onto-2", "Rebalancing") or sluice.rebalance_in_state("onto-2", "Ready"),
+        60,
+        "resumed",
+    )
+    obj = wait_for(lambda: sluice.rebalance_in_state("onto-2", "Ready"), 120, "the rebalance done", logs=sluice.logs)
     assert replicas_per_broker(sluice) == {0: 4, 1: 4, 2: 4} and not reassigning(sluice)
     assert throttle_document(sluice) is None  # done: removed
     assert sorted(read_all(sluice)) == sorted(f"r{i}".encode() for i in range(RECORDS))

@@ -65,13 +65,9 @@ def test_a_broker_that_joins_empty_gets_its_share_without_anyone_asking(sluice: 
     sluice.wait_serving(2)
     sluice.set_ready(2, True)
     obj = wait_for(
-        lambda: (
-            (o := sluice.get("sluicerebalances", "auto-add-brokers-2")) and o["status"].get("state") == "Ready" and o
-        ),
-        120,
-        "the automatic rebalance done",
+        lambda: sluice.rebalance_in_state("auto-add-brokers-2", "Ready"), 120, "the automatic rebalance done",
         logs=sluice.logs,
-    )
+    )  # fmt: skip
     assert obj["spec"] == {"mode": "add-brokers", "brokers": [2], "autoApprove": True, "maxPartitionsInFlight": 10}
     assert obj["status"]["progress"]["done"] == obj["status"]["progress"]["total"] > 0
     doc = sluice.topic_doc(TOPIC) or {}
@@ -93,12 +89,7 @@ def test_a_broker_that_joins_while_a_rebalance_runs_gets_its_own_when_that_one_e
         "spec": {"mode": "remove-brokers", "brokers": [2], "autoApprove": True, "throttleBytesPerSecond": 1024},
     }
     sluice.apply(drain)
-    wait_for(
-        lambda: (sluice.get("sluicerebalances", "drain-2").get("status") or {}).get("state") == "Rebalancing",
-        60,
-        "the drain running",
-        logs=sluice.logs,
-    )
+    wait_for(lambda: sluice.rebalance_in_state("drain-2", "Rebalancing"), 60, "the drain running", logs=sluice.logs)
 
     sluice.create_pod(3)
     sluice.start_broker(3, CONFIG)
@@ -117,13 +108,9 @@ def test_a_broker_that_joins_while_a_rebalance_runs_gets_its_own_when_that_one_e
 
     sluice.k8s.kubectl("annotate", "-n", sluice.namespace, "sluicerebalance", "drain-2", "sluice.dev/rebalance=stop")
     obj = wait_for(
-        lambda: (
-            (o := sluice.get("sluicerebalances", "auto-add-brokers-3")) and o["status"].get("state") == "Ready" and o
-        ),
-        120,
-        "broker 3's rebalance, created when the drain ended, done",
-        logs=sluice.logs,
-    )
+        lambda: sluice.rebalance_in_state("auto-add-brokers-3", "Ready"), 120,
+        "broker 3's rebalance, created when the drain ended, done", logs=sluice.logs,
+    )  # fmt: skip
     assert sluice.get("sluicerebalances", "drain-2")["status"]["state"] == "Stopped"
     assert obj["spec"]["brokers"] == [3]  # broker 2 is being drained: not "joined empty"
     doc = sluice.topic_doc(TOPIC) or {}

@@ -148,18 +148,27 @@ def _principals(spec: Mapping[str, Any]) -> list[str]:
     return transactional_id_principals(spec.get("allowedUsers") or [], spec.get("allowedServiceAccounts") or [])
 
 
+def _declaration(
+    current: TransactionalIdDocument | None, txn_id: str, resource: str, allowed: list[str]
+) -> TransactionalIdDocument | None:
+    """The document ``resource`` declaring ``txn_id`` with ``allowed`` needs in place of ``current``;
+    None when ``current`` is already so, or is another resource's (left as it is)."""
+    if current is None:
+        return TransactionalIdDocument(txn_id, resource, allowed_principals=allowed)
+    if current.resource == resource and current.allowed_principals != allowed:
+        return dataclasses.replace(current, allowed_principals=allowed)
+    return None
+
+
 def declare(runtime: OperatorRuntime, txn_id: str, resource: str, allowed: list[str]) -> str:
     """Make the id's document say that ``resource`` declares it with ``allowed``; the resource that
     declares it (another one's document is left as it is)."""
-
-    def change(current: TransactionalIdDocument | None) -> TransactionalIdDocument | None:
-        if current is None:
-            return TransactionalIdDocument(txn_id, resource, allowed_principals=allowed)
-        if current.resource == resource and current.allowed_principals != allowed:
-            return dataclasses.replace(current, allowed_principals=allowed)
-        return None  # as it is, or another resource's
-
-    declared = documents.update_document(runtime.meta, keys.transactional_id(txn_id), TransactionalIdDocument, change)
+    declared = documents.update_document(
+        runtime.meta,
+        keys.transactional_id(txn_id),
+        TransactionalIdDocument,
+        lambda current: _declaration(current, txn_id, resource, allowed),
+    )
     return resource if declared is None else declared.resource
 
 
@@ -178,8 +187,8 @@ def redeclare(runtime: OperatorRuntime, items: Sequence[Mapping[str, Any]]) -> i
             continue
         txn_id, resource, allowed = str(spec["transactionalId"]), _resource(meta, runtime), _principals(spec)
         doc = docs.get(txn_id)
-        if doc is None or (doc.resource == resource and doc.allowed_principals != allowed):
-            declare(runtime, txn_id, resource, allowed)
+        if _declaration(doc, txn_id, resource, allowed) is not None:
+            declare(runtime, txn_id, resource, allowed)  # read again: the write is a compare-and-set
             metrics.DRIFT_REPAIRS.labels("TransactionalId", "declared").inc()
             log.info(
                 "TransactionalId %s: its document was %s; declared again",
