@@ -51,6 +51,7 @@ STEP_PROGRESS_S = 60.0  # ... within this long
 PRODUCE_LIMIT_S = 400.0  # a producer thread stops by then whatever happens
 PRODUCE_MAX = 20_000  # ... or after this many records
 IN_FLIGHT_MAX = 300  # unresolved sends a producer thread allows itself
+VALUE_BYTES = 200
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -79,7 +80,8 @@ class Sender(threading.Thread):
                     time.sleep(0.05)
                     continue
                 partition = n % PARTITIONS
-                value = f"{self.label}-{n}".encode()
+                # padded: kafka-python sends a batch uncompressed when gzip does not shrink it (one short record)
+                value = f"{self.label}-{n}".encode().ljust(VALUE_BYTES, b".")
                 done, outcome = self._send(partition, value)
                 self.sent.append((partition, value, done, outcome))
                 n += 1
