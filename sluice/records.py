@@ -627,7 +627,7 @@ def read_v2_headers(buf: bytes, pos: int, count: int) -> tuple[list[tuple[str, b
         klen, pos = zigzag_varint(buf, pos)
         if klen < 0:
             raise RecordDecodeError("a record header without a key")
-        key = buf[pos : pos + klen].decode()
+        key = buf[pos : pos + klen].decode(errors="replace")  # as Java decodes it: never refused
         pos += klen
         vlen, pos = zigzag_varint(buf, pos)
         headers.append((key, None if vlen < 0 else buf[pos : pos + vlen]))
@@ -655,7 +655,7 @@ def iter_v2_records(buf: bytes, count: int) -> Iterator[V2Record]:
         pos += max(vlen, 0)
         hcount, pos = varint(buf, pos)
         headers, pos = read_v2_headers(buf, pos, hcount) if hcount else ([], pos)
-        if pos != end or end > len(buf) or klen < -1 or vlen < -1 or hcount < 0:
+        if pos != end or end > len(buf) or hcount < 0:
             raise RecordDecodeError(f"record of {length} bytes does not match its fields")
         yield offset_delta, ts_delta, key, value, headers
 
@@ -732,7 +732,7 @@ def _decode_v2_tuples(batch: RecordBatch, min_offset: int) -> list[RecordTuple]:
                     raise RecordDecodeError(f"a record with {hcount} headers")
                 found, pos = read_v2_headers(data, pos, hcount)
                 headers = [(k, b"" if v is None else v) for k, v in found]
-            if pos != end or end > size or klen < -1 or vlen < -1:
+            if pos != end or end > size:
                 raise RecordDecodeError(f"record of {length} bytes does not match its fields")
             offset = base + delta
             if offset >= min_offset:

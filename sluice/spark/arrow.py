@@ -174,7 +174,7 @@ def _decode_v2(batch: RecordBatch) -> _Decoded:
                     headers = [None] * count
                 found, pos = read_v2_headers(data, pos, hcount)
                 headers[i] = [(k, b"" if v is None else v) for k, v in found]  # null reads as empty, as in the client
-            if pos != end or end > len(data) or klen < -1 or vlen < -1 or hcount < 0:
+            if pos != end or end > len(data) or hcount < 0:
                 raise RecordDecodeError(f"record of {length} bytes does not match its fields")
     except (IndexError, UnicodeDecodeError, RecordDecodeError) as exc:
         raise RecordDecodeError(f"malformed Kafka records in batch at offset {batch.base_offset}: {exc}") from exc
