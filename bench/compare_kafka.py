@@ -5,6 +5,7 @@
     python bench/compare_kafka.py --brokers 3     # 3 brokers each, replication factor 3, min.insync 2
     python bench/compare_kafka.py --smoke         # tiny counts, once: proves the harness end to end
     python bench/compare_kafka.py --sluice-client kafka   # Kafka's own tools against both (issue 18)
+    python bench/compare_kafka.py --brokers 3 --kafka-inter-broker-tls   # Kafka replicating over mutual TLS too
 
 One system after the other (Sluice first, then Kafka), each on a fresh cluster of ``--brokers``
 (Sluice: ``sluice.testing.LocalCluster``; Kafka 4.3.1 in KRaft mode: ``bench/kafka``, jars fetched
@@ -189,8 +190,10 @@ def _sluice_call(bootstrap: str, s: Spec) -> Callable[[], tuple[Any, float, floa
 
 
 def kafka_runs(specs: list[Spec], brokers: int, repeat: int, warmup: int, meter_limits: verdict.Limits,
-               progress: Callable[[str], None], heap: str) -> list[sidebyside.Measured]:  # fmt: skip
-    with KafkaCluster(nodes=brokers, heap=heap) as kafka, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
+               progress: Callable[[str], None], heap: str, inter_broker_tls: bool = False,
+               ) -> list[sidebyside.Measured]:  # fmt: skip
+    with KafkaCluster(nodes=brokers, heap=heap, inter_broker_tls=inter_broker_tls) as kafka, \
+            tempfile.TemporaryDirectory(prefix="kbench-") as tmp:  # fmt: skip
         return tools_runs("kafka", tools_for(kafka, Path(tmp)), kafka.pids(), specs, repeat, warmup, meter_limits,
                           progress)  # fmt: skip
 
@@ -274,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                          "its Kafka listener, the same client as Kafka's side")  # fmt: skip
     ap.add_argument("--kafka-version", default=DEFAULT_VERSION)
     ap.add_argument("--kafka-heap", default="1g", help="Kafka broker heap (-Xms = -Xmx; default 1g)")
+    ap.add_argument("--kafka-inter-broker-tls", action="store_true",
+                    help="Kafka's brokers replicate over mutual TLS, as Strimzi runs them and as Sluice's "
+                         "always do (default: plaintext, Kafka's default); results saved as *-kafka-tls.*")  # fmt: skip
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share,
                     help="a run is not valid when other processes used more than this share of the CPU")  # fmt: skip
     ap.add_argument("--max-start-load", type=float, default=verdict.Limits.max_start_load_per_cpu,
@@ -317,26 +323,29 @@ def main(argv: list[str] | None = None) -> int:
         say(f"Sluice {args.brokers} broker(s):")
         runs += sluice_runs(specs, args.brokers, repeat, warmup, limits, say)
     if args.only != "sluice":
-        say(f"Apache Kafka {args.kafka_version} {args.brokers} node(s):")
-        runs += kafka_runs(specs, args.brokers, repeat, warmup, limits, say, args.kafka_heap)
+        tls_note = ", replicating over mutual TLS" if args.kafka_inter_broker_tls else ""
+        say(f"Apache Kafka {args.kafka_version} {args.brokers} node(s){tls_note}:")
+        runs += kafka_runs(specs, args.brokers, repeat, warmup, limits, say, args.kafka_heap,
+                           args.kafka_inter_broker_tls)  # fmt: skip
     sluice_name = "Sluice (Kafka listener)" if tools_on_sluice else "Sluice"
     comp = sidebyside.Comparison(args.brokers, runs, start.valid, start.reasons, "smoke" if args.smoke else "",
                                  sluice_name)  # fmt: skip
     md = sidebyside.table(comp)
     vtext = sidebyside.verdict_text(comp)
     stem = (f"kafka-compare-{args.brokers}broker" + ("-kafka-tools" if tools_on_sluice else "")
-            + ("-smoke" if args.smoke else ""))  # fmt: skip
+            + ("-kafka-tls" if args.kafka_inter_broker_tls else "") + ("-smoke" if args.smoke else ""))  # fmt: skip
     args.results.mkdir(parents=True, exist_ok=True)
     both_tools = "both driven by Kafka's own tools, " if tools_on_sluice else ""
     header = (f"{'SMOKE RUN (tiny counts, not a measurement): ' if args.smoke else ''}"
-              f"{sluice_name} vs Apache Kafka {args.kafka_version}, {args.brokers} broker(s), "
+              f"{sluice_name} vs Apache Kafka {args.kafka_version}"
+              f"{' (inter-broker mutual TLS)' if args.kafka_inter_broker_tls else ''}, {args.brokers} broker(s), "
               f"{both_tools}median of {repeat}, "
               f"scale {scale}, commit {env.get('git_commit', '')}, {cpus} CPUs, "
               f"load average before {start_load[0]:.2f}")  # fmt: skip
     (args.results / f"{stem}.md").write_text(f"{header}\n\n{md}\n\n{vtext}\n")
     record = {
         "header": header, "brokers": args.brokers, "repeat": repeat, "scale": scale, "smoke": args.smoke,
-        "sluice_client": args.sluice_client,
+        "sluice_client": args.sluice_client, "kafka_inter_broker_tls": args.kafka_inter_broker_tls,
         "start_load_average": start_load, "environment": env, "valid": comp.valid,
         "reasons": comp.reasons(), "runs": [asdict(m) for m in runs],
     }  # fmt: skip

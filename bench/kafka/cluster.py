@@ -5,7 +5,9 @@
         kafka.pids()              # the broker JVMs, for CPU and memory accounting
 
 Each node is a combined broker+controller JVM (``process.roles=broker,controller``) with a static
-quorum of all nodes, PLAINTEXT on 127.0.0.1 on ports the kernel picked free. The storage is
+quorum of all nodes, PLAINTEXT on 127.0.0.1 on ports the kernel picked free (with
+``inter_broker_tls``, the brokers replicate over a mutual-TLS listener of their own, as Strimzi
+runs Kafka and as Sluice's brokers always replicate; clients stay on PLAINTEXT). The storage is
 formatted with a new cluster id in a fresh directory (a temporary one unless ``data_dir`` is
 given and kept), as Sluice's bench starts a fresh ``LocalCluster``. The settings mirror what
 ``LocalCluster(brokers=N)`` sets: 3 partitions by default, replication factor min(N, 3) for new and
@@ -67,21 +69,31 @@ def java_command(lib: Path, main: str, args: list[str], *, heap: str, tool: bool
 
 def node_properties(
     node: int, nodes: int, ports: list[int], controller_ports: list[int], log_dir: Path, host: str,
-    extra: Mapping[str, str] | None = None,
+    extra: Mapping[str, str] | None = None, replication: InterBrokerTls | None = None,
 ) -> str:  # fmt: skip
     """server.properties of node ``node`` (1-based) of a combined KRaft cluster of ``nodes``."""
     rf = min(nodes, 3)
     min_isr = 2 if nodes >= 3 else 1
     voters = ",".join(f"{i + 1}@{host}:{controller_ports[i]}" for i in range(nodes))
+    listeners = f"PLAINTEXT://{host}:{ports[node - 1]},CONTROLLER://{host}:{controller_ports[node - 1]}"
+    advertised = f"PLAINTEXT://{host}:{ports[node - 1]}"
+    inter_broker = {"inter.broker.listener.name": "PLAINTEXT"}
+    protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+    if replication is not None:  # a REPLICATION listener on mutual TLS, the one brokers use
+        rport = replication.ports[node - 1]
+        listeners += f",REPLICATION://{host}:{rport}"
+        advertised += f",REPLICATION://{host}:{rport}"
+        protocols += ",REPLICATION:SSL"
+        inter_broker = replication.properties(node)
     props = {
         "process.roles": "broker,controller",
         "node.id": str(node),
         "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://{host}:{ports[node - 1]},CONTROLLER://{host}:{controller_ports[node - 1]}",
-        "advertised.listeners": f"PLAINTEXT://{host}:{ports[node - 1]}",
+        "listeners": listeners,
+        "advertised.listeners": advertised,
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        **inter_broker,
+        "listener.security.protocol.map": protocols,
         "log.dirs": str(log_dir),
         "num.partitions": "3",
         "default.replication.factor": str(rf),
@@ -101,8 +113,41 @@ def node_properties(
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
+class InterBrokerTls:
+    """Replication between Kafka's brokers over mutual TLS, as Strimzi runs it (and as Sluice's
+    brokers always replicate): a REPLICATION listener per node with a certificate from a CA made for
+    the cluster, client certificates required, PEM files (Kafka reads them since KIP-651)."""
+
+    def __init__(self, nodes: int, host: str, directory: Path) -> None:
+        from sluice import tls
+
+        self.ports = [free_port(host) for _ in range(nodes)]
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        ca = tls.generate_ca("sluice-bench-kafka-ca")
+        (directory / "ca.pem").write_bytes(ca.cert_pem)
+        for node in range(1, nodes + 1):
+            pair = tls.issue(ca, f"kafka-{node}", ip_addresses=[host])
+            # a PEM key store: the private key (PKCS#8, unencrypted) and then the certificate
+            tls.write_private(directory / f"node-{node}.pem", pair.key_pem + pair.cert_pem)
+
+    def properties(self, node: int) -> dict[str, str]:
+        prefix = "listener.name.replication."
+        return {
+            "inter.broker.listener.name": "REPLICATION",
+            f"{prefix}ssl.keystore.type": "PEM",
+            f"{prefix}ssl.keystore.location": str(self.directory / f"node-{node}.pem"),
+            f"{prefix}ssl.truststore.type": "PEM",
+            f"{prefix}ssl.truststore.location": str(self.directory / "ca.pem"),
+            f"{prefix}ssl.client.auth": "required",
+        }
+
+
 class KafkaCluster:
-    """``nodes`` combined KRaft nodes on ``host``; see the module docstring."""
+    """``nodes`` combined KRaft nodes on ``host``; see the module docstring.
+
+    ``inter_broker_tls``: brokers replicate over mutual TLS (:class:`InterBrokerTls`); clients keep
+    the PLAINTEXT listener."""
 
     def __init__(
         self,
@@ -115,6 +160,7 @@ class KafkaCluster:
         host: str = "127.0.0.1",
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
+        inter_broker_tls: bool = False,
     ) -> None:
         if not 1 <= nodes <= 9:
             raise ValueError(f"nodes must be 1..9, not {nodes}")
@@ -132,6 +178,7 @@ class KafkaCluster:
         self.data_dir = Path(data_dir).resolve()
         self.ports = [free_port(host) for _ in range(nodes)]
         self.controller_ports = [free_port(host) for _ in range(nodes)]
+        self.replication = InterBrokerTls(nodes, host, self.data_dir / "tls") if inter_broker_tls else None
         self.lib: Path | None = None
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
         self._log_offsets: dict[int, int] = {}  # where in its log a node's current run starts
@@ -187,7 +234,7 @@ class KafkaCluster:
 
     def _write_config(self, node: int) -> None:
         text = node_properties(node, self.nodes, self.ports, self.controller_ports, self.log_dir(node),
-                               self.host, self.config)  # fmt: skip
+                               self.host, self.config, self.replication)  # fmt: skip
         self.config_path(node).write_text(f"# written by bench/kafka/cluster.py, Kafka {self.version}\n{text}")
 
     def _format(self, node: int) -> None:

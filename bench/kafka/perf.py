@@ -279,7 +279,8 @@ def tools_for(cluster: Any, work: Path) -> KafkaTools:
     """KafkaTools for a started :class:`bench.kafka.cluster.KafkaCluster`."""
     if cluster.lib is None:
         raise KafkaError("the Kafka cluster is not started")
-    env = {"kafka": cluster.version, "nodes": cluster.nodes, "jvm_heap": cluster.heap}
+    env = {"kafka": cluster.version, "nodes": cluster.nodes, "jvm_heap": cluster.heap,
+           "inter_broker_tls": getattr(cluster, "replication", None) is not None}  # fmt: skip
     return KafkaTools(cluster.lib, cluster.bootstrap_servers, work, replication_factor=min(cluster.nodes, 3),
                       environment=env)  # fmt: skip
 

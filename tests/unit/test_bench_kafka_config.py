@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.kafka.cluster import node_properties
+from bench.kafka.cluster import InterBrokerTls, node_properties
 from bench.scale import kafka_failure_detector
 
 
@@ -28,6 +28,22 @@ def test_one_node_has_replication_factor_one_and_extra_settings_win() -> None:
     assert p["default.replication.factor"] == "1" and p["min.insync.replicas"] == "1"
     assert p["offsets.topic.replication.factor"] == "1"
     assert p["num.partitions"] == "7"
+
+
+def test_inter_broker_tls_is_a_mutual_tls_listener_of_its_own(tmp_path: Path) -> None:
+    tls = InterBrokerTls(3, "127.0.0.1", tmp_path)
+    p = props(node_properties(2, 3, [9001, 9002, 9003], [9101, 9102, 9103], Path("/d/node-2"), "127.0.0.1",
+                              replication=tls))  # fmt: skip
+    port = tls.ports[1]
+    assert p["listeners"] == f"PLAINTEXT://127.0.0.1:9002,CONTROLLER://127.0.0.1:9102,REPLICATION://127.0.0.1:{port}"
+    assert p["advertised.listeners"] == f"PLAINTEXT://127.0.0.1:9002,REPLICATION://127.0.0.1:{port}"
+    assert p["inter.broker.listener.name"] == "REPLICATION"
+    assert p["listener.security.protocol.map"] == "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,REPLICATION:SSL"
+    assert p["listener.name.replication.ssl.client.auth"] == "required"
+    store = Path(p["listener.name.replication.ssl.keystore.location"]).read_bytes()
+    # Kafka's PEM key store: an unencrypted PKCS#8 key, then the certificate
+    assert store.startswith(b"-----BEGIN PRIVATE KEY-----") and b"-----BEGIN CERTIFICATE-----" in store
+    assert Path(p["listener.name.replication.ssl.truststore.location"]).read_bytes().startswith(b"-----BEGIN CERT")
 
 
 def test_failure_detector_heartbeats_faster_than_the_session_timeout() -> None:
