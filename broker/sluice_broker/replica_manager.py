@@ -74,6 +74,7 @@ from sluice.broker.events import BrokerEvents, FetchTally
 from sluice.broker.log.fetch_response import ReplicaFetchResponseWriter
 from sluice.broker.log.manager import LogManager
 from sluice.broker.log.partition import PartitionLog, validate_batch
+from sluice.broker.log.record_check import check_produced
 from sluice.broker.log.stray import (
     normalize_topic_id,
 )
@@ -421,18 +422,19 @@ class ReplicaManager:
         if topic in INTERNAL_TOPICS:
             raise errors.InvalidTopicError(f"clients cannot write to internal topic {topic}")
         size = validate_batch(batch, int(str(part.config("max.message.bytes"))))
+        earliest, _latest = check_produced(batch)  # Kafka's v2 records, whichever protocol brought them
         batch = self._in_stored_format(part, batch)
         key = (part.topic, part.partition)
         if req.acks == -1:
             self._check_min_isr(key, part)
         needs_verification = batch.transactional and batch.producer_id not in part.open_txns
         if needs_verification and self._skipping_verification():
-            result = part.append(batch, leader_epoch=epoch, verified_txn=True)
+            result = part.append(batch, leader_epoch=epoch, verified_txn=True, earliest_timestamp=earliest)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result[0], batch
         if not needs_verification:
-            result = part.append(batch, leader_epoch=epoch)
+            result = part.append(batch, leader_epoch=epoch, earliest_timestamp=earliest)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result[0], batch
@@ -442,7 +444,7 @@ class ReplicaManager:
                 await self._verify_txn(req.transactional_id, batch, part)
                 await self._hold_after_verification()
             # leadership may have moved while we waited: append() refuses unless we still lead at `epoch`
-            result = part.append(batch, leader_epoch=epoch, verified_txn=True)
+            result = part.append(batch, leader_epoch=epoch, verified_txn=True, earliest_timestamp=earliest)
             self._after_append(part)
             self.events.produced(topic, size, batch.record_count, duplicate=result[1])
             return result[0], batch

@@ -23,6 +23,7 @@ from sluice.broker.kafka.record_batch import (
     to_stored_batch,
     to_v2_batch,
 )
+from sluice.broker.log.record_check import check_produced
 from sluice.records import (
     KAFKA_V2,
     MAX_DECOMPRESSED_BYTES,
@@ -273,14 +274,22 @@ def lying(codec: int) -> tuple[BatchHeader, memoryview]:
 
 def test_a_compressed_batch_that_lies_about_its_records_is_refused() -> None:
     with pytest.raises(errors.CorruptMessageError):
-        to_stored_batch(*lying(COMPRESSION_GZIP))
+        produced(*lying(COMPRESSION_GZIP))
     truncated = bytearray(kafka_batch(COMPRESSION_ZSTD))
     truncated[57:61] = struct.pack(">i", len(RECORDS) + 1)  # one record more than there are
     truncated[23:27] = struct.pack(">i", len(RECORDS))
     truncated[17:21] = struct.pack(">I", crc32c.crc32c(bytes(truncated[21:])))
     [(header, batch)] = split_batches(bytes(truncated))
     with pytest.raises(errors.CorruptMessageError, match="says 5 records; its records section holds 4"):
-        to_stored_batch(header, batch)
+        produced(header, batch)
+
+
+def produced(header: BatchHeader, batch: memoryview) -> RecordBatch:
+    """What Produce stores of a Kafka client's batch: the listener's envelope, then the core's check
+    of its records (sluice.broker.log.record_check, which every protocol's batches pass)."""
+    stored = to_stored_batch(header, batch)
+    check_produced(stored)
+    return stored
 
 
 ALL_CODECS = [COMPRESSION_NONE, COMPRESSION_GZIP, COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD]
@@ -291,7 +300,7 @@ def test_a_batch_whose_record_lies_about_its_length_is_refused_in_every_codec(co
     """As Kafka's LogValidator: the records are walked on produce, compressed or not, so no reader
     ever meets a batch it cannot decode (the CRC only says the client sent these bytes)."""
     with pytest.raises(errors.CorruptMessageError, match="undecodable record"):
-        to_stored_batch(*lying(codec))
+        produced(*lying(codec))
 
 
 def _patched(codec: int, edit: Callable[[bytearray], None], records: int = 2) -> tuple[BatchHeader, memoryview]:
@@ -320,7 +329,7 @@ def test_records_numbered_other_than_0_to_n_minus_1_are_refused(codec: int) -> N
         section[second + 3] = 0x00
 
     with pytest.raises(errors.CorruptMessageError, match="record 1 has offset delta 0"):
-        to_stored_batch(*_patched(codec, second_is_delta_0))
+        produced(*_patched(codec, second_is_delta_0))
 
 
 def test_a_negative_header_count_is_refused_by_the_broker_and_both_decoders() -> None:
@@ -331,7 +340,7 @@ def test_a_negative_header_count_is_refused_by_the_broker_and_both_decoders() ->
 
     header, batch = _patched(COMPRESSION_NONE, negative_headers)
     with pytest.raises(errors.CorruptMessageError, match="-1 headers"):
-        to_stored_batch(header, batch)
+        produced(header, batch)
     section = bytes(batch[HEADER_SIZE:])
     with pytest.raises(RecordDecodeError):
         list(iter_v2_records(section, 2))

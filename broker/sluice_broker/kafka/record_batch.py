@@ -10,10 +10,11 @@ What Kafka clients produce and fetch is Kafka's batch format, not Sluice's
   reads the 61-byte header only; records are never decoded on this path.
 * :func:`to_stored_batch` puts a produced batch into Sluice's envelope as it
   came (``records_format`` KAFKA_V2: the records section as sent, compressed as
-  sent, the batch's own CRC), so Produce decodes no record of an uncompressed
-  batch, and :func:`to_v2_batch` gives it back byte for byte to a Kafka
-  consumer. Batches that gRPC clients produced (Sluice's record encoding) are
-  converted to v2 on that path, record by record (:func:`_to_v2_records`).
+  sent, the batch's own CRC), so Produce copies and converts no record (the core
+  reads them once, :mod:`sluice.broker.log.record_check`), and
+  :func:`to_v2_batch` gives it back byte for byte to a Kafka consumer. Batches
+  that gRPC clients produced in Sluice's record encoding are converted to v2 on
+  that path, record by record (:func:`_to_v2_records`).
 * :func:`iter_records` decodes the varint records of one batch (decompressing
   gzip, snappy, lz4 or zstd first) into plain tuples: the readable definition of the
   format.
@@ -38,13 +39,6 @@ from dataclasses import dataclass
 
 import crc32c as _crc32c
 
-try:  # aiokafka's compiled (Cython) record reader: the produce check's fast path, see _check_records
-    from aiokafka.record._crecords.default_records import (  # type: ignore[import-untyped]  # .pyi, no py.typed
-        DefaultRecordBatch as _CompiledBatch,
-    )
-except ImportError:  # no wheel for this platform, or aiokafka installed without its extensions
-    _CompiledBatch = None
-
 from sluice import errors
 from sluice.api.v1 import records_pb2
 from sluice.records import (
@@ -57,7 +51,6 @@ from sluice.records import (
     read_headers,
     v2_attributes,
     v2_crc_header,
-    zigzag_varint,
 )
 
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -166,11 +159,10 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
     """A produced v2 batch as Sluice stores it: its records section as sent (compressed as sent), in
     Sluice's envelope with the header's fields and its own CRC (``records_format`` KAFKA_V2).
 
-    No record is copied or converted. The records are walked once, as Kafka's LogValidator walks
-    them (a compressed section after one bounded decompression): a batch whose records are
-    malformed, fewer or more than its header says, or numbered other than 0..n-1 is refused
-    before it is stored, so every reader can decode what the log holds. Attribute bits above the
-    control bit are refused: the stored batch keeps only the ones it rebuilds the header from.
+    No record is copied, converted or read here: the core checks the records of every produced v2
+    batch, whichever protocol brought it (:mod:`sluice.broker.log.record_check`). Attribute bits
+    above the control bit are refused: the stored batch keeps only the ones it rebuilds the header
+    from.
     """
     if header.control:
         raise errors.InvalidRecordError("control batches are written by brokers, not produced")
@@ -189,8 +181,6 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
             f"a batch of {header.record_count} records must end at offset delta {header.record_count - 1}, "
             f"not {header.last_offset_delta}"
         )
-    records = bytes(batch[HEADER_SIZE:])
-    _check_records(header, records if header.compression == COMPRESSION_NONE else _decompressed(header, records))
     return RecordBatch(
         producer_id=header.producer_id,
         producer_epoch=header.producer_epoch,
@@ -202,106 +192,9 @@ def to_stored_batch(header: BatchHeader, batch: bytes | memoryview) -> RecordBat
         compression=_STORED_COMPRESSION[header.compression],
         timestamp_type=records_pb2.LOG_APPEND_TIME if header.log_append_time else records_pb2.CREATE_TIME,
         crc=header.crc,
-        records=records,
+        records=bytes(batch[HEADER_SIZE:]),
         records_format=KAFKA_V2,
     )
-
-
-def _check_records(header: BatchHeader, buf: bytes) -> None:
-    """The records section holds exactly the header's records, each well formed, as Kafka's
-    LogValidator checks on produce: every field in bounds, the record's length matching its
-    fields, offset deltas 0..n-1.
-
-    Every produced record passes here, so the compiled reader answers first (about 100 ns a record
-    against 1 µs for the walk below, which is the definition). It accepts only what the walk
-    accepts (tests/unit/test_kafka_record_walk.py compares them on mutated batches); whatever it
-    refuses, or cannot read (a header key that is not UTF-8, which Kafka accepts), is walked again
-    in Python, which gives the verdict and its message."""
-    if _CompiledBatch is not None and _compiled_reader_accepts(buf, header.record_count):
-        return
-    _walk_records(header, buf)
-
-
-def _compiled_reader_accepts(buf: bytes, count: int) -> bool:
-    """Whether the compiled reader reads exactly ``count`` records numbered 0..count-1 from ``buf``."""
-    assert _CompiledBatch is not None
-    # In front of the (decompressed) section, a header saying: base offset 0, so each record's
-    # offset is its delta, and no compression. The reader checks no CRC.
-    head = HEADER.pack(0, HEADER_SIZE - _LENGTH_AT - 4 + len(buf), 0, 2, 0, 0, count - 1, 0, 0, -1, -1, -1, count)
-    index = 0
-    try:
-        for record in _CompiledBatch(head + buf):
-            if record.offset != index:
-                return False
-            index += 1
-    except Exception:  # any refusal: the walk decides, and names the record
-        return False
-    return index == count
-
-
-def _walk_records(header: BatchHeader, buf: bytes) -> None:
-    """:func:`_check_records` in Python. No key, value or header is copied; one-byte varints
-    (nearly every length and delta) are read in line."""
-    end = len(buf)
-    pos = index = 0
-    try:
-        while pos < end:
-            b = buf[pos]
-            if b < 0x80:
-                length, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                length, pos = zigzag_varint(buf, pos)
-            record_end = pos + length
-            if length < 6 or record_end > end:  # attributes, timestamp delta, offset delta, 2 lengths, a count
-                raise RecordDecodeError(f"record {index} of length {length} does not fit the section")
-            pos += 1  # attributes (unused in v2)
-            b = buf[pos]
-            pos = pos + 1 if b < 0x80 else zigzag_varint(buf, pos)[1]  # timestamp delta
-            b = buf[pos]
-            if b < 0x80:
-                delta, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                delta, pos = zigzag_varint(buf, pos)
-            if delta != index:
-                raise RecordDecodeError(f"record {index} has offset delta {delta}")
-            # Lengths of key, value and header value: negative is null, as Kafka's DefaultRecord reads them.
-            b = buf[pos]  # the key's length (-1: null, one byte 0x01)
-            if b == 1:
-                pos += 1
-            else:
-                size, pos = zigzag_varint(buf, pos)
-                pos += max(size, 0)
-            b = buf[pos]  # the value's length
-            if b < 0x80:
-                size, pos = (b >> 1) ^ -(b & 1), pos + 1
-            else:
-                size, pos = zigzag_varint(buf, pos)
-            if size > 0:
-                pos += size
-            b = buf[pos]
-            if b == 0:  # no headers: nearly every record
-                pos += 1
-                count = 0
-            else:
-                count, pos = zigzag_varint(buf, pos)
-            if count < 0:
-                raise RecordDecodeError(f"record {index} has {count} headers")
-            for _ in range(count):
-                size, pos = zigzag_varint(buf, pos)
-                if size < 0:
-                    raise RecordDecodeError(f"record {index} has a header without a key")
-                pos += size
-                size, pos = zigzag_varint(buf, pos)
-                pos += max(size, 0)
-            if pos != record_end:
-                raise RecordDecodeError(f"record {index} of {length} bytes does not match its fields")
-            index += 1
-    except (IndexError, RecordDecodeError) as exc:
-        raise errors.CorruptMessageError(f"undecodable record: {exc}") from None
-    if index != header.record_count:
-        raise errors.CorruptMessageError(
-            f"the batch's header says {header.record_count} records; its records section holds {index}"
-        )
 
 
 def _zigzag_slow(value: int) -> bytes:

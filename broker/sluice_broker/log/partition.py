@@ -361,18 +361,23 @@ class PartitionLog:
 
     # -- writes -----------------------------------------------------------------------------------
 
-    def append(self, batch: RecordBatch, *, leader_epoch: int, verified_txn: bool = False) -> tuple[int, bool]:
+    def append(
+        self, batch: RecordBatch, *, leader_epoch: int, verified_txn: bool = False, earliest_timestamp: int = -1
+    ) -> tuple[int, bool]:
         """Append a validated data batch as leader. Returns (base offset, is_duplicate).
 
         ``leader_epoch``: the epoch under which the caller's request was
         admitted (:meth:`check_leader`). ``verified_txn``: the caller checked
         with the transaction coordinator that this partition is part of the
         producer's open transaction (needed for the first transactional batch
-        of a transaction on this partition).
+        of a transaction on this partition). ``earliest_timestamp``: the
+        earliest of the records' timestamps where the caller read them
+        (:func:`~sluice.broker.log.record_check.check_produced`), checked with
+        the header's first and largest.
         """
         self.check_leader(leader_epoch)
         if not batch.control and self.config("message.timestamp.type") != "LogAppendTime":
-            self._check_timestamps(batch)
+            self._check_timestamps(batch.first_timestamp, batch.max_timestamp, earliest_timestamp)
         if not batch.control and "compact" in str(self.config("cleanup.policy")).split(","):
             self._require_keys(batch)
         pid = batch.producer_id
@@ -402,16 +407,16 @@ class PartitionLog:
         self._write_staged(batch)
         return offset, False
 
-    def _check_timestamps(self, batch: RecordBatch) -> None:
+    def _check_timestamps(self, *stamps: int) -> None:
         """CreateTime records no further from the broker's clock than ``message.timestamp.before.max.ms``
         into the past and ``message.timestamp.after.max.ms`` into the future (KIP-937; Kafka 4's defaults:
-        any past, one hour ahead), else INVALID_TIMESTAMP, as Kafka refuses them. The batch header's
-        first and largest timestamps are what is checked (the records are not decoded here); -1 (no
-        timestamp) passes, as in Kafka."""
+        any past, one hour ahead), else INVALID_TIMESTAMP, as Kafka refuses them. What is checked is
+        the batch header's first and largest timestamps and, for Kafka's v2 records, the records'
+        earliest (their largest is the header's, corrected); -1 (no timestamp) passes, as in Kafka."""
         now = now_ms()
         before = int(self.config("message.timestamp.before.max.ms"))
         after = int(self.config("message.timestamp.after.max.ms"))
-        for ts in (batch.first_timestamp, batch.max_timestamp):
+        for ts in stamps:
             if ts != -1 and (now - ts > before or ts - now > after):
                 raise errors.InvalidTimestampError(
                     f"timestamp {ts} of a record for {self.topic}-{self.partition} is out of range: the broker "
