@@ -9,33 +9,19 @@ store play the three brokers.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC, ClusterView
-from sluice.broker.config import BrokerConfig
-from sluice.metadata import documents, keys, open_store
+from sluice.metadata import documents, keys
 from sluice.metadata.documents import ControllerDocument
 from sluice.metadata.store import MetadataStore
+from tests.support.views import registered_view
 
 RF = {"transaction.state.log.replication.factor": "3", "offsets.topic.replication.factor": "3"}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MetadataStore]:
-    s = open_store(str(tmp_path / "metadata.sqlite"))
-    yield s
-    s.close()
-
-
 def broker(store: MetadataStore, tmp_path: Path, broker_id: int) -> ClusterView:
-    config = BrokerConfig.build(broker_id, "127.0.0.1", 9000 + broker_id, str(tmp_path / str(broker_id)), "x", RF)
-    view = ClusterView(store, config)
-    view.register()
-    view.refresh()
-    return view
+    return registered_view(store, tmp_path, broker_id, RF, refresh=True)
 
 
 def test_internal_topics_wait_for_as_many_brokers_as_their_replication_factor(

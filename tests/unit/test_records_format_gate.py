@@ -6,30 +6,17 @@ document without ``records_formats`` is what d37a648 and older write."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from sluice.broker.cluster import ClusterView
-from sluice.broker.config import BrokerConfig
-from sluice.metadata import documents, keys, open_store
+from sluice.metadata import documents, keys
 from sluice.metadata.documents import RECORDS_FORMAT_NAMES, BrokerDocument, TopicDocument
 from sluice.metadata.store import MetadataStore
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MetadataStore]:
-    s = open_store(str(tmp_path / "metadata.sqlite"))
-    yield s
-    s.close()
+from tests.support.views import registered_view
 
 
 def broker(store: MetadataStore, tmp_path: Path, broker_id: int) -> ClusterView:
-    config = BrokerConfig.build(broker_id, "127.0.0.1", 9000 + broker_id, str(tmp_path / str(broker_id)), "x", {})
-    view = ClusterView(store, config)
-    view.register()
-    return view
+    return registered_view(store, tmp_path, broker_id)
 
 
 def register_as_old(store: MetadataStore, broker_id: int) -> None:

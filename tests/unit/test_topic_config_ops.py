@@ -7,7 +7,6 @@ metadata store: compare-and-set, validate_only, all or nothing, internal and unk
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from sluice import errors
 from sluice.broker.cluster import CONSUMER_OFFSETS_TOPIC, ClusterView
 from sluice.broker.config import BrokerConfig
 from sluice.broker.topic_config_ops import ConfigChange, ConfigOp, apply_changes
-from sluice.metadata import keys, open_store
+from sluice.metadata import keys
 from sluice.metadata.documents import TopicDocument, read, replace
 from sluice.metadata.store import Document, MetadataStore
 
@@ -117,13 +116,6 @@ def test_a_key_named_twice_is_invalid_request() -> None:
 
 
 # -- the cluster view: the document, compare-and-set, validate_only ------------------------------
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MetadataStore]:
-    s = open_store(str(tmp_path / "metadata.sqlite"))
-    yield s
-    s.close()
 
 
 def make_cluster(store: MetadataStore, tmp_path: Path) -> ClusterView:

@@ -7,13 +7,12 @@ way ``Admin.create_acls`` writes them (``acl_store.create_acl``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sluice.acls import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
-from sluice.metadata import acl_store, open_store
+from sluice.metadata import acl_store
 from sluice.metadata.store import MetadataStore
 from sluice.operator import user_acls
 from sluice.operator.user_acls import InvalidUserSpec, bindings_of, principal_of
@@ -32,11 +31,6 @@ def acl(rtype: str, name: str | None, *ops: str, **extra: Any) -> dict[str, Any]
     if "patternType" in extra:
         resource["patternType"] = extra.pop("patternType")
     return {"resource": resource, "operations": list(ops), **extra}
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> MetadataStore:
-    return open_store(str(tmp_path / "metadata.sqlite"))
 
 
 def test_principals_of_both_kinds_of_authentication() -> None:
