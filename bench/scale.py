@@ -6,6 +6,7 @@ same notion and its own tools can drive it.
     python bench/scale.py producers   [--sizes 1,16,64]               # concurrent transactional producers
     python bench/scale.py txnids      [--ids 10000] [--brokers 3]     # memory; coordinator load after failover
     python bench/scale.py catchup     [--gb 2]      [--kafka]         # a consumer catching up through old data
+    python bench/scale.py catchup --kafka --sluice-client kafka        # ... Kafka's ConsumerPerformance on both
     python bench/scale.py restart     [--gb 5]      [--kafka]         # restart time with data on disk
     python bench/scale.py all --smoke [--kafka]                       # every one, tiny sizes: a smoke run
 
@@ -424,20 +425,32 @@ def _read_all(bs: str, topic: str, partitions: int, count: int) -> float:
         consumer.close()
 
 
-def bench_catchup(gb: float, judge: Judge, kafka: bool) -> list[Point]:
+def bench_catchup(gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = False) -> list[Point]:
+    """A consumer reading ``gb`` from the start. ``tools_on_sluice``: Sluice is read (and filled) by
+    Kafka's own ConsumerPerformance and ProducerPerformance through its Kafka listener, the same
+    client as on Kafka's side, so the difference is the brokers'."""
     from sluice.client import Admin
     from sluice.testing import LocalCluster
 
-    p = Point("catchup", "sluice", gb)
-    with judge.point(p), LocalCluster(brokers=1) as cluster:
-        bs = cluster.bootstrap_servers
-        topic = f"scale-catchup-{uuid.uuid4().hex[:6]}"
-        admin = Admin(bootstrap_servers=bs)
-        admin.create_topic(topic, partitions=3)
-        admin.close()
-        r = _fill(bs, topic, gb * 1e9)
-        seconds = _read_all(bs, topic, 3, r.records)
-        p.figures.update(catchup_mb_s=r.bytes / seconds / 1e6, catchup_s=seconds, bytes=r.bytes)
+    p = Point("catchup", "sluice", gb)  # with tools_on_sluice the results are saved as catchup-kafka-tools
+    with judge.point(p), LocalCluster(brokers=1, kafka_listener=tools_on_sluice) as cluster:
+        if tools_on_sluice:
+            from bench.kafka.fetch import ensure_jars
+            from bench.kafka.perf import KafkaTools
+
+            with tempfile.TemporaryDirectory(prefix="sbench-") as tmp:
+                tools = KafkaTools(ensure_jars(), cluster.kafka_bootstrap_servers, Path(tmp), replication_factor=1,
+                                   environment={"system": "sluice", "client": "kafka-tools"})  # fmt: skip
+                p.figures.update(_tools_catchup(tools, gb))
+        else:
+            bs = cluster.bootstrap_servers
+            topic = f"scale-catchup-{uuid.uuid4().hex[:6]}"
+            admin = Admin(bootstrap_servers=bs)
+            admin.create_topic(topic, partitions=3)
+            admin.close()
+            r = _fill(bs, topic, gb * 1e9)
+            seconds = _read_all(bs, topic, 3, r.records)
+            p.figures.update(catchup_mb_s=r.bytes / seconds / 1e6, catchup_s=seconds, bytes=r.bytes)
     points = [p]
     print(_say(p), flush=True)
     if kafka:
@@ -446,21 +459,26 @@ def bench_catchup(gb: float, judge: Judge, kafka: bool) -> list[Point]:
 
         q = Point("catchup", "kafka", gb)
         with judge.point(q), KafkaCluster(nodes=1) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
-            tools = tools_for(k, Path(tmp))
-            tools.consumer_config.write_text(tools.consumer_config.read_text().replace(
-                "isolation.level=read_committed", "isolation.level=read_uncommitted"))  # fmt: skip
-            topic = tools.create_topic("scale-catchup")
-            count = max(1000, int(gb * 1e9 / 1024))
-            filled = tools.produce(name="scale-fill", record_size=1024, count=count, topic=topic)
-            if filled.error:
-                raise RuntimeError(filled.error)
-            c = tools.consume(name="scale-catchup", record_size=1024, count=count, topic=topic, fill=False)
-            if c.error:
-                raise RuntimeError(c.error)
-            q.figures.update(catchup_mb_s=c.mb_per_s, catchup_s=c.seconds, bytes=c.bytes)
+            q.figures.update(_tools_catchup(tools_for(k, Path(tmp)), gb))
         points.append(q)
         print(_say(q), flush=True)
     return points
+
+
+def _tools_catchup(tools: Any, gb: float) -> dict[str, float]:
+    """Kafka's ProducerPerformance fills a topic with ``gb`` of 1 KiB records, then ConsumerPerformance
+    reads it all from the start (read_uncommitted): its figures."""
+    tools.consumer_config.write_text(tools.consumer_config.read_text().replace(
+        "isolation.level=read_committed", "isolation.level=read_uncommitted"))  # fmt: skip
+    topic = tools.create_topic("scale-catchup")
+    count = max(1000, int(gb * 1e9 / 1024))
+    filled = tools.produce(name="scale-fill", record_size=1024, count=count, topic=topic)
+    if filled.error:
+        raise RuntimeError(filled.error)
+    c = tools.consume(name="scale-catchup", record_size=1024, count=count, topic=topic, fill=False)
+    if c.error:
+        raise RuntimeError(c.error)
+    return {"catchup_mb_s": c.mb_per_s, "catchup_s": c.seconds, "bytes": c.bytes}
 
 
 def bench_restart(gb: float, judge: Judge, kafka: bool) -> list[Point]:
@@ -590,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("bench", choices=("partitions", "producers", "txnids", "catchup", "restart", "all"))
     ap.add_argument("--smoke", action="store_true", help="small sizes: proves the harness, measures nothing")
     ap.add_argument("--kafka", action="store_true", help="also run Kafka where it has the same notion")
+    ap.add_argument("--sluice-client", choices=("sluice", "kafka"), default="sluice",
+                    help="catchup: what reads Sluice: its own Python client (default) or Kafka's own tools "
+                         "through its Kafka listener, the same client as Kafka's side")  # fmt: skip
     ap.add_argument("--sizes", help="comma-separated sizes (partitions or producers)")
     ap.add_argument("--count", type=int, help="records produced per partitions point (default 200,000; smoke 5,000)")
     ap.add_argument("--seconds", type=float, help="seconds per producers point (default 20; smoke 3)")
@@ -630,7 +651,8 @@ def main(argv: list[str] | None = None) -> int:
                                              judge, args.kafka),
         "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge, args.kafka,
                                        args.failure_timeout_ms),
-        "catchup": lambda: bench_catchup(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka),
+        "catchup": lambda: bench_catchup(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka,
+                                         args.sluice_client == "kafka"),
         "restart": lambda: bench_restart(args.gb or (0.05 if args.smoke else 5.0), judge, args.kafka),
     }  # fmt: skip
     for name in chosen:
@@ -638,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         points = runners[name]()
         # txnids on three brokers is another benchmark (a failover, not a restart): its own files
         label = f"{name}-3brokers" if name == "txnids" and args.brokers == 3 else name
+        if name == "catchup" and args.sluice_client == "kafka":
+            label = "catchup-kafka-tools"  # both sides read by Kafka's ConsumerPerformance
         save(label, points, args.smoke, args.results, judge)
         failed = failed or any(p.error for p in points)
     return 1 if failed else 0
