@@ -392,6 +392,19 @@ def _kafka_txnids(ids: int, brokers: int, judge: Judge, failure_ms: int) -> Poin
 # -- catch-up and restart -----------------------------------------------------------------------
 
 
+def _filled_topic(bs: str, name: str, nbytes: float) -> tuple[str, engine.BenchResult]:
+    """A new 3-partition topic ``<name>-<random>`` with ``nbytes`` of 1 KiB records written by Sluice's client."""
+    from sluice.client import Admin
+
+    topic = f"{name}-{uuid.uuid4().hex[:6]}"
+    admin = Admin(bootstrap_servers=bs)
+    try:
+        admin.create_topic(topic, partitions=3)
+    finally:
+        admin.close()
+    return topic, _fill(bs, topic, nbytes)
+
+
 def _fill(bs: str, topic: str, nbytes: float) -> engine.BenchResult:
     count = max(1000, int(nbytes / 1024))
     r = engine.produce(bs, name="scale-fill", record_size=1024, count=count, topic=topic, max_seconds=7200.0,
@@ -429,7 +442,6 @@ def bench_catchup(gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = 
     """A consumer reading ``gb`` from the start. ``tools_on_sluice``: Sluice is read (and filled) by
     Kafka's own ConsumerPerformance and ProducerPerformance through its Kafka listener, the same
     client as on Kafka's side, so the difference is the brokers'."""
-    from sluice.client import Admin
     from sluice.testing import LocalCluster
 
     p = Point("catchup", "sluice", gb)  # with tools_on_sluice the results are saved as catchup-kafka-tools
@@ -444,11 +456,7 @@ def bench_catchup(gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = 
                 p.figures.update(_tools_catchup(tools, gb))
         else:
             bs = cluster.bootstrap_servers
-            topic = f"scale-catchup-{uuid.uuid4().hex[:6]}"
-            admin = Admin(bootstrap_servers=bs)
-            admin.create_topic(topic, partitions=3)
-            admin.close()
-            r = _fill(bs, topic, gb * 1e9)
+            topic, r = _filled_topic(bs, "scale-catchup", gb * 1e9)
             seconds = _read_all(bs, topic, 3, r.records)
             p.figures.update(catchup_mb_s=r.bytes / seconds / 1e6, catchup_s=seconds, bytes=r.bytes)
     points = [p]
@@ -482,17 +490,11 @@ def _tools_catchup(tools: Any, gb: float) -> dict[str, float]:
 
 
 def bench_restart(gb: float, judge: Judge, kafka: bool) -> list[Point]:
-    from sluice.client import Admin
     from sluice.testing import LocalCluster
 
     p = Point("restart", "sluice", gb)
     with judge.point(p), LocalCluster(brokers=1, startup_timeout=1800.0) as cluster:
-        bs = cluster.bootstrap_servers
-        topic = f"scale-restart-{uuid.uuid4().hex[:6]}"
-        admin = Admin(bootstrap_servers=bs)
-        admin.create_topic(topic, partitions=3)
-        admin.close()
-        r = _fill(bs, topic, gb * 1e9)
+        _topic, r = _filled_topic(cluster.bootstrap_servers, "scale-restart", gb * 1e9)
         p.figures["bytes"] = r.bytes
         t0 = time.perf_counter()
         cluster.restart(0, timeout=1800.0)

@@ -56,6 +56,7 @@ __all__ = [
     "CRC_HEADER",
     "KAFKA_V2",
     "RECORD_STRUCT",
+    "V2_HEADER",
     "BatchBuilder",
     "Record",
     "RecordBatch",
@@ -79,6 +80,9 @@ __all__ = [
 ]
 
 CRC_HEADER = struct.Struct(">qiiBBiqqBB")
+# A Kafka v2 batch's 61-byte header: base offset, batch length, partition leader epoch, magic, CRC,
+# then the 40 bytes under the CRC (below).
+V2_HEADER = struct.Struct(">qiibIhiqqqhii")
 # A Kafka v2 batch's fields under its CRC: attributes, last offset delta, base and max timestamp,
 # producer id, epoch, base sequence, record count (the 61-byte header's last 40 bytes).
 V2_CRC_HEADER = struct.Struct(">hiqqqhii")

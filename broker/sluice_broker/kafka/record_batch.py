@@ -44,6 +44,7 @@ from sluice.api.v1 import records_pb2
 from sluice.records import (
     KAFKA_V2,
     RECORD_STRUCT,
+    V2_HEADER,
     RecordBatch,
     RecordDecodeError,
     decompress,
@@ -53,7 +54,7 @@ from sluice.records import (
     v2_crc_header,
 )
 
-HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER = V2_HEADER
 HEADER_SIZE = HEADER.size  # 61
 _CRC_START = 21
 _MAGIC_AT = 16

@@ -17,18 +17,24 @@ retention see the records' real times.
 
 Every produced record passes here, so aiokafka's compiled (Cython) reader answers first: about
 0.1 µs a 100-byte record against 1 µs for :func:`walk_records`, which is the definition. The
-compiled reader accepts only what the walk accepts (tests/unit/test_kafka_record_walk.py compares
+compiled reader accepts only what the walk accepts (tests/unit/test_record_check.py compares
 them on thousands of mutated sections); whatever it refuses or cannot read (a header key that is not
 UTF-8, which Kafka accepts) is walked again in Python, which gives the verdict and its message.
 """
 
 from __future__ import annotations
 
-import struct
-
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.records import KAFKA_V2, RecordBatch, RecordDecodeError, compute_crc, decompress, zigzag_varint
+from sluice.records import (
+    KAFKA_V2,
+    V2_HEADER,
+    RecordBatch,
+    RecordDecodeError,
+    compute_crc,
+    decompress,
+    zigzag_varint,
+)
 
 try:  # aiokafka's compiled (Cython) record reader: the fast path, see check_section
     from aiokafka.record._crecords.default_records import (  # type: ignore[import-untyped]  # .pyi, no py.typed
@@ -37,9 +43,7 @@ try:  # aiokafka's compiled (Cython) record reader: the fast path, see check_sec
 except ImportError:  # no wheel for this platform, or aiokafka installed without its extensions
     _CompiledBatch = None
 
-# A v2 batch header (Kafka's DefaultRecordBatch), put in front of a section for the compiled reader.
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-_AFTER_LENGTH = _HEADER.size - 12  # the header's bytes that its length field counts
+_AFTER_LENGTH = V2_HEADER.size - 12  # the header's bytes that its length field counts
 _NONE_YET = 1 << 62  # the earliest (and minus the latest) before the first record: beyond any delta
 
 
@@ -81,7 +85,7 @@ def compiled_times(buf: bytes, record_count: int) -> tuple[int, int] | None:
     assert _CompiledBatch is not None
     # In front of the section, a header saying: base offset and base timestamp 0, so each record's
     # offset and timestamp are its deltas, and no compression. The reader checks no CRC.
-    head = _HEADER.pack(0, _AFTER_LENGTH + len(buf), 0, 2, 0, 0, record_count - 1, 0, 0, -1, -1, -1, record_count)
+    head = V2_HEADER.pack(0, _AFTER_LENGTH + len(buf), 0, 2, 0, 0, record_count - 1, 0, 0, -1, -1, -1, record_count)
     index, earliest, latest = 0, _NONE_YET, -_NONE_YET
     try:
         for record in _CompiledBatch(head + buf):
