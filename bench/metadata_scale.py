@@ -20,9 +20,13 @@ What runs, in this one process unless said otherwise:
   documents). Each holds one watch stream (:class:`Watcher`) on every ``MetadataDocument``, exactly
   the request a broker's store makes (LIST, then WATCH from its resourceVersion with bookmarks,
   renewed every 30 s), counting bytes and events and time-stamping when it applied each change.
-  ISR changes go through ``ClusterView.write_isrs``, the store calls a real leader makes (a quorum
-  GET of the whole topic document, then a replace carrying its resourceVersion with all of the
-  leader's changes to that topic, up to 20 tries, a short random pause after each conflict).
+  ISR changes are what a real leader does (``--isr-path``): by default, as brokers do when the
+  controller takes requests, ``ClusterView.request_isrs``, one write of the leader's own
+  ``isr_requests/<id>`` document with all it asks, which the real controller decides and writes
+  into the topic documents, every leader's changes to a topic in one write; with ``direct``, as
+  before, ``ClusterView.write_isrs`` (a quorum GET of the whole topic document, then a replace
+  carrying its resourceVersion with all of the leader's changes to that topic, up to 20 tries, a
+  short random pause after each conflict).
 * **A few real ClusterViews** (``--observers``, default 2): complete broker views, each over its
   own KubernetesMetadataStore (its own watch cache), refreshed every 100 ms as a broker's metadata
   poller does; the time a change reaches them is the end-to-end figure, including the decode of
@@ -109,7 +113,7 @@ if __name__ == "__main__":
 from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
-from sluice.metadata.documents import ControllerDocument, TopicDocument  # noqa: E402
+from sluice.metadata.documents import ControllerDocument, IsrRequest, TopicDocument  # noqa: E402
 from sluice.metadata.isr import IsrChange, IsrOutcome  # noqa: E402
 from sluice.metadata.kubernetes import GROUP, PLURAL, VERSION, KubernetesMetadataStore, api_client  # noqa: E402
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict  # noqa: E402
@@ -607,6 +611,9 @@ class Settings:
     # the brokers (watch streams, their stores, the observers) act as one ServiceAccount, as a chart's
     # brokers do, so API Priority and Fairness puts them in workload-low; else as system:masters (exempt)
     service_account: bool = False
+    # how leaders change ISRs: "requests" to the controller (isr_requests/<id>, what brokers do when the
+    # controller takes them), or "direct" writes of the topic documents (brokers before, or without it)
+    isr_path: str = "requests"
 
 
 @dataclass
@@ -615,6 +622,24 @@ class SimBroker:
     view: ClusterView  # for register() and write_isrs(); its store is the brokers' shared CountingStore
     watcher: Watcher | None = None
     alive: bool = True
+    # ISR requests this leader has outstanding, by (topic, partition): its isr_requests document holds
+    # them all, as a broker's does (sluice.broker.replica_manager)
+    asked: dict[tuple[str, int], IsrRequest] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ask(self, name: str, topic: TopicDocument, changes: list[tuple[int, list[int]]]) -> None:
+        """Ask the controller for ``changes`` (partition, new ISR) of ``topic``, with what is still
+        outstanding (requests the document shows decided, by a moved partition epoch, are dropped)."""
+        with self.lock:
+            for (t, i), r in list(self.asked.items()):
+                if t == name and i < len(topic.partitions) and topic.partitions[i].partition_epoch != r.partition_epoch:
+                    del self.asked[(t, i)]
+            for i, isr in changes:
+                p = topic.partitions[i]
+                self.asked[(name, i)] = IsrRequest(
+                    name, topic.topic_id, i, p.leader_epoch, p.partition_epoch, list(p.isr), list(isr)
+                )
+            self.view.request_isrs(list(self.asked.values()))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
@@ -930,9 +955,13 @@ class Simulation:
             else:
                 isr = list(p.replicas)
             try:
-                change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr))
-                written = self.brokers[p.leader].view.write_isrs(name, p.leader, [change])
-                outcome[written.outcomes[i].value] += 1
+                if self.s.isr_path == "requests":
+                    self.brokers[p.leader].ask(name, TopicDocument.from_json(doc.value), [(i, isr)])
+                    outcome["written"] += 1  # asked: the controller writes it, with others, in its next round
+                else:
+                    change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr), p.partition_epoch)
+                    written = self.brokers[p.leader].view.write_isrs(name, p.leader, [change])
+                    outcome[written.outcomes[i].value] += 1
             except StoreUnavailable:
                 outcome["store unavailable"] += 1
             except VersionConflict:
@@ -1087,11 +1116,28 @@ class Simulation:
         lock = threading.Lock()
 
         def expand(leader: int, items: list[tuple[str, int]]) -> None:
-            # as a broker's maintain_isr: all of this leader's changes to one topic in one write
+            # as a broker's maintain_isr: all of this leader's changes asked of the controller in one
+            # write of its requests document, or (direct) one write per topic document
             view = self.brokers[leader].view
             by_topic: dict[str, list[int]] = {}
             for name, i in items:
                 by_topic.setdefault(name, []).append(i)
+            if self.s.isr_path == "requests":
+                try:
+                    for name, indexes in by_topic.items():
+                        doc = view.store.get(keys.topic(name))
+                        if doc is None or doc.value is None:
+                            continue
+                        topic = TopicDocument.from_json(doc.value)
+                        self.brokers[leader].ask(
+                            name, topic, [(i, sorted({*topic.partitions[i].isr, victim})) for i in indexes]
+                        )
+                    results = ["asked"] * len(items)
+                except StoreUnavailable:
+                    results = ["store unavailable"] * len(items)
+                with lock:
+                    outcome.update(results)
+                return
             for name, indexes in by_topic.items():
                 results: list[str]
                 try:
@@ -1101,7 +1147,9 @@ class Simulation:
                     else:
                         parts = TopicDocument.from_json(doc.value).partitions
                         changes = [
-                            IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(sorted({*p.isr, victim})))
+                            IsrChange(
+                                i, p.leader_epoch, tuple(p.isr), tuple(sorted({*p.isr, victim})), p.partition_epoch
+                            )
                             for i, p in ((i, parts[i]) for i in indexes)
                         ]
                         written = view.write_isrs(name, leader, changes)
@@ -1111,14 +1159,19 @@ class Simulation:
                 with lock:
                     outcome.update(results)
 
-        passes = 0
-        leaders: set[int] = set()
-        for _ in range(10):
+        def outside() -> dict[int, list[tuple[str, int]]]:
+            """By leader: the partitions the returned broker replicates and is not in the ISR of."""
             work: dict[int, list[tuple[str, int]]] = {}
             for key, doc in self.topics().items():
                 for i, p in enumerate(TopicDocument.from_json(doc.value or {}).partitions):
                     if victim in p.replicas and victim not in p.isr and p.leader >= 0:
                         work.setdefault(p.leader, []).append((key[len(keys.TOPICS) :], i))
+            return work
+
+        passes = 0
+        leaders: set[int] = set()
+        for _ in range(10):
+            work = outside()
             if not work or time.monotonic() > self.deadline:
                 break
             leaders |= set(work)
@@ -1126,6 +1179,10 @@ class Simulation:
             with ThreadPoolExecutor(max_workers=max(1, min(len(work), 64)), thread_name_prefix="expand") as pool:
                 for f in [pool.submit(expand, leader, items) for leader, items in work.items()]:
                     f.result(timeout=max(1.0, self.deadline - time.monotonic()))
+            if self.s.isr_path == "requests":
+                # the controller decides them in its rounds; a broker asks again only for what is left
+                # when its requests go unanswered (ISR_REQUEST_TIMEOUT_S, 3 s)
+                wait_until(lambda: not outside(), 3.0, interval=0.2)
         out["expansion_passes"] = passes
         out["expansion_leaders"] = len(leaders)
         out["expansion_outcomes"] = dict(outcome)
@@ -1376,6 +1433,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="brokers act as one ServiceAccount (APF workload-low), not as system:masters (APF-exempt)",
     )
+    parser.add_argument(
+        "--isr-path",
+        choices=["requests", "direct"],
+        default="requests",
+        help="leaders ask the controller for ISR changes (requests, as brokers do) or write them (direct, as before)",
+    )
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per broker count, at most")
     parser.add_argument("--stem", default="metadata-scale", help="results file names in bench/results/")
     parser.add_argument("--report-only", action="store_true", help="write the .md and .png from the .json again")
@@ -1400,6 +1463,7 @@ def main(argv: list[str] | None = None) -> int:
             budget_s=args.budget,
             rolling_brokers=args.rolling_brokers,
             service_account=args.as_service_account,
+            isr_path=args.isr_path,
         )
         log(f"== {n} brokers ==")
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:

@@ -42,6 +42,8 @@ from sluice.metadata.documents import (
     BrokerDocument,
     ClusterDocument,
     ControllerDocument,
+    IsrRequest,
+    IsrRequestsDocument,
     PartitionState,
     ProducerIdBlock,
     ReplicationThrottleDocument,
@@ -117,6 +119,8 @@ class ClusterView:
         self.brokers: dict[int, BrokerDocument] = {}
         self.listeners: list[TopicListener] = []
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
+        # The controller takes leaders' ISR changes as requests (ControllerDocument.isr_requests)
+        self.controller_takes_isr_requests = False
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         # A running rebalance's reassignment throttle (the replication_throttle document; None: the
         # brokers' configured rates), told to throttle_listeners as it changes.
@@ -258,7 +262,9 @@ class ClusterView:
             else:
                 self.declared_transactional_ids.add(txn_id)
         elif doc.key == keys.CONTROLLER:
-            self.dead_brokers = set(ControllerDocument.from_json(doc.value or {}).dead_brokers)
+            controller = ControllerDocument.from_json(doc.value or {})
+            self.dead_brokers = set(controller.dead_brokers)
+            self.controller_takes_isr_requests = controller.isr_requests
         elif doc.key == keys.REPLICATION_THROTTLE:
             rate = None if doc.value is None else ReplicationThrottleDocument.from_json(doc.value).rate
             if rate != self.replication_throttle:
@@ -602,6 +608,23 @@ class ClusterView:
             raise
         # Kept changing: the caller tries again next round, from the view this refreshes.
         return IsrWrite(None, {c.partition: IsrOutcome.CONFLICTS for c in changes})
+
+    def request_isrs(self, requests: Sequence[IsrRequest]) -> None:
+        """Ask the controller for ISR changes: replace this broker's ``isr_requests/<id>`` document with
+        ``requests``, all it asks now (Kafka's AlterPartition). The controller writes what it takes
+        into the topic documents, many leaders' changes in one write per topic, and this broker learns
+        the outcome from its view (:meth:`ReplicaManager.maintain_isr`). Only this broker writes the
+        document, so a conflict is only an earlier write of its own whose answer was lost. Raises
+        StoreUnavailable when the store cannot be reached. Touches only the store (a worker thread)."""
+        me = self.config.broker_id
+        wanted = IsrRequestsDocument(me, list(requests), now_ms())
+
+        def replace_all(current: IsrRequestsDocument | None) -> IsrRequestsDocument | None:
+            if current is not None and current.requests == wanted.requests:
+                return None  # asked already: no write
+            return wanted
+
+        documents.update_document(self.store, keys.isr_requests(me), IsrRequestsDocument, replace_all)
 
     def write_isr(self, topic: str, partition: int, leader: int, leader_epoch: int, isr: list[int]) -> Document | None:
         """One partition's ISR change from the ISR in the store now (no ``base`` check): the document

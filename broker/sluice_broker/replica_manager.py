@@ -55,7 +55,7 @@ from sluice import errors
 from sluice.api.v1 import interbroker_pb2 as ipb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.broker.channels import BrokerChannels
-from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, TopicInfo
+from sluice.broker.cluster import INTERNAL_TOPICS, ClusterView, PartitionInfo, TopicInfo
 from sluice.broker.config import BrokerConfig
 from sluice.broker.data_path import (
     EARLIEST,
@@ -90,6 +90,7 @@ from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
 from sluice.metadata import keys
+from sluice.metadata.documents import IsrRequest
 from sluice.metadata.isr import IsrChange, IsrOutcome
 from sluice.metadata.store import StoreUnavailable
 from sluice.records import KAFKA_V2, RecordBatch, RecordDecodeError, now_ms, to_sluice_format
@@ -107,6 +108,10 @@ MARKER_REPLICATION_TIMEOUT_S = 30.0
 # a follower rejoins the ISR only if it fetched this recently (a replica fetch waits at most 500 ms)
 ISR_FETCH_RECENCY_MS = 1500
 ISR_WRITES_IN_FLIGHT = 4  # topic documents a leader writes ISR changes to at once
+# An ISR request the controller has not decided in this long is written by the leader itself (the same
+# rule, so either writer is safe): ISR changes keep flowing while the controller is down or cut off.
+ISR_REQUEST_TIMEOUT_S = 3.0
+ISR_FALLBACK_WARNING_INTERVAL_S = 10.0
 # Test-only hook (docs/architecture.md, "Test-only hooks"): while the file HOLD_MARKERS_FILE exists in the
 # data directory, this broker as leader serves followers nothing from the first marker of a client topic on.
 HOOK_HOLD_MARKERS = "replication.hold_markers"
@@ -148,6 +153,9 @@ class ReplicaManager:
         # ISR changes being written to the store (maintain_isr): old and new members, which the HW counts
         self._pending_isr: dict[TopicPartition, set[int]] = {}
         self._isr_unsure: set[TopicPartition] = set()  # ISR writes of unknown outcome: read again first
+        # ISR changes asked of the controller (isr_requests/<id>) and not yet decided: (change, when asked)
+        self._isr_requested: dict[TopicPartition, tuple[IsrChange, float]] = {}
+        self._isr_fallback_warned_at = -ISR_FALLBACK_WARNING_INTERVAL_S
         self.txn_verifier: TxnVerifier | None = None  # the transaction coordinator's (verify_transactions_with)
         self.leadership_listeners: list[LeadershipListener] = []
         self.events = BrokerEvents()  # counted as they happen, for the metrics endpoint
@@ -254,9 +262,11 @@ class ReplicaManager:
                     # Followers in the ISR get the lag time from now to show up, then leave it.
                     self.trackers[key] = FollowerTracker.starting(info.isr, me, monotonic_ms())
                     self._tell_leadership(new.name, p, True, info.leader_epoch)
+                self._isr_request_decided(key, info)
                 if self._maybe_advance_hw(key, part):  # the ISR may have shrunk to the replicas caught up
                     self._advanced.wake(key)
             else:
+                self._forget_isr_request(key)
                 if key in self.leader_of:
                     self.leader_of.discard(key)
                     self.trackers.pop(key, None)
@@ -268,8 +278,29 @@ class ReplicaManager:
                 else:
                     self.fetchers.unfollow(key)
 
+    def _isr_request_decided(self, key: TopicPartition, info: PartitionInfo) -> None:
+        """The view's state of a partition this broker leads: if it moved past the partition epoch of
+        an ISR request (the controller decided it, or something else changed the partition first),
+        the request is over; if the ISR is now the one asked for, it was taken."""
+        asked = self._isr_requested.get(key)
+        if asked is None:
+            return
+        change, _at = asked
+        if info.partition_epoch == change.partition_epoch and info.leader_epoch == change.leader_epoch:
+            return  # not decided yet
+        self._forget_isr_request(key)
+        if set(info.isr) == set(change.isr):
+            log.info("%s-%d: ISR %s -> %s", key[0], key[1], list(change.base), list(change.isr))
+            self.events.isr_changed(list(change.base), list(change.isr))
+        self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
+
+    def _forget_isr_request(self, key: TopicPartition) -> None:
+        if self._isr_requested.pop(key, None) is not None:
+            self._pending_isr.pop(key, None)
+
     def _drop_partition(self, key: TopicPartition) -> None:
         """Stop serving and following one partition and delete its data (its topic is gone or moved away)."""
+        self._forget_isr_request(key)
         part = self.partitions.get(key)
         if part is not None:
             part.become_follower(-1)  # a request holding this log (awaiting verification) must not append
@@ -746,7 +777,15 @@ class ReplicaManager:
     async def maintain_isr(self) -> None:
         """Shrink the ISR by followers lagging past replica.lag.time.max.ms; expand it by caught-up ones.
 
-        The changes of one round are written one topic at a time, all of a topic's in one write
+        When the controller takes ISR requests (its document says so), the changes of a round are
+        asked of it in one write of this broker's ``isr_requests/<id>`` document (Kafka's
+        AlterPartition): the controller writes many leaders' changes to a topic in one write, where
+        leaders writing for themselves raced each other on the same documents when a broker came
+        back (issue 28). A request is decided when the view shows the partition at a new partition
+        epoch (:meth:`_isr_request_decided`); one left undecided for ISR_REQUEST_TIMEOUT_S is written
+        directly, as below, under the same rule, so ISR changes go on without a controller.
+
+        Otherwise the changes of one round are written one topic at a time, all of a topic's in one write
         (:meth:`ClusterView.write_isrs`, which refuses a change decided from an ISR that is no longer
         the store's), in worker threads (a store call may block: an API server that does not answer)
         while the loop goes on serving. Meanwhile the HW counts the replicas of both the old and the
@@ -758,6 +797,7 @@ class ReplicaManager:
         for key in [k for k in self._pending_isr if k not in self.leader_of]:
             self._pending_isr.pop(key, None)  # no longer led here: a new leadership starts afresh
             self._isr_unsure.discard(key)
+            self._isr_requested.pop(key, None)
         for topic in sorted({key[0] for key in self._isr_unsure}):
             try:
                 current = await asyncio.to_thread(self.cluster.store.get, keys.topic(topic))
@@ -767,20 +807,65 @@ class ReplicaManager:
             for key in [k for k in self._isr_unsure if k[0] == topic]:
                 self._isr_unsure.discard(key)
                 self._pending_isr.pop(key, None)
+        overdue = self._overdue_isr_requests()
+        changes = [(key, change) for key in list(self.leader_of) if (change := self._isr_change(key)) is not None]
+        if self.cluster.controller_takes_isr_requests:
+            asked = [(key, change) for key, change in changes if key not in overdue]
+            changes = [(key, change) for key, change in changes if key in overdue]
+            if asked or self._isr_requested:
+                await self._request_isrs(asked)
         by_topic: dict[str, list[tuple[TopicPartition, IsrChange]]] = {}
-        for key in list(self.leader_of):
-            change = self._isr_change(key)
-            if change is not None:
-                by_topic.setdefault(key[0], []).append((key, change))
+        for key, change in changes:
+            by_topic.setdefault(key[0], []).append((key, change))
         if by_topic:
             gate = asyncio.Semaphore(ISR_WRITES_IN_FLIGHT)
             await asyncio.gather(*(self._write_isrs(topic, items, gate) for topic, items in by_topic.items()))
 
+    def _overdue_isr_requests(self) -> set[TopicPartition]:
+        """Requests the controller left undecided for ISR_REQUEST_TIMEOUT_S: forgotten, so this round
+        decides them again and writes them directly (the controller may be down or cut off)."""
+        now = time.monotonic()
+        overdue = {key for key, (_c, at) in self._isr_requested.items() if now - at > ISR_REQUEST_TIMEOUT_S}
+        for key in overdue:
+            self._forget_isr_request(key)
+        if overdue and now - self._isr_fallback_warned_at >= ISR_FALLBACK_WARNING_INTERVAL_S:
+            self._isr_fallback_warned_at = now
+            log.warning(
+                "the controller has not decided ISR requests in %.0f s (%s): writing them directly",
+                ISR_REQUEST_TIMEOUT_S,
+                ", ".join(f"{t}-{p}" for t, p in sorted(overdue)[:8]) + (" ..." if len(overdue) > 8 else ""),
+            )
+        return overdue
+
+    async def _request_isrs(self, items: list[tuple[TopicPartition, IsrChange]]) -> None:
+        """Ask the controller for ``items`` (with every request still undecided: the document holds all
+        this broker asks). Until decided, the HW counts both the old and the new ISR, as for a write."""
+        now = time.monotonic()
+        for key, change in items:
+            self._pending_isr[key] = set(change.isr) | set(change.base)
+            self._isr_requested[key] = (change, now)
+        requests = []
+        for key, (change, _at) in sorted(self._isr_requested.items()):
+            info = self.cluster.topics.get(key[0])
+            requests.append(
+                IsrRequest(
+                    topic=key[0],
+                    topic_id=info.topic_id if info is not None else "",
+                    partition=key[1],
+                    leader_epoch=change.leader_epoch,
+                    partition_epoch=change.partition_epoch or 0,
+                    base=list(change.base),
+                    isr=list(change.isr),
+                )
+            )
+        with contextlib.suppress(StoreUnavailable):  # asked or not: counted until decided or overdue
+            await asyncio.to_thread(self.cluster.request_isrs, requests)
+
     def _isr_change(self, key: TopicPartition) -> IsrChange | None:
         """The ISR this leader wants for ``key`` now, from its view's and its followers' state; None
         when it is the view's already (or the partition is not to be changed now)."""
-        if key in self._isr_unsure:
-            return None  # its last write's outcome is still unknown
+        if key in self._isr_unsure or key in self._isr_requested:
+            return None  # its last write's outcome is still unknown, or the controller is deciding it
         me = self.config.broker_id
         info = self.cluster.topics.get(key[0])
         part = self.partitions.get(key)
@@ -804,7 +889,7 @@ class ReplicaManager:
             isr.insert(0, me)
         if sorted(isr) == sorted(pinfo.isr):
             return None
-        return IsrChange(key[1], part.leader_epoch, tuple(pinfo.isr), tuple(isr))
+        return IsrChange(key[1], part.leader_epoch, tuple(pinfo.isr), tuple(isr), pinfo.partition_epoch)
 
     async def _write_isrs(
         self, topic: str, items: list[tuple[TopicPartition, IsrChange]], gate: asyncio.Semaphore

@@ -17,6 +17,7 @@ The JSON shapes, keyed as in :mod:`sluice.metadata.keys`:
 ``topics/<name>``           :class:`TopicDocument` (partitions: :class:`PartitionState`)
 ``producer_id_block``       :class:`ProducerIdBlock`
 ``controller``              :class:`ControllerDocument`
+``isr_requests/<id>``       :class:`IsrRequestsDocument` (requests: :class:`IsrRequest`)
 ``replication_throttle``    :class:`ReplicationThrottleDocument`
 ``transactional_ids/<id>``  :class:`TransactionalIdDocument`
 
@@ -57,6 +58,8 @@ __all__ = [
     "BrokerDocument",
     "ClusterDocument",
     "ControllerDocument",
+    "IsrRequest",
+    "IsrRequestsDocument",
     "PartitionState",
     "ProducerIdBlock",
     "ReplicationThrottleDocument",
@@ -244,6 +247,12 @@ class PartitionState:
     removing_replicas: list[int] = field(default_factory=list)
     # ... and the replicas before it, in their order (a cancel restores the preferred leader)
     original_replicas: list[int] = field(default_factory=list)
+    # Kafka's partition epoch: one more with every change of the partition's state, by whoever makes
+    # it (:meth:`TopicDocument.with_partitions` counts it). An ISR request names the epoch its leader
+    # decided from, and the controller refuses it once the partition moved on
+    # (:mod:`sluice.metadata.isr`), so a request can never apply twice. Written only when above 0.
+    # Not compared: two states equal but for it are the same state (a decision that changes nothing).
+    partition_epoch: int = field(default=0, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -254,6 +263,7 @@ class PartitionState:
         "adding_replicas",
         "removing_replicas",
         "original_replicas",
+        "partition_epoch",
     )
 
     @classmethod
@@ -266,6 +276,7 @@ class PartitionState:
             adding_replicas=_ints(value.get("adding_replicas")),
             removing_replicas=_ints(value.get("removing_replicas")),
             original_replicas=_ints(value.get("original_replicas")),
+            partition_epoch=int(value.get("partition_epoch", 0)),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -289,6 +300,7 @@ class PartitionState:
             **({"adding_replicas": list(self.adding_replicas)} if self.adding_replicas else {}),
             **({"removing_replicas": list(self.removing_replicas)} if self.removing_replicas else {}),
             **({"original_replicas": list(self.original_replicas)} if self.original_replicas else {}),
+            **({"partition_epoch": self.partition_epoch} if self.partition_epoch else {}),
         }
 
 
@@ -330,7 +342,13 @@ class TopicDocument:
         }
 
     def with_partitions(self, partitions: list[PartitionState]) -> TopicDocument:
-        return dataclasses.replace(self, partitions=list(partitions))
+        """This topic with ``partitions``; each that differs from the one at its index here gets the
+        next partition epoch (new ones keep theirs), so every writer counts its changes the same way."""
+        counted = list(partitions)
+        for i, (old, new) in enumerate(zip(self.partitions, partitions, strict=False)):
+            if new is not old and new != old and new.partition_epoch <= old.partition_epoch:
+                counted[i] = dataclasses.replace(new, partition_epoch=old.partition_epoch + 1)
+        return dataclasses.replace(self, partitions=counted)
 
     def with_partition(self, index: int, partition: PartitionState) -> TopicDocument:
         parts = list(self.partitions)
@@ -376,9 +394,19 @@ class ControllerDocument:
     live_brokers: list[int] = field(default_factory=list)
     dead_brokers: list[int] = field(default_factory=list)
     updated_ms: int = 0
+    # This controller takes leaders' ISR changes as requests (``isr_requests/<broker>``, Kafka's
+    # AlterPartition) and writes them itself; False (a controller from before): leaders write them.
+    isr_requests: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("controller_id", "epoch", "live_brokers", "dead_brokers", "updated_ms")
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "controller_id",
+        "epoch",
+        "live_brokers",
+        "dead_brokers",
+        "updated_ms",
+        "isr_requests",
+    )
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -388,6 +416,7 @@ class ControllerDocument:
             live_brokers=_ints(value.get("live_brokers")),
             dead_brokers=_ints(value.get("dead_brokers")),
             updated_ms=int(value.get("updated_ms", 0)),
+            isr_requests=bool(value.get("isr_requests", False)),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -398,6 +427,75 @@ class ControllerDocument:
             "epoch": self.epoch,
             "live_brokers": list(self.live_brokers),
             "dead_brokers": list(self.dead_brokers),
+            "updated_ms": self.updated_ms,
+            **({"isr_requests": True} if self.isr_requests else {}),
+        }
+
+
+@dataclass(frozen=True)
+class IsrRequest:
+    """One ISR change a leader asks of the controller: ``isr`` for ``topic``-``partition``, decided
+    from ``base`` while it led at ``leader_epoch`` and the partition was at ``partition_epoch``."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    base: list[int]
+    isr: list[int]
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            topic=str(value["topic"]),
+            topic_id=str(value.get("topic_id", "")),
+            partition=int(value["partition"]),
+            leader_epoch=int(value["leader_epoch"]),
+            partition_epoch=int(value.get("partition_epoch", 0)),
+            base=_ints(value.get("base")),
+            isr=_ints(value.get("isr")),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "topic_id": self.topic_id,
+            "partition": self.partition,
+            "leader_epoch": self.leader_epoch,
+            "partition_epoch": self.partition_epoch,
+            "base": list(self.base),
+            "isr": list(self.isr),
+        }
+
+
+@dataclass(frozen=True)
+class IsrRequestsDocument:
+    """``isr_requests/<broker>``: the ISR changes a leader waits for the controller to make (Kafka's
+    AlterPartition requests), written by that broker alone, each time with all it still asks; the
+    controller writes the changes it accepts into the topic documents, many leaders' in one write."""
+
+    broker_id: int
+    requests: list[IsrRequest] = field(default_factory=list)
+    updated_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("broker_id", "requests", "updated_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            broker_id=int(value["broker_id"]),
+            requests=[IsrRequest.from_json(r) for r in value.get("requests") or ()],
+            updated_ms=int(value.get("updated_ms", 0)),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "broker_id": self.broker_id,
+            "requests": [r.to_json() for r in self.requests],
             "updated_ms": self.updated_ms,
         }
 

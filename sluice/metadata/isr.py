@@ -12,6 +12,17 @@ old ISR (a newer partition epoch). This module is that check, applied to the doc
   of its own landed): writing its ISR back would undo that, and could make an ISR of a broker that
   is gone. The leader takes the document it is refused with and decides again.
 
+* and, when the change names one, only while the partition is still at the partition epoch the
+  leader decided from (every change of the partition counts one: a request the controller took
+  once, or that the partition moved past, can never apply again, even if the ISR returns to
+  ``base``).
+
+Leaders ask the controller (``isr_requests/<broker>`` documents) when the controller says it takes
+requests, and the controller applies them with :func:`apply_isr_changes`, many leaders' changes to a
+topic in one write, as Kafka's controller batches AlterPartition; otherwise (a controller from
+before, or one that does not answer a request in time) the leader writes the change itself, under
+the same rule.
+
 A change already in the document (the same set: order carries no meaning) is reported as such and
 writes nothing. :func:`apply_isr_changes` takes all of one leader's changes to one topic, so they
 go in one write (each write is the whole document, to etcd and to every watcher).
@@ -38,6 +49,7 @@ class IsrChange:
     leader_epoch: int
     base: tuple[int, ...]
     isr: tuple[int, ...]
+    partition_epoch: int | None = None  # None: not checked (tools, and leaders of older documents)
 
 
 class IsrOutcome(enum.Enum):
@@ -79,7 +91,9 @@ def apply_isr_changes(
             outcomes[change.partition] = IsrOutcome.NOT_LEADER
         elif set(p.isr) == set(change.isr):
             outcomes[change.partition] = IsrOutcome.ALREADY
-        elif set(p.isr) != set(change.base):
+        elif set(p.isr) != set(change.base) or (
+            change.partition_epoch is not None and change.partition_epoch != p.partition_epoch
+        ):
             outcomes[change.partition] = IsrOutcome.STALE
         else:
             parts[change.partition] = dataclasses.replace(p, isr=list(change.isr))

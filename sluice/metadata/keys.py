@@ -16,6 +16,11 @@ the table below is the summary.
 ``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",
                                   "updated_ms"}  (written by the controller; leaders never
                                   re-admit a dead broker to an ISR, as in KIP-841)
+``isr_requests/<id>``            {"broker_id", "requests": [{"topic", "topic_id", "partition",
+                                  "leader_epoch", "partition_epoch", "base": [..], "isr": [..]}],
+                                  "updated_ms"}  (written by broker <id> alone when the
+                                  ``controller`` document says ``isr_requests``: the ISR changes it
+                                  asks the controller for, Kafka's AlterPartition)
 ``replication_throttle``         {"rate": bytes/s, "resource": "namespace/name", "updated_ms"}  (written
                                   by the operator while a SluiceRebalance with
                                   spec.throttleBytesPerSecond runs, removed when it ends: the rate
@@ -41,6 +46,7 @@ CONTROLLER = "controller"
 REPLICATION_THROTTLE = "replication_throttle"
 BROKERS = "brokers/"
 TOPICS = "topics/"
+ISR_REQUESTS = "isr_requests/"
 TRANSACTIONAL_IDS = "transactional_ids/"
 ACLS = "acls/"
 QUOTAS = "quotas/"
@@ -48,6 +54,10 @@ QUOTAS = "quotas/"
 
 def broker(broker_id: int) -> str:
     return f"{BROKERS}{broker_id}"
+
+
+def isr_requests(broker_id: int) -> str:
+    return f"{ISR_REQUESTS}{broker_id}"
 
 
 def topic(name: str) -> str:

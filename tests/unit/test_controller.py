@@ -116,8 +116,23 @@ def test_unclean_off_by_default_and_broker_default_applies() -> None:
 
 
 def test_other_fields_are_kept() -> None:
-    p = PartitionState.from_json({**part([0, 1], 0, 1, [0, 1]).to_json(), "partition_epoch": 9})
-    assert reconcile_partition(p, {1}).to_json()["partition_epoch"] == 9
+    p = PartitionState.from_json({**part([0, 1], 0, 1, [0, 1]).to_json(), "future_field": 9})
+    assert reconcile_partition(p, {1}).to_json()["future_field"] == 9
+
+
+def test_every_change_of_a_partition_counts_one_partition_epoch() -> None:
+    t = topic(part([0, 1, 2], 0, 3, [0, 1, 2]), part([1, 2, 0], 1, 0, [1, 2, 0]))
+    once = elect_leaders(t, {1, 2})  # 0 dies: partition 0 elects, partition 1 fences it out
+    assert once is not None
+    assert [p.partition_epoch for p in once.partitions] == [1, 1]
+    assert once.to_json()["partitions"][0]["partition_epoch"] == 1
+    twice = elect_leaders(once, {2})
+    assert twice is not None and [p.partition_epoch for p in twice.partitions] == [2, 2]
+    # a partition that does not change keeps its epoch; a state written at the same epoch is one change
+    t3 = topic(part([0, 1], 0, 3, [0, 1]), part([1, 0], 1, 0, [1]))
+    moved = elect_leaders(t3, {1})
+    assert moved is not None and [p.partition_epoch for p in moved.partitions] == [1, 0]
+    assert t.to_json()["partitions"][0].get("partition_epoch") is None  # 0 is not written
 
 
 # -- preferred leaders and returning brokers --------------------------------------------------------

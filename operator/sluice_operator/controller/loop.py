@@ -77,7 +77,16 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from sluice.metadata import documents, keys
-from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument, TopicDocument, Versioned
+from sluice.metadata.documents import (
+    NO_LEADER,
+    BrokerDocument,
+    ControllerDocument,
+    IsrRequest,
+    IsrRequestsDocument,
+    TopicDocument,
+    Versioned,
+)
+from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
@@ -121,8 +130,9 @@ class ControllerFenced(Exception):
     """A newer controller (higher epoch) runs on the same metadata: this one must stop."""
 
 
-# What a topic's decision depends on besides default_unclean (fixed for a loop).
-_Inputs = tuple[int, frozenset[int], frozenset[int], frozenset[int] | None]
+# What a topic's decision depends on besides default_unclean (fixed for a loop): the document's
+# revision, live, dead, settled, and the newest revision of the ISR requests naming the topic.
+_Inputs = tuple[int, frozenset[int], frozenset[int], frozenset[int] | None, int]
 
 
 def _now_ms() -> int:
@@ -173,7 +183,10 @@ class ControllerLoop:
         # The brokers/ and controller documents as of the last round, and the revision each prefix
         # is current to (read from the store's changes, not a quorum read per round).
         self._watched: dict[str, Document] = {}
-        self._watched_revision: dict[str, int] = {keys.BROKERS: 0, keys.CONTROLLER: 0}
+        self._watched_revision: dict[str, int] = {keys.BROKERS: 0, keys.CONTROLLER: 0, keys.ISR_REQUESTS: 0}
+        # Leaders' ISR requests by topic key, as of the last round: [(revision, broker, request)].
+        self._requests: dict[str, list[tuple[int, int, IsrRequest]]] = {}
+        self._requests_decoded: dict[str, tuple[int, IsrRequestsDocument | None]] = {}  # key -> (revision, doc)
 
     # -- the controller document ----------------------------------------------------------------
 
@@ -182,7 +195,7 @@ class ControllerLoop:
 
         def bump(current: ControllerDocument | None) -> ControllerDocument:
             epoch = 0 if current is None else current.epoch
-            return ControllerDocument(controller_id=-1, epoch=epoch + 1, updated_ms=self.clock_ms())
+            return ControllerDocument(controller_id=-1, epoch=epoch + 1, updated_ms=self.clock_ms(), isr_requests=True)
 
         doc = documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, bump)
         assert doc is not None
@@ -270,7 +283,7 @@ class ControllerLoop:
             epoch = 0 if current is None else current.epoch
             if epoch > self.epoch:
                 raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
-            return ControllerDocument(-1, self.epoch, sorted(live), sorted(dead), self.clock_ms())
+            return ControllerDocument(-1, self.epoch, sorted(live), sorted(dead), self.clock_ms(), isr_requests=True)
 
         documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, write)
         self._published = (live, dead)
@@ -308,11 +321,73 @@ class ControllerLoop:
             self._publish()
             metrics.brokers_seen(self.live, self.dead)
             written = 0
+            self._collect_requests()
             docs = self.topic_documents()
             for doc in docs:
                 written += self.reconcile_topic(doc)
             metrics.round_listed(d.key for d in docs)
             return written
+
+    def _collect_requests(self) -> None:
+        """Group the leaders' ISR requests (``isr_requests/<broker>``, as of ``_refresh_watched``) by topic.
+
+        A request stays in its broker's document until the broker writes the next one; it is
+        decided again only when its document or its topic's changed (``_Inputs``), and once the
+        partition moved past the epoch it names it is refused for good (:mod:`sluice.metadata.isr`).
+        """
+        by_topic: dict[str, list[tuple[int, int, IsrRequest]]] = {}
+        for key, doc in self._watched.items():
+            if not key.startswith(keys.ISR_REQUESTS) or doc.value is None:
+                continue
+            cached = self._requests_decoded.get(key)
+            if cached is None or cached[0] != doc.revision:
+                try:
+                    cached = (doc.revision, IsrRequestsDocument.from_json(doc.value))
+                except (KeyError, ValueError, TypeError):
+                    log.warning("ignoring malformed ISR requests %s: %r", key, doc.value)
+                    cached = (doc.revision, None)
+                self._requests_decoded[key] = cached
+            requests = cached[1]
+            if requests is None:
+                continue
+            for request in requests.requests:
+                by_topic.setdefault(keys.topic(request.topic), []).append((doc.revision, requests.broker_id, request))
+        for key in [k for k in self._requests_decoded if k not in self._watched]:
+            del self._requests_decoded[key]
+        self._requests = by_topic
+
+    def _apply_requests(self, topic: TopicDocument, key: str) -> TopicDocument | None:
+        """``topic`` with the ISR requests it can take (None: none), each logged as the leader's change."""
+        by_leader: dict[int, list[IsrChange]] = {}
+        for _revision, broker_id, r in self._requests.get(key, ()):
+            if r.topic_id and r.topic_id != topic.topic_id:
+                continue  # a request for a topic of the same name that was deleted
+            change = IsrChange(r.partition, r.leader_epoch, tuple(r.base), tuple(r.isr), r.partition_epoch)
+            by_leader.setdefault(broker_id, []).append(change)
+        new = topic
+        for leader, changes in sorted(by_leader.items()):
+            new, outcomes = apply_isr_changes(new, leader, changes)
+            taken = [c for c in changes if outcomes.get(c.partition) is IsrOutcome.WRITTEN]
+            if len(taken) == 1:
+                c = taken[0]
+                log.info(
+                    "ISR of %s-%d: %s -> %s (asked by broker %d)",
+                    topic.name,
+                    c.partition,
+                    list(c.base),
+                    list(c.isr),
+                    leader,
+                )
+            elif taken:  # a returning broker is re-admitted to many partitions of a leader at once
+                log.info(
+                    "ISRs of %d partitions of %s changed as their leader, broker %d, asked: %s",
+                    len(taken),
+                    topic.name,
+                    leader,
+                    ", ".join(f"{c.partition}: {list(c.base)} -> {list(c.isr)}" for c in taken[:8])
+                    + (" ..." if len(taken) > 8 else ""),
+                )
+        return None if new is topic else new
 
     def topic_documents(self) -> list[Versioned[TopicDocument]]:
         """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round.
@@ -345,19 +420,25 @@ class ControllerLoop:
             current = doc.value
             metrics.topic_read(doc.key, current)
             settled = self.alive_for(self.preferred_leader_delay_s) if self.preferred_leaders else None
-            inputs: _Inputs = (doc.revision, live, dead, settled)
+            requests_revision = max((r[0] for r in self._requests.get(doc.key, ())), default=0)
+            inputs: _Inputs = (doc.revision, live, dead, settled, requests_revision)
             if self._unchanged.get(doc.key) == inputs:
                 return 0
             if self._held_inputs.get(doc.key) == inputs and not self._hold_over(doc.key):
                 return 0  # held with these very inputs: only the end of the hold can change the answer
-            elected = elect_leaders(current, live, dead, default_unclean=self.default_unclean)
-            new = elected
+            # The leaders' requests first: the rules then see the ISRs they asked for (and fence a
+            # broker that died meanwhile out of them again).
+            requested = self._apply_requests(current, doc.key)
+            elected = elect_leaders(requested or current, live, dead, default_unclean=self.default_unclean)
+            new = elected or requested
             if settled is not None:
-                preferred = restore_preferred_leaders(elected or current, settled)
-                if preferred is not None and elected is None and self._hold_preferred(doc.key, preferred, settled):
+                preferred = restore_preferred_leaders(new or current, settled)
+                if preferred is not None and new is None and self._hold_preferred(doc.key, preferred, settled):
                     self._held_inputs[doc.key] = inputs
                     return 0
-                new = preferred or elected
+                new = preferred or new
+            if new == current:
+                new = None  # a request the rules undid (a dead broker asked back): nothing to write
             if new is None:
                 self._forget_hold(doc.key)
                 self._unchanged[doc.key] = inputs
@@ -368,7 +449,8 @@ class ControllerLoop:
                 doc = documents.read(self.store, doc.key, TopicDocument)
                 continue
             self._forget_hold(doc.key)
-            for line in describe_changes(current, new, live, dead):
+            # the requested ISR changes are logged as such (_apply_requests), not as fencing
+            for line in describe_changes(requested or current, new, live, dead):
                 log.info("%s", line)
             metrics.topic_written(doc.key, current, new, dead)
             if self.on_change is not None:
