@@ -627,18 +627,25 @@ class SimBroker:
     asked: dict[tuple[str, int], IsrRequest] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def ask(self, name: str, topic: TopicDocument, changes: list[tuple[int, list[int]]]) -> None:
-        """Ask the controller for ``changes`` (partition, new ISR) of ``topic``, with what is still
-        outstanding (requests the document shows decided, by a moved partition epoch, are dropped)."""
+    def ask(self, changes: dict[str, tuple[TopicDocument, list[tuple[int, list[int]]]]]) -> None:
+        """Ask the controller for ``changes`` (by topic: its document, and (partition, new ISR) pairs)
+        in one write, with what is still outstanding (requests the documents show decided, by a moved
+        partition epoch, are dropped), as a broker's ISR round does."""
         with self.lock:
             for (t, i), r in list(self.asked.items()):
-                if t == name and i < len(topic.partitions) and topic.partitions[i].partition_epoch != r.partition_epoch:
+                seen = changes.get(t)
+                if (
+                    seen is not None
+                    and i < len(seen[0].partitions)
+                    and seen[0].partitions[i].partition_epoch != r.partition_epoch
+                ):
                     del self.asked[(t, i)]
-            for i, isr in changes:
-                p = topic.partitions[i]
-                self.asked[(name, i)] = IsrRequest(
-                    name, topic.topic_id, i, p.leader_epoch, p.partition_epoch, list(p.isr), list(isr)
-                )
+            for name, (topic, wanted) in changes.items():
+                for i, isr in wanted:
+                    p = topic.partitions[i]
+                    self.asked[(name, i)] = IsrRequest(
+                        name, topic.topic_id, i, p.leader_epoch, p.partition_epoch, list(p.isr), list(isr)
+                    )
             self.view.request_isrs(list(self.asked.values()))
 
 
@@ -956,7 +963,7 @@ class Simulation:
                 isr = list(p.replicas)
             try:
                 if self.s.isr_path == "requests":
-                    self.brokers[p.leader].ask(name, TopicDocument.from_json(doc.value), [(i, isr)])
+                    self.brokers[p.leader].ask({name: (TopicDocument.from_json(doc.value), [(i, isr)])})
                     outcome["written"] += 1  # asked: the controller writes it, with others, in its next round
                 else:
                     change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr), p.partition_epoch)
@@ -1124,14 +1131,14 @@ class Simulation:
                 by_topic.setdefault(name, []).append(i)
             if self.s.isr_path == "requests":
                 try:
+                    wanted: dict[str, tuple[TopicDocument, list[tuple[int, list[int]]]]] = {}
                     for name, indexes in by_topic.items():
-                        doc = view.store.get(keys.topic(name))
+                        doc = view.store.get(keys.topic(name))  # the leader's view of the topic
                         if doc is None or doc.value is None:
                             continue
                         topic = TopicDocument.from_json(doc.value)
-                        self.brokers[leader].ask(
-                            name, topic, [(i, sorted({*topic.partitions[i].isr, victim})) for i in indexes]
-                        )
+                        wanted[name] = (topic, [(i, sorted({*topic.partitions[i].isr, victim})) for i in indexes])
+                    self.brokers[leader].ask(wanted)
                     results = ["asked"] * len(items)
                 except StoreUnavailable:
                     results = ["store unavailable"] * len(items)
