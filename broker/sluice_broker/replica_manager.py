@@ -812,7 +812,7 @@ class ReplicaManager:
         if self.cluster.controller_takes_isr_requests:
             asked = [(key, change) for key, change in changes if key not in overdue]
             changes = [(key, change) for key, change in changes if key in overdue]
-            if asked or self._isr_requested:
+            if asked:  # the document holds what is still asked: nothing new, nothing to write
                 await self._request_isrs(asked)
         by_topic: dict[str, list[tuple[TopicPartition, IsrChange]]] = {}
         for key, change in changes:
