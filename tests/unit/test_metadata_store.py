@@ -17,6 +17,7 @@ from sluice.metadata.documents import (
     BrokerDocument,
     ClusterDocument,
     ControllerDocument,
+    IsrRequestsDocument,
     ProducerIdBlock,
     TopicDocument,
     TransactionalIdDocument,
@@ -55,6 +56,36 @@ STORED: list[tuple[type[Any], dict[str, Any]]] = [
         {"controller_id": -1, "epoch": 4, "live_brokers": [0, 2], "dead_brokers": [1], "updated_ms": 5},
     ),
     (TransactionalIdDocument, {"transactional_id": "app", "resource": "ns/app"}),
+    # this version's additions, as it writes them
+    (
+        ControllerDocument,
+        {
+            "controller_id": -1,
+            "epoch": 5,
+            "live_brokers": [0],
+            "dead_brokers": [],
+            "updated_ms": 6,
+            "isr_requests": True,
+        },
+    ),
+    (
+        IsrRequestsDocument,
+        {
+            "broker_id": 1,
+            "requests": [
+                {
+                    "topic": "orders",
+                    "topic_id": "t1",
+                    "partition": 0,
+                    "leader_epoch": 3,
+                    "partition_epoch": 7,
+                    "base": [1, 0],
+                    "isr": [1],
+                }
+            ],
+            "updated_ms": 8,
+        },
+    ),
     (
         BrokerDocument,
         {"broker_id": 2, "host": "h", "port": 1, "rack": "", "started_ms": 1, "records_formats": ["sluice"]},
