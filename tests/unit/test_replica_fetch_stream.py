@@ -116,9 +116,11 @@ def test_each_request_gets_one_response_in_order_counted_as_replica_fetch() -> N
                     await call.write(request(n))
                     resp = await call.read()
                     assert [p.high_watermark for p in resp.partitions] == [n + 1]
+                assert replicas.events.open_streams == {"ReplicaFetchStream": 1}
                 await call.done_writing()
                 assert await call.read() is grpc.aio.EOF
                 assert await call.code() == grpc.StatusCode.OK
+                await until(lambda: replicas.events.open_streams == {"ReplicaFetchStream": 0}, "the stream closed")
             assert [r.partitions[0].fetch_offset for r in replicas.requests] == list(range(5))
             assert replicas.events.requests == {"ReplicaFetch": 5}  # comparable with the unary calls
             assert replicas.events.request_errors == {}

@@ -120,7 +120,9 @@ async def _answer(name: str, handler: Handler, request: Any, context: Ctx) -> Me
     raise AssertionError("unreachable")
 
 
-def _stream(stream: Stream, events: BrokerEvents | None) -> Callable[[Any, Ctx], AsyncIterator[Message | bytes]]:
+def _stream(
+    method: str, stream: Stream, events: BrokerEvents | None
+) -> Callable[[Any, Ctx], AsyncIterator[Message | bytes]]:
     name = stream.counted_as
     handler = tracing.wrap(name, stream.handler)
 
@@ -133,16 +135,23 @@ def _stream(stream: Stream, events: BrokerEvents | None) -> Callable[[Any, Ctx],
             if events is not None:
                 events.request(name, (time.perf_counter() - started) * 1000, True)
             raise
-        async for request in requests:
-            started = time.perf_counter()
-            failed = True
-            try:
-                response = await _answer(name, handler, request, context)
-                failed = False
-            finally:
-                if events is not None:
+        if events is None:
+            async for request in requests:
+                yield await _answer(name, handler, request, context)
+            return
+        events.stream_opened(method)
+        try:
+            async for request in requests:
+                started = time.perf_counter()
+                failed = True
+                try:
+                    response = await _answer(name, handler, request, context)
+                    failed = False
+                finally:
                     events.request(name, (time.perf_counter() - started) * 1000, failed)
-            yield response
+                yield response
+        finally:
+            events.stream_closed(method)
 
     return run
 
@@ -169,7 +178,7 @@ def service(
     }
     for name, stream in (streams or {}).items():
         handlers[name] = grpc.stream_stream_rpc_method_handler(
-            _stream(stream, events), request_deserializer=_parser(stream.request), response_serializer=_serialize
+            _stream(name, stream, events), request_deserializer=_parser(stream.request), response_serializer=_serialize
         )
     return grpc.method_handlers_generic_handler(full_name, handlers)
 
