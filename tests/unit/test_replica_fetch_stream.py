@@ -172,6 +172,27 @@ def test_an_invalid_request_ends_the_stream_with_invalid_argument(bad: dict[str,
     run(body)
 
 
+def test_a_stopping_leader_ends_its_streams_instead_of_holding_its_graceful_stop() -> None:
+    async def body() -> None:
+        replicas = FakeReplicas()
+        service = InterBrokerService(replicas)  # type: ignore[arg-type]
+        leader = Leader(service.handler())
+        await leader.start()
+        async with leader.channel() as channel:
+            call = stream_call(channel)
+            await call.write(request(0))
+            await call.read()
+            service.end_streams()
+            assert leader.server is not None
+            stopping = asyncio.create_task(leader.server.stop(30))  # a stream has no end of its own
+            await call.write(request(1))  # the follower's next round: the stream ends instead
+            assert await call.read() is grpc.aio.EOF
+            await asyncio.wait_for(stopping, 5)
+            assert len(replicas.requests) == 1
+
+    run(body)
+
+
 def raw_stream(channel: grpc.aio.Channel) -> Any:
     """The stream with no serializers: whatever bytes the test writes go out as a request."""
     return channel.stream_stream(

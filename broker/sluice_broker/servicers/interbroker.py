@@ -33,6 +33,15 @@ class InterBrokerService:
 
     def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
+        self._ending = False
+
+    def end_streams(self) -> None:
+        """The broker is stopping: each open ReplicaFetchStream ends before its next request.
+
+        A stream has no end of its own, so without this a graceful stop of the listener would wait
+        its whole grace period; the followers see the stream end and fetch again after their back-off.
+        """
+        self._ending = True
 
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
         return service(
@@ -46,7 +55,11 @@ class InterBrokerService:
             streams={
                 # each request on the stream is timed and counted as a ReplicaFetch call
                 "ReplicaFetchStream": Stream(
-                    require_broker, self._replica_fetch, ipb.ReplicaFetchRequest, "ReplicaFetch"
+                    require_broker,
+                    self._replica_fetch,
+                    ipb.ReplicaFetchRequest,
+                    "ReplicaFetch",
+                    ending=lambda: self._ending,
                 )
             },
         )

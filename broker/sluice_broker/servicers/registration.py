@@ -18,7 +18,8 @@ follower's ReplicaFetchStream) is registered with :func:`service`'s ``streams``:
 its check runs once when the stream opens, then each request goes through the
 same decoding, error mapping and timing as a unary call, counted under the
 name of the unary method it stands for, so the request metrics stay
-comparable. A request that fails ends the stream with its status. Stream
+comparable. A request that fails ends the stream with its status; a stopping
+server ends its streams (``Stream.ending``) before their next request. Stream
 requests are not shielded from cancellation: a stream ends when its peer goes,
 and its handler must leave nothing half-done when cancelled (ReplicaFetch's
 bookkeeping is synchronous; only its long poll awaits).
@@ -50,11 +51,21 @@ StreamOpen = Callable[[Ctx], Awaitable[object]]  # checks the caller once, when 
 class Stream:
     """A bidirectional stream answering each request with one response, as unary method ``counted_as`` would."""
 
-    def __init__(self, opened: StreamOpen, handler: Handler, request: type[Message], counted_as: str) -> None:
+    def __init__(
+        self,
+        opened: StreamOpen,
+        handler: Handler,
+        request: type[Message],
+        counted_as: str,
+        ending: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.opened = opened
         self.handler = handler
         self.request = request
         self.counted_as = counted_as
+        # True once the server is stopping: the stream ends (OK) before its next request instead of
+        # holding the server's graceful stop for its whole grace period.
+        self.ending = ending
 
 
 class _Malformed:
@@ -137,11 +148,15 @@ def _stream(
             raise
         if events is None:
             async for request in requests:
+                if stream.ending():
+                    return
                 yield await _answer(name, handler, request, context)
             return
         events.stream_opened(method)
         try:
             async for request in requests:
+                if stream.ending():
+                    return
                 started = time.perf_counter()
                 failed = True
                 try:
