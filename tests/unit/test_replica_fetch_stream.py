@@ -374,8 +374,12 @@ def test_the_stream_is_tried_again_after_the_leader_is_upgraded(monkeypatch: pyt
             replicas = FakeReplicas()
             leader.handler = InterBrokerService(replicas).handler()  # type: ignore[arg-type]
             await leader.start()
-            await until(lambda: len(replicas.requests) >= 5, "fetches on the stream after the upgrade")
-            assert list(manager._streams) == [0]
+            # unary calls until STREAM_RETRY_S has passed since the UNIMPLEMENTED, then the stream
+            opened = lambda: replicas.events.open_streams.get("ReplicaFetchStream") == 1  # noqa: E731
+            await until(opened, "a stream after the upgrade")
+            stream, done = manager._streams[0], len(replicas.requests)
+            await until(lambda: len(replicas.requests) >= done + 5, "fetches on the stream")
+            assert manager._streams[0] is stream and opened()
         finally:
             await manager.stop()
             await leader.stop()

@@ -146,13 +146,8 @@ def _stream(
             if events is not None:
                 events.request(name, (time.perf_counter() - started) * 1000, True)
             raise
-        if events is None:
-            async for request in requests:
-                if stream.ending():
-                    return
-                yield await _answer(name, handler, request, context)
-            return
-        events.stream_opened(method)
+        if events is not None:
+            events.stream_opened(method)
         try:
             async for request in requests:
                 if stream.ending():
@@ -163,10 +158,12 @@ def _stream(
                     response = await _answer(name, handler, request, context)
                     failed = False
                 finally:
-                    events.request(name, (time.perf_counter() - started) * 1000, failed)
+                    if events is not None:
+                        events.request(name, (time.perf_counter() - started) * 1000, failed)
                 yield response
         finally:
-            events.stream_closed(method)
+            if events is not None:
+                events.stream_closed(method)
 
     return run
 
