@@ -164,7 +164,8 @@ def test_an_invalid_request_ends_the_stream_with_invalid_argument(bad: dict[str,
                 assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert message in (info.value.details() or "")
             assert len(replicas.requests) == 1  # the invalid one never reached the replica manager
-            assert replicas.events.requests == {"ReplicaFetch": 2}
+            # counted once the handler has ended, which may be just after the client saw the status
+            await until(lambda: replicas.events.requests == {"ReplicaFetch": 2}, "both requests counted")
             assert replicas.events.request_errors == {"ReplicaFetch": 1}
         finally:
             await leader.stop()
@@ -232,13 +233,13 @@ def test_a_peer_without_a_broker_certificate_is_refused_when_the_stream_opens() 
         try:
             async with leader.channel(_NOT_A_BROKER) as channel:
                 call = stream_call(channel)
-                await call.write(request(0))
                 with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call.write(request(0))  # raises when the refusal came first
                     await call.read()
                 assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert "not a broker" in (info.value.details() or "")
             assert replicas.requests == []
-            assert replicas.events.request_errors == {"ReplicaFetch": 1}
+            await until(lambda: replicas.events.request_errors == {"ReplicaFetch": 1}, "the refusal counted")
         finally:
             await leader.stop()
 
@@ -253,8 +254,8 @@ def test_the_client_listener_refuses_the_stream_without_decoding_anything() -> N
             async with leader.channel() as channel:
                 for payload in (request(0).SerializeToString(), b"\xff\xff\xff\xff"):
                     call = raw_stream(channel)
-                    await call.write(payload)
                     with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await call.write(payload)  # raises when the refusal came first
                         await call.read()
                     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
                     assert info.value.details() == CLIENT_LISTENER_REFUSAL
