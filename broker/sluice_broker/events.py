@@ -105,6 +105,7 @@ class BrokerEvents:
     requests: dict[str, int] = field(default_factory=dict)  # RPC name -> calls answered
     request_errors: dict[str, int] = field(default_factory=dict)  # RPC name -> calls that failed as a whole
     request_latency: dict[str, Histogram] = field(default_factory=dict)  # RPC name -> total time, ms
+    open_streams: dict[str, int] = field(default_factory=dict)  # streaming RPC name -> streams open now
     isr_shrinks: int = 0
     isr_expands: int = 0
     txn_commits: int = 0  # transactions completed with COMMIT markers everywhere
@@ -172,6 +173,12 @@ class BrokerEvents:
         if hist is None:
             hist = self.request_latency[name] = Histogram(REQUEST_BUCKETS_MS)
         hist.observe(millis)
+
+    def stream_opened(self, name: str) -> None:
+        self.open_streams[name] = self.open_streams.get(name, 0) + 1
+
+    def stream_closed(self, name: str) -> None:
+        self.open_streams[name] -= 1
 
     def forget_topic(self, topic: str) -> None:
         """A deleted topic's counters go (label values stay bounded by the topics that exist)."""

@@ -432,6 +432,7 @@ async def serve(
     await health.enter_graceful_shutdown()
     for task in tasks:
         task.cancel()
+    servicer.interbroker.end_streams()  # followers' streams would hold the graceful stop for its grace
     await server.stop(grace=2.0)
     if kafka_listener is not None:
         await kafka_listener.stop()

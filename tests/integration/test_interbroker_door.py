@@ -3,9 +3,9 @@
 A caller with nothing but the published stubs tries what issue 12 found open: a forged
 WriteTxnMarkers COMMIT that would expose an aborted (or still open) transaction to
 read_committed readers, a forged ABORT with a huge coordinator epoch that would hide a committed
-one and wedge its coordinator, and forged ReplicaFetch calls posing as followers that would move
-the high watermark past what the real followers hold. Each is sent through every door a
-LocalCluster with default arguments has:
+one and wedge its coordinator, and forged ReplicaFetch calls (and ReplicaFetchStream requests)
+posing as followers that would move the high watermark past what the real followers hold. Each is
+sent through every door a LocalCluster with default arguments has:
 
 * the client port: refused PERMISSION_DENIED (the methods exist there only to refuse);
 * the inter-broker port in plaintext, over TLS without a certificate, and over TLS with a
@@ -265,6 +265,9 @@ def test_forged_replica_fetch_moves_no_high_watermark_or_isr(cluster: LocalClust
                 ],
             )
             attempt_everywhere(cluster, leader, tmp_path, lambda s, r=forged: s.ReplicaFetch(r, timeout=10))
+            attempt_everywhere(  # the same on the stream followers use: refused before an answer
+                cluster, leader, tmp_path, lambda s, r=forged: list(s.ReplicaFetchStream(iter([r]), timeout=10))
+            )
             epochs = ipb.OffsetsForLeaderEpochRequest(
                 replica_id=f,
                 partitions=[

@@ -565,6 +565,12 @@ class EventsCollector(_SafeCollector):
             ["request"],
             (([name], hist) for name, hist in sorted(ev.request_latency.items())),
         )
+        streams = GaugeMetricFamily(
+            "sluice_open_streams", "Streaming RPCs open on this broker, by method", labels=["stream"]
+        )
+        for name, n in sorted(ev.open_streams.items()):
+            streams.add_metric([name], n)
+        yield streams
         yield CounterMetricFamily(
             "kafka_server_replicamanager_isrshrinks", "ISR shrinks made by this broker as leader", ev.isr_shrinks
         )

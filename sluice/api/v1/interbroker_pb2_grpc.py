@@ -45,6 +45,11 @@ class InterBrokerStub:
                 request_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
                 response_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
                 _registered_method=True)
+        self.ReplicaFetchStream = channel.stream_stream(
+                '/sluice.v1.InterBroker/ReplicaFetchStream',
+                request_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
+                _registered_method=True)
         self.OffsetsForLeaderEpoch = channel.unary_unary(
                 '/sluice.v1.InterBroker/OffsetsForLeaderEpoch',
                 request_serializer=sluice_dot_v1_dot_interbroker__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
@@ -67,6 +72,16 @@ class InterBrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplicaFetchStream(self, request_iterator, context):
+        """One long-lived stream per (follower, leader): the follower sends a ReplicaFetchRequest each
+        round and the leader answers each with exactly one ReplicaFetchResponse, as ReplicaFetch would
+        (the same checks and long poll), in order. It saves a call's set-up per round. A leader that
+        answers UNIMPLEMENTED (older code) is fetched from with ReplicaFetch instead.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OffsetsForLeaderEpoch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -83,6 +98,11 @@ def add_InterBrokerServicer_to_server(servicer, server):
             ),
             'ReplicaFetch': grpc.unary_unary_rpc_method_handler(
                     servicer.ReplicaFetch,
+                    request_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.SerializeToString,
+            ),
+            'ReplicaFetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ReplicaFetchStream,
                     request_deserializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.FromString,
                     response_serializer=sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.SerializeToString,
             ),
@@ -144,6 +164,33 @@ class InterBroker:
             request,
             target,
             '/sluice.v1.InterBroker/ReplicaFetch',
+            sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
+            sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplicaFetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sluice.v1.InterBroker/ReplicaFetchStream',
             sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchRequest.SerializeToString,
             sluice_dot_v1_dot_interbroker__pb2.ReplicaFetchResponse.FromString,
             options,
