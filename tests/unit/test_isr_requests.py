@@ -190,3 +190,24 @@ def test_a_dead_broker_asked_back_into_an_isr_is_fenced_out_again_in_the_same_wr
     controller.run_round()
     assert follower not in _topic(store).partitions[0].isr
     assert store.writes_to(keys.topic("orders")) == written  # taken and undone in one decision: no write
+
+
+def test_a_leader_the_controller_holds_dead_cannot_shrink_the_isr_to_itself(tmp_path: Path) -> None:
+    store, controller, fake, views = _setup(tmp_path, partitions=1)
+    topic = _topic(store)
+    p = topic.partitions[0]
+    others = [b for b in p.replicas if b != p.leader]
+    # the leader is cut off from its followers and from the controller's health checks: it asks for
+    # an ISR of itself alone just as the controller declares it dead
+    zombie = IsrRequest("orders", topic.topic_id, 0, p.leader_epoch, p.partition_epoch, list(p.isr), [p.leader])
+    fake.down.add(p.leader)
+    for _ in range(4):  # silent for 0.8 s: not dead yet (the failure timeout is 1 s)
+        fake.now += 0.2
+        controller.run_round()
+    assert _topic(store).partitions[0].leader == p.leader
+    views[p.leader].request_isrs([zombie])
+    fake.now += 0.4
+    controller.run_round()  # the round that finds it dead sees its request too
+    after = _topic(store).partitions[0]
+    # Taken, the request would leave an ISR of the dead leader alone: no clean election possible.
+    assert after.leader in others and set(after.isr) == set(others)

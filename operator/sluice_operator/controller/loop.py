@@ -359,9 +359,14 @@ class ControllerLoop:
     def _apply_requests(self, topic: TopicDocument, key: str) -> TopicDocument | None:
         """``topic`` with the ISR requests it can take (None: none), each logged as the leader's change."""
         by_leader: dict[int, list[IsrChange]] = {}
+        dead = self.dead
         for _revision, broker_id, r in self._requests.get(key, ()):
             if r.topic_id and r.topic_id != topic.topic_id:
                 continue  # a request for a topic of the same name that was deleted
+            if broker_id in dead:
+                # a leader this controller holds dead is losing its leaderships in this very decision;
+                # a zombie's request (its ISR shrunk to itself, cut off from its followers) is not taken
+                continue
             change = IsrChange(r.partition, r.leader_epoch, tuple(r.base), tuple(r.isr), r.partition_epoch)
             by_leader.setdefault(broker_id, []).append(change)
         new = topic
