@@ -290,9 +290,13 @@ class ReplicaManager:
             return  # not decided yet
         self._forget_isr_request(key)
         if set(info.isr) == set(change.isr):
-            log.info("%s-%d: ISR %s -> %s", key[0], key[1], list(change.base), list(change.isr))
-            self.events.isr_changed(list(change.base), list(change.isr))
+            self._isr_changed(key, change)
         self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need
+
+    def _isr_changed(self, key: TopicPartition, change: IsrChange) -> None:
+        """Log and count an ISR change of this leader's that the store took (written or asked for)."""
+        log.info("%s-%d: ISR %s -> %s", key[0], key[1], list(change.base), list(change.isr))
+        self.events.isr_changed(list(change.base), list(change.isr))
 
     def _forget_isr_request(self, key: TopicPartition) -> None:
         if self._isr_requested.pop(key, None) is not None:
@@ -919,8 +923,7 @@ class ReplicaManager:
             part = self.partitions.get(key)  # the loop went on meanwhile
             if not IsrOutcome.applied(written.outcomes.get(key[1])) or part is None:
                 continue  # refused: the view now has the document that refused it; decided again next round
-            log.info("%s-%d: ISR %s -> %s", key[0], key[1], list(change.base), list(change.isr))
-            self.events.isr_changed(list(change.base), list(change.isr))
+            self._isr_changed(key, change)
             if key in self.leader_of:
                 self._maybe_advance_hw(key, part)
             self._advanced.wake(key)  # a moved HW, or fewer in-sync replicas than acks=all waits need

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -97,15 +97,10 @@ def _guard(name: str, handler: Handler, events: BrokerEvents | None) -> Handler:
                 # broker started (a state write waiting for replication, markers) must run to its end,
                 # or in-memory state is left half-changed.
                 response = await asyncio.shield(handler(request, context))
-            except InvalidArgumentError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
-                raise AssertionError("unreachable") from None
             except grpc.aio.AbortError:
                 raise
             except Exception as exc:
-                log.exception("%s failed", name)
-                await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
-                raise AssertionError("unreachable") from None
+                await _abort_for(name, exc, context)
             failed = False
             return response
         finally:
@@ -115,20 +110,27 @@ def _guard(name: str, handler: Handler, events: BrokerEvents | None) -> Handler:
     return run
 
 
+async def _abort_for(name: str, exc: Exception, context: Ctx) -> NoReturn:
+    """Answer a handler's failure, for calls and stream requests alike (called from its ``except``):
+    INVALID_ARGUMENT for a request that makes no sense, else INTERNAL with the error, logged."""
+    if isinstance(exc, InvalidArgumentError):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
+    else:
+        log.exception("%s failed", name)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable") from None
+
+
 async def _answer(name: str, handler: Handler, request: Any, context: Ctx) -> Message | bytes:
     """``handler``'s response to one stream request; a malformed or refused one aborts the stream."""
     if isinstance(request, _Malformed):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
     try:
         return await handler(request, context)
-    except InvalidArgumentError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {exc}")
     except grpc.aio.AbortError:
         raise
     except Exception as exc:
-        log.exception("%s failed", name)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(exc).__name__}: {exc}")
-    raise AssertionError("unreachable")
+        await _abort_for(name, exc, context)
 
 
 def _stream(
