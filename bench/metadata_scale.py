@@ -27,6 +27,14 @@ What runs, in this one process unless said otherwise:
   before, ``ClusterView.write_isrs`` (a quorum GET of the whole topic document, then a replace
   carrying its resourceVersion with all of the leader's changes to that topic, up to 20 tries, a
   short random pause after each conflict).
+* **Where partition states go** (``--partition-state``): by default the simulated brokers register
+  as brokers of this code do (``metadata_features``), so the controller opens the gate and every
+  state change is a ``partition_changes/<seq>`` record (a failover: one record), the watches leave
+  the folded ``topic_states/`` out as the brokers' stores do, and the watchers decode records; with
+  ``documents`` they register as brokers from before, and states stay in whole topic documents.
+  The harness's own view of the topics is a :class:`~sluice.metadata.topic_view.WatchedTopics`
+  over its uncounted store; "the final state" a watcher must have applied is every topic document
+  and record there is once the scenario's condition holds.
 * **A few real ClusterViews** (``--observers``, default 2): complete broker views, each over its
   own KubernetesMetadataStore (its own watch cache), refreshed every 100 ms as a broker's metadata
   poller does; the time a change reaches them is the end-to-end figure, including the decode of
@@ -113,10 +121,24 @@ if __name__ == "__main__":
 from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
-from sluice.metadata.documents import ControllerDocument, IsrRequest, TopicDocument  # noqa: E402
+from sluice.metadata.documents import (  # noqa: E402
+    BrokerDocument,
+    ControllerDocument,
+    IsrRequest,
+    PartitionChangesDocument,
+    TopicDocument,
+)
 from sluice.metadata.isr import IsrChange, IsrOutcome  # noqa: E402
-from sluice.metadata.kubernetes import GROUP, PLURAL, VERSION, KubernetesMetadataStore, api_client  # noqa: E402
+from sluice.metadata.kubernetes import (  # noqa: E402
+    GROUP,
+    PLURAL,
+    VERSION,
+    WATCH_SELECTOR,
+    KubernetesMetadataStore,
+    api_client,
+)
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict  # noqa: E402
+from sluice.metadata.topic_view import WatchedTopics  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 BROKER_LABELS = {"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "broker"}
@@ -291,6 +313,8 @@ class Decoder:
             value = json.loads(spec["value"])
             if key.startswith(keys.TOPICS):
                 TopicDocument.from_json(value)
+            elif key.startswith(keys.PARTITION_CHANGES):
+                PartitionChangesDocument.from_json(value)
             elif key == keys.CONTROLLER:
                 dead = tuple(ControllerDocument.from_json(value).dead_brokers)
         rv = int(meta.get("resourceVersion") or 0)
@@ -354,6 +378,7 @@ class Watcher:
                     self.namespace,
                     PLURAL,
                     watch=True,
+                    label_selector=WATCH_SELECTOR,
                     resource_version=revision,
                     allow_watch_bookmarks=True,
                     timeout_seconds=WATCH_TIMEOUT_S,
@@ -373,17 +398,29 @@ class Watcher:
 
     def _list(self, api: Any) -> str:
         response: Any = api.list_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, _preload_content=False, _request_timeout=(10, 60)
+            GROUP,
+            VERSION,
+            self.namespace,
+            PLURAL,
+            label_selector=WATCH_SELECTOR,
+            _preload_content=False,
+            _request_timeout=(10, 60),
         )
         body = response.data
         self.bytes += len(body)
         self.lists += 1
         started = time.thread_time()
         listed = json.loads(body)
+        at = time.monotonic()
         for item in listed.get("items", []):
             spec = item.get("spec") or {}
-            if str(spec.get("key", "")).startswith(keys.TOPICS):
+            key = str(spec.get("key", ""))
+            if len(self.applied) < MAX_LOG:  # what the LIST holds is applied too (a document never rewritten since)
+                self.applied.append((key, int(item["metadata"]["resourceVersion"]), at))
+            if key.startswith(keys.TOPICS):
                 TopicDocument.from_json(json.loads(spec["value"]))
+            elif key.startswith(keys.PARTITION_CHANGES):
+                PartitionChangesDocument.from_json(json.loads(spec["value"]))
         self.decode_s += time.thread_time() - started
         self.synced.set()
         return str(listed["metadata"]["resourceVersion"])
@@ -614,6 +651,9 @@ class Settings:
     # how leaders change ISRs: "requests" to the controller (isr_requests/<id>, what brokers do when the
     # controller takes them), or "direct" writes of the topic documents (brokers before, or without it)
     isr_path: str = "requests"
+    # where partition states go: "records" (partition change records, what brokers of this code
+    # register for), or "documents" (the whole topic documents: brokers register without it)
+    partition_state: str = "records"
 
 
 @dataclass
@@ -683,10 +723,24 @@ class Simulation:
         self.core: Any = None
         self.custom: Any = None
         self.raw: KubernetesMetadataStore | None = None  # uncounted: the harness's own reads
+        self.harness: WatchedTopics | None = None  # the topics composed, from raw's watch cache
+        self._harness_lock = threading.Lock()
         self.broker_kubeconfig: Path = workdir / "kubeconfig-unset"
         self.results: dict[str, Any] = {}
 
     # -- set-up ------------------------------------------------------------------------------
+
+    def register(self, view: ClusterView) -> None:
+        """Register a simulated broker as the broker does; with ``--partition-state documents`` as a
+        broker of code from before partition change records (no metadata_features), so the
+        controller keeps writing whole topic documents."""
+        view.register()
+        if self.s.partition_state == "documents":
+            key = keys.broker(view.config.broker_id)
+            doc = view.store.get(key)
+            assert doc is not None and doc.value is not None
+            old = dataclasses.replace(BrokerDocument.from_json(doc.value), metadata_features=())
+            view.store.compare_and_set(key, old.to_json(), doc.version)
 
     def config(self, broker_id: int) -> BrokerConfig:
         return BrokerConfig.build(broker_id, f"broker-{broker_id}.sim", 9092, str(self.workdir / "unused"), self.url)
@@ -710,6 +764,7 @@ class Simulation:
         self.core = client.CoreV1Api(admin)
         self.custom = client.CustomObjectsApi(admin)
         self.raw = KubernetesMetadataStore.from_url(self.url)
+        self.harness = WatchedTopics(self.raw)
         self.broker_kubeconfig = kubeconfig
         if self.s.service_account:
             self.broker_kubeconfig = self._broker_service_account()
@@ -719,7 +774,7 @@ class Simulation:
         log(f"registering {n} simulated brokers and their Pods")
         for i in range(n):
             view = ClusterView(self.broker_store, self.config(i))
-            view.register()
+            self.register(view)
             self.brokers[i] = SimBroker(i, view)
             self._create_pod(i)
             self.set_ready(i, True)
@@ -821,14 +876,35 @@ class Simulation:
 
     # -- state ---------------------------------------------------------------------------------
 
-    def topics(self) -> dict[str, Document]:
+    def topics(self) -> dict[str, TopicDocument]:
+        """Every topic by its document key, composed with its partition change records (the harness's
+        own watch cache: what a broker's view holds, a watch delay behind the store)."""
+        assert self.harness is not None
+        with self._harness_lock:
+            self.harness.catch_up()
+            return {keys.topic(name): t for name, t in self.harness.view.topics().items()}
+
+    def topic_revisions(self) -> dict[str, int]:
+        """The revision of every topic document and partition change record there is: what a watcher
+        must have applied to hold the topics as they are (folded states are not watched)."""
         assert self.raw is not None
-        return {d.key: d for d in self.raw.list(keys.TOPICS) if d.value is not None}
+        return {
+            d.key: d.revision
+            for prefix in (keys.TOPICS, keys.PARTITION_CHANGES)
+            for d in self.raw.changes_since(0, prefix)
+            if d.value is not None
+        }
+
+    def records_on(self) -> bool:
+        """Whether the controller says partition states are written as records (for direct ISR writes)."""
+        assert self.raw is not None
+        doc = self.raw.get(keys.CONTROLLER)
+        return doc is not None and ControllerDocument.from_json(doc.value or {}).partition_changes
 
     def settled(self) -> bool:
         """Every partition at its full ISR and led by its preferred (first) replica."""
-        for doc in self.topics().values():
-            for p in TopicDocument.from_json(doc.value or {}).partitions:
+        for topic in self.topics().values():
+            for p in topic.partitions:
                 if sorted(p.isr) != sorted(p.replicas) or p.leader != p.replicas[0]:
                     return False
         return True
@@ -836,11 +912,12 @@ class Simulation:
     def heal(self) -> int:
         """Leaders add back every replica missing from their ISRs (unmeasured: between scenarios)."""
         healed = 0
-        for key, doc in self.topics().items():
-            topic = TopicDocument.from_json(doc.value or {})
+        records = self.records_on()
+        for key, topic in self.topics().items():
             for i, p in enumerate(topic.partitions):
                 if sorted(p.isr) != sorted(p.replicas) and p.leader in self.brokers and self.brokers[p.leader].alive:
                     change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(p.replicas))
+                    self.brokers[p.leader].view.partition_changes = records
                     written = self.brokers[p.leader].view.write_isrs(key[len(keys.TOPICS) :], p.leader, [change])
                     healed += IsrOutcome.applied(written.outcomes.get(i))
         return healed
@@ -944,13 +1021,12 @@ class Simulation:
             # (one GET, uncounted by the brokers' store but seen by the API server), then the leader
             # writes through write_isrs (its own GET and PUT). A decision on a view 100 ms stale would
             # sometimes write the ISR the document already has: a no-op PUT.
-            assert self.raw is not None
             name = f"t{rng.randrange(self.s.topics):03d}"
-            doc = self.raw.get(keys.topic(name))
-            if doc is None or doc.value is None:
+            topic = self.topics().get(keys.topic(name))
+            if topic is None:
                 outcome["no document"] += 1
                 return
-            partitions = TopicDocument.from_json(doc.value).partitions
+            partitions = topic.partitions
             i = rng.randrange(len(partitions))
             p = partitions[i]
             if p.leader not in self.brokers or not self.brokers[p.leader].alive:
@@ -963,10 +1039,11 @@ class Simulation:
                 isr = list(p.replicas)
             try:
                 if self.s.isr_path == "requests":
-                    self.brokers[p.leader].ask({name: (TopicDocument.from_json(doc.value), [(i, isr)])})
+                    self.brokers[p.leader].ask({name: (topic, [(i, isr)])})
                     outcome["written"] += 1  # asked: the controller writes it, with others, in its next round
                 else:
                     change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr), p.partition_epoch)
+                    self.brokers[p.leader].view.partition_changes = records
                     written = self.brokers[p.leader].view.write_isrs(name, p.leader, [change])
                     outcome[written.outcomes[i].value] += 1
             except StoreUnavailable:
@@ -974,6 +1051,7 @@ class Simulation:
             except VersionConflict:
                 outcome["gave up after conflicts"] += 1
 
+        records = self.records_on()
         with self.window(f"steady {rate:g}/s") as out:
             count = int(rate * self.s.churn_seconds)
             started = time.monotonic()
@@ -1000,9 +1078,8 @@ class Simulation:
         found: dict[str, int] = {}
 
         def check() -> bool:
-            docs = self.topics()
-            if done({k: TopicDocument.from_json(d.value or {}) for k, d in docs.items()}):
-                found.update({k: d.revision for k, d in docs.items()})
+            if done(self.topics()):
+                found.update(self.topic_revisions())
                 return True
             return False
 
@@ -1107,7 +1184,7 @@ class Simulation:
         if recreate_pod:
             wait_until(lambda: self._pod_gone(victim), 30)
             self._create_pod(victim)
-        broker.view.register()
+        self.register(broker.view)
         broker.watcher = Watcher(
             f"b{victim}", self.plane.kubeconfig, self.namespace, self.decoder, self.deadline
         ).start()
@@ -1121,6 +1198,8 @@ class Simulation:
         # broker does on its next ISR check
         outcome: Counter[str] = Counter()
         lock = threading.Lock()
+        records = self.records_on()
+        known: dict[str, TopicDocument] = {}  # the topics as of the last outside(): each leader's view
 
         def expand(leader: int, items: list[tuple[str, int]]) -> None:
             # as a broker's maintain_isr: all of this leader's changes asked of the controller in one
@@ -1133,10 +1212,9 @@ class Simulation:
                 try:
                     wanted: dict[str, tuple[TopicDocument, list[tuple[int, list[int]]]]] = {}
                     for name, indexes in by_topic.items():
-                        doc = view.store.get(keys.topic(name))  # the leader's view of the topic
-                        if doc is None or doc.value is None:
+                        topic = known.get(keys.topic(name))  # the leader's view of the topic
+                        if topic is None:
                             continue
-                        topic = TopicDocument.from_json(doc.value)
                         wanted[name] = (topic, [(i, sorted({*topic.partitions[i].isr, victim})) for i in indexes])
                     self.brokers[leader].ask(wanted)
                     results = ["asked"] * len(items)
@@ -1148,17 +1226,18 @@ class Simulation:
             for name, indexes in by_topic.items():
                 results: list[str]
                 try:
-                    doc = view.store.get(keys.topic(name))
-                    if doc is None or doc.value is None:
+                    topic = known.get(keys.topic(name))
+                    if topic is None:
                         results = ["no document"] * len(indexes)
                     else:
-                        parts = TopicDocument.from_json(doc.value).partitions
+                        parts = topic.partitions
                         changes = [
                             IsrChange(
                                 i, p.leader_epoch, tuple(p.isr), tuple(sorted({*p.isr, victim})), p.partition_epoch
                             )
                             for i, p in ((i, parts[i]) for i in indexes)
                         ]
+                        view.partition_changes = records
                         written = view.write_isrs(name, leader, changes)
                         results = [written.outcomes[i].value for i in indexes]
                 except StoreUnavailable:
@@ -1169,8 +1248,10 @@ class Simulation:
         def outside() -> dict[int, list[tuple[str, int]]]:
             """By leader: the partitions the returned broker replicates and is not in the ISR of."""
             work: dict[int, list[tuple[str, int]]] = {}
-            for key, doc in self.topics().items():
-                for i, p in enumerate(TopicDocument.from_json(doc.value or {}).partitions):
+            known.clear()
+            known.update(self.topics())
+            for key, topic in known.items():
+                for i, p in enumerate(topic.partitions):
                     if victim in p.replicas and victim not in p.isr and p.leader >= 0:
                         work.setdefault(p.leader, []).append((key[len(keys.TOPICS) :], i))
             return work
@@ -1224,7 +1305,7 @@ class Simulation:
         }
         self.start()
         docs = self.topics()
-        sizes = [len(json.dumps(d.value, sort_keys=True)) for d in docs.values()]
+        sizes = [len(json.dumps(t.to_json(), sort_keys=True)) for t in docs.values()]
         self.results["topic_document_bytes_mean"] = int(statistics.fmean(sizes)) if sizes else 0
         self.results["all_topic_documents_bytes"] = sum(sizes)
         victim = min(2, self.s.brokers - 1)
@@ -1446,6 +1527,13 @@ def main(argv: list[str] | None = None) -> int:
         default="requests",
         help="leaders ask the controller for ISR changes (requests, as brokers do) or write them (direct, as before)",
     )
+    parser.add_argument(
+        "--partition-state",
+        choices=["records", "documents"],
+        default="records",
+        help="partition states as change records (records, as brokers of this code register for) or in the "
+        "whole topic documents (documents, as before)",
+    )
     parser.add_argument("--budget", type=float, default=1800.0, help="seconds per broker count, at most")
     parser.add_argument("--stem", default="metadata-scale", help="results file names in bench/results/")
     parser.add_argument("--report-only", action="store_true", help="write the .md and .png from the .json again")
@@ -1471,6 +1559,7 @@ def main(argv: list[str] | None = None) -> int:
             rolling_brokers=args.rolling_brokers,
             service_account=args.as_service_account,
             isr_path=args.isr_path,
+            partition_state=args.partition_state,
         )
         log(f"== {n} brokers ==")
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:

@@ -55,6 +55,7 @@ from sluice.metadata.isr import IsrChange, IsrOutcome, IsrWrite, apply_isr_chang
 from sluice.metadata.placement import place_replicas
 from sluice.metadata.reassignment import ReassignmentRefused
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
+from sluice.metadata.topic_view import TopicView, delete_topic_state, is_topic_key, update_partitions
 from sluice.records import now_ms
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class ClusterView:
         self.dead_brokers: set[int] = set()  # as the controller's failure detector sees them
         # The controller takes leaders' ISR changes as requests (ControllerDocument.isr_requests)
         self.controller_takes_isr_requests = False
+        # Partition states are written as change records (ControllerDocument.partition_changes)
+        self.partition_changes = False
         self.declared_transactional_ids: set[str] = set()  # transactional_ids/<id> documents
         # A running rebalance's reassignment throttle (the replication_throttle document; None: the
         # brokers' configured rates), told to throttle_listeners as it changes.
@@ -128,7 +131,8 @@ class ClusterView:
         self.throttle_listeners: list[Callable[[int | None], None]] = []
         self._revision = 0
         self._isr_warned_at = -ISR_WARNING_INTERVAL_S
-        self._topic_versions: dict[str, int] = {}  # topic key -> the version the view holds
+        # self.topics composed: declarations, folded states, partition change records (topic_view)
+        self._topic_view = TopicView()
         self._pid_next = 0
         self._pid_end = -1  # inclusive end of the block this broker holds
         self._pid_prefetch: asyncio.Future[ProducerIdBlock] | None = None  # the next block, being claimed
@@ -151,6 +155,7 @@ class ClusterView:
             now_ms(),
             inter_broker_port=cfg.inter_broker_port,
             records_formats=documents.RECORDS_FORMAT_NAMES,
+            metadata_features=documents.METADATA_FEATURE_NAMES,
         )
         documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
@@ -231,6 +236,20 @@ class ClusterView:
         for doc in self.store.changes_since(self._revision):
             self._revision = max(self._revision, doc.revision)
             self._apply(doc)
+        if self._topic_view.gap:  # the fold passed records this watch never delivered (a re-list)
+            self._topics_changed(self._topic_view.load_states(self.store))
+
+    def _topics_changed(self, names: set[str]) -> None:
+        for name in sorted(names):
+            old = self.topics.get(name)
+            new = self._topic_view.topic(name)
+            if new is None:
+                self.topics.pop(name, None)
+            else:
+                self.topics[name] = new
+            if old != new:
+                for listener in self.listeners:
+                    listener(old, new)
 
     def _apply(self, doc: Document) -> None:
         if doc.key.startswith(keys.BROKERS):
@@ -239,20 +258,9 @@ class ClusterView:
                 self.brokers.pop(broker_id, None)
             else:
                 self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
-        elif doc.key.startswith(keys.TOPICS):
-            if doc.version < self._topic_versions.get(doc.key, 0):
-                return  # older than what this broker wrote and applied itself (write_isrs)
-            self._topic_versions[doc.key] = doc.version
-            name = doc.key[len(keys.TOPICS) :]
-            old = self.topics.get(name)
-            new = None if doc.value is None else TopicDocument.from_json(doc.value)
-            if new is None:
-                self.topics.pop(name, None)
-            else:
-                self.topics[name] = new
-            if old != new:
-                for listener in self.listeners:
-                    listener(old, new)
+        elif is_topic_key(doc.key):
+            # a document older than one applied already (this broker's own write) changes nothing
+            self._topics_changed(self._topic_view.apply(doc))
         elif doc.key == keys.CLUSTER and doc.value:
             self.cluster_id = ClusterDocument.from_json(doc.value).cluster_id
         elif doc.key.startswith(keys.TRANSACTIONAL_IDS):
@@ -265,6 +273,7 @@ class ClusterView:
             controller = ControllerDocument.from_json(doc.value or {})
             self.dead_brokers = set(controller.dead_brokers)
             self.controller_takes_isr_requests = controller.isr_requests
+            self.partition_changes = controller.partition_changes
         elif doc.key == keys.REPLICATION_THROTTLE:
             rate = None if doc.value is None else ReplicationThrottleDocument.from_json(doc.value).rate
             if rate != self.replication_throttle:
@@ -394,6 +403,7 @@ class ClusterView:
             self.store.delete(keys.topic(name), doc.version)
         except VersionConflict:
             raise errors.UnknownTopicOrPartitionError(f"topic {name!r} changed while deleting") from None
+        delete_topic_state(self.store, name)
         self.refresh()
         return doc.value.topic_id
 
@@ -448,56 +458,77 @@ class ClusterView:
         registered = {b.broker_id for b in list(self.brokers.values())}
         dead = set(self.dead_brokers)
         for name, indexes in by_topic.items():
-            for _ in range(20):
-                doc = documents.read(self.store, keys.topic(name), TopicDocument)
-                if doc is None:
-                    for i in indexes:
-                        results[i] = errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-                    break
-                parts = list(doc.value.partitions)
+
+            def change(topic: TopicDocument, indexes: list[int] = indexes) -> TopicDocument:
+                parts = list(topic.partitions)
                 for i in indexes:
-                    results[i] = None
-                    _, index, target = targets[i]
-                    if not 0 <= index < len(parts):
-                        results[i] = errors.UnknownTopicOrPartitionError(
-                            f"topic {name!r} has no partition {index} ({len(parts)} partitions)"
-                        )
-                        continue
-                    try:
-                        if target is None:
-                            parts[index] = reassignment.cancel(parts[index], dead)
-                        else:
-                            current = parts[index]
-                            reassignment.check_target(
-                                list(target),
-                                registered,
-                                len(reassignment.original_replicas(current)),
-                                allow_replication_factor_change=allow_replication_factor_change,
-                            )
-                            if list(target) == reassignment.original_replicas(current):
-                                # back to where it started (or there already): nothing to move
-                                if current.reassigning:
-                                    parts[index] = reassignment.cancel(current, dead)
-                            else:
-                                parts[index] = reassignment.start(current, list(target))
-                    except ReassignmentRefused as exc:
-                        results[i] = _reassignment_error(exc)
-                if parts == doc.value.partitions:
-                    break
-                try:
-                    documents.replace(self.store, keys.topic(name), doc.value.with_partitions(parts), doc.version)
-                except VersionConflict:
-                    continue
-                for i in indexes:
-                    if results[i] is None:
-                        _, index, target = targets[i]
-                        what = "cancelled" if target is None else f"started to {list(target)}"
-                        log.info("%s-%d: reassignment %s, replicas now %s", name, index, what, parts[index].replicas)
-                break
-            else:
+                    results[i] = self._reassign(
+                        topic.name, parts, targets[i], registered, dead, allow_replication_factor_change
+                    )
+                return topic if parts == topic.partitions else topic.with_partitions(parts)
+
+            try:
+                updated = update_partitions(
+                    self.store, name, change, records=self.partition_changes, writer=f"broker-{self.config.broker_id}"
+                )
+            except VersionConflict:
                 for i in indexes:
                     results[i] = errors.UnknownServerError(f"topic {name!r} kept changing; try again")
+                continue
+            if updated is None:
+                for i in indexes:
+                    results[i] = errors.UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+                continue
+            if updated.document is None:
+                continue
+            for i in indexes:
+                if results[i] is None:
+                    _, index, target = targets[i]
+                    what = "cancelled" if target is None else f"started to {list(target)}"
+                    log.info(
+                        "%s-%d: reassignment %s, replicas now %s",
+                        name,
+                        index,
+                        what,
+                        updated.after.partitions[index].replicas,
+                    )
         return results
+
+    @staticmethod
+    def _reassign(
+        name: str,
+        parts: list[PartitionState],
+        target_of: tuple[str, int, Sequence[int] | None],
+        registered: set[int],
+        dead: set[int],
+        allow_replication_factor_change: bool,
+    ) -> SluiceError | None:
+        """Start or cancel one partition's reassignment in ``parts``; the refusal, or None."""
+        _, index, target = target_of
+        if not 0 <= index < len(parts):
+            return errors.UnknownTopicOrPartitionError(
+                f"topic {name!r} has no partition {index} ({len(parts)} partitions)"
+            )
+        try:
+            if target is None:
+                parts[index] = reassignment.cancel(parts[index], dead)
+                return None
+            current = parts[index]
+            reassignment.check_target(
+                list(target),
+                registered,
+                len(reassignment.original_replicas(current)),
+                allow_replication_factor_change=allow_replication_factor_change,
+            )
+            if list(target) == reassignment.original_replicas(current):
+                # back to where it started (or there already): nothing to move
+                if current.reassigning:
+                    parts[index] = reassignment.cancel(current, dead)
+            else:
+                parts[index] = reassignment.start(current, list(target))
+        except ReassignmentRefused as exc:
+            return _reassignment_error(exc)
+        return None
 
     @_retriable_when_unreachable
     def list_partition_reassignments(
@@ -510,9 +541,7 @@ class ClusterView:
         """
         wanted = None if partitions is None else set(partitions)
         out: list[tuple[str, int, PartitionState]] = []
-        for doc in documents.list_documents(self.store, keys.TOPICS, TopicDocument):
-            topic = doc.value
-            name = topic.name
+        for name, topic in sorted(TopicView.load(self.store).topics().items()):
             for i, p in enumerate(topic.partitions):
                 if p.reassigning and (wanted is None or (name, i) in wanted):
                     out.append((name, i, p))
@@ -581,23 +610,27 @@ class ClusterView:
         so it may run in a worker thread: a store call can block (an API server that does not answer),
         and the broker's event loop must not wait for it.
         """
-        key = keys.topic(topic)
+        outcomes: dict[int, IsrOutcome] = {}
+
+        def change(current: TopicDocument) -> TopicDocument:
+            new, found = apply_isr_changes(current, leader, changes)
+            outcomes.clear()
+            outcomes.update(found)
+            return new
+
+        def pause(attempt: int) -> None:
+            time.sleep(random.uniform(0, ISR_CONFLICT_PAUSE_S * (attempt + 1)))
+
         try:
-            for attempt in range(ISR_WRITE_ATTEMPTS):
-                doc = documents.read(self.store, key, TopicDocument)
-                if doc is None:
-                    return IsrWrite(None, {c.partition: IsrOutcome.NO_PARTITION for c in changes})
-                value, outcomes = apply_isr_changes(doc.value, leader, changes)
-                if value is doc.value:
-                    # Nothing to write (each change refused, or already so: an earlier attempt landed); a
-                    # write would send the whole document to every watcher for nothing.
-                    return IsrWrite(Document(key, doc.value.to_json(), doc.version, doc.revision), outcomes)
-                try:
-                    version = documents.replace(self.store, key, value, doc.version)
-                except VersionConflict:
-                    time.sleep(random.uniform(0, ISR_CONFLICT_PAUSE_S * (attempt + 1)))
-                    continue
-                return IsrWrite(Document(key, value.to_json(), version, doc.revision), outcomes)
+            updated = update_partitions(
+                self.store,
+                topic,
+                change,
+                records=self.partition_changes,
+                writer=f"broker-{self.config.broker_id}",
+                attempts=ISR_WRITE_ATTEMPTS,
+                pause=pause,
+            )
         except StoreUnavailable as exc:
             # Unchanged in the store, so unchanged here: a leader keeps its ISR (and the HW rule it
             # implies) until the store takes the change; the caller tries again next round.
@@ -606,8 +639,26 @@ class ClusterView:
                 self._isr_warned_at = now
                 log.warning("%s: ISR changes %s not written (nor others, for now): %s", topic, changes, exc)
             raise
-        # Kept changing: the caller tries again next round, from the view this refreshes.
-        return IsrWrite(None, {c.partition: IsrOutcome.CONFLICTS for c in changes})
+        except VersionConflict:
+            # Kept changing: the caller tries again next round, from the view this refreshes.
+            return IsrWrite(None, {c.partition: IsrOutcome.CONFLICTS for c in changes})
+        if updated is None:
+            return IsrWrite(None, {c.partition: IsrOutcome.NO_PARTITION for c in changes})
+        if updated.document is not None:
+            return IsrWrite(updated.document, outcomes)
+        # Nothing written (each change refused, or already so: an earlier attempt landed); a write
+        # would send it to every watcher for nothing. Without records the document read is what
+        # refused it, and the view takes it at once; with records, the view's next refresh has what did.
+        return IsrWrite(updated.read, outcomes)
+
+    def read_topic(self, name: str) -> list[Document]:
+        """The documents that make topic ``name`` now, from fresh reads, for :meth:`isr_written` (a
+        write whose outcome was unknown). Touches only the store (a worker thread)."""
+        found = [self.store.get(keys.topic(name))]
+        if self.partition_changes:
+            found += [self.store.get(keys.topic_state(name)), self.store.get(keys.PARTITION_CHANGES_FOLD)]
+            found += self.store.list(keys.PARTITION_CHANGES)
+        return [d for d in found if d is not None]
 
     def request_isrs(self, requests: Sequence[IsrRequest]) -> None:
         """Ask the controller for ISR changes: replace this broker's ``isr_requests/<id>`` document with
@@ -637,12 +688,13 @@ class ClusterView:
         written = self.write_isrs(topic, leader, [IsrChange(partition, leader_epoch, base, tuple(isr))])
         return written.document if IsrOutcome.applied(written.outcomes.get(partition)) else None
 
-    def isr_written(self, written: Document | None) -> bool:
+    def isr_written(self, written: Document | Sequence[Document] | None) -> bool:
         """The view half of :meth:`write_isrs` (on the event loop): take the ISR written into the view at
         once, not at the next refresh, which the store may not answer now (an ISR grown in the store but
-        not in memory would let the HW pass a replica the controller may already elect); then refresh."""
-        if written is not None:
-            self._apply(written)
+        not in memory would let the HW pass a replica the controller may already elect); then refresh.
+        Also takes what :meth:`read_topic` read."""
+        for doc in [written] if isinstance(written, Document) else written or ():
+            self._apply(doc)
         with contextlib.suppress(StoreUnavailable):
             self.refresh()
         return written is not None

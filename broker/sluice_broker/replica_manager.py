@@ -89,7 +89,6 @@ from sluice.broker.replication.throttle import ReplicationThrottle
 from sluice.broker.replication.wakeups import PartitionWaits
 from sluice.broker.topic_partition import TopicPartition
 from sluice.errors import SluiceError
-from sluice.metadata import keys
 from sluice.metadata.documents import IsrRequest
 from sluice.metadata.isr import IsrChange, IsrOutcome
 from sluice.metadata.store import StoreUnavailable
@@ -804,7 +803,7 @@ class ReplicaManager:
             self._isr_requested.pop(key, None)
         for topic in sorted({key[0] for key in self._isr_unsure}):
             try:
-                current = await asyncio.to_thread(self.cluster.store.get, keys.topic(topic))
+                current = await asyncio.to_thread(self.cluster.read_topic, topic)
             except StoreUnavailable:
                 continue  # still unknown: both ISRs stay counted
             self.cluster.isr_written(current)  # the view takes the ISR the store has

@@ -18,6 +18,9 @@ The JSON shapes, keyed as in :mod:`sluice.metadata.keys`:
 ``producer_id_block``       :class:`ProducerIdBlock`
 ``controller``              :class:`ControllerDocument`
 ``isr_requests/<id>``       :class:`IsrRequestsDocument` (requests: :class:`IsrRequest`)
+``partition_changes/<seq>`` :class:`PartitionChangesDocument` (topics: :class:`TopicChanges`)
+``topic_states/<name>``     :class:`TopicStateDocument`
+``partition_changes_fold``  :class:`FoldDocument`
 ``replication_throttle``    :class:`ReplicationThrottleDocument`
 ``transactional_ids/<id>``  :class:`TransactionalIdDocument`
 
@@ -58,12 +61,16 @@ __all__ = [
     "BrokerDocument",
     "ClusterDocument",
     "ControllerDocument",
+    "FoldDocument",
     "IsrRequest",
     "IsrRequestsDocument",
+    "PartitionChangesDocument",
     "PartitionState",
     "ProducerIdBlock",
     "ReplicationThrottleDocument",
+    "TopicChanges",
     "TopicDocument",
+    "TopicStateDocument",
     "TransactionalIdDocument",
     "Versioned",
     "create",
@@ -96,6 +103,10 @@ def _extra(value: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
 RECORDS_FORMAT_SLUICE_NAME = "sluice"
 RECORDS_FORMAT_KAFKA_V2_NAME = "kafka_v2"
 RECORDS_FORMAT_NAMES = (RECORDS_FORMAT_SLUICE_NAME, RECORDS_FORMAT_KAFKA_V2_NAME)
+# What a broker's code reads of the topics' metadata (BrokerDocument.metadata_features):
+# "partition_changes", partition states as change records over the topic declarations.
+METADATA_PARTITION_CHANGES = "partition_changes"
+METADATA_FEATURE_NAMES = (METADATA_PARTITION_CHANGES,)
 
 
 @dataclass(frozen=True)
@@ -149,6 +160,10 @@ class BrokerDocument:
     # d37a648 and older): Sluice's only. A leader stores a Kafka client's batch as sent only while every
     # replica of the partition lists "kafka_v2" (sluice.broker.cluster.ClusterView.kafka_v2_writable).
     records_formats: tuple[str, ...] = ()
+    # How this broker's code reads topics' partition states (METADATA_FEATURE_NAMES): "partition_changes"
+    # (change records on top of the declarations, sluice.metadata.topic_view). Empty: whole topic
+    # documents only. Partition states are written as records once every registered broker lists it.
+    metadata_features: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -166,6 +181,7 @@ class BrokerDocument:
         "tls_certificate",
         "tls_clients_trusted",
         "records_formats",
+        "metadata_features",
     )
 
     @classmethod
@@ -185,6 +201,7 @@ class BrokerDocument:
             tls_certificate=str(value.get("tls_certificate") or ""),
             tls_clients_trusted=tuple(str(fp) for fp in value.get("tls_clients_trusted") or ()),
             records_formats=tuple(str(f) for f in value.get("records_formats") or ()),
+            metadata_features=tuple(str(f) for f in value.get("metadata_features") or ()),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -208,6 +225,8 @@ class BrokerDocument:
             out["tls_clients_trusted"] = list(self.tls_clients_trusted)
         if self.records_formats:
             out["records_formats"] = list(self.records_formats)
+        if self.metadata_features:
+            out["metadata_features"] = list(self.metadata_features)
         return out
 
     def _low_space_json(self) -> dict[str, Any]:
@@ -357,6 +376,127 @@ class TopicDocument:
 
 
 @dataclass(frozen=True)
+class TopicChanges:
+    """The new states of some partitions of one topic (by index), in a :class:`PartitionChangesDocument`."""
+
+    topic: str
+    topic_id: str
+    partitions: dict[int, PartitionState]
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            topic=str(value["topic"]),
+            topic_id=str(value["topic_id"]),
+            partitions={int(i): PartitionState.from_json(p) for i, p in (value.get("partitions") or {}).items()},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "topic_id": self.topic_id,
+            "partitions": {str(i): p.to_json() for i, p in sorted(self.partitions.items())},
+        }
+
+
+@dataclass(frozen=True)
+class PartitionChangesDocument:
+    """``partition_changes/<seq>``: one writer's changes of partition states, number ``seq`` of one sequence.
+
+    Kafka's PartitionChangeRecord, a whole decision at a time (a failover's elections and ISR
+    fencing over every topic are one document). Each partition's new state is whole, so the last
+    record naming a partition holds its state; ``seq`` orders every writer (the document is created
+    at the next number with compare-and-set, so a writer that loses the race learns what it missed
+    and decides again). :mod:`sluice.metadata.topic_view` composes them with the declarations.
+    """
+
+    seq: int
+    topics: list[TopicChanges]
+    writer: str = ""
+    updated_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("seq", "topics", "writer", "updated_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            seq=int(value["seq"]),
+            topics=[TopicChanges.from_json(t) for t in value["topics"]],
+            writer=str(value.get("writer", "")),
+            updated_ms=int(value.get("updated_ms", 0)),
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "seq": self.seq,
+            "topics": [t.to_json() for t in self.topics],
+            "writer": self.writer,
+            "updated_ms": self.updated_ms,
+        }
+
+
+@dataclass(frozen=True)
+class TopicStateDocument:
+    """``topic_states/<name>``: a topic's partition states with every change record up to ``seq`` folded in.
+
+    Written by the controller's fold, read at start and after a gap, never watched (the Kubernetes
+    store's watch leaves the family out): a fold writes many of them and changes no state.
+    """
+
+    name: str
+    topic_id: str
+    seq: int
+    partitions: list[PartitionState]
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("name", "topic_id", "seq", "partitions")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(
+            name=str(value["name"]),
+            topic_id=str(value["topic_id"]),
+            seq=int(value["seq"]),
+            partitions=[PartitionState.from_json(p) for p in value["partitions"]],
+            extra=_extra(value, cls.FIELDS),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "seq": self.seq,
+            "partitions": [p.to_json() for p in self.partitions],
+        }
+
+
+@dataclass(frozen=True)
+class FoldDocument:
+    """``partition_changes_fold``: every change record up to ``seq`` is folded into ``topic_states/``.
+
+    Records up to ``seq`` may be deleted once this is written; a record numbered ``seq`` or less
+    that appears later (a writer far behind re-creating a deleted number) is never applied.
+    """
+
+    seq: int
+    updated_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
+
+    FIELDS: ClassVar[tuple[str, ...]] = ("seq", "updated_ms")
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Self:
+        return cls(seq=int(value["seq"]), updated_ms=int(value.get("updated_ms", 0)), extra=_extra(value, cls.FIELDS))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "seq": self.seq, "updated_ms": self.updated_ms}
+
+
+@dataclass(frozen=True)
 class ProducerIdBlock:
     """``producer_id_block``: the last block of producer ids handed out (Kafka's /latest_producer_id_block)."""
 
@@ -397,6 +537,10 @@ class ControllerDocument:
     # This controller takes leaders' ISR changes as requests (``isr_requests/<broker>``, Kafka's
     # AlterPartition) and writes them itself; False (a controller from before): leaders write them.
     isr_requests: bool = False
+    # Partition states are written as change records (``partition_changes/<seq>``,
+    # sluice.metadata.topic_view), not into the topic documents: set by the controller once every
+    # registered broker reads them (BrokerDocument.metadata_features), and never cleared.
+    partition_changes: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
     FIELDS: ClassVar[tuple[str, ...]] = (
@@ -406,6 +550,7 @@ class ControllerDocument:
         "dead_brokers",
         "updated_ms",
         "isr_requests",
+        "partition_changes",
     )
 
     @classmethod
@@ -417,6 +562,7 @@ class ControllerDocument:
             dead_brokers=_ints(value.get("dead_brokers")),
             updated_ms=int(value.get("updated_ms", 0)),
             isr_requests=bool(value.get("isr_requests", False)),
+            partition_changes=bool(value.get("partition_changes", False)),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -429,6 +575,7 @@ class ControllerDocument:
             "dead_brokers": list(self.dead_brokers),
             "updated_ms": self.updated_ms,
             **({"isr_requests": True} if self.isr_requests else {}),
+            **({"partition_changes": True} if self.partition_changes else {}),
         }
 
 

@@ -21,6 +21,14 @@ the table below is the summary.
                                   "updated_ms"}  (written by broker <id> alone when the
                                   ``controller`` document says ``isr_requests``: the ISR changes it
                                   asks the controller for, Kafka's AlterPartition)
+``partition_changes/<seq>``      {"seq", "topics": [{"topic", "topic_id", "partitions": {"<index>":
+                                  <partition as in topics/>}}], "writer", "updated_ms"}  (<seq> zero-padded
+                                  to 12 digits: one change record of partition states, created at the
+                                  next number; written only once the ``controller`` document says
+                                  ``partition_changes``; sluice.metadata.topic_view composes them)
+``topic_states/<name>``          {"name", "topic_id", "seq", "partitions": [..]}  (the controller's fold
+                                  of the records up to seq; not watched)
+``partition_changes_fold``       {"seq", "updated_ms"}  (records up to seq are folded and may be gone)
 ``replication_throttle``         {"rate": bytes/s, "resource": "namespace/name", "updated_ms"}  (written
                                   by the operator while a SluiceRebalance with
                                   spec.throttleBytesPerSecond runs, removed when it ends: the rate
@@ -47,6 +55,9 @@ REPLICATION_THROTTLE = "replication_throttle"
 BROKERS = "brokers/"
 TOPICS = "topics/"
 ISR_REQUESTS = "isr_requests/"
+PARTITION_CHANGES = "partition_changes/"
+TOPIC_STATES = "topic_states/"
+PARTITION_CHANGES_FOLD = "partition_changes_fold"
 TRANSACTIONAL_IDS = "transactional_ids/"
 ACLS = "acls/"
 QUOTAS = "quotas/"
@@ -62,6 +73,14 @@ def isr_requests(broker_id: int) -> str:
 
 def topic(name: str) -> str:
     return f"{TOPICS}{name}"
+
+
+def partition_changes(seq: int) -> str:
+    return f"{PARTITION_CHANGES}{seq:012d}"
+
+
+def topic_state(name: str) -> str:
+    return f"{TOPIC_STATES}{name}"
 
 
 def transactional_id(txn_id: str) -> str:

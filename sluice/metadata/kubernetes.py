@@ -34,7 +34,8 @@ Mapping of the store's operations:
   (409 Conflict or 404 mean VersionConflict). ``delete`` carries a
   resourceVersion precondition.
 * ``changes_since`` reads a local cache kept by a watch (an informer): one
-  LIST, then a watch from its resourceVersion with bookmarks. A watch
+  LIST, then a watch from its resourceVersion with bookmarks. The watch leaves
+  out ``topic_states/`` (``UNWATCHED_FAMILIES``): readers LIST those. A watch
   delivers events in revision order, so once the cache has seen revision
   ``r`` it holds every change up to ``r``; deletions stay in the cache as
   tombstones (value None), as they do in the SQLite store. When the watch
@@ -91,6 +92,11 @@ REQUEST_TIMEOUT_S = (3.0, 10.0)
 # after a call found the API server unreachable, calls fail at once for this long: a cut-off broker
 # would otherwise spend a connect deadline per call (per partition whose ISR it wants to change)
 FAIL_FAST_S = 5.0
+# The watch (and its re-lists) leaves out the families no watcher needs as they change: the folded
+# partition states (``topic_states/``: a fold rewrites many and changes none, sluice.metadata.topic_view),
+# which readers LIST when they need them. So changes_since never returns them over Kubernetes.
+UNWATCHED_FAMILIES = ("topic_states",)
+WATCH_SELECTOR = ",".join(f"{PREFIX_LABEL}!={family}" for family in UNWATCHED_FAMILIES)
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -323,7 +329,8 @@ class KubernetesMetadataStore:
             self._raise_if_unreachable(exc)
             raise
         doc = self._doc(obj)
-        self._wrote(doc.revision)
+        if _family(key) not in UNWATCHED_FAMILIES:  # the watch never delivers those: nothing to wait for
+            self._wrote(doc.revision)
         return Document(key, value, doc.version, doc.revision)
 
     def delete(self, key: str, expected_version: int) -> None:
@@ -423,7 +430,9 @@ class KubernetesMetadataStore:
             self._watcher.start()
 
     def _relist(self, api: Any) -> int:
-        result = api.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        result = api.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, label_selector=WATCH_SELECTOR
+        )
         listed = int(result["metadata"]["resourceVersion"])
         docs = {d.key: d for d in (self._doc(o) for o in result.get("items", []))}
         with self._cond:
@@ -468,6 +477,7 @@ class KubernetesMetadataStore:
                     self.namespace,
                     PLURAL,
                     watch=True,
+                    label_selector=WATCH_SELECTOR,
                     resource_version=str(revision),
                     allow_watch_bookmarks=True,
                     timeout_seconds=WATCH_TIMEOUT_S,

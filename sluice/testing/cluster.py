@@ -80,8 +80,9 @@ import grpc
 from sluice import cert_rotation, errors, tls
 from sluice.client import Admin, TopicPartition
 from sluice.metadata import documents, keys, open_store
-from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument, TopicDocument
+from sluice.metadata.documents import NO_LEADER, BrokerDocument, ControllerDocument
 from sluice.metadata.store import MetadataStore
+from sluice.metadata.topic_view import TopicView
 from sluice.testing import replicas as replica_check
 from sluice.testing._net import SERVING, check_health, free_port, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
@@ -666,8 +667,8 @@ class LocalCluster:
         live = set(state.value.live_brokers)
         if not brokers <= live:
             return False
-        for topic in documents.list_documents(self.metadata, keys.TOPICS, TopicDocument):
-            for p in topic.value.partitions:
+        for topic in TopicView.load(self.metadata).topics().values():
+            for p in topic.partitions:
                 if p.leader == NO_LEADER and live & set(p.isr):
                     return False
         return True
@@ -692,13 +693,14 @@ class LocalCluster:
             return self._store
 
     def topic_document(self, topic: str) -> dict[str, Any] | None:
-        """The ``topics/<name>`` document as stored (replicas, leader, leader_epoch, isr per partition), or None.
+        """The topic as the brokers see it (replicas, leader, leader_epoch, isr per partition), or None:
+        ``topics/<name>`` composed with its partition change records (:mod:`sluice.metadata.topic_view`).
 
         The JSON form (:meth:`sluice.metadata.documents.TopicDocument.to_json`), so tests can
         compare it with plain dicts; ``TopicDocument.from_json`` gives the typed form.
         """
-        doc = self.metadata.get(keys.topic(topic))
-        return None if doc is None else doc.value
+        doc = TopicView.load(self.metadata, topic).topic(topic)
+        return None if doc is None else doc.to_json()
 
     def partition_state(self, topic: str, partition: int) -> dict[str, Any]:
         """``{"replicas", "leader", "leader_epoch", "isr"}`` of one partition; KeyError if it does not exist."""
@@ -894,10 +896,7 @@ class LocalCluster:
             isr: dict[tuple[str, int], list[int]] = {}
             leaders: dict[tuple[str, int], int] = {}
             compacted: set[str] = set()
-            for stored in self.metadata.list(keys.TOPICS):
-                if stored.value is None:
-                    continue
-                doc = TopicDocument.from_json(stored.value)
+            for doc in TopicView.load(self.metadata).topics().values():
                 if doc.internal or "compact" in doc.config.get("cleanup.policy", ""):
                     compacted.add(doc.name)
                 for p, state in enumerate(doc.partitions):

@@ -17,15 +17,15 @@ leads again, its log is F's.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
-from typing import Any
 
 from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin
-from sluice.metadata import keys
-from sluice.metadata.store import update
+from sluice.metadata.documents import TopicDocument
+from sluice.metadata.topic_view import records_enabled, update_partitions
 from sluice.testing import LocalCluster
 from tests.support.waiting import wait_for
 
@@ -39,13 +39,12 @@ TXN_ID = "deposed-tx"
 def move_leadership(cluster: LocalCluster, to: int, isr: list[int]) -> int:
     """Elect ``to`` with ISR ``isr`` at the next epoch, as the controller does; returns the new epoch."""
 
-    def change(doc: dict[str, Any] | None) -> dict[str, Any] | None:
-        assert doc is not None
-        p = doc["partitions"][0]
-        p["leader"], p["leader_epoch"], p["isr"] = to, p["leader_epoch"] + 1, isr
-        return doc
+    def change(topic: TopicDocument) -> TopicDocument:
+        p = topic.partitions[0]
+        return topic.with_partition(0, dataclasses.replace(p, leader=to, leader_epoch=p.leader_epoch + 1, isr=isr))
 
-    update(cluster.metadata, keys.topic(TOPIC), change)
+    store = cluster.metadata  # written the way the controller says partition states are written
+    update_partitions(store, TOPIC, change, records=records_enabled(store), writer="test")
     return int(cluster.partition_state(TOPIC, 0)["leader_epoch"])
 
 

@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sluice.metadata import keys, open_store
+from sluice.metadata import open_store
 from sluice.metadata.kubernetes import KubernetesMetadataStore, api_client
+from sluice.metadata.topic_view import TopicView
 from sluice.testing._net import SERVING, check_health, poll_until, port_is_free
 from sluice.testing._process import ManagedProcess, stop_all
 from sluice.testing.certs import broker_tls_dirs
@@ -214,8 +215,9 @@ class SluiceOnK8s:
     # -- reading state ----------------------------------------------------------------------------
 
     def topic_doc(self, name: str) -> dict[str, Any] | None:
-        doc = self.store.get(keys.topic(name))
-        return None if doc is None else doc.value
+        """The topic as the brokers see it: its document composed with its partition change records."""
+        doc = TopicView.load(self.store, name).topic(name)
+        return None if doc is None else doc.to_json()
 
     def leaders(self, name: str) -> list[int]:
         doc = self.topic_doc(name) or {}

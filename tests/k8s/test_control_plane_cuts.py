@@ -139,10 +139,10 @@ def check_replicas(sluice: SluiceOnK8s, topic: str, timeout: float = 60.0) -> in
     """The replica consistency check over ``topic`` on every broker (sluice.testing.replicas); the batch count."""
     deadline = time.monotonic() + timeout
     while True:
-        doc = sluice.store.get(keys.topic(topic))
-        assert doc is not None and doc.value is not None
-        isr = {(topic, p): list(s["isr"]) for p, s in enumerate(doc.value["partitions"])}
-        leaders = {(topic, p): int(s["leader"]) for p, s in enumerate(doc.value["partitions"])}
+        doc = sluice.topic_doc(topic)
+        assert doc is not None
+        isr = {(topic, p): list(s["isr"]) for p, s in enumerate(doc["partitions"])}
+        leaders = {(topic, p): int(s["leader"]) for p, s in enumerate(doc["partitions"])}
         with Admin(sluice.bootstrap_servers) as admin:
             ends = admin.list_offsets({TopicPartition(topic, p): Admin.LATEST for p in range(len(isr))}, timeout=10)
         hws = {(tp.topic, tp.partition): info.offset for tp, info in ends.items()}

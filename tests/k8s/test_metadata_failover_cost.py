@@ -4,8 +4,9 @@ A small version of bench/metadata_scale.py (issue 28): the real controller
 (:class:`sluice.operator.controller.kubernetes.KubernetesController`) over a counting store
 (:class:`bench.metadata_scale.CountingStore`), simulated brokers with Pods and watch streams, two
 real ClusterViews; one broker is killed (Pod NotReady, stream cut) and comes back. The test
-fails when the writes or the bytes of a failover grow beyond what today's design costs, so a
-change that makes them worse is seen, and a change that makes them better lowers the bounds.
+fails when the writes or the bytes of a failover grow beyond what today's design costs (partition
+states as change records), so a change that makes them worse is seen, and a change that makes them
+better lowers the bounds.
 """
 
 from __future__ import annotations
@@ -19,35 +20,37 @@ BROKERS = 6
 TOPICS = 4
 PARTITIONS = 30  # RF 3 over 6 brokers: every topic has partitions on every broker
 
-# Today's figures (2026-11-28, this shape: 6 brokers, 4 topics x 30 partitions, RF 3; a topic
-# document is ~2.4 KB). The kill: the controller rewrites each topic document once (the dead broker
-# is in every topic: elections and ISR fencing in one write) and the controller document twice (the
-# broker NotReady: no longer live; then dead after the grace period): 6 writes carrying 9.6 KB.
-# Each broker's watch then carries those 6 events: 12 to 15 KB. Bounds: the writes exactly (a
-# second write per topic, say elections and fencing split over two rounds, is the regression this
-# catches); bytes at 2x today's, since a document's JSON varies with epochs and ISR order.
-KILL_MAX_CONTROLLER_WRITES = TOPICS + 2
-KILL_MAX_CONTROLLER_BYTES = 2 * 10_000
-KILL_MAX_WATCH_BYTES_PER_BROKER = 2 * 15_000
+# Today's figures (2026-11-29, this shape: 6 brokers, 4 topics x 30 partitions, RF 3; partition
+# states as change records, sluice.metadata.topic_view). The kill: the controller writes one record
+# with every topic's elections and ISR fencing, and the controller document twice (the broker
+# NotReady: no longer live; then dead after the grace period): 3 writes carrying 6.7 KB. Each
+# broker's watch then carries those 3 events: 9.5 KB at most. History: with whole topic documents
+# the kill was 6 writes (one per topic) of 9.6 KB, and 12 to 15 KB of watch per broker. Bounds: the
+# writes exactly (a second record, say elections and fencing split over two rounds, or a write per
+# topic, is the regression this catches); bytes at 2x today's, since JSON varies with epochs.
+KILL_MAX_CONTROLLER_WRITES = 1 + 2
+KILL_MAX_CONTROLLER_BYTES = 2 * 6_716
+KILL_MAX_WATCH_BYTES_PER_BROKER = 2 * 9_494
 # The return: every leader asks the controller to add the broker back to the ISRs it leads, all
 # leaders at once, each one write of its own isr_requests/<id> document with all its changes
-# (ClusterView.request_isrs); the controller writes each topic document once with every leader's
-# changes to it. History: one write per partition by the leaders took 110 replace calls, 49 of them
-# 409s, 211 KB of watch per broker; one write per leader and topic document, 6 and 7 409s, 80 KB;
-# requests to the controller (2026-11-29): no 409, 46 KB per broker (the returning one relists),
-# 6 writes by the brokers (5 leaders' request documents). Bounds: a few 409s (a conflict storm
-# fails); watch bytes at 2x today's per broker; one request write per leader and pass.
+# (ClusterView.request_isrs); the controller writes one record with every leader's changes. History:
+# one write per partition by the leaders took 110 replace calls, 49 of them 409s, 211 KB of watch per
+# broker; one write per leader and topic document, 6 and 7 409s, 80 KB; requests to the controller
+# (2026-11-29): no 409, 46 KB per broker; with records (the same day): no 409, 34 KB at most (the
+# returning broker's relist; the others far less), 6 writes by the brokers (5 leaders' request
+# documents and the registration). Bounds: a few 409s (a conflict storm fails); watch bytes at 2x
+# today's per broker; one request write per leader and pass.
 RETURN_MAX_409 = 2
-RETURN_MAX_WATCH_BYTES_PER_BROKER = 2 * 46_000
+RETURN_MAX_WATCH_BYTES_PER_BROKER = 2 * 34_346
 RETURN_MAX_BROKER_WRITES = BROKERS
-# The controller's part of the return: per topic, one write with the leaders' re-admissions (two if
-# their requests straddle two rounds) and one with every preferred leadership of the topic handed
-# back at once; and the controller document (the broker live). Today: 9 (4 + 4 + 1). Writing each
-# request on its own (60) or each preferred leader on its own fails. A write may meet another
-# writer's (a 409, counted as a write by the counting store, then one more try): bounded
-# separately, at one per topic.
-RETURN_MAX_CONTROLLER_WRITES_LANDED = 3 * TOPICS + 1
-RETURN_MAX_CONTROLLER_CONFLICTS = TOPICS
+# The controller's part of the return: one record with the leaders' re-admissions (two if their
+# requests straddle two rounds), one with every preferred leadership handed back at once, and the
+# controller document (the broker live). Today: 3 (with whole documents it was 9: 4 + 4 + 1). A
+# record per topic, per request or per preferred leader fails. A write may meet another writer's (a
+# conflict, counted as a write by the counting store, then one more try next round): bounded
+# separately.
+RETURN_MAX_CONTROLLER_WRITES_LANDED = 2 + 1 + 1
+RETURN_MAX_CONTROLLER_CONFLICTS = 2
 # The controller's reads (issue 28's fixes, 2026-11-28): its rounds read brokers/ and the controller
 # document from the watch cache, not a quorum GET and LIST per 100 ms round (each ~3 s window had 34
 # GETs and 32 LISTs; now 2 GETs in the kill, read-modify-writes of the controller document, and 1 in

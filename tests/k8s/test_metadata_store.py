@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -51,3 +52,28 @@ def test_bad_urls_and_missing_crds_are_clear_errors(k8s: KubeCluster) -> None:
     with pytest.raises(KubernetesStoreError, match="cannot load the kubeconfig"):
         open_store("kubernetes://ns?kubeconfig=/nonexistent/kubeconfig")
     assert isinstance(open_store(url(k8s, "default")), KubernetesMetadataStore)
+
+
+def test_folded_topic_states_are_listed_but_never_watched(k8s: KubeCluster, k8s_namespace: str) -> None:
+    """A fold rewrites every ``topic_states/`` document and changes no state: the watch (and so every
+    broker's ``changes_since``) leaves them out, LIST still has them, and writing one does not make the
+    writer's next ``changes_since`` wait for an event that never comes (read-your-writes)."""
+    store = open_store(url(k8s, k8s_namespace))
+    assert store.changes_since(0) == []  # the watch is running
+    state = store.compare_and_set("topic_states/orders", {"name": "orders", "seq": 3}, None)
+    record = store.compare_and_set("partition_changes/000000000004", {"seq": 4}, None)
+    started = time.monotonic()
+    seen = [d.key for d in store.changes_since(0)]
+    assert time.monotonic() - started < 2.0  # waited for the record only (the limit is 5 s)
+    assert seen == ["partition_changes/000000000004"]
+    assert [d.key for d in store.list("topic_states/")] == ["topic_states/orders"]
+    store.delete("topic_states/orders", state.version)
+    store.delete(record.key, record.version)
+    assert [d.key for d in store.changes_since(record.revision)] == ["partition_changes/000000000004"]  # a tombstone
+    # a second store (another broker) starting now: its first LIST leaves them out too
+    store.compare_and_set("topic_states/payments", {"name": "payments", "seq": 5}, None)
+    other = open_store(url(k8s, k8s_namespace))
+    assert all(not d.key.startswith("topic_states/") for d in other.changes_since(0))
+    assert [d.key for d in other.list("topic_states/")] == ["topic_states/payments"]
+    other.close()
+    store.close()

@@ -22,6 +22,7 @@ import pytest
 
 from sluice.client import Admin, Consumer, Producer, TopicPartition
 from sluice.metadata import keys
+from sluice.metadata.topic_view import TopicView
 from sluice.testing import Scrape, free_port, scrape
 from tests.support.k8s_env import KubeCluster
 
@@ -69,8 +70,8 @@ def reassigning(sluice: SluiceOnK8s) -> bool:
 
 
 def all_replicas_per_broker(sluice: SluiceOnK8s) -> dict[int, int]:
-    docs = [d.value for d in sluice.store.list(keys.TOPICS) if d.value is not None]
-    return dict(Counter(b for doc in docs for p in doc["partitions"] for b in p["replicas"]))
+    topics = TopicView.load(sluice.store).topics().values()  # composed with their partition change records
+    return dict(Counter(b for topic in topics for p in topic.partitions for b in p.replicas))
 
 
 def operator_replicas(m: Scrape) -> dict[int, int]:

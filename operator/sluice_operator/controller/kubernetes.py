@@ -67,6 +67,7 @@ from sluice.metadata import keys
 from sluice.metadata.documents import TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
 from sluice.metadata.store import MetadataStore
+from sluice.metadata.topic_view import WatchedTopics
 from sluice.operator.controller.decisions import describe_changes
 from sluice.operator.controller.loop import DEFAULT_PREFERRED_LEADER_HOLD_MS, ControllerFenced, ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector, GrpcHealthChecker
@@ -375,7 +376,7 @@ class KubernetesController:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._published_brokers = -1
-        self._projected_revision = 0
+        self._projected = WatchedTopics(self.store)  # the topics as the status projection last saw them
         self.resources = ResourceIndex(self.custom, namespace)
         # Changed topics whose status is not projected yet: topic -> (document, when its change was seen).
         self._unprojected: dict[str, tuple[TopicDocument | None, float]] = {}
@@ -621,14 +622,12 @@ class KubernetesController:
         yet waits (at most ``RELIST_S``) for the next LIST; one that a LIST made after its
         change still does not show has no resource, and is dropped.
         """
-        changes = self.store.changes_since(self._projected_revision, keys.TOPICS)
-        if changes:
+        changed = self._projected.catch_up()
+        if changed:
             seen = self.resources.clock()
-            # The newest state of each changed topic (None: deleted), decoded once.
-            for d in changes:
-                topic = d.key[len(keys.TOPICS) :]
-                self._unprojected[topic] = (None if d.value is None else TopicDocument.from_json(d.value), seen)
-            self._projected_revision = max(d.revision for d in changes)
+            # The newest state of each changed topic (None: deleted), composed with its records.
+            for topic in changed:
+                self._unprojected[topic] = (self._projected.view.topic(topic), seen)
         patched = 0
         for topic, (doc, seen) in sorted(self._unprojected.items()):
             if doc is None:

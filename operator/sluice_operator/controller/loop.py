@@ -70,6 +70,7 @@ the Kubernetes operator runs the same loop, so it is named for what it is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -78,16 +79,20 @@ from typing import Protocol
 
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import (
+    METADATA_PARTITION_CHANGES,
     NO_LEADER,
     BrokerDocument,
     ControllerDocument,
+    FoldDocument,
     IsrRequest,
     IsrRequestsDocument,
     TopicDocument,
+    TopicStateDocument,
     Versioned,
 )
 from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
+from sluice.metadata.topic_view import WatchedTopics, append_changes, changed_partitions
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
@@ -178,8 +183,12 @@ class ControllerLoop:
         # Per topic key: the inputs (revision, live, dead, settled) of its last decision that changed
         # nothing; the same inputs decide the same (the rules are pure), so they are not decided again.
         self._unchanged: dict[str, _Inputs] = {}
-        self._topics: dict[str, Versioned[TopicDocument]] = {}  # every topic document, as of the last round
-        self._topics_revision = 0  # the store revision _topics is current to
+        # Every topic, composed from declarations and partition change records, as of the last round,
+        # and the store revision it is current to.
+        self.topics = WatchedTopics(store)
+        # Partition states are written as change records (ControllerDocument.partition_changes): as
+        # published in the controller document; opened once every registered broker reads them.
+        self.partition_changes = False
         # The brokers/ and controller documents as of the last round, and the revision each prefix
         # is current to (read from the store's changes, not a quorum read per round).
         self._watched: dict[str, Document] = {}
@@ -195,11 +204,18 @@ class ControllerLoop:
 
         def bump(current: ControllerDocument | None) -> ControllerDocument:
             epoch = 0 if current is None else current.epoch
-            return ControllerDocument(controller_id=-1, epoch=epoch + 1, updated_ms=self.clock_ms(), isr_requests=True)
+            return ControllerDocument(
+                controller_id=-1,
+                epoch=epoch + 1,
+                updated_ms=self.clock_ms(),
+                isr_requests=True,
+                partition_changes=current is not None and current.partition_changes,  # never closed again
+            )
 
         doc = documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, bump)
         assert doc is not None
         self.epoch = doc.epoch
+        self.partition_changes = doc.partition_changes
         log.info("controller epoch %d", self.epoch)
         return self.epoch
 
@@ -274,19 +290,36 @@ class ControllerLoop:
                     log.exception("reporting broker %d's free space failed", b.broker_id)
         self.low_space = low
 
-    def _publish(self) -> None:
+    def _publish(self, registered: list[BrokerDocument]) -> None:
         live, dead = self.live, self.dead
-        if self._published == (live, dead):
+        # Partition change records, once every registered broker reads them: a broker of older code
+        # reads only the topic documents, which would then stop changing. Never closed again (a
+        # broker of older code that registers later must be upgraded: its view would be stale).
+        records = self.partition_changes or (
+            bool(registered) and all(METADATA_PARTITION_CHANGES in b.metadata_features for b in registered)
+        )
+        if self._published == (live, dead) and records == self.partition_changes:
             return
 
         def write(current: ControllerDocument | None) -> ControllerDocument:
             epoch = 0 if current is None else current.epoch
             if epoch > self.epoch:
                 raise ControllerFenced(f"controller epoch {epoch} took over from {self.epoch}")
-            return ControllerDocument(-1, self.epoch, sorted(live), sorted(dead), self.clock_ms(), isr_requests=True)
+            return ControllerDocument(
+                -1,
+                self.epoch,
+                sorted(live),
+                sorted(dead),
+                self.clock_ms(),
+                isr_requests=True,
+                partition_changes=records,
+            )
 
         documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, write)
+        if records and not self.partition_changes:
+            log.info("every registered broker reads partition change records: partition states are written as records")
         self._published = (live, dead)
+        self.partition_changes = records
 
     # -- one round ------------------------------------------------------------------------------
 
@@ -318,13 +351,17 @@ class ControllerLoop:
                 metrics.broker_changed(change.broker_id, change.new, change.silent_s)
             self._observe_log_dirs({b.broker_id: b.log_dir_failure for b in registered if b.log_dir_failure})
             self._observe_space(registered)
-            self._publish()
+            self._publish(registered)
             metrics.brokers_seen(self.live, self.dead)
             written = 0
             self._collect_requests()
             docs = self.topic_documents()
-            for doc in docs:
-                written += self.reconcile_topic(doc)
+            if self.partition_changes:
+                written = self._reconcile_as_record(docs)
+                self._fold_if_due()
+            else:
+                for doc in docs:
+                    written += self.reconcile_topic(doc)
             metrics.round_listed(d.key for d in docs)
             return written
 
@@ -395,77 +432,152 @@ class ControllerLoop:
         return None if new is topic else new
 
     def topic_documents(self) -> list[Versioned[TopicDocument]]:
-        """Every topic document, decoded; a malformed one is logged and left alone, not fatal to the round.
+        """Every topic, composed (:class:`~sluice.metadata.topic_view.TopicView`), with its declaration's
+        version; a malformed document is logged and left alone, not fatal to the round.
 
         Kept up to date from the store's changes since the last round (``changes_since``, deleted
-        topics included as tombstones), so an idle round neither reads nor decodes a document.
+        topics included as tombstones), so an idle round neither reads nor decodes a document. The
+        ``revision`` of each is that of the last document that changed it.
         """
-        for doc in self.store.changes_since(self._topics_revision, keys.TOPICS):
-            self._topics_revision = max(self._topics_revision, doc.revision)
-            self._topics.pop(doc.key, None)
-            self._unchanged.pop(doc.key, None)
-            if doc.value is None:
-                self._forget_hold(doc.key)
-                continue
-            try:
-                value = TopicDocument.from_json(doc.value)
-            except (KeyError, ValueError, TypeError):
-                log.warning("ignoring malformed topic document %s: %r", doc.key, doc.value)
-                continue
-            self._topics[doc.key] = Versioned(doc.key, value, doc.version, doc.revision)
-        return sorted(self._topics.values(), key=lambda d: d.key)
+        for name in self.topics.catch_up():
+            key = keys.topic(name)
+            self._unchanged.pop(key, None)
+            if self.topics.view.topic(name) is None:
+                self._forget_hold(key)
+        view = self.topics.view
+        return [
+            Versioned(keys.topic(name), topic, view.declaration_version(name) or 0, view.revision(name))
+            for name, topic in sorted(view.topics().items())
+        ]
 
     def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
-        """Apply the rules to one topic document with compare-and-set; 1 if it was written."""
-        live, dead = self.live, self.dead
+        """Apply the rules to one topic document with compare-and-set; 1 if it was written.
+
+        The way before partition change records (``partition_changes`` closed): the state is in the
+        topic document, written whole."""
         key = "?" if doc is None else doc.key
         for _ in range(CAS_ATTEMPTS):
             if doc is None:
                 return 0
-            current = doc.value
-            metrics.topic_read(doc.key, current)
-            settled = self.alive_for(self.preferred_leader_delay_s) if self.preferred_leaders else None
-            requests_revision = max((r[0] for r in self._requests.get(doc.key, ())), default=0)
-            inputs: _Inputs = (doc.revision, live, dead, settled, requests_revision)
-            if self._unchanged.get(doc.key) == inputs:
+            decision = self._decide(doc)
+            if decision is None:
                 return 0
-            if self._held_inputs.get(doc.key) == inputs and not self._hold_over(doc.key):
-                return 0  # held with these very inputs: only the end of the hold can change the answer
-            # The leaders' requests first: the rules then see the ISRs they asked for (and fence a
-            # broker that died meanwhile out of them again).
-            requested = self._apply_requests(current, doc.key)
-            elected = elect_leaders(requested or current, live, dead, default_unclean=self.default_unclean)
-            new = elected or requested
-            if settled is not None:
-                preferred = restore_preferred_leaders(new or current, settled)
-                if preferred is not None and new is None and self._hold_preferred(doc.key, preferred, settled):
-                    self._held_inputs[doc.key] = inputs
-                    return 0
-                new = preferred or new
-            if new == current:
-                new = None  # a request the rules undid (a dead broker asked back): nothing to write
-            if new is None:
-                self._forget_hold(doc.key)
-                self._unchanged[doc.key] = inputs
-                return 0
+            requested, new = decision
             try:
                 documents.replace(self.store, doc.key, new, doc.version)
             except VersionConflict:
                 doc = documents.read(self.store, doc.key, TopicDocument)
                 continue
-            self._forget_hold(doc.key)
-            # the requested ISR changes are logged as such (_apply_requests), not as fencing
-            for line in describe_changes(requested or current, new, live, dead):
-                log.info("%s", line)
-            metrics.topic_written(doc.key, current, new, dead)
-            if self.on_change is not None:
-                try:
-                    self.on_change(doc.key, current, new, live, dead)
-                except Exception:
-                    log.exception("reporting the change of %s failed", doc.key)
+            self._written(doc.key, doc.value, requested, new)
             return 1
         log.warning("%s kept changing under the controller; trying again next round", key)
         return 0
+
+    def _reconcile_as_record(self, docs: list[Versioned[TopicDocument]]) -> int:
+        """Apply the rules to every topic and write what changed as one partition change record.
+
+        A failover's elections and ISR fencing over all topics are then one small write (each changed
+        partition's state, about 100 bytes) instead of every topic document whole. A conflict means
+        another writer appended a record this view has not seen: nothing is written, the next round
+        decides again from the view that includes it. Returns the number of topics changed."""
+        decided: dict[str, tuple[TopicDocument, TopicDocument | None, TopicDocument]] = {}
+        for doc in docs:
+            decision = self._decide(doc)
+            if decision is not None:
+                decided[doc.key] = (doc.value, *decision)
+        if not decided:
+            return 0
+        changes = {
+            key[len(keys.TOPICS) :]: changed_partitions(current, new) for key, (current, _, new) in decided.items()
+        }
+        try:
+            written = append_changes(self.store, self.topics.view, changes, "controller", self.clock_ms())
+        except VersionConflict:
+            log.info("a partition change record was appended meanwhile; deciding again next round")
+            return 0
+        self.topics.wrote(written)
+        for key, (current, requested, new) in decided.items():
+            self._written(key, current, requested, new)
+        return len(decided)
+
+    def _decide(self, doc: Versioned[TopicDocument]) -> tuple[TopicDocument | None, TopicDocument] | None:
+        """The rules applied to one topic: None (nothing to write), else (with the requests taken, new)."""
+        live, dead = self.live, self.dead
+        current = doc.value
+        metrics.topic_read(doc.key, current)
+        settled = self.alive_for(self.preferred_leader_delay_s) if self.preferred_leaders else None
+        requests_revision = max((r[0] for r in self._requests.get(doc.key, ())), default=0)
+        inputs: _Inputs = (doc.revision, live, dead, settled, requests_revision)
+        if self._unchanged.get(doc.key) == inputs:
+            return None
+        if self._held_inputs.get(doc.key) == inputs and not self._hold_over(doc.key):
+            return None  # held with these very inputs: only the end of the hold can change the answer
+        # The leaders' requests first: the rules then see the ISRs they asked for (and fence a
+        # broker that died meanwhile out of them again).
+        requested = self._apply_requests(current, doc.key)
+        elected = elect_leaders(requested or current, live, dead, default_unclean=self.default_unclean)
+        new = elected or requested
+        if settled is not None:
+            preferred = restore_preferred_leaders(new or current, settled)
+            if preferred is not None and new is None and self._hold_preferred(doc.key, preferred, settled):
+                self._held_inputs[doc.key] = inputs
+                return None
+            new = preferred or new
+        if new == current:
+            new = None  # a request the rules undid (a dead broker asked back): nothing to write
+        if new is None:
+            self._forget_hold(doc.key)
+            self._unchanged[doc.key] = inputs
+            return None
+        return requested, new
+
+    def _written(self, key: str, current: TopicDocument, requested: TopicDocument | None, new: TopicDocument) -> None:
+        """Log, count and report one topic's decision once it is written."""
+        live, dead = self.live, self.dead
+        self._forget_hold(key)
+        # the requested ISR changes are logged as such (_apply_requests), not as fencing
+        for line in describe_changes(requested or current, new, live, dead):
+            log.info("%s", line)
+        metrics.topic_written(key, current, new, dead)
+        if self.on_change is not None:
+            try:
+                self.on_change(key, current, new, live, dead)
+            except Exception:
+                log.exception("reporting the change of %s failed", key)
+
+    def _write_state(self, state: TopicStateDocument) -> None:
+        documents.update_document(self.store, keys.topic_state(state.name), TopicStateDocument, lambda _old: state)
+
+    def _fold_if_due(self) -> None:
+        """Fold the partition change records into ``topic_states/`` once enough wait (FOLD_RECORDS ...).
+
+        Each topic a record names gets its composed states written with the last record folded; then
+        ``partition_changes_fold`` says so, and the folded records are deleted. The states are not
+        watched, so a fold sends nothing to the brokers but the records' deletions (module docstring
+        of :mod:`sluice.metadata.topic_view`). A failure leaves it for a later round: what is folded
+        and what is not are the same states."""
+        view = self.topics.view
+        if not view.fold_due():
+            return
+        fold = max(view.records)
+        folded = dict(view.records)
+        names = sorted(set().union(*(r.topics for r in folded.values())))
+        for name in names:
+            topic = view.topic(name)
+            if topic is None:
+                continue
+            self._write_state(TopicStateDocument(name, topic.topic_id, fold, list(topic.partitions)))
+
+        def advance(current: FoldDocument | None) -> FoldDocument | None:
+            if current is not None and current.seq >= fold:
+                return None
+            return FoldDocument(fold, self.clock_ms())
+
+        documents.update_document(self.store, keys.PARTITION_CHANGES_FOLD, FoldDocument, advance)
+        for seq, record in sorted(folded.items()):
+            with contextlib.suppress(VersionConflict):  # gone already (another controller's fold)
+                self.store.delete(keys.partition_changes(seq), record.version)
+        log.info("folded partition change records up to %d into the states of %d topic(s)", fold, len(names))
 
     def _hold_preferred(self, key: str, topic: TopicDocument, settled: frozenset[int]) -> bool:
         """Whether the preferred-leader moves of ``topic`` (the document with them made) wait this round.

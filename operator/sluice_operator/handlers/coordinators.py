@@ -22,6 +22,7 @@ from sluice.metadata import documents, keys
 from sluice.metadata.documents import INTERNAL_TOPIC_CONFIG, TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.store import VersionConflict
+from sluice.metadata.topic_view import read_topic
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.kubernetes import coordinator_status_patch
@@ -120,7 +121,8 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch, runtime: O
         generation,
     )
     projected = coordinator_status_patch(
-        {"metadata": meta, "spec": spec, "status": {"conditions": conds, "observedGeneration": generation}}, value
+        {"metadata": meta, "spec": spec, "status": {"conditions": conds, "observedGeneration": generation}},
+        read_topic(runtime.meta, topic) or value,  # the partitions' states composed with their records
     )
     patch.status["partitions"] = projected["partitions"]
     patch.status["conditions"] = set_condition(projected["conditions"], "Reconciling", FALSE, "Done", "", generation)

@@ -77,19 +77,20 @@ plan stays; the AnnotationIgnored condition says the spec changed).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
 from sluice.client.types import TopicPartition
-from sluice.metadata import documents, keys
+from sluice.metadata import documents, keys, topic_view
 from sluice.metadata.documents import ReplicationThrottleDocument, TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.reassignment import ReassignmentRefused, cancel, check_target, start, target_replicas
 from sluice.metadata.rebalance import MODES, REMOVE_BROKERS, Goal, Plan, PlanRefused, plan
 from sluice.metadata.store import VersionConflict
+from sluice.metadata.topic_view import TopicView
 from sluice.operator import metrics
 from sluice.operator.handlers.runtime import OperatorRuntime, register_kind, runtime_of
 from sluice.operator.handlers.status import check_paused, conditions_of
@@ -416,7 +417,15 @@ def partition_sizes(
 
 
 def _topics(runtime: OperatorRuntime) -> list[TopicDocument]:
-    return [d.value for d in documents.list_documents(runtime.meta, keys.TOPICS, TopicDocument)]
+    """Every topic as it is now (fresh reads, composed with its partition change records)."""
+    topics = TopicView.load(runtime.meta).topics()
+    return [topics[name] for name in sorted(topics)]
+
+
+def _update_partitions(runtime: OperatorRuntime, name: str, change: Callable[[TopicDocument], TopicDocument]) -> None:
+    """One topic's partition states changed by ``change``, the way the controller says they are written."""
+    records = topic_view.records_enabled(runtime.meta)
+    topic_view.update_partitions(runtime.meta, name, change, records=records, writer="operator", attempts=50)
 
 
 def _propose(
@@ -555,14 +564,14 @@ def _execute(
 def _start_move(runtime: OperatorRuntime, name: str, index: int, target: list[int], registered: list[int]) -> None:
     """Start one partition's reassignment to ``target`` (the change AlterPartitionReassignments writes)."""
 
-    def change(topic: TopicDocument | None) -> TopicDocument | None:
-        if topic is None or index >= len(topic.partitions):
-            return None
+    def change(topic: TopicDocument) -> TopicDocument:
+        if index >= len(topic.partitions):
+            return topic
         part = topic.partitions[index]
         check_target(target, registered, len(target_replicas(part)), allow_replication_factor_change=False)
         return topic.with_partition(index, start(part, target))
 
-    documents.update_document(runtime.meta, keys.topic(name), TopicDocument, change)
+    _update_partitions(runtime, name, change)
 
 
 def _stop(
@@ -577,13 +586,13 @@ def _stop(
             continue
         name, index = str(row["topic"]), int(row["partition"])
 
-        def change(topic: TopicDocument | None, index: int = index) -> TopicDocument | None:
-            if topic is None or index >= len(topic.partitions) or not topic.partitions[index].reassigning:
-                return None
+        def change(topic: TopicDocument, index: int = index) -> TopicDocument:
+            if index >= len(topic.partitions) or not topic.partitions[index].reassigning:
+                return topic
             return topic.with_partition(index, cancel(topic.partitions[index], dead))
 
         try:
-            documents.update_document(runtime.meta, keys.topic(name), TopicDocument, change)
+            _update_partitions(runtime, name, change)
             cancelled += 1
         except ReassignmentRefused as exc:
             kept.append(f"{name}-{index}: {exc.message}")

@@ -25,6 +25,7 @@ import kopf
 from sluice import errors
 from sluice.metadata import documents, keys
 from sluice.metadata.documents import TopicDocument
+from sluice.metadata.topic_view import read_topic
 from sluice.operator import metrics
 from sluice.operator.controller.kubernetes import topic_status_patch
 from sluice.operator.handlers.runtime import (
@@ -148,13 +149,13 @@ def reconcile_topic(body: Mapping[str, Any], patch: kopf.Patch, runtime: Operato
         "; ".join(not_supported),
         generation,
     )
-    found = documents.read(runtime.meta, keys.topic(name), TopicDocument)
-    if found is None:
+    composed = read_topic(runtime.meta, name)  # the partitions' states composed with their records
+    if composed is None:
         finish(FALSE, "Deleted", "the topic's metadata vanished; recreating it on the next reconcile", True)
         return
     projected = topic_status_patch(
         {"metadata": meta, "spec": spec, "status": {"conditions": conds, "observedGeneration": generation}},
-        found.value,
+        composed,
     )
     patch.status["topicId"] = projected["topicId"]
     patch.status["partitions"] = projected["partitions"]

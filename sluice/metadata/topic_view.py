@@ -1,0 +1,456 @@
+"""Topics composed from their declarations, folded states and partition change records.
+
+A topic's metadata has two parts that change at very different rates. Its *declaration* (id,
+config, partition count: ``topics/<name>``) changes when a user changes the topic. Its partitions'
+*states* (leader, epochs, ISR, a reassignment) change on every failover, for every topic with a
+partition on the broker concerned. When states lived only inside the declarations, a failover
+rewrote every topic document whole (100 topics of 1,000 partitions: 9 MB), and every broker's
+watch received all of it (issue 28 measured 853 MB for one failover at 100 brokers).
+
+Since the controller writes every leader and ISR (leaders ask it, Kafka's AlterPartition), state
+changes can go where KRaft puts them, in small records of one sequence:
+
+* ``partition_changes/<seq>`` (:class:`~sluice.metadata.documents.PartitionChangesDocument`):
+  one decision's new partition states, whole (about 100 bytes each), for any number of topics.
+  A writer creates the record numbered one past the last it has seen, with compare-and-set: if
+  that number exists, it missed a record, reads it and decides again. So every writer (the
+  controller, a reassignment's start, a leader's fallback ISR write) is ordered by one sequence.
+* ``topic_states/<name>`` (:class:`~sluice.metadata.documents.TopicStateDocument`): the
+  controller's *fold* of the records up to a number into each topic's states, after which it
+  writes ``partition_changes_fold`` and deletes the folded records. The Kubernetes store's watch
+  leaves this family out: a fold changes no state, and every broker receiving each folded topic
+  whole again is exactly the fan-out the records avoid. A view reads them (a LIST) when it starts
+  and when it finds a gap (the fold passed records it never saw: its watch was re-listed).
+* Writing records is gated (``ControllerDocument.partition_changes``): until every registered
+  broker reads them (``BrokerDocument.metadata_features``), states are written into the
+  declarations as before, and a declaration is all there is. Nothing is converted at the switch:
+  the declarations' states are where the records start from.
+
+**Composition is a maximum, so it does not depend on the order things are seen in.** Every change
+of a partition's state counts one more partition epoch (Kafka's; ``TopicDocument.with_partitions``
+counts it for every writer), and every writer decides from a view that includes every earlier
+record. So of all the states a view has seen for a partition (in the declaration, a folded state,
+records), the one with the highest partition epoch is the newest, and a view keeps that one. A
+record (or folded state) ties with a declaration only when a leader's direct write, made before it
+saw the gate open, raced the first records: the record wins, the same way in every view, and the
+leader learns its write did not land as it learns any refusal. A record numbered at or below the
+fold (a writer far behind re-creating a deleted number) is never applied. What a view holds is
+thus the same for everyone who has seen the same documents, whatever their order, and deleting a
+folded record changes nothing in a view that saw it. Until a view has seen a record or folded
+state of a topic, the topic's declaration is its state, whole: brokers of code from before the
+partition epoch changed ISRs without counting it, and no record exists before the gate opens.
+
+Every reader of topics uses :class:`TopicView` (the broker's ClusterView, the controller, the
+operator's status projection and rebalance planner, LocalCluster), and every writer of partition
+states :func:`append_changes` once the gate is open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from sluice.metadata import keys
+from sluice.metadata.documents import (
+    FoldDocument,
+    PartitionChangesDocument,
+    PartitionState,
+    TopicChanges,
+    TopicDocument,
+    TopicStateDocument,
+)
+from sluice.metadata.store import Document, MetadataStore, VersionConflict
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "FOLD_PARTITION_CHANGES",
+    "FOLD_RECORDS",
+    "RecordInfo",
+    "TopicView",
+    "Updated",
+    "WatchedTopics",
+    "append_changes",
+    "changed_partitions",
+    "delete_topic_state",
+    "is_topic_key",
+    "read_topic",
+    "records_enabled",
+    "update_partitions",
+]
+
+# The controller folds once this many records, or records of this many partition changes, wait
+# (a failover at 100 brokers and 100,000 partitions is one record of about 3,000 changes).
+FOLD_RECORDS = 16
+FOLD_PARTITION_CHANGES = 50_000
+
+_FAMILIES = (keys.TOPICS, keys.PARTITION_CHANGES, keys.TOPIC_STATES)
+_WATCHED = (*_FAMILIES, keys.PARTITION_CHANGES_FOLD)
+
+
+def is_topic_key(key: str) -> bool:
+    """Whether a document at ``key`` is one a :class:`TopicView` composes."""
+    return key.startswith(_FAMILIES) or key == keys.PARTITION_CHANGES_FOLD
+
+
+def _newer(candidate: PartitionState, current: PartitionState, *, ties: bool) -> bool:
+    """Whether ``candidate`` replaces ``current``: a higher partition epoch (or an equal one, for a
+    record or folded state over a declaration's: ``ties``)."""
+    if ties:
+        return candidate.partition_epoch >= current.partition_epoch
+    return candidate.partition_epoch > current.partition_epoch
+
+
+@dataclass(frozen=True)
+class RecordInfo:
+    """What a view keeps of a record it applied, until a fold covers it: what the fold needs."""
+
+    topics: frozenset[str]
+    changes: int  # partition states in it
+    version: int  # for deleting it
+
+
+@dataclass
+class _Topic:
+    """One topic as a view holds it: its declaration and the newest state of each partition."""
+
+    declaration: TopicDocument
+    version: int  # the declaration's, for a compare-and-set of it
+    partitions: list[PartitionState]
+    revision: int  # the store revision of the last document that changed this topic
+    # A record or folded state of this topic was seen: from then on a declaration's state counts only
+    # when its partition epoch is higher (module docstring); before, the declaration is the state.
+    recorded: bool = False
+    composed: TopicDocument | None = None  # built on demand, dropped on change
+
+    def topic(self) -> TopicDocument:
+        if self.composed is None:
+            self.composed = dataclasses.replace(self.declaration, partitions=list(self.partitions))
+        return self.composed
+
+
+@dataclass
+class TopicView:
+    """The composed topics of one reader, fed the store's documents in revision order (:meth:`apply`).
+
+    ``head`` is the highest record number this view has seen (or the fold's): a writer appends
+    ``head + 1``. ``gap`` is set when a fold passed records this view never saw (its watch was
+    re-listed meanwhile): the owner then reads ``topic_states/`` (:meth:`load_states`).
+    """
+
+    head: int = 0
+    fold_seq: int = 0
+    gap: bool = False
+    _topics: dict[str, _Topic] = field(default_factory=dict)
+    # Record numbers above the last fold this view knows of, with the topics each names and its
+    # number of partition changes: what the controller's fold covers.
+    records: dict[int, RecordInfo] = field(default_factory=dict)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._topics)
+
+    def topic(self, name: str) -> TopicDocument | None:
+        held = self._topics.get(name)
+        return None if held is None else held.topic()
+
+    def topics(self) -> dict[str, TopicDocument]:
+        return {name: held.topic() for name, held in self._topics.items()}
+
+    def declaration_version(self, name: str) -> int | None:
+        held = self._topics.get(name)
+        return None if held is None else held.version
+
+    def revision(self, name: str) -> int:
+        """The store revision of the last document that changed ``name`` here (0: not held)."""
+        held = self._topics.get(name)
+        return 0 if held is None else held.revision
+
+    # -- feeding ----------------------------------------------------------------------------------
+
+    def apply(self, doc: Document) -> set[str]:
+        """Take one document of the families this view composes; returns the topics it may have changed."""
+        key = doc.key
+        if key.startswith(keys.TOPICS):
+            return self._declaration(key[len(keys.TOPICS) :], doc)
+        if key.startswith(keys.PARTITION_CHANGES):
+            if doc.value is None:
+                self.records.pop(_seq_of(key), None)  # folded: its states are held already
+                return set()
+            return self._record(PartitionChangesDocument.from_json(doc.value), doc)
+        if key.startswith(keys.TOPIC_STATES):
+            if doc.value is None:
+                return set()
+            return self._state(TopicStateDocument.from_json(doc.value), doc.revision)
+        if key == keys.PARTITION_CHANGES_FOLD and doc.value is not None:
+            fold = FoldDocument.from_json(doc.value).seq
+            if fold > self.head:
+                self.gap = True  # records up to the fold may be gone before this view saw them
+            self.fold_seq = max(self.fold_seq, fold)
+            self.head = max(self.head, fold)
+            for seq in [s for s in self.records if s <= fold]:
+                del self.records[seq]
+        return set()
+
+    def apply_all(self, docs: Iterable[Document]) -> set[str]:
+        changed: set[str] = set()
+        for doc in docs:
+            changed |= self.apply(doc)
+        return changed
+
+    def _declaration(self, name: str, doc: Document) -> set[str]:
+        held = self._topics.get(name)
+        if doc.value is None:
+            if held is None or doc.version < held.version:
+                return set()
+            del self._topics[name]
+            return {name}
+        if held is not None and doc.version < held.version:
+            return set()  # older than one this view applied already (its owner's own write)
+        declared = TopicDocument.from_json(doc.value)
+        if held is None or held.declaration.topic_id != declared.topic_id:
+            self._topics[name] = _Topic(declared, doc.version, list(declared.partitions), doc.revision)
+            return {name}
+        parts = held.partitions
+        for i, p in enumerate(declared.partitions):
+            if i >= len(parts):
+                parts.append(p)  # partitions added
+            elif not held.recorded or _newer(p, parts[i], ties=False):
+                parts[i] = p  # a state written into the declaration (before the gate opened)
+        held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
+        return {name}
+
+    def _record(self, record: PartitionChangesDocument, doc: Document) -> set[str]:
+        if record.seq <= self.fold_seq:
+            return set()  # a number re-created after the fold deleted it: never applied
+        self.head = max(self.head, record.seq)
+        self.records[record.seq] = RecordInfo(
+            frozenset(t.topic for t in record.topics), sum(len(t.partitions) for t in record.topics), doc.version
+        )
+        changed: set[str] = set()
+        for changes in record.topics:
+            if self._take(changes.topic, changes.topic_id, changes.partitions.items(), doc.revision):
+                changed.add(changes.topic)
+        return changed
+
+    def _state(self, state: TopicStateDocument, revision: int) -> set[str]:
+        self.head = max(self.head, state.seq)
+        return {state.name} if self._take(state.name, state.topic_id, enumerate(state.partitions), revision) else set()
+
+    def _take(self, name: str, topic_id: str, states: Iterable[tuple[int, PartitionState]], revision: int) -> bool:
+        held = self._topics.get(name)
+        if held is None or held.declaration.topic_id != topic_id:
+            return False  # a topic deleted (and perhaps created again under its name)
+        held.recorded = True
+        parts = held.partitions
+        changed = False
+        for i, p in states:
+            if (
+                0 <= i < len(parts)
+                and _newer(p, parts[i], ties=True)
+                and (p != parts[i] or p.partition_epoch != parts[i].partition_epoch)
+            ):
+                parts[i] = p
+                changed = True
+        if changed:
+            held.revision, held.composed = revision, None
+        return changed
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, store: MetadataStore, name: str | None = None) -> TopicView:
+        """A view of every topic (or of ``name`` only) from fresh reads: for writers and admin reads that
+        must not decide from a watch that lags. One topic costs three GETs and a LIST of the records."""
+        view = cls()
+        if name is None:
+            view.apply_all(store.list(keys.TOPICS))
+            view.apply_all(store.list(keys.TOPIC_STATES))
+        else:
+            view.apply_all(d for d in (store.get(keys.topic(name)), store.get(keys.topic_state(name))) if d is not None)
+        fold = store.get(keys.PARTITION_CHANGES_FOLD)
+        if fold is not None:
+            view.apply(fold)
+        view.apply_all(store.list(keys.PARTITION_CHANGES))
+        view.gap = False
+        return view
+
+    def load_states(self, store: MetadataStore) -> set[str]:
+        """Read every folded state (``topic_states/``, which the Kubernetes store does not watch)."""
+        changed = self.apply_all(store.list(keys.TOPIC_STATES))
+        self.gap = False
+        return changed
+
+    def fold_due(self) -> bool:
+        """Whether enough records wait for the controller to fold them (FOLD_RECORDS, FOLD_PARTITION_CHANGES)."""
+        return (
+            len(self.records) >= FOLD_RECORDS or sum(r.changes for r in self.records.values()) >= FOLD_PARTITION_CHANGES
+        )
+
+
+class WatchedTopics:
+    """A :class:`TopicView` kept current from one store's changes (``changes_since``: over Kubernetes,
+    the store's watch cache, so catching up reads no object from the API server unless a gap needs
+    the folded states). For readers that watch only topics: the controller, the status projection."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.view = TopicView()
+        self.revision = 0  # the store revision the view is current to
+
+    def catch_up(self) -> set[str]:
+        """Apply the changes since the last call; returns the topics that may have changed."""
+        docs = [doc for prefix in _WATCHED for doc in self.store.changes_since(self.revision, prefix)]
+        changed: set[str] = set()
+        for doc in sorted(docs, key=lambda d: d.revision):  # in store order: a record after its topic
+            self.revision = max(self.revision, doc.revision)
+            try:
+                changed |= self.view.apply(doc)
+            except (KeyError, ValueError, TypeError):
+                log.warning("ignoring malformed topic metadata %s: %r", doc.key, doc.value)
+        if self.view.gap:  # the fold passed records the watch never delivered (a re-list)
+            changed |= self.view.load_states(self.store)
+        return changed
+
+    def wrote(self, doc: Document) -> set[str]:
+        """Apply a document this process wrote (read-your-writes)."""
+        self.revision = max(self.revision, doc.revision)
+        return self.view.apply(doc)
+
+
+def read_topic(store: MetadataStore, name: str) -> TopicDocument | None:
+    """Topic ``name`` composed now, for reads that only report it (a resource's status): its declaration
+    and folded state read fresh, the records from the store's changes (the watch cache, no LIST)."""
+    view = TopicView()
+    view.apply_all(d for d in (store.get(keys.topic(name)), store.get(keys.topic_state(name))) if d is not None)
+    view.apply_all(store.changes_since(0, keys.PARTITION_CHANGES_FOLD))
+    view.apply_all(store.changes_since(0, keys.PARTITION_CHANGES))
+    return view.topic(name)
+
+
+def _seq_of(key: str) -> int:
+    try:
+        return int(key[len(keys.PARTITION_CHANGES) :])
+    except ValueError:
+        return -1
+
+
+def changed_partitions(old: TopicDocument, new: TopicDocument) -> dict[int, PartitionState]:
+    """The partitions of ``new`` whose state differs from ``old``'s (``new`` made by ``with_partitions``)."""
+    return {
+        i: p
+        for i, p in enumerate(new.partitions)
+        if i >= len(old.partitions) or p != old.partitions[i] or p.partition_epoch != old.partitions[i].partition_epoch
+    }
+
+
+def append_changes(
+    store: MetadataStore,
+    view: TopicView,
+    changes: Mapping[str, Mapping[int, PartitionState]],
+    writer: str,
+    now_ms: int,
+) -> Document:
+    """Write ``changes`` (topic name -> partition -> new state) as the record after ``view.head``.
+
+    Raises VersionConflict when that number exists: the writer missed a record, so its view is
+    behind; it catches up and decides again. The caller applies the returned document to its view
+    (read-your-writes), and does not call this with nothing to write.
+    """
+    topics = []
+    for name, parts in sorted(changes.items()):
+        held = view.topic(name)
+        if held is None or not parts:
+            continue
+        topics.append(TopicChanges(name, held.topic_id, dict(parts)))
+    if not topics:
+        raise ValueError("no partition changes to write")
+    seq = view.head + 1
+    record = PartitionChangesDocument(seq, topics, writer, now_ms)
+    return store.compare_and_set(keys.partition_changes(seq), record.to_json(), None)
+
+
+@dataclass(frozen=True)
+class Updated:
+    """What :func:`update_partitions` did: the topic before and after, and the document written (None: none)."""
+
+    before: TopicDocument
+    after: TopicDocument
+    document: Document | None
+    read: Document | None = None  # without records: the topic document ``before`` was read from
+
+
+def records_enabled(store: MetadataStore) -> bool:
+    """Whether the controller says partition states are written as records (a fresh read)."""
+    doc = store.get(keys.CONTROLLER)
+    return doc is not None and bool((doc.value or {}).get("partition_changes", False))
+
+
+def update_partitions(
+    store: MetadataStore,
+    name: str,
+    change: Callable[[TopicDocument], TopicDocument],
+    *,
+    records: bool,
+    writer: str,
+    attempts: int = 20,
+    pause: Callable[[int], None] | None = None,
+) -> Updated | None:
+    """Read-modify-write of one topic's partition states from fresh reads, retried on a conflict.
+
+    ``change`` returns the topic with its new states (made with ``with_partitions``, so the partition
+    epochs count), or the topic it was given to write nothing. With ``records`` (the controller's
+    ``partition_changes``) the changed states are appended as a record; otherwise the declaration is
+    replaced whole, as before. None when the topic does not exist; VersionConflict when it kept
+    changing for ``attempts`` tries (``pause(attempt)`` runs between them).
+    """
+    for attempt in range(attempts):
+        if records:
+            view = TopicView.load(store, name)
+            before = view.topic(name)
+            if before is None:
+                return None
+            after = change(before)
+            parts = changed_partitions(before, after)
+            if after is before or not parts:
+                return Updated(before, before, None)
+            try:
+                written = append_changes(store, view, {name: parts}, writer, _now_ms())
+            except VersionConflict:
+                if pause is not None:
+                    pause(attempt)
+                continue
+            return Updated(before, after, written)
+        doc = store.get(keys.topic(name))
+        if doc is None or doc.value is None:
+            return None
+        before = TopicDocument.from_json(doc.value)
+        after = change(before)
+        if after is before or after == before:
+            return Updated(before, before, None, doc)
+        try:
+            written = store.compare_and_set(doc.key, after.to_json(), doc.version)
+        except VersionConflict:
+            if pause is not None:
+                pause(attempt)
+            continue
+        return Updated(before, after, written, doc)
+    raise VersionConflict(f"topic {name!r} kept changing: gave up after {attempts} attempts")
+
+
+def delete_topic_state(store: MetadataStore, name: str) -> None:
+    """Remove a deleted topic's folded state (its records name its id, which no declaration has now)."""
+    doc = store.get(keys.topic_state(name))
+    if doc is not None:
+        with contextlib.suppress(VersionConflict):  # written or removed meanwhile: a later delete removes it
+            store.delete(doc.key, doc.version)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,210 @@
+"""Partition states as change records: the gate, the controller's one record per decision, the fold,
+and every other writer (a leader's fallback ISR write, reassignments) over a real SQLite store.
+
+Brokers are ClusterViews that register as the broker does (so they list ``partition_changes`` in
+their ``metadata_features``); the controller is the ControllerLoop with fake health checks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from sluice.broker.cluster import ClusterView
+from sluice.metadata import documents, keys, open_store
+from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicStateDocument
+from sluice.metadata.isr import IsrChange, IsrOutcome
+from sluice.metadata.store import MetadataStore
+from sluice.metadata.topic_view import FOLD_RECORDS, TopicView
+from sluice.operator.controller.decisions import new_topic
+from sluice.operator.controller.loop import ControllerLoop
+from sluice.operator.liveness.brokers import FailureDetector
+from tests.support.views import registered_view
+
+from .test_controller_local import Fake, fail_for
+
+TOPICS = ("orders", "payments", "audit")
+
+
+class CountingStore:
+    """The store, counting writes (compare-and-sets and deletes) by key family."""
+
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+        self.writes: Counter[str] = Counter()
+
+    def compare_and_set(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.writes[key.split("/", 1)[0]] += 1
+        return self.store.compare_and_set(key, *args, **kwargs)
+
+    def delete(self, key: str, *args: Any, **kwargs: Any) -> Any:
+        self.writes["delete " + key.split("/", 1)[0]] += 1
+        return self.store.delete(key, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+def _cluster(tmp_path: Path) -> tuple[CountingStore, ControllerLoop, Fake, dict[int, ClusterView]]:
+    store = CountingStore(open_store(str(tmp_path / "metadata.sqlite")))
+    views = {b: registered_view(store, tmp_path, b) for b in (0, 1, 2)}  # type: ignore[arg-type]
+    for i, name in enumerate(TOPICS):
+        doc = new_topic(name, f"id-{i}", 6, 3, {}, [(0, ""), (1, ""), (2, "")])
+        store.compare_and_set(keys.topic(name), doc.to_json(), None)
+    fake = Fake()
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))  # type: ignore[arg-type]
+    controller.claim()
+    controller.run_round()
+    for view in views.values():
+        view.refresh()
+    return store, controller, fake, views
+
+
+def _readmit(views: dict[int, ClusterView], broker: int, topics: tuple[str, ...] = TOPICS) -> None:
+    """Each leader takes ``broker`` back into the ISRs it left (a leader's own write: one record per topic)."""
+    for view in views.values():
+        view.refresh()
+    for name in topics:
+        by_leader: dict[int, list[IsrChange]] = {}
+        for i, p in enumerate(views[broker].topics[name].partitions):
+            if broker in p.replicas and broker not in p.isr and p.leader >= 0:
+                grown = (*p.isr, broker)
+                by_leader.setdefault(p.leader, []).append(
+                    IsrChange(i, p.leader_epoch, tuple(p.isr), grown, p.partition_epoch)
+                )
+        for leader, changes in by_leader.items():
+            written = views[leader].write_isrs(name, leader, changes)
+            assert set(written.outcomes.values()) == {IsrOutcome.WRITTEN}
+            views[leader].isr_written(written.document)
+
+
+def _declaration_versions(store: MetadataStore) -> dict[str, int]:
+    return {d.key: d.version for d in store.list(keys.TOPICS)}
+
+
+def test_the_gate_opens_once_every_registered_broker_reads_records_and_never_closes(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "metadata.sqlite"))
+    registered_view(store, tmp_path, 0)
+    old = BrokerDocument(1, "127.0.0.1", 9001)  # a broker of code from before: no metadata_features
+    store.compare_and_set(keys.broker(1), old.to_json(), None)
+    fake = Fake()
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller.claim()
+    controller.run_round()
+    assert not controller.partition_changes
+    registered_view(store, tmp_path, 1)  # broker 1 restarted with this code
+    controller.run_round()
+    assert controller.partition_changes
+    published = documents.read(store, keys.CONTROLLER, ControllerDocument)
+    assert published is not None and published.value.partition_changes
+    # a newer controller keeps it open, even with a broker of older code registered again
+    store.compare_and_set(keys.broker(1), old.to_json(), store.get(keys.broker(1)).version)  # type: ignore[union-attr]
+    successor = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    successor.claim()
+    successor.run_round()
+    assert successor.partition_changes
+
+
+def test_a_failover_over_many_topics_is_one_record_and_no_topic_document_is_rewritten(tmp_path: Path) -> None:
+    store, controller, fake, views = _cluster(tmp_path)
+    assert controller.partition_changes and all(v.partition_changes for v in views.values())
+    declared = _declaration_versions(store)
+    store.writes.clear()
+    fake.down.add(0)
+    fail_for(controller, fake, 2.0)
+    assert store.writes["partition_changes"] == 1  # every topic's elections and fencing: one record
+    assert store.writes["topics"] == 0 and _declaration_versions(store) == declared
+    views[1].refresh()
+    for name in TOPICS:
+        topic = views[1].topics[name]
+        assert all(p.leader != 0 and 0 not in p.isr for p in topic.partitions), topic
+    assert views[1].topics == TopicView.load(store).topics()
+
+
+def test_a_leaders_fallback_isr_write_is_a_record_and_a_stale_one_is_refused(tmp_path: Path) -> None:
+    store, _controller, _fake, views = _cluster(tmp_path)
+    p = views[0].topics["orders"].partitions[0]
+    leader = views[p.leader]
+    follower = next(b for b in p.replicas if b != p.leader)
+    shrink = IsrChange(0, p.leader_epoch, tuple(p.isr), tuple(b for b in p.isr if b != follower), p.partition_epoch)
+    written = leader.write_isrs("orders", p.leader, [shrink])
+    assert written.outcomes == {0: IsrOutcome.WRITTEN}
+    assert written.document is not None and written.document.key == keys.partition_changes(1)
+    assert written.document.value is not None and written.document.value["writer"] == f"broker-{p.leader}"
+    leader.isr_written(written.document)
+    assert leader.topics["orders"].partitions[0].isr == list(shrink.isr)
+    # the same change decided again from the old state: the partition moved on, nothing is written
+    again = views[follower].write_isrs("orders", p.leader, [shrink])
+    assert again.outcomes[0] is not IsrOutcome.WRITTEN and again.document is None
+    assert store.writes["topics"] == 3  # the three declarations, never rewritten
+
+
+def test_reassignments_start_as_records_and_are_listed_from_them(tmp_path: Path) -> None:
+    store, _controller, _fake, views = _cluster(tmp_path)
+    registered_view(store, tmp_path, 3)  # type: ignore[arg-type]
+    view = views[0]
+    view.refresh()
+    current = view.topics["payments"].partitions[2].replicas
+    target = [3, *current[1:]]
+    assert view.alter_partition_reassignments([("payments", 2, target)]) == [None]
+    assert store.writes["topics"] == 3
+    listed = view.list_partition_reassignments()
+    assert [(t, i) for t, i, _ in listed] == [("payments", 2)]
+    assert listed[0][2].adding_replicas == [3]
+    assert view.alter_partition_reassignments([("payments", 2, None)]) == [None]  # cancelled
+    assert view.list_partition_reassignments() == []
+
+
+def test_the_fold_moves_records_into_unwatched_states_and_changes_no_view(tmp_path: Path) -> None:
+    store, controller, fake, views = _cluster(tmp_path)
+    for _ in range(FOLD_RECORDS // 4 + 1):  # each death (a record) and return (a record per topic)
+        fake.down.add(0)
+        fail_for(controller, fake, 2.0)
+        fake.down.discard(0)
+        fail_for(controller, fake, 2.0)
+        _readmit(views, 0)
+    assert store.writes["partition_changes_fold"] >= 1
+    assert store.writes["topic_states"] >= 1
+    assert store.writes["delete partition_changes"] >= FOLD_RECORDS
+    remaining = store.list(keys.PARTITION_CHANGES)
+    assert len(remaining) < FOLD_RECORDS
+    states = documents.list_documents(store, keys.TOPIC_STATES, TopicStateDocument)
+    assert {s.value.name for s in states} == set(TOPICS)
+    views[2].refresh()  # a view that watched all along
+    fresh = TopicView.load(store).topics()  # one that starts now: states, then the records left
+    assert views[2].topics == fresh
+    controller.topics.catch_up()
+    assert fresh == controller.topics.view.topics()
+
+
+def test_existing_topic_documents_are_where_the_records_start_from(tmp_path: Path) -> None:
+    """An upgrade: topics written by older code (whole documents), then every broker reads records."""
+    path = str(tmp_path / "metadata.sqlite")
+    store = open_store(path)
+    old = {"broker_id": 0, "host": "127.0.0.1", "port": 9000, "rack": "", "started_ms": 0}
+    for b in (0, 1, 2):
+        store.compare_and_set(keys.broker(b), {**old, "broker_id": b, "port": 9000 + b}, None)
+    doc = new_topic("orders", "id-0", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
+    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
+    fake = Fake()
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller.claim()
+    fake.down.add(0)
+    fail_for(controller, fake, 2.0)
+    assert not controller.partition_changes
+    before = store.get(keys.topic("orders"))
+    assert before is not None and before.version > 1  # elected the old way: the document rewritten
+    # the brokers restart with this code, one by one; the gate opens with the last
+    views = {b: registered_view(store, tmp_path, b, refresh=True) for b in (0, 1, 2)}
+    fake.down.discard(0)
+    fail_for(controller, fake, 1.0)
+    assert controller.partition_changes
+    _readmit(views, 0, ("orders",))  # caught up: its leaders take it back, as records
+    fail_for(controller, fake, 12.0)  # settled: its leaderships return, as a record
+    assert store.get(keys.topic("orders")).version == before.version  # type: ignore[union-attr]
+    assert len(store.list(keys.PARTITION_CHANGES)) >= 2
+    views[1].refresh()
+    leaders = [p.leader for p in views[1].topics["orders"].partitions]
+    assert leaders == [p.replicas[0] for p in doc.partitions]
+    assert views[1].topics == TopicView.load(store).topics()
