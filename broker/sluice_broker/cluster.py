@@ -383,7 +383,10 @@ class ClusterView:
             if name in self.topics:
                 raise errors.TopicAlreadyExistsError(f"topic {name!r} already exists")
             return topic_id
-        value = TopicDocument(name, topic_id, internal, clean, replication_factor, placement)
+        # switched to records at once when the gate is open (else the controller switches it)
+        value = TopicDocument(
+            name, topic_id, internal, clean, replication_factor, placement, states_in_records=self.partition_changes
+        )
         try:
             documents.create(self.store, keys.topic(name), value)
         except VersionConflict:
@@ -468,9 +471,7 @@ class ClusterView:
                 return topic if parts == topic.partitions else topic.with_partitions(parts)
 
             try:
-                updated = update_partitions(
-                    self.store, name, change, records=self.partition_changes, writer=f"broker-{self.config.broker_id}"
-                )
+                updated = update_partitions(self.store, name, change, writer=f"broker-{self.config.broker_id}")
             except VersionConflict:
                 for i in indexes:
                     results[i] = errors.UnknownServerError(f"topic {name!r} kept changing; try again")
@@ -626,7 +627,6 @@ class ClusterView:
                 self.store,
                 topic,
                 change,
-                records=self.partition_changes,
                 writer=f"broker-{self.config.broker_id}",
                 attempts=ISR_WRITE_ATTEMPTS,
                 pause=pause,
@@ -655,9 +655,10 @@ class ClusterView:
         """The documents that make topic ``name`` now, from fresh reads, for :meth:`isr_written` (a
         write whose outcome was unknown). Touches only the store (a worker thread)."""
         found = [self.store.get(keys.topic(name))]
-        if self.partition_changes:
-            found += [self.store.get(keys.topic_state(name)), self.store.get(keys.PARTITION_CHANGES_FOLD)]
+        if self.partition_changes:  # in the order TopicView.load reads them
+            found.append(self.store.get(keys.PARTITION_CHANGES_FOLD))
             found += self.store.list(keys.PARTITION_CHANGES)
+            found.append(self.store.get(keys.topic_state(name)))
         return [d for d in found if d is not None]
 
     def request_isrs(self, requests: Sequence[IsrRequest]) -> None:

@@ -333,9 +333,22 @@ class TopicDocument:
     config: dict[str, str] = field(default_factory=dict)
     replication_factor: int = 1
     partitions: list[PartitionState] = field(default_factory=list)
+    # The partitions' states change by partition change records (sluice.metadata.topic_view), not in
+    # this document: its states are where the records start from. Set once, by the controller (or
+    # the creator) once the gate is open, with compare-and-set, so a writer that read the document
+    # before cannot write a state into it afterwards. Written only when set.
+    states_in_records: bool = False
     extra: dict[str, Any] = field(default_factory=dict, repr=False)  # fields this version does not know
 
-    FIELDS: ClassVar[tuple[str, ...]] = ("name", "topic_id", "internal", "config", "replication_factor", "partitions")
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "name",
+        "topic_id",
+        "internal",
+        "config",
+        "replication_factor",
+        "partitions",
+        "states_in_records",
+    )
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Self:
@@ -346,6 +359,7 @@ class TopicDocument:
             config={str(k): str(v) for k, v in (value.get("config") or {}).items()},
             replication_factor=int(value.get("replication_factor", 1)),
             partitions=[PartitionState.from_json(p) for p in value["partitions"]],
+            states_in_records=bool(value.get("states_in_records", False)),
             extra=_extra(value, cls.FIELDS),
         )
 
@@ -358,6 +372,7 @@ class TopicDocument:
             "config": dict(self.config),
             "replication_factor": self.replication_factor,
             "partitions": [p.to_json() for p in self.partitions],
+            **({"states_in_records": True} if self.states_in_records else {}),
         }
 
     def with_partitions(self, partitions: list[PartitionState]) -> TopicDocument:

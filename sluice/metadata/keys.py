@@ -10,7 +10,8 @@ the table below is the summary.
 ``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
                                   "replication_factor",
                                   "partitions": [{"replicas": [..], "leader": id,
-                                                  "leader_epoch": n, "isr": [..]}]}
+                                                  "leader_epoch": n, "isr": [..]}],
+                                  "states_in_records" (when set: the states change by records)}
 ``producer_id_block``            {"broker_id", "block_start", "block_end"}  (Kafka's
                                   /latest_producer_id_block: the last block handed out)
 ``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",

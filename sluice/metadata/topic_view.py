@@ -21,24 +21,32 @@ changes can go where KRaft puts them, in small records of one sequence:
   leaves this family out: a fold changes no state, and every broker receiving each folded topic
   whole again is exactly the fan-out the records avoid. A view reads them (a LIST) when it starts
   and when it finds a gap (the fold passed records it never saw: its watch was re-listed).
-* Writing records is gated (``ControllerDocument.partition_changes``): until every registered
-  broker reads them (``BrokerDocument.metadata_features``), states are written into the
-  declarations as before, and a declaration is all there is. Nothing is converted at the switch:
-  the declarations' states are where the records start from.
+* Writing records is gated, twice. Cluster-wide (``ControllerDocument.partition_changes``): until
+  every registered broker reads records (``BrokerDocument.metadata_features``), states are written
+  into the declarations as before. Then per topic (``TopicDocument.states_in_records``): the
+  controller sets it in each declaration with compare-and-set (a creator that knows the gate is
+  open sets it at creation). A writer reads the declaration first and writes a record if it is
+  set, else the declaration itself with compare-and-set on the version it read: a writer that read
+  the declaration before the switch fails its compare-and-set and reads the switch. So no state is
+  ever written into a declaration once records may exist for its topic, and nothing is converted:
+  the declaration's states at the switch are where the records start from.
 
 **Composition is a maximum, so it does not depend on the order things are seen in.** Every change
 of a partition's state counts one more partition epoch (Kafka's; ``TopicDocument.with_partitions``
 counts it for every writer), and every writer decides from a view that includes every earlier
-record. So of all the states a view has seen for a partition (in the declaration, a folded state,
-records), the one with the highest partition epoch is the newest, and a view keeps that one. A
-record (or folded state) ties with a declaration only when a leader's direct write, made before it
-saw the gate open, raced the first records: the record wins, the same way in every view, and the
-leader learns its write did not land as it learns any refusal. A record numbered at or below the
-fold (a writer far behind re-creating a deleted number) is never applied. What a view holds is
-thus the same for everyone who has seen the same documents, whatever their order, and deleting a
-folded record changes nothing in a view that saw it. Until a view has seen a record or folded
-state of a topic, the topic's declaration is its state, whole: brokers of code from before the
-partition epoch changed ISRs without counting it, and no record exists before the gate opens.
+record. So of all the states a view has seen for a partition (the declaration's, a folded state,
+records), the newest is the one with the highest partition epoch, and between a record and a
+folded state of the same epoch, the one of the higher number (a folded state is numbered by the
+last record it folds); a declaration's state loses every tie. What a view holds is thus the same
+for everyone who has seen the same documents, whatever their order (a watch, a LIST at start, a
+LIST after a gap), and deleting a folded record changes nothing in a view that saw it. A
+declaration without ``states_in_records`` is its topic's state, whole: no record exists for it,
+and brokers of code from before the partition epoch changed ISRs without counting it. A record
+numbered at or below the fold is never applied: a writer far behind can re-create a number the
+fold deleted, and :func:`append_changes` then finds the fold past it, deletes it and reports a
+conflict, so that writer decides again. A view notices a gap
+(records it never saw, gone to a fold while its watch was re-listed) when a record skips a number
+or the fold passes its last record, and then reads the folded states.
 
 Every reader of topics uses :class:`TopicView` (the broker's ClusterView, the controller, the
 operator's status projection and rebalance planner, LocalCluster), and every writer of partition
@@ -79,6 +87,7 @@ __all__ = [
     "delete_topic_state",
     "is_topic_key",
     "read_topic",
+    "record_seq",
     "records_enabled",
     "update_partitions",
 ]
@@ -89,7 +98,6 @@ FOLD_RECORDS = 16
 FOLD_PARTITION_CHANGES = 50_000
 
 _FAMILIES = (keys.TOPICS, keys.PARTITION_CHANGES, keys.TOPIC_STATES)
-_WATCHED = (*_FAMILIES, keys.PARTITION_CHANGES_FOLD)
 
 
 def is_topic_key(key: str) -> bool:
@@ -97,12 +105,7 @@ def is_topic_key(key: str) -> bool:
     return key.startswith(_FAMILIES) or key == keys.PARTITION_CHANGES_FOLD
 
 
-def _newer(candidate: PartitionState, current: PartitionState, *, ties: bool) -> bool:
-    """Whether ``candidate`` replaces ``current``: a higher partition epoch (or an equal one, for a
-    record or folded state over a declaration's: ``ties``)."""
-    if ties:
-        return candidate.partition_epoch >= current.partition_epoch
-    return candidate.partition_epoch > current.partition_epoch
+_DECLARED = -1  # the "number" of a state from a declaration: below every record and folded state
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class _Topic:
     declaration: TopicDocument
     version: int  # the declaration's, for a compare-and-set of it
     partitions: list[PartitionState]
+    sources: list[int]  # per partition, the number of the record or folded state it is from (_DECLARED)
     revision: int  # the store revision of the last document that changed this topic
     # A record or folded state of this topic was seen: from then on a declaration's state counts only
     # when its partition epoch is higher (module docstring); before, the declaration is the state.
@@ -175,14 +179,23 @@ class TopicView:
     # -- feeding ----------------------------------------------------------------------------------
 
     def apply(self, doc: Document) -> set[str]:
-        """Take one document of the families this view composes; returns the topics it may have changed."""
+        """Take one document of the families this view composes; returns the topics it may have changed.
+
+        Raises (KeyError, ValueError, TypeError) for a malformed document, after counting a malformed
+        record's number as seen (a writer must still append past it)."""
         key = doc.key
         if key.startswith(keys.TOPICS):
             return self._declaration(key[len(keys.TOPICS) :], doc)
         if key.startswith(keys.PARTITION_CHANGES):
+            seq = record_seq(key)
             if doc.value is None:
-                self.records.pop(_seq_of(key), None)  # folded: its states are held already
+                self.records.pop(seq, None)  # folded: its states are held already
                 return set()
+            if seq <= self.fold_seq:
+                return set()  # a number re-created after the fold deleted it: never applied
+            if seq > self.head + 1:
+                self.gap = True  # a number skipped: records this view never saw went to a fold
+            self.head = max(self.head, seq)
             return self._record(PartitionChangesDocument.from_json(doc.value), doc)
         if key.startswith(keys.TOPIC_STATES):
             if doc.value is None:
@@ -215,49 +228,49 @@ class TopicView:
             return set()  # older than one this view applied already (its owner's own write)
         declared = TopicDocument.from_json(doc.value)
         if held is None or held.declaration.topic_id != declared.topic_id:
-            self._topics[name] = _Topic(declared, doc.version, list(declared.partitions), doc.revision)
+            parts = list(declared.partitions)
+            self._topics[name] = _Topic(declared, doc.version, parts, [_DECLARED] * len(parts), doc.revision)
             return {name}
-        parts = held.partitions
+        parts, sources = held.partitions, held.sources
+        whole = not declared.states_in_records and not held.recorded  # the declaration is the state
         for i, p in enumerate(declared.partitions):
             if i >= len(parts):
                 parts.append(p)  # partitions added
-            elif not held.recorded or _newer(p, parts[i], ties=False):
-                parts[i] = p  # a state written into the declaration (before the gate opened)
+                sources.append(_DECLARED)
+            elif whole or p.partition_epoch > parts[i].partition_epoch:
+                parts[i], sources[i] = p, _DECLARED
         held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
         return {name}
 
     def _record(self, record: PartitionChangesDocument, doc: Document) -> set[str]:
-        if record.seq <= self.fold_seq:
-            return set()  # a number re-created after the fold deleted it: never applied
-        self.head = max(self.head, record.seq)
         self.records[record.seq] = RecordInfo(
             frozenset(t.topic for t in record.topics), sum(len(t.partitions) for t in record.topics), doc.version
         )
         changed: set[str] = set()
         for changes in record.topics:
-            if self._take(changes.topic, changes.topic_id, changes.partitions.items(), doc.revision):
+            if self._take(changes.topic, changes.topic_id, changes.partitions.items(), record.seq, doc.revision):
                 changed.add(changes.topic)
         return changed
 
     def _state(self, state: TopicStateDocument, revision: int) -> set[str]:
         self.head = max(self.head, state.seq)
-        return {state.name} if self._take(state.name, state.topic_id, enumerate(state.partitions), revision) else set()
+        taken = self._take(state.name, state.topic_id, enumerate(state.partitions), state.seq, revision)
+        return {state.name} if taken else set()
 
-    def _take(self, name: str, topic_id: str, states: Iterable[tuple[int, PartitionState]], revision: int) -> bool:
+    def _take(
+        self, name: str, topic_id: str, states: Iterable[tuple[int, PartitionState]], seq: int, revision: int
+    ) -> bool:
+        """Take the states of a record or folded state numbered ``seq`` that are newer than the view's."""
         held = self._topics.get(name)
         if held is None or held.declaration.topic_id != topic_id:
             return False  # a topic deleted (and perhaps created again under its name)
         held.recorded = True
-        parts = held.partitions
+        parts, sources = held.partitions, held.sources
         changed = False
         for i, p in states:
-            if (
-                0 <= i < len(parts)
-                and _newer(p, parts[i], ties=True)
-                and (p != parts[i] or p.partition_epoch != parts[i].partition_epoch)
-            ):
-                parts[i] = p
-                changed = True
+            if 0 <= i < len(parts) and (p.partition_epoch, seq) > (parts[i].partition_epoch, sources[i]):
+                changed = changed or p != parts[i] or p.partition_epoch != parts[i].partition_epoch
+                parts[i], sources[i] = p, seq
         if changed:
             held.revision, held.composed = revision, None
         return changed
@@ -267,18 +280,26 @@ class TopicView:
     @classmethod
     def load(cls, store: MetadataStore, name: str | None = None) -> TopicView:
         """A view of every topic (or of ``name`` only) from fresh reads: for writers and admin reads that
-        must not decide from a watch that lags. One topic costs three GETs and a LIST of the records."""
+        must not decide from a watch that lags. One topic costs three GETs and a LIST of the records.
+
+        The order matters: the declarations (a record of a topic the view does not hold is dropped);
+        then the fold, the records and the folded states, so that records a fold deletes between two
+        reads are in the states read after (a fold writes its states before its mark, and deletes
+        records after it)."""
         view = cls()
         if name is None:
             view.apply_all(store.list(keys.TOPICS))
-            view.apply_all(store.list(keys.TOPIC_STATES))
         else:
-            view.apply_all(d for d in (store.get(keys.topic(name)), store.get(keys.topic_state(name))) if d is not None)
+            view.apply_all(d for d in (store.get(keys.topic(name)),) if d is not None)
         fold = store.get(keys.PARTITION_CHANGES_FOLD)
         if fold is not None:
             view.apply(fold)
         view.apply_all(store.list(keys.PARTITION_CHANGES))
-        view.gap = False
+        if name is None:
+            view.apply_all(store.list(keys.TOPIC_STATES))
+        else:
+            view.apply_all(d for d in (store.get(keys.topic_state(name)),) if d is not None)
+        view.gap = False  # every folded state read
         return view
 
     def load_states(self, store: MetadataStore) -> set[str]:
@@ -306,9 +327,9 @@ class WatchedTopics:
 
     def catch_up(self) -> set[str]:
         """Apply the changes since the last call; returns the topics that may have changed."""
-        docs = [doc for prefix in _WATCHED for doc in self.store.changes_since(self.revision, prefix)]
+        docs = [doc for doc in self.store.changes_since(self.revision) if is_topic_key(doc.key)]  # in store order
         changed: set[str] = set()
-        for doc in sorted(docs, key=lambda d: d.revision):  # in store order: a record after its topic
+        for doc in docs:
             self.revision = max(self.revision, doc.revision)
             try:
                 changed |= self.view.apply(doc)
@@ -328,13 +349,15 @@ def read_topic(store: MetadataStore, name: str) -> TopicDocument | None:
     """Topic ``name`` composed now, for reads that only report it (a resource's status): its declaration
     and folded state read fresh, the records from the store's changes (the watch cache, no LIST)."""
     view = TopicView()
-    view.apply_all(d for d in (store.get(keys.topic(name)), store.get(keys.topic_state(name))) if d is not None)
+    view.apply_all(d for d in (store.get(keys.topic(name)),) if d is not None)
     view.apply_all(store.changes_since(0, keys.PARTITION_CHANGES_FOLD))
     view.apply_all(store.changes_since(0, keys.PARTITION_CHANGES))
+    view.apply_all(d for d in (store.get(keys.topic_state(name)),) if d is not None)
     return view.topic(name)
 
 
-def _seq_of(key: str) -> int:
+def record_seq(key: str) -> int:
+    """The number of the record at ``key`` (``partition_changes/<seq>``); -1 when it is not one."""
     try:
         return int(key[len(keys.PARTITION_CHANGES) :])
     except ValueError:
@@ -373,7 +396,16 @@ def append_changes(
         raise ValueError("no partition changes to write")
     seq = view.head + 1
     record = PartitionChangesDocument(seq, topics, writer, now_ms)
-    return store.compare_and_set(keys.partition_changes(seq), record.to_json(), None)
+    written = store.compare_and_set(keys.partition_changes(seq), record.to_json(), None)
+    fold = store.get(keys.PARTITION_CHANGES_FOLD)
+    if fold is not None and FoldDocument.from_json(fold.value or {}).seq >= seq:
+        # The number was free because a fold deleted it (this writer was that far behind): nobody applies
+        # a record at or below the fold, so this one is void. A fold that came after it and covers it
+        # folded it in; it is void for this writer either way, which decides again (and finds it so).
+        with contextlib.suppress(VersionConflict):
+            store.delete(written.key, written.version)
+        raise VersionConflict(f"{written.key}: at or below the fold ({fold.value}); the writer was behind")
+    return written
 
 
 @dataclass(frozen=True)
@@ -397,7 +429,6 @@ def update_partitions(
     name: str,
     change: Callable[[TopicDocument], TopicDocument],
     *,
-    records: bool,
     writer: str,
     attempts: int = 20,
     pause: Callable[[int], None] | None = None,
@@ -405,13 +436,18 @@ def update_partitions(
     """Read-modify-write of one topic's partition states from fresh reads, retried on a conflict.
 
     ``change`` returns the topic with its new states (made with ``with_partitions``, so the partition
-    epochs count), or the topic it was given to write nothing. With ``records`` (the controller's
-    ``partition_changes``) the changed states are appended as a record; otherwise the declaration is
-    replaced whole, as before. None when the topic does not exist; VersionConflict when it kept
-    changing for ``attempts`` tries (``pause(attempt)`` runs between them).
+    epochs count), or the topic it was given to write nothing. When the topic's declaration says
+    ``states_in_records`` the changed states are appended as a record; otherwise the declaration is
+    replaced whole, with compare-and-set on the version read (so a switch to records meanwhile
+    fails it, and the next attempt appends). None when the topic does not exist; VersionConflict
+    when it kept changing for ``attempts`` tries (``pause(attempt)`` runs between them).
     """
     for attempt in range(attempts):
-        if records:
+        doc = store.get(keys.topic(name))
+        if doc is None or doc.value is None:
+            return None
+        declared = TopicDocument.from_json(doc.value)
+        if declared.states_in_records:
             view = TopicView.load(store, name)
             before = view.topic(name)
             if before is None:
@@ -427,20 +463,16 @@ def update_partitions(
                     pause(attempt)
                 continue
             return Updated(before, after, written)
-        doc = store.get(keys.topic(name))
-        if doc is None or doc.value is None:
-            return None
-        before = TopicDocument.from_json(doc.value)
-        after = change(before)
-        if after is before or after == before:
-            return Updated(before, before, None, doc)
+        after = change(declared)
+        if after is declared or after == declared:
+            return Updated(declared, declared, None, doc)
         try:
             written = store.compare_and_set(doc.key, after.to_json(), doc.version)
         except VersionConflict:
             if pause is not None:
                 pause(attempt)
             continue
-        return Updated(before, after, written, doc)
+        return Updated(declared, after, written, doc)
     raise VersionConflict(f"topic {name!r} kept changing: gave up after {attempts} attempts")
 
 

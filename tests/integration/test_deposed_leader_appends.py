@@ -25,7 +25,7 @@ from sluice.api.v1 import broker_pb2 as bpb
 from sluice.api.v1 import records_pb2 as pb
 from sluice.client import Admin
 from sluice.metadata.documents import TopicDocument
-from sluice.metadata.topic_view import records_enabled, update_partitions
+from sluice.metadata.topic_view import update_partitions
 from sluice.testing import LocalCluster
 from tests.support.waiting import wait_for
 
@@ -43,8 +43,7 @@ def move_leadership(cluster: LocalCluster, to: int, isr: list[int]) -> int:
         p = topic.partitions[0]
         return topic.with_partition(0, dataclasses.replace(p, leader=to, leader_epoch=p.leader_epoch + 1, isr=isr))
 
-    store = cluster.metadata  # written the way the controller says partition states are written
-    update_partitions(store, TOPIC, change, records=records_enabled(store), writer="test")
+    update_partitions(cluster.metadata, TOPIC, change, writer="test")  # a record, or the document before records
     return int(cluster.partition_state(TOPIC, 0)["leader_epoch"])
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from sluice import errors
 from sluice.client import Admin, Consumer, Producer, TopicPartition
+from sluice.metadata.topic_view import TopicView
 from tests.support.k8s_env import KubeCluster
 
 from .crds import install_crds
@@ -523,21 +524,19 @@ class Copiers:
 
 
 def led_by(sluice: SluiceOnK8s, broker: int) -> dict[str, list[int]]:
-    """Partitions (of every topic, internal ones included) that ``broker`` leads, from the store."""
+    """Partitions (of every topic, internal ones included) that ``broker`` leads, from the store
+    (the topics composed with their partition change records)."""
     out: dict[str, list[int]] = {}
-    for doc in sluice.store.list("topics/"):
-        parts = [i for i, p in enumerate((doc.value or {}).get("partitions", [])) if p["leader"] == broker]
+    for name, topic in TopicView.load(sluice.store).topics().items():
+        parts = [i for i, p in enumerate(topic.partitions) if p.leader == broker]
         if parts:
-            out[doc.key.removeprefix("topics/")] = parts
+            out[name] = parts
     return out
 
 
 def preferred_everywhere(sluice: SluiceOnK8s) -> bool:
-    for doc in sluice.store.list("topics/"):
-        for p in (doc.value or {}).get("partitions", []):
-            if p["leader"] != p["replicas"][0]:
-                return False
-    return True
+    topics = TopicView.load(sluice.store).topics().values()
+    return all(p.leader == p.replicas[0] for topic in topics for p in topic.partitions)
 
 
 def seed(sluice: SluiceOnK8s, tag: str) -> list[bytes]:

@@ -7,16 +7,17 @@ their ``metadata_features``); the controller is the ControllerLoop with fake hea
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from sluice.broker.cluster import ClusterView
 from sluice.metadata import documents, keys, open_store
-from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicStateDocument
-from sluice.metadata.isr import IsrChange, IsrOutcome
+from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, TopicStateDocument
+from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import MetadataStore
-from sluice.metadata.topic_view import FOLD_RECORDS, TopicView
+from sluice.metadata.topic_view import FOLD_RECORDS, TopicView, update_partitions
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.loop import ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector
@@ -124,6 +125,7 @@ def test_a_failover_over_many_topics_is_one_record_and_no_topic_document_is_rewr
 
 def test_a_leaders_fallback_isr_write_is_a_record_and_a_stale_one_is_refused(tmp_path: Path) -> None:
     store, _controller, _fake, views = _cluster(tmp_path)
+    declared = _declaration_versions(store)
     p = views[0].topics["orders"].partitions[0]
     leader = views[p.leader]
     follower = next(b for b in p.replicas if b != p.leader)
@@ -137,7 +139,7 @@ def test_a_leaders_fallback_isr_write_is_a_record_and_a_stale_one_is_refused(tmp
     # the same change decided again from the old state: the partition moved on, nothing is written
     again = views[follower].write_isrs("orders", p.leader, [shrink])
     assert again.outcomes[0] is not IsrOutcome.WRITTEN and again.document is None
-    assert store.writes["topics"] == 3  # the three declarations, never rewritten
+    assert _declaration_versions(store) == declared  # the declarations, never rewritten
 
 
 def test_reassignments_start_as_records_and_are_listed_from_them(tmp_path: Path) -> None:
@@ -145,10 +147,11 @@ def test_reassignments_start_as_records_and_are_listed_from_them(tmp_path: Path)
     registered_view(store, tmp_path, 3)  # type: ignore[arg-type]
     view = views[0]
     view.refresh()
+    declared = _declaration_versions(store)
     current = view.topics["payments"].partitions[2].replicas
     target = [3, *current[1:]]
     assert view.alter_partition_reassignments([("payments", 2, target)]) == [None]
-    assert store.writes["topics"] == 3
+    assert _declaration_versions(store) == declared
     listed = view.list_partition_reassignments()
     assert [(t, i) for t, i, _ in listed] == [("payments", 2)]
     assert listed[0][2].adding_replicas == [3]
@@ -202,9 +205,56 @@ def test_existing_topic_documents_are_where_the_records_start_from(tmp_path: Pat
     assert controller.partition_changes
     _readmit(views, 0, ("orders",))  # caught up: its leaders take it back, as records
     fail_for(controller, fake, 12.0)  # settled: its leaderships return, as a record
-    assert store.get(keys.topic("orders")).version == before.version  # type: ignore[union-attr]
+    switched = store.get(keys.topic("orders"))
+    assert switched is not None and switched.value is not None and switched.value["states_in_records"]
+    assert switched.version == before.version + 1  # the switch itself; every change after it a record
     assert len(store.list(keys.PARTITION_CHANGES)) >= 2
     views[1].refresh()
     leaders = [p.leader for p in views[1].topics["orders"].partitions]
     assert leaders == [p.replicas[0] for p in doc.partitions]
     assert views[1].topics == TopicView.load(store).topics()
+
+
+def test_a_writer_that_read_the_declaration_before_the_switch_appends_a_record(tmp_path: Path) -> None:
+    """The switch to records is a compare-and-set of the declaration: a writer that read it before
+    (its ISR change decided, its write not yet made) fails, reads the switch, and appends a record,
+    so no state is ever written into a declaration once records may exist for its topic."""
+    store = CountingStore(open_store(str(tmp_path / "metadata.sqlite")))
+    views = {b: registered_view(store, tmp_path, b) for b in (0, 1, 2)}  # type: ignore[arg-type]
+    doc = new_topic("orders", "id-0", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
+    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
+    fake = Fake()
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))  # type: ignore[arg-type]
+    controller.claim()
+    p = doc.partitions[0]
+    follower = next(b for b in p.replicas if b != p.leader)
+    shrink = IsrChange(0, p.leader_epoch, tuple(p.isr), tuple(b for b in p.isr if b != follower), p.partition_epoch)
+    switched_meanwhile = []
+
+    def change(topic: TopicDocument) -> TopicDocument:
+        if not switched_meanwhile:  # between this writer's read and its write, the controller switches
+            switched_meanwhile.append(controller.run_round())
+        new, _outcomes = apply_isr_changes(topic, p.leader, [shrink])
+        return new
+
+    updated = update_partitions(store, "orders", change, writer="broker-0")  # type: ignore[arg-type]
+    assert switched_meanwhile and controller.partition_changes
+    assert updated is not None and updated.document is not None
+    assert updated.document.key == keys.partition_changes(1)  # the second attempt: a record
+    declared = store.get(keys.topic("orders"))
+    assert declared is not None and declared.value is not None
+    assert declared.value["states_in_records"] and declared.value["partitions"][0]["isr"] == list(p.isr)
+    views[1].refresh()
+    assert views[1].topics["orders"].partitions[0].isr == list(shrink.isr)
+    assert TopicView.load(store).topic("orders") == views[1].topics["orders"]
+
+
+def test_a_late_fold_never_writes_a_state_over_one_folded_further(tmp_path: Path) -> None:
+    store, controller, _fake, _views = _cluster(tmp_path)
+    topic = controller.topics.view.topic("orders")
+    assert topic is not None
+    newer = TopicStateDocument("orders", topic.topic_id, 9, list(topic.partitions))
+    controller._write_state(newer)
+    controller._write_state(dataclasses.replace(newer, seq=4, partitions=[]))  # a deposed controller's fold
+    kept = documents.read(store, keys.topic_state("orders"), TopicStateDocument)
+    assert kept is not None and kept.value.seq == 9 and kept.value.partitions == topic.partitions

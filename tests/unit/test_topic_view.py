@@ -14,9 +14,16 @@ import itertools
 import pytest
 
 from sluice.metadata import keys
-from sluice.metadata.documents import FoldDocument, PartitionState, TopicDocument, TopicStateDocument
-from sluice.metadata.store import MetadataStore, VersionConflict
-from sluice.metadata.topic_view import TopicView, append_changes, changed_partitions
+from sluice.metadata.documents import (
+    FoldDocument,
+    PartitionChangesDocument,
+    PartitionState,
+    TopicChanges,
+    TopicDocument,
+    TopicStateDocument,
+)
+from sluice.metadata.store import Document, MetadataStore, VersionConflict
+from sluice.metadata.topic_view import TopicView, WatchedTopics, append_changes, changed_partitions
 
 
 def _declare(store: MetadataStore, name: str = "orders", topic_id: str = "id-1", partitions: int = 3) -> TopicDocument:
@@ -147,8 +154,12 @@ def test_a_record_number_recreated_below_the_fold_never_applies(store: MetadataS
     assert record is not None
     store.delete(record.key, record.version)
     expected = view.topic("orders")
-    # number 1 is free again: the stale writer's create succeeds, and nobody applies it
-    append_changes(store, stale, {"orders": _elect(stale.topic("orders"), 0, 2)}, "zombie", 2)  # type: ignore[arg-type]
+    # number 1 is free again: the stale writer's create lands, finds the fold past it, and is undone
+    with pytest.raises(VersionConflict, match="below the fold"):
+        append_changes(store, stale, {"orders": _elect(stale.topic("orders"), 0, 2)}, "zombie", 2)  # type: ignore[arg-type]
+    assert store.get(keys.partition_changes(1)) is None
+    # and had it stayed (its writer killed in between), nobody would apply it
+    store.compare_and_set(keys.partition_changes(1), record.value, None)  # type: ignore[arg-type]
     _catch_up(store, view, revision)
     assert view.topic("orders") == expected
     assert TopicView.load(store).topic("orders") == expected
@@ -177,3 +188,91 @@ def test_before_any_record_the_declaration_is_the_state_even_without_partition_e
     store.compare_and_set(keys.topic("orders"), old_style.to_json(), 1)
     assert _catch_up(store, view, revision) == {"orders"}
     assert view.topic("orders").partitions[0].isr == [0, 1]  # type: ignore[union-attr]
+
+
+def test_a_record_and_a_folded_state_of_one_epoch_compose_the_same_in_either_order(store: MetadataStore) -> None:
+    """A folded state is numbered by the last record it folds: of one epoch, the higher number wins."""
+    declared = _declare(store)
+    p = declared.partitions[0]
+    folded = dataclasses.replace(p, leader=1, leader_epoch=1, isr=[1], partition_epoch=1)
+    recorded = dataclasses.replace(p, leader=2, leader_epoch=1, isr=[2], partition_epoch=1)  # decided from a stale view
+    state = TopicStateDocument("orders", "id-1", 5, [folded, *declared.partitions[1:]])
+    record = PartitionChangesDocument(6, [TopicChanges("orders", "id-1", {0: recorded})])
+    decl = store.get(keys.topic("orders"))
+    docs = [
+        Document(keys.topic_state("orders"), state.to_json(), 1, 10),
+        Document(keys.partition_changes(6), record.to_json(), 1, 11),
+    ]
+    for order in (docs, list(reversed(docs))):
+        view = TopicView()
+        view.apply_all([decl, *order])  # type: ignore[list-item]
+        assert view.topic("orders").partitions[0] == recorded  # type: ignore[union-attr]
+
+
+def test_a_skipped_number_is_a_gap_and_the_folded_states_fill_it(store: MetadataStore) -> None:
+    _declare(store)
+    writer, _ = _watching(store)
+    watcher = TopicView()
+    watcher.apply_all(store.list(keys.TOPICS))
+    first = append_changes(store, writer, {"orders": _elect(writer.topic("orders"), 0, 1)}, "controller", 1)  # type: ignore[arg-type]
+    writer.apply(first)
+    watcher.apply(first)
+    for leader in (2, 0):
+        writer.apply(append_changes(store, writer, {"orders": _elect(writer.topic("orders"), 1, leader)}, "c", 1))  # type: ignore[arg-type]
+    state = TopicStateDocument("orders", "id-1", 3, list(writer.topic("orders").partitions))  # type: ignore[union-attr]
+    store.compare_and_set(keys.topic_state("orders"), state.to_json(), None)
+    for seq in (2, 3):  # folded and gone before the watcher's watch (re-listed) saw them; the fold mark not yet seen
+        doc = store.get(keys.partition_changes(seq))
+        store.delete(doc.key, doc.version)  # type: ignore[union-attr]
+    writer.apply(
+        fourth := append_changes(store, writer, {"orders": _elect(writer.topic("orders"), 2, 1)}, "c", 1)  # type: ignore[arg-type]
+    )
+    watcher.apply(fourth)
+    assert watcher.gap
+    watcher.load_states(store)
+    assert watcher.topic("orders") == writer.topic("orders")
+
+
+def test_catching_up_misses_no_declaration_written_between_two_reads(store: MetadataStore) -> None:
+    """One read of the store's changes per catch-up: a declaration and a record written while a
+    catch-up runs are both seen by the next (per-family reads skipped the declaration for good)."""
+    _declare(store)
+
+    class Interleaving:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def changes_since(self, revision: int, prefix: str = "") -> list[Document]:
+            found = store.changes_since(revision, prefix)
+            self.calls += 1
+            if self.calls == 1:  # right after the first read: another topic, then a record of the first
+                _declare(store, "payments", "id-2")
+                view = TopicView.load(store)
+                view.apply(append_changes(store, view, {"orders": _elect(view.topic("orders"), 0, 1)}, "c", 1))  # type: ignore[arg-type]
+            return found
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+    watched = WatchedTopics(Interleaving())  # type: ignore[arg-type]
+    watched.catch_up()
+    watched.catch_up()
+    assert sorted(watched.view.topics()) == ["orders", "payments"]
+    assert watched.view.topics() == TopicView.load(store).topics()
+
+
+def test_a_malformed_record_still_counts_as_seen(store: MetadataStore) -> None:
+    """A writer must append past it, or it would conflict on that number for ever."""
+    _declare(store)
+    store.compare_and_set(keys.partition_changes(1), {"seq": 1, "topics": "not a list"}, None)
+    watched = WatchedTopics(store)
+    watched.catch_up()
+    assert watched.view.head == 1
+    appended = append_changes(
+        store,
+        watched.view,
+        {"orders": _elect(watched.view.topic("orders"), 0, 1)},
+        "controller",
+        1,  # type: ignore[arg-type]
+    )
+    assert appended.key == keys.partition_changes(2)

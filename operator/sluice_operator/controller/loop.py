@@ -71,6 +71,7 @@ the Kubernetes operator runs the same loop, so it is named for what it is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -92,7 +93,7 @@ from sluice.metadata.documents import (
 )
 from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
-from sluice.metadata.topic_view import WatchedTopics, append_changes, changed_partitions
+from sluice.metadata.topic_view import WatchedTopics, append_changes, changed_partitions, record_seq
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
@@ -357,7 +358,9 @@ class ControllerLoop:
             self._collect_requests()
             docs = self.topic_documents()
             if self.partition_changes:
-                written = self._reconcile_as_record(docs)
+                # a topic still without states_in_records is switched first, with this round's decision
+                written = sum(self.reconcile_topic(d, switch=True) for d in docs if not d.value.states_in_records)
+                written += self._reconcile_as_record([d for d in docs if d.value.states_in_records])
                 self._fold_if_due()
             else:
                 for doc in docs:
@@ -450,25 +453,32 @@ class ControllerLoop:
             for name, topic in sorted(view.topics().items())
         ]
 
-    def reconcile_topic(self, doc: Versioned[TopicDocument] | None) -> int:
+    def reconcile_topic(self, doc: Versioned[TopicDocument] | None, *, switch: bool = False) -> int:
         """Apply the rules to one topic document with compare-and-set; 1 if it was written.
 
         The way before partition change records (``partition_changes`` closed): the state is in the
-        topic document, written whole."""
+        topic document, written whole. ``switch``: also set the document's ``states_in_records`` (the
+        per-topic switch to records, sluice.metadata.topic_view), whether the rules change anything
+        or not; a writer that read the document before fails its compare-and-set and reads it."""
         key = "?" if doc is None else doc.key
         for _ in range(CAS_ATTEMPTS):
             if doc is None:
                 return 0
             decision = self._decide(doc)
-            if decision is None:
+            if decision is None and not switch:
                 return 0
-            requested, new = decision
+            requested, new = decision if decision is not None else (None, doc.value)
+            if switch:
+                new = dataclasses.replace(new, states_in_records=True)
             try:
                 documents.replace(self.store, doc.key, new, doc.version)
             except VersionConflict:
                 doc = documents.read(self.store, doc.key, TopicDocument)
                 continue
-            self._written(doc.key, doc.value, requested, new)
+            if decision is not None:
+                self._written(doc.key, doc.value, requested, new)
+            if switch:
+                log.info("%s: partition states change by records from now on", doc.value.name)
             return 1
         log.warning("%s kept changing under the controller; trying again next round", key)
         return 0
@@ -546,7 +556,14 @@ class ControllerLoop:
                 log.exception("reporting the change of %s failed", key)
 
     def _write_state(self, state: TopicStateDocument) -> None:
-        documents.update_document(self.store, keys.topic_state(state.name), TopicStateDocument, lambda _old: state)
+        """Write a folded state, never over one folded further (a deposed controller's late fold)."""
+
+        def newer(current: TopicStateDocument | None) -> TopicStateDocument | None:
+            if current is not None and current.topic_id == state.topic_id and current.seq >= state.seq:
+                return None
+            return state
+
+        documents.update_document(self.store, keys.topic_state(state.name), TopicStateDocument, newer)
 
     def _fold_if_due(self) -> None:
         """Fold the partition change records into ``topic_states/`` once enough wait (FOLD_RECORDS ...).
@@ -574,9 +591,12 @@ class ControllerLoop:
             return FoldDocument(fold, self.clock_ms())
 
         documents.update_document(self.store, keys.PARTITION_CHANGES_FOLD, FoldDocument, advance)
-        for seq, record in sorted(folded.items()):
-            with contextlib.suppress(VersionConflict):  # gone already (another controller's fold)
-                self.store.delete(keys.partition_changes(seq), record.version)
+        # every record up to the fold there is, from the store's changes: a fold that failed halfway
+        # left some, which the view forgot when it saw its mark
+        for doc in self.store.changes_since(0, keys.PARTITION_CHANGES):
+            if doc.value is not None and 0 < record_seq(doc.key) <= fold:
+                with contextlib.suppress(VersionConflict):  # gone already (another controller's fold)
+                    self.store.delete(doc.key, doc.version)
         log.info("folded partition change records up to %d into the states of %d topic(s)", fold, len(names))
 
     def _hold_preferred(self, key: str, topic: TopicDocument, settled: frozenset[int]) -> bool:

@@ -11,6 +11,7 @@ broker and epoch per partition.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from sluice.metadata import documents, keys
 from sluice.metadata.documents import INTERNAL_TOPIC_CONFIG, TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION
 from sluice.metadata.store import VersionConflict
-from sluice.metadata.topic_view import read_topic
+from sluice.metadata.topic_view import read_topic, records_enabled
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.kubernetes import coordinator_status_patch
@@ -97,6 +98,8 @@ def reconcile_coordinator(body: Mapping[str, Any], patch: kopf.Patch, runtime: O
             [(b.broker_id, b.rack) for b in brokers],
             internal=True,
         )
+        if records_enabled(runtime.meta):  # switched to records at once (else the controller switches it)
+            created = dataclasses.replace(created, states_in_records=True)
         try:
             documents.create(runtime.meta, keys.topic(topic), created)
             log.info("created %s (%d partitions, replication factor %d)", topic, partitions, rf)

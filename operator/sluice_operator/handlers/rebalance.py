@@ -423,9 +423,8 @@ def _topics(runtime: OperatorRuntime) -> list[TopicDocument]:
 
 
 def _update_partitions(runtime: OperatorRuntime, name: str, change: Callable[[TopicDocument], TopicDocument]) -> None:
-    """One topic's partition states changed by ``change``, the way the controller says they are written."""
-    records = topic_view.records_enabled(runtime.meta)
-    topic_view.update_partitions(runtime.meta, name, change, records=records, writer="operator", attempts=50)
+    """One topic's partition states changed by ``change`` (a record, or the topic document before records)."""
+    topic_view.update_partitions(runtime.meta, name, change, writer="operator", attempts=50)
 
 
 def _propose(
