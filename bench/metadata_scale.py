@@ -895,12 +895,6 @@ class Simulation:
             if d.value is not None
         }
 
-    def records_on(self) -> bool:
-        """Whether the controller says partition states are written as records (for direct ISR writes)."""
-        assert self.raw is not None
-        doc = self.raw.get(keys.CONTROLLER)
-        return doc is not None and ControllerDocument.from_json(doc.value or {}).partition_changes
-
     def settled(self) -> bool:
         """Every partition at its full ISR and led by its preferred (first) replica."""
         for topic in self.topics().values():
@@ -912,12 +906,10 @@ class Simulation:
     def heal(self) -> int:
         """Leaders add back every replica missing from their ISRs (unmeasured: between scenarios)."""
         healed = 0
-        records = self.records_on()
         for key, topic in self.topics().items():
             for i, p in enumerate(topic.partitions):
                 if sorted(p.isr) != sorted(p.replicas) and p.leader in self.brokers and self.brokers[p.leader].alive:
                     change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(p.replicas))
-                    self.brokers[p.leader].view.partition_changes = records
                     written = self.brokers[p.leader].view.write_isrs(key[len(keys.TOPICS) :], p.leader, [change])
                     healed += IsrOutcome.applied(written.outcomes.get(i))
         return healed
@@ -1043,7 +1035,6 @@ class Simulation:
                     outcome["written"] += 1  # asked: the controller writes it, with others, in its next round
                 else:
                     change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(isr), p.partition_epoch)
-                    self.brokers[p.leader].view.partition_changes = records
                     written = self.brokers[p.leader].view.write_isrs(name, p.leader, [change])
                     outcome[written.outcomes[i].value] += 1
             except StoreUnavailable:
@@ -1051,7 +1042,6 @@ class Simulation:
             except VersionConflict:
                 outcome["gave up after conflicts"] += 1
 
-        records = self.records_on()
         with self.window(f"steady {rate:g}/s") as out:
             count = int(rate * self.s.churn_seconds)
             started = time.monotonic()
@@ -1198,7 +1188,6 @@ class Simulation:
         # broker does on its next ISR check
         outcome: Counter[str] = Counter()
         lock = threading.Lock()
-        records = self.records_on()
         known: dict[str, TopicDocument] = {}  # the topics as of the last outside(): each leader's view
 
         def expand(leader: int, items: list[tuple[str, int]]) -> None:
@@ -1237,7 +1226,6 @@ class Simulation:
                             )
                             for i, p in ((i, parts[i]) for i in indexes)
                         ]
-                        view.partition_changes = records
                         written = view.write_isrs(name, leader, changes)
                         results = [written.outcomes[i].value for i in indexes]
                 except StoreUnavailable:
