@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
 import random
 import re
 import threading
@@ -69,6 +70,9 @@ MAX_PARTITIONS = 10_000
 ISR_WARNING_INTERVAL_S = 10.0  # ISR changes the store could not take: logged at most this often
 ISR_WRITE_ATTEMPTS = 20  # compare-and-sets of one topic's ISR changes before leaving them to the next round
 ISR_CONFLICT_PAUSE_S = 0.01  # after the n-th conflict, a random pause of up to n times this
+# test-only (hook metadata.whole_documents): while this file is in the data directory at start, the
+# broker registers without metadata_features, as a broker of code from before partition change records
+WHOLE_DOCUMENTS_FILE = "whole-documents"
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
 
@@ -147,6 +151,9 @@ class ClusterView:
         assert cluster is not None
         self.cluster_id = cluster.cluster_id
         cfg = self.config
+        features = documents.METADATA_FEATURE_NAMES
+        if cfg.hook("metadata.whole_documents") and os.path.exists(os.path.join(cfg.data_dir, WHOLE_DOCUMENTS_FILE)):
+            features = ()  # test-only: registered as a broker from before partition change records
         endpoint = BrokerDocument(
             cfg.broker_id,
             cfg.host,
@@ -155,7 +162,7 @@ class ClusterView:
             now_ms(),
             inter_broker_port=cfg.inter_broker_port,
             records_formats=documents.RECORDS_FORMAT_NAMES,
-            metadata_features=documents.METADATA_FEATURE_NAMES,
+            metadata_features=features,
         )
         documents.update_document(self.store, keys.broker(cfg.broker_id), BrokerDocument, lambda _v: endpoint)
 
