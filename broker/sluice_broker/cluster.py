@@ -151,7 +151,7 @@ class ClusterView:
         assert cluster is not None
         self.cluster_id = cluster.cluster_id
         cfg = self.config
-        features = documents.METADATA_FEATURE_NAMES
+        features: tuple[str, ...] = documents.METADATA_FEATURE_NAMES
         if cfg.hook("metadata.whole_documents") and os.path.exists(os.path.join(cfg.data_dir, WHOLE_DOCUMENTS_FILE)):
             features = ()  # test-only: registered as a broker from before partition change records
         endpoint = BrokerDocument(
