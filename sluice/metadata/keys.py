@@ -6,7 +6,8 @@ the table below is the summary.
 ``cluster``                      {"cluster_id": str}
 ``brokers/<id>``                 {"broker_id", "host", "port", "rack", "started_ms", "inter_broker_port",
                                   "log_dir_failure" (if offline), "log_dir_low_space",
-                                  "log_dir_free_bytes", "log_dir_size_bytes" (if low)}
+                                  "log_dir_free_bytes", "log_dir_size_bytes" (if low),
+                                  "records_formats", "metadata_features" (what its code reads)}
 ``topics/<name>``                {"name", "topic_id", "internal", "config": {..},
                                   "replication_factor",
                                   "partitions": [{"replicas": [..], "leader": id,
@@ -15,8 +16,9 @@ the table below is the summary.
 ``producer_id_block``            {"broker_id", "block_start", "block_end"}  (Kafka's
                                   /latest_producer_id_block: the last block handed out)
 ``controller``                   {"controller_id", "epoch", "live_brokers", "dead_brokers",
-                                  "updated_ms"}  (written by the controller; leaders never
-                                  re-admit a dead broker to an ISR, as in KIP-841)
+                                  "updated_ms", "isr_requests", "partition_changes"}  (written by the
+                                  controller; leaders never re-admit a dead broker to an ISR, as in
+                                  KIP-841)
 ``isr_requests/<id>``            {"broker_id", "requests": [{"topic", "topic_id", "partition",
                                   "leader_epoch", "partition_epoch", "base": [..], "isr": [..]}],
                                   "updated_ms"}  (written by broker <id> alone when the
@@ -25,8 +27,8 @@ the table below is the summary.
 ``partition_changes/<seq>``      {"seq", "topics": [{"topic", "topic_id", "partitions": {"<index>":
                                   <partition as in topics/>}}], "writer", "updated_ms"}  (<seq> zero-padded
                                   to 12 digits: one change record of partition states, created at the
-                                  next number; written only once the ``controller`` document says
-                                  ``partition_changes``; sluice.metadata.topic_view composes them)
+                                  next number; written for a topic whose document says
+                                  ``states_in_records``; sluice.metadata.topic_view composes them)
 ``topic_states/<name>``          {"name", "topic_id", "seq", "partitions": [..]}  (the controller's fold
                                   of the records up to seq; not watched)
 ``partition_changes_fold``       {"seq", "updated_ms"}  (records up to seq are folded and may be gone)
