@@ -92,10 +92,13 @@ __all__ = [
     "update_partitions",
 ]
 
-# The controller folds once this many records, or records of this many partition changes, wait
-# (a failover at 100 brokers and 100,000 partitions is one record of about 3,000 changes).
-FOLD_RECORDS = 16
-FOLD_PARTITION_CHANGES = 50_000
+# The controller folds once this many records, or records of this many partition changes, wait. A
+# failover at 100 brokers and 100,000 partitions is one record of about 3,000 changes (0.3 MB), so
+# about ten failovers; steady ISR churn makes records of a change or a few (a round's), so a
+# thousand of them. A reader that starts LISTs what waits (a few MB at most); a fold writes the
+# state of every topic the records name (into etcd, to nobody's watch), so it must not come often.
+FOLD_RECORDS = 1_000
+FOLD_PARTITION_CHANGES = 30_000
 
 _FAMILIES = (keys.TOPICS, keys.PARTITION_CHANGES, keys.TOPIC_STATES)
 
@@ -308,11 +311,10 @@ class TopicView:
         self.gap = False
         return changed
 
-    def fold_due(self) -> bool:
-        """Whether enough records wait for the controller to fold them (FOLD_RECORDS, FOLD_PARTITION_CHANGES)."""
-        return (
-            len(self.records) >= FOLD_RECORDS or sum(r.changes for r in self.records.values()) >= FOLD_PARTITION_CHANGES
-        )
+    def fold_due(self, records: int = FOLD_RECORDS, changes: int = FOLD_PARTITION_CHANGES) -> bool:
+        """Whether enough records wait for the controller to fold them: ``records`` of them, or records
+        of ``changes`` partition changes in all."""
+        return len(self.records) >= records or sum(r.changes for r in self.records.values()) >= changes
 
 
 class WatchedTopics:

@@ -17,7 +17,7 @@ from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, TopicStateDocument
 from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import MetadataStore
-from sluice.metadata.topic_view import FOLD_RECORDS, TopicView, update_partitions
+from sluice.metadata.topic_view import TopicView, update_partitions
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.loop import ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector
@@ -26,6 +26,7 @@ from tests.support.views import registered_view
 from .test_controller_local import Fake, fail_for
 
 TOPICS = ("orders", "payments", "audit")
+FOLD_RECORDS = 16
 
 
 class CountingStore:
@@ -161,6 +162,7 @@ def test_reassignments_start_as_records_and_are_listed_from_them(tmp_path: Path)
 
 def test_the_fold_moves_records_into_unwatched_states_and_changes_no_view(tmp_path: Path) -> None:
     store, controller, fake, views = _cluster(tmp_path)
+    controller.fold_records = FOLD_RECORDS  # (1,000 by default)
     for _ in range(FOLD_RECORDS // 4 + 1):  # each death (a record) and return (a record per topic)
         fake.down.add(0)
         fail_for(controller, fake, 2.0)

@@ -93,7 +93,14 @@ from sluice.metadata.documents import (
 )
 from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
-from sluice.metadata.topic_view import WatchedTopics, append_changes, changed_partitions, record_seq
+from sluice.metadata.topic_view import (
+    FOLD_PARTITION_CHANGES,
+    FOLD_RECORDS,
+    WatchedTopics,
+    append_changes,
+    changed_partitions,
+    record_seq,
+)
 from sluice.operator import metrics
 from sluice.operator.controller.decisions import describe_changes, elect_leaders, restore_preferred_leaders
 from sluice.operator.liveness.brokers import Transition
@@ -161,9 +168,12 @@ class ControllerLoop:
         on_change: ChangeListener | None = None,
         on_log_dir: LogDirListener | None = None,
         on_log_dir_space: LogDirSpaceListener | None = None,
+        fold_records: int = FOLD_RECORDS,
+        fold_changes: int = FOLD_PARTITION_CHANGES,
     ) -> None:
         self.store = store
         self.detector = detector
+        self.fold_records, self.fold_changes = fold_records, fold_changes  # when to fold (_fold_if_due)
         self.on_change = on_change
         self.on_log_dir = on_log_dir
         self.log_dir_failures: dict[int, str] = {}  # broker id -> why its log directory is offline
@@ -566,7 +576,8 @@ class ControllerLoop:
         documents.update_document(self.store, keys.topic_state(state.name), TopicStateDocument, newer)
 
     def _fold_if_due(self) -> None:
-        """Fold the partition change records into ``topic_states/`` once enough wait (FOLD_RECORDS ...).
+        """Fold the partition change records into ``topic_states/`` once enough wait (``fold_records``,
+        ``fold_changes``: sluice.metadata.topic_view.FOLD_RECORDS ...).
 
         Each topic a record names gets its composed states written with the last record folded; then
         ``partition_changes_fold`` says so, and the folded records are deleted. The states are not
@@ -574,7 +585,7 @@ class ControllerLoop:
         of :mod:`sluice.metadata.topic_view`). A failure leaves it for a later round: what is folded
         and what is not are the same states."""
         view = self.topics.view
-        if not view.fold_due():
+        if not view.fold_due(self.fold_records, self.fold_changes):
             return
         fold = max(view.records)
         folded = dict(view.records)
