@@ -258,7 +258,8 @@ class ClusterView:
                 for listener in self.listeners:
                     listener(old, new)
 
-    def _apply(self, doc: Document) -> None:
+    def _apply(self, doc: Document, *, own: bool = False) -> None:
+        """Apply one document from the metadata poll, or one this broker wrote or read itself (``own``)."""
         if doc.key.startswith(keys.BROKERS):
             broker_id = int(doc.key[len(keys.BROKERS) :])
             if doc.value is None:
@@ -267,7 +268,7 @@ class ClusterView:
                 self.brokers[broker_id] = BrokerDocument.from_json(doc.value)
         elif is_topic_key(doc.key):
             # a document older than one applied already (this broker's own write) changes nothing
-            self._topics_changed(self._topic_view.apply(doc))
+            self._topics_changed(self._topic_view.apply(doc, own=own))
         elif doc.key == keys.CLUSTER and doc.value:
             self.cluster_id = ClusterDocument.from_json(doc.value).cluster_id
         elif doc.key.startswith(keys.TRANSACTIONAL_IDS):
@@ -702,7 +703,7 @@ class ClusterView:
         not in memory would let the HW pass a replica the controller may already elect); then refresh.
         Also takes what :meth:`read_topic` read."""
         for doc in [written] if isinstance(written, Document) else written or ():
-            self._apply(doc)
+            self._apply(doc, own=True)
         with contextlib.suppress(StoreUnavailable):
             self.refresh()
         return written is not None

@@ -181,10 +181,14 @@ class TopicView:
 
     # -- feeding ----------------------------------------------------------------------------------
 
-    def apply(self, doc: Document) -> set[str]:
+    def apply(self, doc: Document, *, own: bool = False) -> set[str]:
         """Take one document of the families this view composes; returns the topics it may have changed.
 
-        Raises (KeyError, ValueError, TypeError) for a malformed document, after counting a malformed
+        ``own``: a document this view's owner wrote or read itself (read-your-writes, before its watch
+        delivers it): its states are taken, but it neither moves ``head`` nor counts as a gap, since
+        the records before it may not have arrived yet; the watch delivers it again in order (a fold
+        mark so read is left to the watch). Raises
+        (KeyError, ValueError, TypeError) for a malformed document, after counting a malformed
         record's number as seen (a writer must still append past it)."""
         key = doc.key
         if key.startswith(keys.TOPICS):
@@ -196,6 +200,8 @@ class TopicView:
                 return set()
             if seq <= self.fold_seq:
                 return set()  # a number re-created after the fold deleted it: never applied
+            if own:
+                return self._record(PartitionChangesDocument.from_json(doc.value), doc, own=True)
             if seq > self.head + 1:
                 self.gap = True  # a number skipped: records this view never saw went to a fold
             self.head = max(self.head, seq)
@@ -203,8 +209,8 @@ class TopicView:
         if key.startswith(keys.TOPIC_STATES):
             if doc.value is None:
                 return set()
-            return self._state(TopicStateDocument.from_json(doc.value), doc.revision)
-        if key == keys.PARTITION_CHANGES_FOLD and doc.value is not None:
+            return self._state(TopicStateDocument.from_json(doc.value), doc.revision, own=own)
+        if key == keys.PARTITION_CHANGES_FOLD and doc.value is not None and not own:
             fold = FoldDocument.from_json(doc.value).seq
             if fold > self.head:
                 self.gap = True  # records up to the fold may be gone before this view saw them
@@ -235,7 +241,7 @@ class TopicView:
             self._topics[name] = _Topic(declared, doc.version, parts, [_DECLARED] * len(parts), doc.revision)
             return {name}
         parts, sources = held.partitions, held.sources
-        whole = not declared.states_in_records and not held.recorded  # the declaration is the state
+        whole = not held.recorded  # before any record or folded state is seen, the declaration is the state
         for i, p in enumerate(declared.partitions):
             if i >= len(parts):
                 parts.append(p)  # partitions added
@@ -245,18 +251,20 @@ class TopicView:
         held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
         return {name}
 
-    def _record(self, record: PartitionChangesDocument, doc: Document) -> set[str]:
-        self.records[record.seq] = RecordInfo(
-            frozenset(t.topic for t in record.topics), sum(len(t.partitions) for t in record.topics), doc.version
-        )
+    def _record(self, record: PartitionChangesDocument, doc: Document, *, own: bool = False) -> set[str]:
+        if not own:  # (an own record is counted when the watch delivers it)
+            self.records[record.seq] = RecordInfo(
+                frozenset(t.topic for t in record.topics), sum(len(t.partitions) for t in record.topics), doc.version
+            )
         changed: set[str] = set()
         for changes in record.topics:
             if self._take(changes.topic, changes.topic_id, changes.partitions.items(), record.seq, doc.revision):
                 changed.add(changes.topic)
         return changed
 
-    def _state(self, state: TopicStateDocument, revision: int) -> set[str]:
-        self.head = max(self.head, state.seq)
+    def _state(self, state: TopicStateDocument, revision: int, *, own: bool = False) -> set[str]:
+        if not own:
+            self.head = max(self.head, state.seq)
         taken = self._take(state.name, state.topic_id, enumerate(state.partitions), state.seq, revision)
         return {state.name} if taken else set()
 
@@ -342,9 +350,10 @@ class WatchedTopics:
         return changed
 
     def wrote(self, doc: Document) -> set[str]:
-        """Apply a document this process wrote (read-your-writes)."""
-        self.revision = max(self.revision, doc.revision)
-        return self.view.apply(doc)
+        """Apply a record this process wrote (read-your-writes). The revision the view is current to
+        stays: what others wrote between the last catch-up and this write has a lower revision, and the
+        next catch-up must still deliver it (this record comes again with it, and changes nothing)."""
+        return self.view.apply(doc, own=True)
 
 
 def read_topic(store: MetadataStore, name: str) -> TopicDocument | None:

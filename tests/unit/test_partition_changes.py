@@ -23,7 +23,7 @@ from sluice.operator.controller.loop import ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector
 from tests.support.views import registered_view
 
-from .test_controller_local import Fake, fail_for
+from .test_controller_local import Fake, fail_for, register
 
 TOPICS = ("orders", "payments", "audit")
 FOLD_RECORDS = 16
@@ -260,3 +260,80 @@ def test_a_late_fold_never_writes_a_state_over_one_folded_further(tmp_path: Path
     controller._write_state(dataclasses.replace(newer, seq=4, partitions=[]))  # a deposed controller's fold
     kept = documents.read(store, keys.topic_state("orders"), TopicStateDocument)
     assert kept is not None and kept.value.seq == 9 and kept.value.partitions == topic.partitions
+
+
+def test_a_write_between_the_controllers_catch_up_and_its_record_is_seen_next_round(tmp_path: Path) -> None:
+    """The controller's own record does not move the revision its view is current to: partitions added
+    while it was deciding are still delivered, and their dead replica fenced (review finding)."""
+    store, controller, fake, views = _cluster(tmp_path)
+    real = store.compare_and_set
+    added: list[str] = []
+
+    def racing(key: str, value: Any, expected: int | None) -> Any:
+        if key.startswith(keys.PARTITION_CHANGES) and not added:  # just before the controller's record
+            added.append(views[1].create_partitions("orders", 8))
+        return real(key, value, expected)
+
+    store.compare_and_set = racing  # type: ignore[method-assign]
+    fake.down.add(2)
+    fail_for(controller, fake, 2.0)
+    assert added
+    fail_for(controller, fake, 1.0)
+    topic = controller.topics.view.topic("orders")
+    assert topic is not None and len(topic.partitions) == 8
+    assert all(p.leader != 2 and 2 not in p.isr for p in topic.partitions), topic.partitions
+    assert TopicView.load(store).topic("orders") == topic
+
+
+def test_the_controller_never_writes_a_state_into_a_declaration_switched_under_it(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "metadata.sqlite"))
+    register(store, 0, 1, 2)
+    doc = new_topic("orders", "id-0", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
+    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
+    fake = Fake()
+    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
+    controller.claim()
+    stale = documents.read(store, keys.topic("orders"), TopicDocument)
+    assert stale is not None
+    switched = dataclasses.replace(stale.value, states_in_records=True)  # another controller's switch
+    version = documents.replace(store, keys.topic("orders"), switched, stale.version)
+    fake.down.add(2)
+    for _ in range(10):  # broker 2 dead: a decision to write
+        fake.now += 0.2
+        controller.detector.poll(controller.registered_brokers())
+    assert controller.reconcile_topic(stale, switch=True) == 0
+    after = store.get(keys.topic("orders"))
+    assert after is not None and after.version == version  # left to the records path
+
+
+def test_a_brokers_own_record_ahead_of_its_watch_is_no_gap(tmp_path: Path) -> None:
+    """A leader's record is numbered from fresh reads, so it may be ahead of the broker's watch: taking
+    it at once must not make the broker LIST every folded state (review finding)."""
+    store, _controller, _fake, views = _cluster(tmp_path)
+    lists: Counter[str] = Counter()
+    real = store.list
+
+    def counting(prefix: str) -> Any:
+        lists[prefix] += 1
+        return real(prefix)
+
+    store.list = counting  # type: ignore[method-assign]
+    p = views[1].topics["audit"].partitions[0]  # record 1, by that partition's leader
+    follower = next(x for x in p.replicas if x != p.leader)
+    first = views[p.leader].write_isrs(
+        "audit", p.leader, [IsrChange(0, p.leader_epoch, tuple(p.isr), tuple(x for x in p.isr if x != follower), 0)]
+    )
+    assert first.document is not None
+    behind = next(v for b, v in views.items() if b != p.leader)
+    q = behind.topics["orders"].partitions[1]
+    mine = behind.config.broker_id
+    if q.leader != mine:  # make this broker the writer of the second record: as the leader it is
+        q = next(x for x in behind.topics["orders"].partitions if x.leader == mine)
+    index = behind.topics["orders"].partitions.index(q)
+    grown = next(x for x in q.replicas if x != q.leader)
+    shrunk = IsrChange(index, q.leader_epoch, tuple(q.isr), tuple(x for x in q.isr if x != grown), q.partition_epoch)
+    second = behind.write_isrs("orders", mine, [shrunk])
+    assert second.document is not None and second.document.key == keys.partition_changes(2)
+    behind.isr_written(second.document)  # record 2 taken before the watch brought record 1
+    assert lists[keys.TOPIC_STATES] == 0
+    assert behind.topics == TopicView.load(store).topics()

@@ -484,6 +484,8 @@ class ControllerLoop:
                 documents.replace(self.store, doc.key, new, doc.version)
             except VersionConflict:
                 doc = documents.read(self.store, doc.key, TopicDocument)
+                if doc is not None and doc.value.states_in_records:
+                    return 0  # switched meanwhile (or created so): decided as records, next round
                 continue
             if decision is not None:
                 self._written(doc.key, doc.value, requested, new)
