@@ -23,7 +23,7 @@ from sluice.operator.controller.loop import ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector
 from tests.support.views import registered_view
 
-from .test_controller_local import Fake, fail_for, register
+from .test_controller_local import Fake, fail_for, setup
 
 TOPICS = ("orders", "payments", "audit")
 FOLD_RECORDS = 16
@@ -286,13 +286,7 @@ def test_a_write_between_the_controllers_catch_up_and_its_record_is_seen_next_ro
 
 
 def test_the_controller_never_writes_a_state_into_a_declaration_switched_under_it(tmp_path: Path) -> None:
-    store = open_store(str(tmp_path / "metadata.sqlite"))
-    register(store, 0, 1, 2)
-    doc = new_topic("orders", "id-0", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
-    store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
-    fake = Fake()
-    controller = ControllerLoop(store, FailureDetector(fake.check, timeout_ms=1000, clock=fake.clock))
-    controller.claim()
+    store, controller, fake = setup(tmp_path)  # brokers of older code: the gate stays closed
     stale = documents.read(store, keys.topic("orders"), TopicDocument)
     assert stale is not None
     switched = dataclasses.replace(stale.value, states_in_records=True)  # another controller's switch
