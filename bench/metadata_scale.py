@@ -744,7 +744,10 @@ class Simulation:
             view.store.compare_and_set(key, old.to_json(), doc.version)
 
     def config(self, broker_id: int) -> BrokerConfig:
-        return BrokerConfig.build(broker_id, f"broker-{broker_id}.sim", 9092, str(self.workdir / "unused"), self.url)
+        records = {"metadata.partition.changes.enable": str(self.s.partition_state == "records").lower()}
+        return BrokerConfig.build(
+            broker_id, f"broker-{broker_id}.sim", 9092, str(self.workdir / "unused"), self.url, records
+        )
 
     def start(self) -> None:
         from kubernetes import client

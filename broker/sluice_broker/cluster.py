@@ -152,7 +152,9 @@ class ClusterView:
         self.cluster_id = cluster.cluster_id
         cfg = self.config
         features: tuple[str, ...] = documents.METADATA_FEATURE_NAMES
-        if cfg.hook("metadata.whole_documents") and os.path.exists(os.path.join(cfg.data_dir, WHOLE_DOCUMENTS_FILE)):
+        if not cfg.get("metadata.partition.changes.enable"):
+            features = ()  # (off by default for now: the setting's comment in sluice.broker.config)
+        elif cfg.hook("metadata.whole_documents") and os.path.exists(os.path.join(cfg.data_dir, WHOLE_DOCUMENTS_FILE)):
             features = ()  # test-only: registered as a broker from before partition change records
         endpoint = BrokerDocument(
             cfg.broker_id,

@@ -131,6 +131,10 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     # cap is refused with POLICY_VIOLATION until expiry makes room.
     "producer.id.max.count.per.partition": (int, 10_000),
     "transactional.id.max.count": (int, 100_000),
+    # register as reading partition change records (issue 28, docs/architecture.md): once every
+    # registered broker does, the controller writes partition states as records. Off by default until
+    # a failover test on the Kubernetes control plane that failed with records on is understood.
+    "metadata.partition.changes.enable": (bool, False),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }

@@ -21,7 +21,11 @@ from tests.support.waiting import wait_for
 
 from .helpers import checked, read_topic, values
 
-CONFIG = {"min.insync.replicas": "2", "sluice.test.hooks": "metadata.whole_documents"}
+CONFIG = {
+    "min.insync.replicas": "2",
+    "metadata.partition.changes.enable": "true",
+    "sluice.test.hooks": "metadata.whole_documents",
+}
 TOPIC = "upgraded"
 PARTITIONS = 3
 LAST = 2  # the broker restarted last in the rolling upgrade

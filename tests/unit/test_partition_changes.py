@@ -27,6 +27,7 @@ from .test_controller_local import Fake, fail_for, setup
 
 TOPICS = ("orders", "payments", "audit")
 FOLD_RECORDS = 16
+RECORDS = {"metadata.partition.changes.enable": "true"}  # brokers register as reading records
 
 
 class CountingStore:
@@ -50,7 +51,7 @@ class CountingStore:
 
 def _cluster(tmp_path: Path) -> tuple[CountingStore, ControllerLoop, Fake, dict[int, ClusterView]]:
     store = CountingStore(open_store(str(tmp_path / "metadata.sqlite")))
-    views = {b: registered_view(store, tmp_path, b) for b in (0, 1, 2)}  # type: ignore[arg-type]
+    views = {b: registered_view(store, tmp_path, b, RECORDS) for b in (0, 1, 2)}  # type: ignore[arg-type]
     for i, name in enumerate(TOPICS):
         doc = new_topic(name, f"id-{i}", 6, 3, {}, [(0, ""), (1, ""), (2, "")])
         store.compare_and_set(keys.topic(name), doc.to_json(), None)
@@ -87,7 +88,7 @@ def _declaration_versions(store: MetadataStore) -> dict[str, int]:
 
 def test_the_gate_opens_once_every_registered_broker_reads_records_and_never_closes(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "metadata.sqlite"))
-    registered_view(store, tmp_path, 0)
+    registered_view(store, tmp_path, 0, RECORDS)
     old = BrokerDocument(1, "127.0.0.1", 9001)  # a broker of code from before: no metadata_features
     store.compare_and_set(keys.broker(1), old.to_json(), None)
     fake = Fake()
@@ -95,7 +96,7 @@ def test_the_gate_opens_once_every_registered_broker_reads_records_and_never_clo
     controller.claim()
     controller.run_round()
     assert not controller.partition_changes
-    registered_view(store, tmp_path, 1)  # broker 1 restarted with this code
+    registered_view(store, tmp_path, 1, RECORDS)  # broker 1 restarted with this code
     controller.run_round()
     assert controller.partition_changes
     published = documents.read(store, keys.CONTROLLER, ControllerDocument)
@@ -145,7 +146,7 @@ def test_a_leaders_fallback_isr_write_is_a_record_and_a_stale_one_is_refused(tmp
 
 def test_reassignments_start_as_records_and_are_listed_from_them(tmp_path: Path) -> None:
     store, _controller, _fake, views = _cluster(tmp_path)
-    registered_view(store, tmp_path, 3)  # type: ignore[arg-type]
+    registered_view(store, tmp_path, 3, RECORDS)  # type: ignore[arg-type]
     view = views[0]
     view.refresh()
     declared = _declaration_versions(store)
@@ -201,7 +202,7 @@ def test_existing_topic_documents_are_where_the_records_start_from(tmp_path: Pat
     before = store.get(keys.topic("orders"))
     assert before is not None and before.version > 1  # elected the old way: the document rewritten
     # the brokers restart with this code, one by one; the gate opens with the last
-    views = {b: registered_view(store, tmp_path, b, refresh=True) for b in (0, 1, 2)}
+    views = {b: registered_view(store, tmp_path, b, RECORDS, refresh=True) for b in (0, 1, 2)}
     fake.down.discard(0)
     fail_for(controller, fake, 1.0)
     assert controller.partition_changes
@@ -222,7 +223,7 @@ def test_a_writer_that_read_the_declaration_before_the_switch_appends_a_record(t
     (its ISR change decided, its write not yet made) fails, reads the switch, and appends a record,
     so no state is ever written into a declaration once records may exist for its topic."""
     store = CountingStore(open_store(str(tmp_path / "metadata.sqlite")))
-    views = {b: registered_view(store, tmp_path, b) for b in (0, 1, 2)}  # type: ignore[arg-type]
+    views = {b: registered_view(store, tmp_path, b, RECORDS) for b in (0, 1, 2)}  # type: ignore[arg-type]
     doc = new_topic("orders", "id-0", 3, 3, {}, [(0, ""), (1, ""), (2, "")])
     store.compare_and_set(keys.topic("orders"), doc.to_json(), None)
     fake = Fake()
