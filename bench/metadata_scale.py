@@ -312,11 +312,7 @@ class Decoder:
         dead: tuple[int, ...] = ()
         if kind in ("ADDED", "MODIFIED") and "value" in spec:
             value = json.loads(spec["value"])
-            if key.startswith(keys.TOPICS):
-                TopicDocument.from_json(value)
-            elif key.startswith(keys.PARTITION_CHANGES):
-                PartitionChangesDocument.from_json(value)
-            elif key == keys.CONTROLLER:
+            if not decode_topic_metadata(key, value) and key == keys.CONTROLLER:
                 dead = tuple(ControllerDocument.from_json(value).dead_brokers)
         rv = int(meta.get("resourceVersion") or 0)
         decoded = Decoded(kind, key, rv, time.thread_time() - started, dead)
@@ -329,6 +325,18 @@ class Decoder:
     def clear(self) -> None:
         with self._lock:
             self._memo.clear()
+
+
+def decode_topic_metadata(key: str, value: Any) -> bool:
+    """Decode a topic document or partition change record as a broker does (its CPU is what a watcher
+    pays); False for any other key."""
+    if key.startswith(keys.TOPICS):
+        TopicDocument.from_json(value)
+    elif key.startswith(keys.PARTITION_CHANGES):
+        PartitionChangesDocument.from_json(value)
+    else:
+        return False
+    return True
 
 
 class Watcher:
@@ -418,10 +426,8 @@ class Watcher:
             key = str(spec.get("key", ""))
             if len(self.applied) < MAX_LOG:  # what the LIST holds is applied too (a document never rewritten since)
                 self.applied.append((key, int(item["metadata"]["resourceVersion"]), at))
-            if key.startswith(keys.TOPICS):
-                TopicDocument.from_json(json.loads(spec["value"]))
-            elif key.startswith(keys.PARTITION_CHANGES):
-                PartitionChangesDocument.from_json(json.loads(spec["value"]))
+            if key.startswith((keys.TOPICS, keys.PARTITION_CHANGES)):
+                decode_topic_metadata(key, json.loads(spec["value"]))
         self.decode_s += time.thread_time() - started
         self.synced.set()
         return str(listed["metadata"]["resourceVersion"])

@@ -56,7 +56,13 @@ from sluice.metadata.isr import IsrChange, IsrOutcome, IsrWrite, apply_isr_chang
 from sluice.metadata.placement import place_replicas
 from sluice.metadata.reassignment import ReassignmentRefused
 from sluice.metadata.store import Document, MetadataStore, StoreUnavailable, VersionConflict
-from sluice.metadata.topic_view import TopicView, delete_topic_state, is_topic_key, update_partitions
+from sluice.metadata.topic_view import (
+    TopicView,
+    delete_topic_state,
+    fresh_documents,
+    is_topic_key,
+    update_partitions,
+)
 from sluice.records import now_ms
 
 log = logging.getLogger(__name__)
@@ -664,12 +670,10 @@ class ClusterView:
     def read_topic(self, name: str) -> list[Document]:
         """The documents that make topic ``name`` now, from fresh reads, for :meth:`isr_written` (a
         write whose outcome was unknown). Touches only the store (a worker thread)."""
-        found = [self.store.get(keys.topic(name))]
-        if self.partition_changes:  # in the order TopicView.load reads them
-            found.append(self.store.get(keys.PARTITION_CHANGES_FOLD))
-            found += self.store.list(keys.PARTITION_CHANGES)
-            found.append(self.store.get(keys.topic_state(name)))
-        return [d for d in found if d is not None]
+        if self.partition_changes:
+            return fresh_documents(self.store, name)
+        found = self.store.get(keys.topic(name))
+        return [] if found is None else [found]
 
     def request_isrs(self, requests: Sequence[IsrRequest]) -> None:
         """Ask the controller for ISR changes: replace this broker's ``isr_requests/<id>`` document with

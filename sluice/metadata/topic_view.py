@@ -85,6 +85,7 @@ __all__ = [
     "append_changes",
     "changed_partitions",
     "delete_topic_state",
+    "fresh_documents",
     "is_topic_key",
     "read_topic",
     "record_seq",
@@ -298,18 +299,7 @@ class TopicView:
         reads are in the states read after (a fold writes its states before its mark, and deletes
         records after it)."""
         view = cls()
-        if name is None:
-            view.apply_all(store.list(keys.TOPICS))
-        else:
-            view.apply_all(d for d in (store.get(keys.topic(name)),) if d is not None)
-        fold = store.get(keys.PARTITION_CHANGES_FOLD)
-        if fold is not None:
-            view.apply(fold)
-        view.apply_all(store.list(keys.PARTITION_CHANGES))
-        if name is None:
-            view.apply_all(store.list(keys.TOPIC_STATES))
-        else:
-            view.apply_all(d for d in (store.get(keys.topic_state(name)),) if d is not None)
+        view.apply_all(fresh_documents(store, name))
         view.gap = False  # every folded state read
         return view
 
@@ -323,6 +313,22 @@ class TopicView:
         """Whether enough records wait for the controller to fold them: ``records`` of them, or records
         of ``changes`` partition changes in all."""
         return len(self.records) >= records or sum(r.changes for r in self.records.values()) >= changes
+
+
+def fresh_documents(store: MetadataStore, name: str | None = None) -> list[Document]:
+    """The documents that make every topic (or ``name`` only) now, read fresh, in the order
+    :meth:`TopicView.load` explains: declarations, fold mark, records, folded states."""
+    if name is None:
+        found: list[Document | None] = [*store.list(keys.TOPICS)]
+    else:
+        found = [store.get(keys.topic(name))]
+    found.append(store.get(keys.PARTITION_CHANGES_FOLD))
+    found += store.list(keys.PARTITION_CHANGES)
+    if name is None:
+        found += store.list(keys.TOPIC_STATES)
+    else:
+        found.append(store.get(keys.topic_state(name)))
+    return [d for d in found if d is not None]
 
 
 class WatchedTopics:
