@@ -159,7 +159,7 @@ class ClusterView:
         cfg = self.config
         features: tuple[str, ...] = documents.METADATA_FEATURE_NAMES
         if not cfg.get("metadata.partition.changes.enable"):
-            features = ()  # (off by default for now: the setting's comment in sluice.broker.config)
+            features = ()  # registered as a broker of older code: the setting's comment in sluice.broker.config
         elif cfg.hook("metadata.whole_documents") and os.path.exists(os.path.join(cfg.data_dir, WHOLE_DOCUMENTS_FILE)):
             features = ()  # test-only: registered as a broker from before partition change records
         endpoint = BrokerDocument(

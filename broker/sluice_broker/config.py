@@ -132,9 +132,9 @@ DEFAULTS: dict[str, tuple[type, Any]] = {
     "producer.id.max.count.per.partition": (int, 10_000),
     "transactional.id.max.count": (int, 100_000),
     # register as reading partition change records (issue 28, docs/architecture.md): once every
-    # registered broker does, the controller writes partition states as records. Off by default until
-    # a failover test on the Kubernetes control plane that failed with records on is understood.
-    "metadata.partition.changes.enable": (bool, False),
+    # registered broker does, the controller writes partition states as records. False registers
+    # this broker as one of older code, which keeps every topic's states in its declaration.
+    "metadata.partition.changes.enable": (bool, True),
     # test-only hooks (never set in production): see docs/architecture.md
     "sluice.test.hooks": (str, ""),
 }

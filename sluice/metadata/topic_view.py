@@ -39,7 +39,11 @@ records), the newest is the one with the highest partition epoch, and between a 
 folded state of the same epoch, the one of the higher number (a folded state is numbered by the
 last record it folds); a declaration's state loses every tie. What a view holds is thus the same
 for everyone who has seen the same documents, whatever their order (a watch, a LIST at start, a
-LIST after a gap), and deleting a folded record changes nothing in a view that saw it. A
+LIST after a gap), and deleting a folded record changes nothing in a view that saw it. That includes
+a record seen before its topic's declaration: a collapsed read (a LIST, a watch cache read from
+revision 0) orders each document by its last write, so a declaration rewritten after records (a
+config change, partitions added) comes after them; the view keeps such a record's states until the
+declaration arrives. A
 declaration without ``states_in_records`` is its topic's state, whole: no record exists for it,
 and brokers of code from before the partition epoch changed ISRs without counting it. A record
 numbered at or below the fold is never applied: a writer far behind can re-create a number the
@@ -157,6 +161,11 @@ class TopicView:
     # Record numbers above the last fold this view knows of, with the topics each names and its
     # number of partition changes: what the controller's fold covers.
     records: dict[int, RecordInfo] = field(default_factory=dict)
+    # States of records and folded states naming a topic (by name, then id) this view does not hold:
+    # a collapsed read (a LIST, the watch cache from revision 0) orders each document by its last
+    # write, so a declaration rewritten after records (a config change, partitions added) comes
+    # after them. Taken when that declaration arrives; dropped with the name's deletion.
+    _pending: dict[str, list[tuple[str, list[tuple[int, PartitionState]], int, int]]] = field(default_factory=dict)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -231,8 +240,11 @@ class TopicView:
         held = self._topics.get(name)
         if doc.value is None:
             if held is None or doc.version < held.version:
+                if held is None:
+                    self._pending.pop(name, None)
                 return set()
             del self._topics[name]
+            self._pending.pop(name, None)
             return {name}
         if held is not None and doc.version < held.version:
             return set()  # older than one this view applied already (its owner's own write)
@@ -240,6 +252,9 @@ class TopicView:
         if held is None or held.declaration.topic_id != declared.topic_id:
             parts = list(declared.partitions)
             self._topics[name] = _Topic(declared, doc.version, parts, [_DECLARED] * len(parts), doc.revision)
+            for topic_id, states, seq, _revision in self._pending.pop(name, ()):
+                if topic_id == declared.topic_id:  # (others are of a predecessor under this name)
+                    self._take(name, topic_id, states, seq, doc.revision)
             return {name}
         parts, sources = held.partitions, held.sources
         whole = not held.recorded  # before any record or folded state is seen, the declaration is the state
@@ -275,7 +290,10 @@ class TopicView:
         """Take the states of a record or folded state numbered ``seq`` that are newer than the view's."""
         held = self._topics.get(name)
         if held is None or held.declaration.topic_id != topic_id:
-            return False  # a topic deleted (and perhaps created again under its name)
+            # Its declaration not seen yet (a collapsed read), or a topic deleted (perhaps created again
+            # under its name): kept until the name's next declaration, which takes them if its id matches.
+            self._pending.setdefault(name, []).append((topic_id, list(states), seq, revision))
+            return False
         held.recorded = True
         parts, sources = held.partitions, held.sources
         changed = False
@@ -284,7 +302,7 @@ class TopicView:
                 changed = changed or p != parts[i] or p.partition_epoch != parts[i].partition_epoch
                 parts[i], sources[i] = p, seq
         if changed:
-            held.revision, held.composed = revision, None
+            held.revision, held.composed = max(held.revision, revision), None
         return changed
 
     # -- loading ----------------------------------------------------------------------------------
@@ -294,10 +312,9 @@ class TopicView:
         """A view of every topic (or of ``name`` only) from fresh reads: for writers and admin reads that
         must not decide from a watch that lags. One topic costs three GETs and a LIST of the records.
 
-        The order matters: the declarations (a record of a topic the view does not hold is dropped);
-        then the fold, the records and the folded states, so that records a fold deletes between two
-        reads are in the states read after (a fold writes its states before its mark, and deletes
-        records after it)."""
+        The order matters: the fold, the records and the folded states, so that records a fold
+        deletes between two reads are in the states read after (a fold writes its states before its
+        mark, and deletes records after it)."""
         view = cls()
         view.apply_all(fresh_documents(store, name))
         view.gap = False  # every folded state read
