@@ -51,18 +51,26 @@ Scenarios (``--scenarios``):
 
 * ``steady``: ISR shrink/expand at each ``--churn-rates`` value (changes/s) for ``--churn-seconds``,
   each change by the partition's leader through ``write_isr``;
-* ``kill``: a hard kill of one broker: its watch stream is cut and its Pod turns NotReady at once
-  (what the kubelet reports after ``failureThreshold`` failed probes: that probe time, 15 s with
-  the chart's defaults, comes on top of the detection figure measured here, which is the
-  operator's grace period plus a controller round);
-* ``return``: that broker comes back: it registers again, relists, its Pod turns Ready, every
-  leader of a partition it replicates adds it back to the ISR (each leader one write per topic
-  document with all its partitions of that topic, all leaders at once, as their followers catch
-  up), and the controller hands preferred
+* ``kill``, ``hang``, ``lost``: one broker fails (each scenario a broker of its own), its watch
+  stream cut. The controller health-checks every broker itself, as the operator does
+  (``--session-timeout``, 9 s by default: :mod:`sluice.operator.liveness.sessions`), so each
+  simulated broker serves the gRPC health service on 127.0.0.1 and registers that address; a
+  crash stops its server, a hang accepts checks and never answers, a lost node has every packet to
+  its port dropped by iptables (:mod:`bench.metadata_faults`), and the Pod stays Ready in all
+  three (the kubelet's probe would turn it NotReady 15 s after a crash or a hang, after the health
+  checks' verdict; a lost node's kubelet reports nothing). With ``--session-timeout 0`` (the
+  Pods' verdicts only), ``kill`` turns the Pod NotReady at once instead, which the kubelet does
+  only after ``failureThreshold`` failed probes (15 s with the chart's defaults, on top of the
+  detection figure, which is then the operator's grace period plus a controller round);
+* ``return``: after each failure, that broker comes back (its health service answers again): it
+  registers again, relists, its Pod turns Ready, every leader of a partition it replicates adds it
+  back to the ISR (each leader one write per topic document with all its partitions of that
+  topic, all leaders at once, as their followers catch up), and the controller hands preferred
   leaderships back after ``--preferred-delay``.
 * ``rolling`` (not in the default set: minutes): a rolling restart of ``--rolling-brokers``
-  brokers, one after the other as a StatefulSet does it: the Pod is deleted (the operator takes a
-  deleted Pod as dead at once: the controlled shutdown), then the broker returns as above.
+  brokers, one after the other as a StatefulSet does it: the broker answers NOT_SERVING and its
+  Pod is deleted (the operator takes either as dead at once: the controlled shutdown), then the
+  broker returns as above.
 
 By default the brokers authenticate as the control plane's admin (``system:masters``), which API
 Priority and Fairness exempts; ``--as-service-account`` makes them one ServiceAccount allowed
@@ -118,6 +126,7 @@ if __name__ == "__main__":
     # Run as a file, Python puts bench/ first on the path; import bench.* and tests.* from the root.
     sys.path[0] = str(ROOT)
 
+from bench.metadata_faults import HealthServers, PortDrops  # noqa: E402
 from sluice.broker.cluster import ClusterView  # noqa: E402
 from sluice.broker.config import BrokerConfig  # noqa: E402
 from sluice.metadata import keys  # noqa: E402
@@ -661,6 +670,9 @@ class Settings:
     # where partition states go: "records" (partition change records, what brokers of this code
     # register for), or "documents" (the whole topic documents: brokers register without it)
     partition_state: str = "records"
+    # the operator's own health checks (liveness.sessions): a broker without a SERVING answer this long
+    # is dead, its Pod Ready or not (the operator's default, 9 s); 0: the Pods' verdicts only
+    session_timeout_s: float = 9.0
 
 
 @dataclass
@@ -734,6 +746,10 @@ class Simulation:
         self._harness_lock = threading.Lock()
         self.broker_kubeconfig: Path = workdir / "kubeconfig-unset"
         self.results: dict[str, Any] = {}
+        # the brokers' health services, when the controller checks them (session timeout), and the
+        # iptables rules of the "lost" scenario (bench.metadata_faults)
+        self.health: HealthServers | None = None
+        self.drops: PortDrops | None = None
 
     # -- set-up ------------------------------------------------------------------------------
 
@@ -751,9 +767,10 @@ class Simulation:
 
     def config(self, broker_id: int) -> BrokerConfig:
         records = {"metadata.partition.changes.enable": str(self.s.partition_state == "records").lower()}
-        return BrokerConfig.build(
-            broker_id, f"broker-{broker_id}.sim", 9092, str(self.workdir / "unused"), self.url, records
-        )
+        host, port = f"broker-{broker_id}.sim", 9092
+        if self.health is not None:  # registered where its health service answers the controller's checks
+            host, port = "127.0.0.1", self.health.ports[broker_id]
+        return BrokerConfig.build(broker_id, host, port, str(self.workdir / "unused"), self.url, records)
 
     def start(self) -> None:
         from kubernetes import client
@@ -762,6 +779,15 @@ class Simulation:
         from tests.k8s.crds import install_crds
         from tests.support.k8s_env import TestControlPlane
 
+        if {"hang", "lost"} & set(self.s.scenarios) and self.s.session_timeout_s <= 0:
+            raise SystemExit("the hang and lost scenarios need the operator's health checks (--session-timeout > 0)")
+        if "lost" in self.s.scenarios:
+            why = PortDrops.available()
+            if why is not None:
+                raise SystemExit(f"the lost scenario drops packets with iptables: {why}")
+            self.drops = PortDrops()
+        if self.s.session_timeout_s > 0:
+            self.health = HealthServers()
         if self.plane is None:
             log("starting etcd (fsync on) and kube-apiserver")
             self.plane = TestControlPlane(self.workdir / "k8s", etcd_fsync=True)
@@ -783,6 +809,8 @@ class Simulation:
         n = self.s.brokers
         log(f"registering {n} simulated brokers and their Pods")
         for i in range(n):
+            if self.health is not None:
+                self.health.start(i)
             view = ClusterView(self.broker_store, self.config(i))
             self.register(view)
             self.brokers[i] = SimBroker(i, view)
@@ -798,6 +826,7 @@ class Simulation:
             grace_s=self.s.grace_s,
             preferred_leader_delay_s=self.s.preferred_delay_s,
             identity="metasim-operator",
+            session_timeout_s=self.s.session_timeout_s,
         )
         self._time_rounds(self.controller.loop)
         self.controller.start()
@@ -1119,9 +1148,21 @@ class Simulation:
         out["observer_clusterviews_applied_s"] = [None if a is None else round(a - t0, 3) for a in obs]
 
     def kill(self, victim: int) -> None:
-        """A hard kill: the stream is cut and the Pod turns NotReady at once."""
+        """A hard kill: the stream is cut; with health checks, the health server stops (its port
+        refuses); without, the Pod turns NotReady at once."""
         with self.window(f"kill broker {victim}") as out:
-            self._fail(victim, out, controlled=False)
+            self._fail(victim, out, mode="crash")
+
+    def hang(self, victim: int) -> None:
+        """A hung broker (SIGSTOP): the stream stops, checks are accepted and never answered, the Pod
+        stays Ready (its probe would fail 15 s later, after the health checks' verdict)."""
+        with self.window(f"hang broker {victim}") as out:
+            self._fail(victim, out, mode="hang")
+
+    def lose(self, victim: int) -> None:
+        """A lost node: the stream stops, every packet to the broker's port is dropped, the Pod stays Ready."""
+        with self.window(f"lost broker {victim}") as out:
+            self._fail(victim, out, mode="lost")
 
     def comeback(self, victim: int) -> None:
         """The broker returns: registers, relists, Ready; leaders add it back; preferred leaders return."""
@@ -1139,7 +1180,7 @@ class Simulation:
                     break
                 failed: dict[str, Any] = {}
                 back: dict[str, Any] = {}
-                self._fail(victim, failed, controlled=True)
+                self._fail(victim, failed, mode="controlled")
                 self._return(victim, back, recreate_pod=True)
                 steps.append(
                     {
@@ -1157,17 +1198,28 @@ class Simulation:
                 (st["down_last_watcher_s"] or 0 for st in steps), default=None
             )  # the longest shutdown
 
-    def _fail(self, victim: int, out: dict[str, Any], *, controlled: bool) -> None:
+    def _fail(self, victim: int, out: dict[str, Any], *, mode: str) -> None:
+        """``mode``: controlled (a rolling restart's), crash, hang or lost (bench.metadata_faults)."""
         broker = self.brokers[victim]
+        health = self.health
         t0 = time.monotonic()
         broker.alive = False
         if broker.watcher is not None:
             broker.watcher.stop()
-        if controlled:
+        if mode == "controlled":
+            if health is not None:
+                health.shut_down(victim)  # NOT_SERVING, as a broker in controlled shutdown answers
             # the Pod deleted (a rolling restart): the operator takes it as dead at once
             self.core.delete_namespaced_pod(f"sluice-broker-{victim}", self.namespace, grace_period_seconds=0)
+        elif health is None:
+            self.set_ready(victim, False)  # (mode crash: the only one without health checks)
+        elif mode == "crash":
+            health.crash(victim)
+        elif mode == "hang":
+            health.hang(victim)
         else:
-            self.set_ready(victim, False)
+            assert self.drops is not None
+            self.drops.drop(health.ports[victim])
 
         def dead_seen() -> bool:
             return all(victim in o.view.dead_brokers for o in self.observers)
@@ -1186,8 +1238,22 @@ class Simulation:
         out["after_detection_s"] = (
             round(out["last_watcher_applied_s"] - detected, 3) if out.get("last_watcher_applied_s") else None
         )
-        if not controlled:
+        if mode == "controlled" and health is not None:
+            health.crash(victim)  # the process exits once its partitions moved
+        out["failure"] = mode
+        if health is None and mode != "controlled":
             out["probe_detection_not_simulated_s"] = PROBE_DETECTION_S
+
+    def _heal(self, victim: int) -> None:
+        """The broker's health service answers again (resumed, reachable, or restarted on its port)."""
+        health = self.health
+        if health is None:
+            return
+        health.resume(victim)
+        if self.drops is not None:
+            self.drops.heal(health.ports[victim])
+        if victim not in health.servers:
+            health.start(victim)
 
     def _return(self, victim: int, out: dict[str, Any], *, recreate_pod: bool) -> None:
         broker = self.brokers[victim]
@@ -1196,6 +1262,7 @@ class Simulation:
         if recreate_pod:
             wait_until(lambda: self._pod_gone(victim), 30)
             self._create_pod(victim)
+        self._heal(victim)
         self.register(broker.view)
         broker.watcher = Watcher(
             f"b{victim}", self.plane.kubeconfig, self.namespace, self.decoder, self.deadline
@@ -1318,16 +1385,18 @@ class Simulation:
         sizes = [len(json.dumps(t.to_json(), sort_keys=True)) for t in docs.values()]
         self.results["topic_document_bytes_mean"] = int(statistics.fmean(sizes)) if sizes else 0
         self.results["all_topic_documents_bytes"] = sum(sizes)
-        victim = min(2, self.s.brokers - 1)
         if "steady" in self.s.scenarios:
             for rate in self.s.churn_rates:
                 if time.monotonic() > self.deadline:
                     break
                 self.steady(rate)
-        if "kill" in self.s.scenarios and time.monotonic() < self.deadline:
-            self.kill(victim)
-            if "return" in self.s.scenarios and time.monotonic() < self.deadline:
-                self.comeback(victim)
+        # each failure on a broker of its own, each followed by its return
+        for scenario, fail, victim in (("kill", self.kill, 2), ("hang", self.hang, 3), ("lost", self.lose, 4)):
+            if scenario in self.s.scenarios and time.monotonic() < self.deadline:
+                victim = min(victim, self.s.brokers - 1)
+                fail(victim)
+                if "return" in self.s.scenarios and time.monotonic() < self.deadline:
+                    self.comeback(victim)
         if "rolling" in self.s.scenarios and time.monotonic() < self.deadline:
             self.settle("before the rolling restart")
             self.rolling(min(self.s.rolling_brokers, self.s.brokers))
@@ -1350,6 +1419,10 @@ class Simulation:
             if store is not None:
                 with contextlib.suppress(Exception):
                     store.close()
+        if self.drops is not None:
+            self.drops.close()
+        if self.health is not None:
+            self.health.close()
         if self.plane is not None and self._own_plane:
             self.plane.stop()
 
@@ -1522,8 +1595,16 @@ def main(argv: list[str] | None = None) -> int:
         "--scenarios",
         nargs="+",
         default=["steady", "kill", "return"],
-        choices=["steady", "kill", "return", "rolling"],
-        help="rolling: a rolling restart of --rolling-brokers brokers (not in the default set: minutes)",
+        choices=["steady", "kill", "hang", "lost", "return", "rolling"],
+        help="kill, hang, lost: a broker fails so (each a broker of its own, then its return with 'return'); "
+        "rolling: a rolling restart of --rolling-brokers brokers (not in the default set: minutes)",
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=9.0,
+        help="the operator's own health checks: a broker without a SERVING answer this long is dead "
+        "(SLUICE_BROKER_SESSION_TIMEOUT_S, default 9); 0: the Pods' verdicts only",
     )
     parser.add_argument("--rolling-brokers", type=int, default=10)
     parser.add_argument(
@@ -1570,6 +1651,7 @@ def main(argv: list[str] | None = None) -> int:
             service_account=args.as_service_account,
             isr_path=args.isr_path,
             partition_state=args.partition_state,
+            session_timeout_s=args.session_timeout,
         )
         log(f"== {n} brokers ==")
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:

@@ -230,6 +230,29 @@ def test_grpc_checker_reports_serving_not_found_and_unavailable(
         checker.close()
 
 
+def test_grpc_checker_checks_each_broker_at_most_once_per_interval(
+    health_server: tuple[str, health.HealthServicer, grpc.Server],
+) -> None:
+    """Rounds come every 100 ms (more at 100 brokers would be 1,000 calls a second): checks do not."""
+    address, servicer, _ = health_server
+    servicer.set("sluice.liveness", health_pb2.HealthCheckResponse.SERVING)
+    checker = GrpcHealthChecker(deadline_ms=5000, interval_ms=400)
+    answers = 0
+    try:
+        started = time.monotonic()
+        for _ in range(200):  # a round every 10 ms for 1.2 s (bounded in count and time)
+            answers += len(checker({0: address}))
+            if time.monotonic() - started >= 1.2:
+                break
+            time.sleep(0.01)
+    finally:
+        checker.close()
+    # sent at 0, 0.4, 0.8 (and 1.2 at the edge): without the interval, one per round answered (~100)
+    assert 2 <= answers <= 4
+    assert GrpcHealthChecker(deadline_ms=1000).interval_s == 0.2  # a fifth of a short deadline
+    assert GrpcHealthChecker(deadline_ms=9000).interval_s == 0.5
+
+
 def test_grpc_checker_never_blocks_and_times_out_a_silent_listener() -> None:
     """What a SIGSTOPped broker looks like: the kernel accepts the connection, nobody answers."""
     with socket.socket() as listener:
