@@ -149,8 +149,8 @@ class PortDrops:
     def drop(self, port: int) -> None:
         if not self.installed:
             self._iptables("-N", self.chain)
+            self.installed = True  # (close() removes the chain even if the jump fails)
             self._iptables("-I", *self.jump)
-            self.installed = True
         self._iptables("-A", self.chain, "-p", "tcp", "--dport", str(port), "-j", "DROP")
 
     def heal(self, port: int) -> None:

@@ -108,6 +108,7 @@ import math
 import os
 import random
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -1224,11 +1225,13 @@ class Simulation:
         def dead_seen() -> bool:
             return all(victim in o.view.dead_brokers for o in self.observers)
 
-        wait_until(dead_seen, self.s.grace_s + 30, 0.05)
+        if not wait_until(dead_seen, self.s.grace_s + self.s.session_timeout_s + 30, 0.05):
+            log(f"broker {victim} was never declared dead ({mode}): no detection figure")
+            out["detected"] = False
         # detection: the controller document naming the broker dead, applied by the first watcher
         seen = [at for w in self.live_watchers() for dead, at in w.dead_seen if victim in dead and at > t0]
         detected = (min(seen) if seen else time.monotonic()) - t0
-        out["detection_s"] = round(detected, 3)
+        out["detection_s"] = round(detected, 3) if seen else None
 
         def fenced(docs: dict[str, TopicDocument]) -> bool:
             return all(p.leader != victim and victim not in p.isr for t in docs.values() for p in t.partitions)
@@ -1394,6 +1397,9 @@ class Simulation:
         for scenario, fail, victim in (("kill", self.kill, 2), ("hang", self.hang, 3), ("lost", self.lose, 4)):
             if scenario in self.s.scenarios and time.monotonic() < self.deadline:
                 victim = min(victim, self.s.brokers - 1)
+                if not self.brokers[victim].alive:  # (fewer than 5 brokers, without "return")
+                    log(f"{scenario}: broker {victim} is down already (add 'return', or more brokers): skipped")
+                    continue
                 fail(victim)
                 if "return" in self.s.scenarios and time.monotonic() < self.deadline:
                     self.comeback(victim)
@@ -1420,9 +1426,11 @@ class Simulation:
                 with contextlib.suppress(Exception):
                     store.close()
         if self.drops is not None:
-            self.drops.close()
+            with contextlib.suppress(Exception):
+                self.drops.close()
         if self.health is not None:
-            self.health.close()
+            with contextlib.suppress(Exception):
+                self.health.close()
         if self.plane is not None and self._own_plane:
             self.plane.stop()
 
@@ -1499,6 +1507,8 @@ def markdown(runs: dict[str, Any]) -> str:
                     "expansion_outcomes",
                     "expansion_s",
                     "alive_again_s",
+                    "after_detection_s",
+                    "detected",
                     "completed",
                     "watchers_missing_final_state",
                     "controller_rounds",
@@ -1654,6 +1664,8 @@ def main(argv: list[str] | None = None) -> int:
             session_timeout_s=args.session_timeout,
         )
         log(f"== {n} brokers ==")
+        # a SIGTERM (a timeout, CI) ends the run through the finally below: no iptables rule is left
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:
             sim = Simulation(settings, Path(tmp))
             try:

@@ -40,10 +40,11 @@ folded state of the same epoch, the one of the higher number (a folded state is 
 last record it folds); a declaration's state loses every tie. What a view holds is thus the same
 for everyone who has seen the same documents, whatever their order (a watch, a LIST at start, a
 LIST after a gap), and deleting a folded record changes nothing in a view that saw it. That includes
-a record seen before its topic's declaration: a collapsed read (a LIST, a watch cache read from
-revision 0) orders each document by its last write, so a declaration rewritten after records (a
-config change, partitions added) comes after them; the view keeps such a record's states until the
-declaration arrives. A
+a record seen before its topic's declaration: a collapsed read (a LIST, or a store's changes since
+a revision, the broker's poll and the controller's catch-up: each document once, at its last
+write) has a declaration rewritten after records (a config change, partitions added) after them;
+the view keeps the states it cannot place yet (of a topic, or of partitions, it does not hold)
+until the declaration arrives. A
 declaration without ``states_in_records`` is its topic's state, whole: no record exists for it,
 and brokers of code from before the partition epoch changed ISRs without counting it. A record
 numbered at or below the fold is never applied: a writer far behind can re-create a number the
@@ -161,11 +162,16 @@ class TopicView:
     # Record numbers above the last fold this view knows of, with the topics each names and its
     # number of partition changes: what the controller's fold covers.
     records: dict[int, RecordInfo] = field(default_factory=dict)
-    # States of records and folded states naming a topic (by name, then id) this view does not hold:
-    # a collapsed read (a LIST, the watch cache from revision 0) orders each document by its last
-    # write, so a declaration rewritten after records (a config change, partitions added) comes
-    # after them. Taken when that declaration arrives; dropped with the name's deletion.
-    _pending: dict[str, list[tuple[str, list[tuple[int, PartitionState]], int, int]]] = field(default_factory=dict)
+    # States this view cannot place yet, by topic name, then (topic id, number, from a folded state):
+    # of a topic it does not hold, or of partitions its declaration does not have. A collapsed read (a
+    # LIST, or a store's changes since a revision: each document once, at its last write) has a
+    # declaration rewritten after records (partitions added, a config change) after them. The name's
+    # next declaration takes those of its id and drops the rest; the name's deletion drops them. A
+    # record's are dropped with the record too: the declaration of a topic it names comes in the same
+    # read as the record (its last write is later than the view's previous read), so a record's states
+    # still waiting after that read are of a deleted topic. Not a folded state's: the LIST after a gap
+    # may be ahead of the watch. Keyed by number, so reading the same records again adds nothing.
+    _pending: dict[str, dict[tuple[str, int, bool], dict[int, PartitionState]]] = field(default_factory=dict)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -207,6 +213,7 @@ class TopicView:
             seq = record_seq(key)
             if doc.value is None:
                 self.records.pop(seq, None)  # folded: its states are held already
+                self._forget_pending(seq)
                 return set()
             if seq <= self.fold_seq:
                 return set()  # a number re-created after the fold deleted it: never applied
@@ -252,20 +259,35 @@ class TopicView:
         if held is None or held.declaration.topic_id != declared.topic_id:
             parts = list(declared.partitions)
             self._topics[name] = _Topic(declared, doc.version, parts, [_DECLARED] * len(parts), doc.revision)
-            for topic_id, states, seq, _revision in self._pending.pop(name, ()):
-                if topic_id == declared.topic_id:  # (others are of a predecessor under this name)
-                    self._take(name, topic_id, states, seq, doc.revision)
-            return {name}
-        parts, sources = held.partitions, held.sources
-        whole = not held.recorded  # before any record or folded state is seen, the declaration is the state
-        for i, p in enumerate(declared.partitions):
-            if i >= len(parts):
-                parts.append(p)  # partitions added
-                sources.append(_DECLARED)
-            elif whole or p.partition_epoch > parts[i].partition_epoch:
-                parts[i], sources[i] = p, _DECLARED
-        held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
+        else:
+            parts, sources = held.partitions, held.sources
+            whole = not held.recorded  # before any record or folded state is seen, the declaration is the state
+            for i, p in enumerate(declared.partitions):
+                if i >= len(parts):
+                    parts.append(p)  # partitions added
+                    sources.append(_DECLARED)
+                elif whole or p.partition_epoch > parts[i].partition_epoch:
+                    parts[i], sources[i] = p, _DECLARED
+            held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
+        for (topic_id, seq, _folded), states in sorted(self._pending.pop(name, {}).items(), key=lambda e: e[0][1]):
+            if topic_id == declared.topic_id:  # (others are of a predecessor under this name)
+                self._take(name, topic_id, states.items(), seq, doc.revision, pend=False)
         return {name}
+
+    def _forget_pending(self, seq: int) -> None:
+        """Drop what record ``seq`` left waiting (it was deleted: see ``_pending``)."""
+        for name in [n for n, entries in self._pending.items() if any(k[1:] == (seq, False) for k in entries)]:
+            entries = self._pending[name]
+            for key in [k for k in entries if k[1:] == (seq, False)]:
+                del entries[key]
+            if not entries:
+                del self._pending[name]
+
+    def _pend(
+        self, name: str, topic_id: str, states: Iterable[tuple[int, PartitionState]], seq: int, folded: bool
+    ) -> None:
+        entry = self._pending.setdefault(name, {}).setdefault((topic_id, seq, folded), {})
+        entry.update(states)
 
     def _record(self, record: PartitionChangesDocument, doc: Document, *, own: bool = False) -> set[str]:
         if not own:  # (an own record is counted when the watch delivers it)
@@ -281,26 +303,42 @@ class TopicView:
     def _state(self, state: TopicStateDocument, revision: int, *, own: bool = False) -> set[str]:
         if not own:
             self.head = max(self.head, state.seq)
-        taken = self._take(state.name, state.topic_id, enumerate(state.partitions), state.seq, revision)
+        taken = self._take(state.name, state.topic_id, enumerate(state.partitions), state.seq, revision, folded=True)
         return {state.name} if taken else set()
 
     def _take(
-        self, name: str, topic_id: str, states: Iterable[tuple[int, PartitionState]], seq: int, revision: int
+        self,
+        name: str,
+        topic_id: str,
+        states: Iterable[tuple[int, PartitionState]],
+        seq: int,
+        revision: int,
+        *,
+        folded: bool = False,
+        pend: bool = True,
     ) -> bool:
-        """Take the states of a record or folded state numbered ``seq`` that are newer than the view's."""
+        """Take the states of a record or folded state numbered ``seq`` that are newer than the view's.
+        What it cannot place waits for the topic's declaration (``_pending``), unless ``pend`` is
+        False: the states the declaration just arrived for, of partitions it does not have either."""
         held = self._topics.get(name)
         if held is None or held.declaration.topic_id != topic_id:
             # Its declaration not seen yet (a collapsed read), or a topic deleted (perhaps created again
-            # under its name): kept until the name's next declaration, which takes them if its id matches.
-            self._pending.setdefault(name, []).append((topic_id, list(states), seq, revision))
+            # under its name).
+            if pend:
+                self._pend(name, topic_id, states, seq, folded)
             return False
         held.recorded = True
         parts, sources = held.partitions, held.sources
         changed = False
+        beyond: list[tuple[int, PartitionState]] = []
         for i, p in states:
-            if 0 <= i < len(parts) and (p.partition_epoch, seq) > (parts[i].partition_epoch, sources[i]):
+            if i >= len(parts):
+                beyond.append((i, p))  # partitions added by a declaration this view has not seen yet
+            elif i >= 0 and (p.partition_epoch, seq) > (parts[i].partition_epoch, sources[i]):
                 changed = changed or p != parts[i] or p.partition_epoch != parts[i].partition_epoch
                 parts[i], sources[i] = p, seq
+        if beyond and pend:
+            self._pend(name, topic_id, beyond, seq, folded)
         if changed:
             held.revision, held.composed = max(held.revision, revision), None
         return changed

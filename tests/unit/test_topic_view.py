@@ -279,3 +279,55 @@ def test_a_malformed_record_still_counts_as_seen(store: MetadataStore) -> None:
         1,  # type: ignore[arg-type]
     )
     assert appended.key == keys.partition_changes(2)
+
+
+def test_a_record_of_partitions_added_since_the_last_read_waits_for_their_declaration(store: MetadataStore) -> None:
+    """Partitions added, a record for one of them, then a config change, between two reads of a long
+    running view: the read has the record before the declaration that has that partition."""
+    declared = _declare(store)
+    view, revision = _watching(store)
+    grown = declared.with_partitions([*declared.partitions, PartitionState.initial([1, 2, 0])])
+    store.compare_and_set(keys.topic("orders"), grown.to_json(), 1)
+    writer = TopicView.load(store)
+    writer.apply(append_changes(store, writer, {"orders": _elect(writer.topic("orders"), 3, 2)}, "controller", 1))  # type: ignore[arg-type]
+    store.compare_and_set(keys.topic("orders"), dataclasses.replace(grown, config={"retention.ms": "1"}).to_json(), 2)
+    assert [d.key for d in store.changes_since(revision[0])] == [keys.partition_changes(1), keys.topic("orders")]
+    _catch_up(store, view, revision)
+    expected = TopicView.load(store).topic("orders")
+    assert expected is not None and expected.partitions[3].leader == 2 and expected.partitions[3].isr == [2]
+    assert view.topic("orders") == expected
+    assert not view._pending
+
+
+def test_what_waits_for_a_declaration_is_bounded(store: MetadataStore) -> None:
+    """The records of a deleted topic, read again and again (a broker's fresh reads), wait once, and go
+    with the records; a folded state read ahead of its declaration (a LIST after a gap) waits for it."""
+    _declare(store)
+    _declare(store, "gone", "id-gone")
+    writer = TopicView.load(store)
+    changes = _elect(writer.topic("gone"), 0, 1)  # type: ignore[arg-type]
+    writer.apply(append_changes(store, writer, {"gone": changes}, "controller", 1))
+    doc = store.get(keys.topic("gone"))
+    assert doc is not None
+    store.delete(doc.key, doc.version)
+    view = TopicView()
+    view.apply_all(store.list(keys.TOPICS))
+    for _ in range(3):
+        view.apply_all(store.list(keys.PARTITION_CHANGES))
+    assert view._pending == {"gone": {("id-gone", 1, False): changes}}
+    record = store.get(keys.partition_changes(1))
+    assert record is not None
+    store.delete(record.key, record.version)  # the fold's deletion
+    view.apply(store.changes_since(record.revision)[-1])
+    assert not view._pending
+    # a folded state of a topic whose declaration this view has not read yet stays until it comes,
+    # through the deletion of the record it was folded from
+    late = _declare(store, "late", "id-late")
+    state = TopicStateDocument(
+        "late", "id-late", 7, [dataclasses.replace(late.partitions[0], leader=2, partition_epoch=3)] * 3
+    )
+    view.apply(Document(keys.topic_state("late"), state.to_json(), 1, 100))
+    view.apply(Document(keys.partition_changes(7), None, 2, 101))
+    view.apply(store.get(keys.topic("late")))  # type: ignore[arg-type]
+    assert [p.leader for p in view.topic("late").partitions] == [2, 2, 2]  # type: ignore[union-attr]
+    assert not view._pending

@@ -454,7 +454,9 @@ class ControllerLoop:
         """
         for name in self.topics.catch_up():
             key = keys.topic(name)
+            # (a change need not move the topic's revision: folded states read after a gap are older)
             self._unchanged.pop(key, None)
+            self._held_inputs.pop(key, None)
             if self.topics.view.topic(name) is None:
                 self._forget_hold(key)
         view = self.topics.view
