@@ -75,6 +75,7 @@ def test_a_broker_failure_and_return_stay_within_todays_cost(k8s: KubeCluster, t
         preferred_delay_s=1.0,
         scenarios=["kill", "return"],
         budget_s=240,
+        session_timeout_s=0.0,  # the Pods' path (NotReady at once), the one these bounds were measured on
     )
     sim = Simulation(settings, tmp_path, plane=k8s)
     try:
