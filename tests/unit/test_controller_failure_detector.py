@@ -253,6 +253,23 @@ def test_grpc_checker_checks_each_broker_at_most_once_per_interval(
     assert GrpcHealthChecker(deadline_ms=9000).interval_s == 0.5
 
 
+def test_grpc_checker_checks_a_broker_at_its_new_address_at_once(
+    health_server: tuple[str, health.HealthServicer, grpc.Server],
+) -> None:
+    """A broker registered again elsewhere (a new Pod IP) is not left waiting on its old address's deadline."""
+    address, servicer, _ = health_server
+    servicer.set("sluice.liveness", health_pb2.HealthCheckResponse.SERVING)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # accepts, never answers: the old address
+        checker = GrpcHealthChecker(deadline_ms=20_000)
+        try:
+            assert checker({0: f"127.0.0.1:{listener.getsockname()[1]}"}) == {}
+            assert collect(checker, {0: address}, timeout=5.0) == {0: "SERVING"}
+        finally:
+            checker.close()
+
+
 def test_grpc_checker_never_blocks_and_times_out_a_silent_listener() -> None:
     """What a SIGSTOPped broker looks like: the kernel accepts the connection, nobody answers."""
     with socket.socket() as listener:

@@ -162,6 +162,12 @@ class GrpcHealthChecker:
         request = health_pb2.HealthCheckRequest(service=self.service)
         now = time.monotonic()
         for broker_id, address in targets.items():
+            known = self._channels.get(broker_id)
+            if known is not None and known[0] != address:
+                # registered at a new address: the check in flight went to the old one, and waiting for its
+                # deadline would keep a broker that moved "dead" that long
+                self._drop(broker_id)
+                self._last_sent.pop(broker_id, None)
             if broker_id in self._in_flight or now - self._last_sent.get(broker_id, -math.inf) < self.interval_s:
                 continue
             self._last_sent[broker_id] = now
