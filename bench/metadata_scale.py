@@ -769,7 +769,8 @@ class Simulation:
     def config(self, broker_id: int) -> BrokerConfig:
         records = {"metadata.partition.changes.enable": str(self.s.partition_state == "records").lower()}
         host, port = f"broker-{broker_id}.sim", 9092
-        if self.health is not None:  # registered where its health service answers the controller's checks
+        if self.health is not None and broker_id in self.health.ports:  # (not an observer's)
+            # registered where its health service answers the controller's checks
             host, port = "127.0.0.1", self.health.ports[broker_id]
         return BrokerConfig.build(broker_id, host, port, str(self.workdir / "unused"), self.url, records)
 
