@@ -1240,7 +1240,7 @@ class Simulation:
         wanted = self.final_state(fenced, 60)
         self.completion(out, wanted, t0)
         out["after_detection_s"] = (
-            round(out["last_watcher_applied_s"] - detected, 3) if out.get("last_watcher_applied_s") else None
+            round(out["last_watcher_applied_s"] - detected, 3) if seen and out.get("last_watcher_applied_s") else None
         )
         if mode == "controlled" and health is not None:
             health.crash(victim)  # the process exits once its partitions moved
@@ -1645,6 +1645,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         write_reports(runs, args.stem)
         return 0
+    # a SIGTERM (a timeout, CI) ends a run through its finally: no iptables rule is left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for n in args.brokers:
         settings = Settings(
             brokers=n,
@@ -1665,8 +1667,6 @@ def main(argv: list[str] | None = None) -> int:
             session_timeout_s=args.session_timeout,
         )
         log(f"== {n} brokers ==")
-        # a SIGTERM (a timeout, CI) ends the run through the finally below: no iptables rule is left
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         with tempfile.TemporaryDirectory(prefix="metasim-") as tmp:
             sim = Simulation(settings, Path(tmp))
             try:

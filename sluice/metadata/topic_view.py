@@ -246,12 +246,12 @@ class TopicView:
     def _declaration(self, name: str, doc: Document) -> set[str]:
         held = self._topics.get(name)
         if doc.value is None:
-            if held is None or doc.version < held.version:
-                if held is None:
-                    self._pending.pop(name, None)
+            if held is not None and doc.version < held.version:
+                return set()  # older than the declaration this view holds
+            self._pending.pop(name, None)
+            if held is None:
                 return set()
             del self._topics[name]
-            self._pending.pop(name, None)
             return {name}
         if held is not None and doc.version < held.version:
             return set()  # older than one this view applied already (its owner's own write)
@@ -269,7 +269,7 @@ class TopicView:
                 elif whole or p.partition_epoch > parts[i].partition_epoch:
                     parts[i], sources[i] = p, _DECLARED
             held.declaration, held.version, held.revision, held.composed = declared, doc.version, doc.revision, None
-        for (topic_id, seq, _folded), states in sorted(self._pending.pop(name, {}).items(), key=lambda e: e[0][1]):
+        for (topic_id, seq, _folded), states in self._pending.pop(name, {}).items():  # (any order: a maximum)
             if topic_id == declared.topic_id:  # (others are of a predecessor under this name)
                 self._take(name, topic_id, states.items(), seq, doc.revision, pend=False)
         return {name}

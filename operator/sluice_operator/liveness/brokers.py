@@ -12,9 +12,9 @@ that is shorter; Kafka's brokers heartbeat every 2 s). A check every
 controller round would be ten a second per broker: 1,000 calls a second from
 the operator at 100 brokers, for no earlier verdict, since death is counted
 from the last SERVING answer (a broker's NOT_SERVING at its controlled
-shutdown is seen up to one interval later). A check may take up to the whole failure
-timeout. So a broker that is slow but answering (a
-busy event loop on a loaded machine answers in 300 ms, not 3 ms) is alive,
+shutdown is seen up to one interval later). A check may take up to the
+whole failure timeout. So a broker that is slow but answering (a busy event
+loop on a loaded machine answers in 300 ms, not 3 ms) is alive,
 a paused broker costs no other broker's detection any time, and a stall of
 the controller itself does not kill anyone: the answers that arrived
 meanwhile (gRPC's threads receive them) are counted before anything is
@@ -147,10 +147,9 @@ class GrpcHealthChecker:
         return status
 
     def __call__(self, targets: Mapping[int, str]) -> dict[int, str]:
-        for gone in set(self._channels) - set(targets):
+        for gone in (set(self._channels) | set(self._last_sent)) - set(targets):
             self._drop(gone)
-        for gone in set(self._last_sent) - set(targets):
-            del self._last_sent[gone]
+            self._last_sent.pop(gone, None)
         out: dict[int, str] = {}
         for broker_id, (future, sent) in list(self._in_flight.items()):
             if future.done():
