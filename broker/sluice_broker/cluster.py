@@ -40,6 +40,7 @@ from sluice.metadata import documents, keys, reassignment
 from sluice.metadata.documents import CONSUMER_OFFSETS_TOPIC as CONSUMER_OFFSETS_TOPIC
 from sluice.metadata.documents import (
     INTERNAL_TOPIC_CONFIG,
+    NO_LEADER,
     BrokerDocument,
     ClusterDocument,
     ControllerDocument,
@@ -327,6 +328,22 @@ class ClusterView:
             for name, topic in sorted(self.topics.items())
             for i, p in enumerate(topic.partitions)
             if p.leader == broker_id and any(b != broker_id for b in p.isr)
+        ]
+
+    def isrs_to_leave(self, broker_id: int) -> list[str]:
+        """Partitions that another live broker leads with ``broker_id`` in the ISR ("topic-p").
+
+        What a broker in controlled shutdown waits on after its leaderships: until the controller
+        fenced it out of those ISRs, each leader's acks=all writes would wait for it (as long as
+        ``replica.lag.time.max.ms``, or the failure timeout), as Kafka's controlled shutdown returns
+        only once the controller removed the broker from its ISRs.
+        """
+        dead = self.dead_brokers
+        return [
+            f"{name}-{i}"
+            for name, topic in sorted(self.topics.items())
+            for i, p in enumerate(topic.partitions)
+            if p.leader not in (broker_id, NO_LEADER) and p.leader not in dead and broker_id in p.isr
         ]
 
     # -- topic administration ---------------------------------------------------------------------

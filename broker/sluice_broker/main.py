@@ -83,24 +83,33 @@ async def wait_for_brokers(cluster: ClusterView, config: BrokerConfig) -> None:
 
 
 async def controlled_shutdown(cluster: ClusterView, config: BrokerConfig, hurry: asyncio.Event) -> None:
-    """Wait (metadata keeps being refreshed meanwhile) until the controller moved this broker's leaderships."""
+    """Wait (metadata keeps being refreshed meanwhile) until the controller moved this broker's
+    leaderships and fenced it out of the other leaders' ISRs (ClusterView.isrs_to_leave): a broker
+    that leads nothing but stopped at once left acks=all writes waiting for it until its failure
+    timeout, since the controller may not have seen its NOT_SERVING before it was gone."""
     started = time.monotonic()
     limit_s = config.int("controlled.shutdown.timeout.ms") / 1000
     last_report = 0.0
     while not hurry.is_set():
         held = cluster.leaderships_to_hand_over(config.broker_id)
+        isrs = cluster.isrs_to_leave(config.broker_id)
         waited = time.monotonic() - started
-        if not held:
-            log.info("controlled shutdown: leaderships handed over after %.1f s", waited)
+        if not held and not isrs:
+            log.info("controlled shutdown: leaderships handed over and ISRs left after %.1f s", waited)
             return
         if waited >= limit_s:
             log.warning(
-                "controlled shutdown: still leading %d partition(s) after %.1f s (%s); stopping anyway",
-                len(held), waited, ", ".join(held[:5]),
+                "controlled shutdown: still leading %d partition(s) and in %d other leader(s)' ISRs after %.1f s "
+                "(%s); stopping anyway",
+                len(held), len(isrs), waited, ", ".join((held + isrs)[:5]),
             )  # fmt: skip
             return
         if waited - last_report >= 5.0:
-            log.info("controlled shutdown: waiting for the controller to move %d leadership(s)", len(held))
+            log.info(
+                "controlled shutdown: waiting for the controller to move %d leadership(s) and to fence %d ISR "
+                "membership(s)",
+                len(held), len(isrs),
+            )  # fmt: skip
             last_report = waited
         await asyncio.sleep(METADATA_POLL_S)
     log.warning("controlled shutdown: cut short by a second signal")

@@ -155,25 +155,22 @@ class _Leadership(Collector):
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._leaders: dict[str, list[int]] = {}  # topic document key -> leader of each partition
-        self._replicas: dict[str, list[list[int]]] = {}  # ... -> replicas of each partition
-        self._reassigning: dict[str, int] = {}  # ... -> partitions with a reassignment in progress
+        # topic document key -> the document last read or written: counted only when scraped (copying
+        # each partition's leader and replicas on every decision cost more than the decision itself
+        # at 1,000 partitions a topic, bench/controller_rounds.py). Documents are never changed in place.
+        self._docs: dict[str, TopicDocument] = {}
         self._dead_at: dict[int, float] = {}  # broker -> monotonic time its last healthy answer came
         self._rounds = 0
 
     def observe(self, key: str, doc: TopicDocument) -> None:
         with self._lock:
-            self._leaders[key] = [p.leader for p in doc.partitions]
-            self._replicas[key] = [list(p.replicas) for p in doc.partitions]
-            self._reassigning[key] = sum(1 for p in doc.partitions if p.reassigning)
+            self._docs[key] = doc
 
     def keep_only(self, keys: Iterable[str]) -> None:
         wanted = set(keys)
         with self._lock:
-            for key in [k for k in self._leaders if k not in wanted]:
-                del self._leaders[key]
-                self._replicas.pop(key, None)
-                self._reassigning.pop(key, None)
+            for key in [k for k in self._docs if k not in wanted]:
+                del self._docs[key]
             self._rounds += 1
 
     def broker_died(self, broker_id: int, silent_s: float) -> None:
@@ -191,10 +188,12 @@ class _Leadership(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
-            leaders = [leader for ls in self._leaders.values() for leader in ls]
-            replicas = [b for rs in self._replicas.values() for p in rs for b in p]
-            reassigning = sum(self._reassigning.values())
+            docs = list(self._docs.values())
             rounds = self._rounds
+        partitions = [p for doc in docs for p in doc.partitions]
+        leaders = [p.leader for p in partitions]
+        replicas = [b for p in partitions for b in p.replicas]
+        reassigning = sum(1 for p in partitions if p.reassigning)
         per_broker = GaugeMetricFamily(
             "sluice_operator_leaders",
             "Partitions each broker leads, as the controller last read or wrote them",

@@ -438,10 +438,12 @@ def record_seq(key: str) -> int:
 
 def changed_partitions(old: TopicDocument, new: TopicDocument) -> dict[int, PartitionState]:
     """The partitions of ``new`` whose state differs from ``old``'s (``new`` made by ``with_partitions``)."""
+    before = old.partitions
     return {
         i: p
         for i, p in enumerate(new.partitions)
-        if i >= len(old.partitions) or p != old.partitions[i] or p.partition_epoch != old.partitions[i].partition_epoch
+        if i >= len(before)
+        or (p is not before[i] and (p != before[i] or p.partition_epoch != before[i].partition_epoch))
     }
 
 

@@ -277,3 +277,28 @@ def test_controlled_shutdown_moves_leadership_before_the_failure_timeout(tmp_pat
         producer.close()
         assert values(read_topic(cluster.bootstrap_servers, "moving")) == [b"before", b"after"]
         admin.close()
+
+
+def test_a_broker_that_leads_nothing_leaves_the_isrs_before_it_stops(tmp_path: Path) -> None:
+    """SIGTERM to a follower: it leads nothing, but it waits until the controller fenced it out of the
+    leader's ISR (the failure timeout here is a minute); exiting at once left acks=all writes waiting
+    for it until that timeout whenever the controller had not seen its NOT_SERVING in time."""
+    # one partition per internal topic: of three brokers, at least one leads nothing at all
+    config = {**CONFIG, "offsets.topic.num.partitions": "1", "transaction.state.log.num.partitions": "1"}
+    with checked(LocalCluster(brokers=3, data_dir=tmp_path, config=config, failure_timeout_ms=60_000)) as cluster:
+        admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+        admin.create_topic("followed", partitions=1, replication_factor=3)
+        leader, epoch = leader_of(admin, "followed")
+        leaders = {cluster.leader(t, 0) for t in ("followed", "__consumer_offsets", "__transaction_state")}
+        follower = next(b for b in range(3) if b not in leaders)
+        producer = Producer(bootstrap_servers=cluster.bootstrap_servers, acks="all", linger_ms=0)
+        producer.send("followed", value=b"before", partition=0).result(timeout=30)
+        assert cluster.stop(follower, timeout=20) == 0
+        doc = cluster.partition_state("followed", 0)
+        assert follower not in doc["isr"], "the follower exited while still in the ISR"
+        assert (doc["leader"], doc["leader_epoch"]) == (leader, epoch)
+        assert "ISRs left" in cluster.broker(follower).log_path.read_text()
+        producer.send("followed", value=b"after", partition=0).result(timeout=30)
+        producer.close()
+        assert values(read_topic(cluster.bootstrap_servers, "followed")) == [b"before", b"after"]
+        admin.close()

@@ -233,6 +233,75 @@ def test_a_conflicting_isr_write_is_re_read_and_re_decided(tmp_path: Path) -> No
     assert p[2]["leader"] == 0 and p[2]["leader_epoch"] == 1
 
 
+def controller_document(store: MetadataStore) -> dict[str, Any]:
+    ctl = store.get(keys.CONTROLLER)
+    assert ctl is not None and ctl.value is not None
+    return dict(ctl.value)
+
+
+def test_a_death_is_published_while_a_long_round_decides_on_its_own_snapshot(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    controller.run_round()
+    # a round that takes long (at 100,000 partitions one may take seconds): it blocks on its topics
+    entered, release = threading.Event(), threading.Event()
+    topic_documents = controller.topic_documents
+
+    def slow() -> Any:
+        entered.set()
+        assert release.wait(10)
+        return topic_documents()
+
+    controller.topic_documents = slow  # type: ignore[method-assign]
+    stop = threading.Event()
+    liveness = threading.Thread(target=controller.watch_liveness, args=(stop, 10), daemon=True)
+    liveness.start()
+    written: list[int] = []
+    round_thread = threading.Thread(target=lambda: written.append(controller.run_round()), daemon=True)
+    try:
+        round_thread.start()
+        assert entered.wait(5)
+        fake.down = {0}
+        fake.now += 1.2  # past the timeout: the next poll declares broker 0 dead
+        deadline = time.monotonic() + 5
+        while controller_document(store)["dead_brokers"] != [0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert controller_document(store)["dead_brokers"] == [0], "the death waited for the round"
+        assert round_thread.is_alive() and controller.wake.is_set()
+    finally:
+        release.set()
+        round_thread.join(5)
+        stop.set()
+        liveness.join(5)
+    # the round in progress decided with the liveness it started with: broker 0 still leads orders-0
+    assert written == [0] and partitions(store)[0]["leader"] == 0
+    controller.topic_documents = topic_documents  # type: ignore[method-assign]
+    assert controller.run_round() == 1
+    assert partitions(store)[0]["leader"] == 1
+
+
+def test_the_liveness_thread_polls_only_while_its_controller_is_active(tmp_path: Path) -> None:
+    store, controller, fake = setup(tmp_path)
+    stop, active = threading.Event(), threading.Event()
+    liveness = threading.Thread(target=controller.watch_liveness, args=(stop, 10, active), daemon=True)
+    liveness.start()
+    try:
+        time.sleep(0.1)
+        assert controller_document(store)["live_brokers"] == [], "polled before the first round listed the brokers"
+        controller.run_round()
+        fake.down = {0}
+        fake.now += 1.2
+        time.sleep(0.1)
+        assert controller_document(store)["dead_brokers"] == [], "published while not the active controller"
+        active.set()
+        deadline = time.monotonic() + 5
+        while controller_document(store)["dead_brokers"] != [0] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert controller_document(store)["dead_brokers"] == [0]
+    finally:
+        stop.set()
+        liveness.join(5)
+
+
 def test_a_newer_controller_fences_the_older_one(tmp_path: Path) -> None:
     store, controller, fake = setup(tmp_path)
     controller.run_round()

@@ -12,12 +12,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sluice.broker.cluster import ClusterView
 from sluice.metadata import documents, keys, open_store
 from sluice.metadata.documents import BrokerDocument, ControllerDocument, TopicDocument, TopicStateDocument
 from sluice.metadata.isr import IsrChange, IsrOutcome, apply_isr_changes
 from sluice.metadata.store import MetadataStore
-from sluice.metadata.topic_view import TopicView, update_partitions
+from sluice.metadata.topic_view import TopicView, record_seq, update_partitions
+from sluice.operator.controller import loop
 from sluice.operator.controller.decisions import new_topic
 from sluice.operator.controller.loop import ControllerLoop
 from sluice.operator.liveness.brokers import FailureDetector
@@ -182,6 +185,41 @@ def test_the_fold_moves_records_into_unwatched_states_and_changes_no_view(tmp_pa
     assert views[2].topics == fresh
     controller.topics.catch_up()
     assert fresh == controller.topics.view.topics()
+
+
+def test_a_fold_is_spread_over_rounds_and_records_written_meanwhile_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One topic's state a round (FOLD_TOPICS_PER_ROUND); the mark only once all are written, and a
+    failover decided between two of those rounds is neither lost nor folded under the old mark."""
+    monkeypatch.setattr(loop, "FOLD_TOPICS_PER_ROUND", 1)
+    store, controller, fake, views = _cluster(tmp_path)
+    fake.down.add(0)
+    fail_for(controller, fake, 2.0)  # a record naming every topic
+    fake.down.discard(0)
+    fail_for(controller, fake, 2.0)
+    _readmit(views, 0)  # a record per topic, by the leaders
+    controller.fold_records = 2
+    controller.topics.catch_up()
+    waiting = sorted(controller.topics.view.records)
+    controller.run_round()  # the fold starts: one topic's state
+    assert store.writes["topic_states"] == 1 and store.get(keys.PARTITION_CHANGES_FOLD) is None
+    controller.fold_records = 10**6  # due or not, the fold under way goes on
+    fake.down.add(1)
+    fake.now += 1.2
+    controller.run_round()  # broker 1 dead: a record after the fold's last; the second topic's state
+    assert store.writes["topic_states"] == 2 and store.get(keys.PARTITION_CHANGES_FOLD) is None
+    controller.run_round()  # the third, and the mark
+    mark = store.get(keys.PARTITION_CHANGES_FOLD)
+    assert mark is not None and mark.value is not None and mark.value["seq"] == waiting[-1]
+    assert store.writes["topic_states"] == len(TOPICS)
+    left = sorted(record_seq(d.key) for d in store.list(keys.PARTITION_CHANGES))
+    assert left and min(left) > waiting[-1], "a record after the fold was deleted, or one before it kept"
+    fresh = TopicView.load(store).topics()
+    assert all(1 not in p.isr for t in fresh.values() for p in t.partitions), "broker 1's fencing was lost"
+    views[2].refresh()
+    controller.topics.catch_up()
+    assert views[2].topics == fresh == controller.topics.view.topics()
 
 
 def test_existing_topic_documents_are_where_the_records_start_from(tmp_path: Path) -> None:

@@ -13,6 +13,9 @@ Kopf's event loop, so a burst of resource events never delays a failover:
   broker itself, and one without a SERVING answer that long is dead while its
   Pod still says Ready: a crash, a hang or a lost node is seen without waiting
   for the kubelet's probes (:mod:`sluice.operator.liveness.sessions`).
+* **Liveness thread.** While this replica leads, the detector is polled every 100 ms and a
+  broker's death published in the ``controller`` document at once, not after the controller
+  round in progress (:meth:`~sluice.operator.controller.loop.ControllerLoop.watch_liveness`).
 * **Controller loop.** The same :class:`~sluice.operator.controller.loop.ControllerLoop`
   the embedded cluster runs, over the Kubernetes MetadataStore, with Pod
   liveness instead of health checks: it applies the pure rules of
@@ -387,6 +390,7 @@ class KubernetesController:
         for target, name in (
             (self._watch_pods, "sluice-pod-watch"),
             (self._run_controller_loop, "sluice-controller"),
+            (self._watch_liveness, "sluice-liveness"),
             (self._project_statuses, "sluice-status"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
@@ -395,6 +399,7 @@ class KubernetesController:
 
     def stop(self) -> None:
         self._stop.set()
+        self.loop.wake.set()  # a round waiting for its interval sees the stop at once
         for thread in self._threads:
             thread.join(timeout=5)
         if self._checker is not None:
@@ -486,7 +491,13 @@ class KubernetesController:
             took = time.monotonic() - started
             if took > 1.0:
                 log.warning("a controller round took %.1f s", took)
-            self._stop.wait(max(0.0, self.interval_s - took))
+            # the next round at the interval, or at once when the liveness thread saw a broker change
+            self.loop.wake.wait(max(0.0, self.interval_s - took))
+            self.loop.wake.clear()
+
+    def _watch_liveness(self) -> None:
+        """Liveness polled and published between rounds while this replica leads (ControllerLoop.watch_liveness)."""
+        self.loop.watch_liveness(self._stop, active=self.leading)
 
     def expected(self) -> int:
         """The broker count the cluster is meant to have: the configured one, else the StatefulSet's replicas."""
