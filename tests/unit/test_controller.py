@@ -272,3 +272,41 @@ def test_every_combination_of_three_brokers_gives_a_valid_state() -> None:
             new = reconcile_topic(base, live) or base
             for p in new.partitions:
                 assert p.leader in live or (p.leader == -1 and not live)
+
+
+def _random_partition(rng: random.Random) -> PartitionState:
+    replicas = rng.sample(range(6), rng.randint(0, 4))
+    isr = [b for b in replicas if rng.random() < 0.7] + ([7] if rng.random() < 0.05 else [])
+    leader = rng.choice([*replicas, -1, 7]) if replicas else -1
+    adding = [b for b in replicas[1:] if rng.random() < 0.1]
+    removing = [b for b in replicas if b not in adding and rng.random() < 0.05]
+    return PartitionState(
+        replicas, leader, rng.randint(0, 5), isr, adding, removing, list(replicas) if adding or removing else []
+    )
+
+
+def test_the_rules_skip_only_partitions_they_would_leave_as_they_are() -> None:
+    """reconcile_topic and restore_preferred_leaders skip partitions the rules cannot change (a set test,
+    for speed at 1,000 partitions a topic): the result is what each partition through the rules gives."""
+    from sluice.metadata.reassignment import complete
+
+    rng = random.Random(28)
+    for _ in range(2000):
+        doc = topic(*(_random_partition(rng) for _ in range(rng.randint(1, 8))))
+        live = frozenset(b for b in range(8) if rng.random() < 0.6)
+        dead = None if rng.random() < 0.2 else frozenset(b for b in range(8) if b not in live and rng.random() < 0.7)
+        preferred, unclean = rng.random() < 0.5, rng.random() < 0.2
+        slow = [
+            complete(reconcile_partition(p, live, dead, unclean=unclean, preferred=preferred), live)
+            for p in doc.partitions
+        ]
+        expected = None if slow == doc.partitions else doc.with_partitions(slow).partitions
+        got = reconcile_topic(doc, live, dead, preferred=preferred, default_unclean=unclean)
+        assert (got.partitions if got is not None else None) == expected, (doc, live, dead, preferred, unclean)
+        slow = [reconcile_partition(p, live, frozenset(), elect=False, fence=False) for p in doc.partitions]
+        expected = None if slow == doc.partitions else doc.with_partitions(slow).partitions
+        got = restore_preferred_leaders(doc, live)
+        assert (got.partitions if got is not None else None) == expected, (doc, live)
+        # a partition the rules leave alone is the same object (the log and the record skip it)
+        if got is not None:
+            assert all(a is b for a, b in zip(doc.partitions, got.partitions, strict=True) if a == b)

@@ -57,11 +57,13 @@ Kopf's event loop, so a burst of resource events never delays a failover:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -69,7 +71,7 @@ from typing import Any
 from sluice.metadata import keys
 from sluice.metadata.documents import TopicDocument
 from sluice.metadata.kubernetes import GROUP, VERSION, api_status
-from sluice.metadata.store import MetadataStore
+from sluice.metadata.store import MetadataStore, VersionConflict
 from sluice.metadata.topic_view import WatchedTopics
 from sluice.operator.controller.decisions import describe_changes
 from sluice.operator.controller.loop import DEFAULT_PREFERRED_LEADER_HOLD_MS, ControllerFenced, ControllerLoop
@@ -379,6 +381,8 @@ class KubernetesController:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._published_brokers = -1
+        self._holding: set[int] = set()  # brokers scaled away but holding replicas, already reported
+        self._replica_counts: tuple[int, Counter[int]] = (-1, Counter())  # (topics' revision, replicas per broker)
         self._projected = WatchedTopics(self.store)  # the topics as the status projection last saw them
         self.resources = ResourceIndex(self.custom, namespace)
         # Changed topics whose status is not projected yet: topic -> (document, when its change was seen).
@@ -477,6 +481,7 @@ class KubernetesController:
                         log.info("%s is the active controller (epoch %d)", self.identity, epoch)
                         self.leading.set()
                     self.loop.run_round()
+                    self._unregister_scaled_away()
                     self._publish_broker_count()
                 elif self.leading.is_set():
                     log.info("%s lost the controller lease", self.identity)
@@ -516,6 +521,65 @@ class KubernetesController:
                 log.debug("reading StatefulSet %s failed: %s", self.statefulset, exc)
             self._replicas = (time.monotonic(), replicas)
         return replicas
+
+    def _unregister_scaled_away(self) -> None:
+        """Remove the registration of brokers the StatefulSet scaled away, once they hold no replica.
+
+        A broker registers itself at start and nothing removed it: a broker scaled away stayed
+        registered and dead for good, counted in the cluster's size (``sluice-cluster``), listed
+        dead in the ``controller`` document and checked by the operator forever. So, as Kafka's
+        UnregisterBroker, the operator removes ``brokers/<id>`` (and its ``isr_requests/<id>``) of a
+        broker whose ordinal is at or above the StatefulSet's replicas and whose Pod is gone. One
+        that still holds replicas is kept (their partitions still name it): the operator says so
+        (a Warning Event on the StatefulSet, once) and removes it once a ``remove-brokers``
+        rebalance has moved them. A broker that comes back (scaled up again) registers itself again.
+        Only with a StatefulSet to read (the chart's ``SLUICE_BROKER_STATEFULSET``)."""
+        if not self.statefulset or self.expected_brokers or not self.pods_synced.is_set():
+            return
+        replicas = self.expected()
+        if replicas <= 0:
+            return  # not read (yet), or scaled to nothing: the whole cluster is down, nobody to remove
+        pods = self.liveness.pods()
+        gone = sorted(b for b in self.loop.brokers if b >= replicas and b not in pods)
+        self._holding = {b for b in self._holding if b in gone}
+        if not gone:
+            return
+        revision = self.loop.topics.revision
+        if self._replica_counts[0] != revision:  # counted again only when a topic changed (300,000 replicas)
+            view = self.loop.topics.view
+            counts = Counter(b for t in view.topics().values() for p in t.partitions for b in p.replicas)
+            self._replica_counts = (revision, counts)
+        held = self._replica_counts[1]
+        sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": self.statefulset, "namespace": self.namespace}
+        for broker_id in gone:
+            if held[broker_id]:
+                if broker_id not in self._holding:
+                    self._holding.add(broker_id)
+                    message = (
+                        f"broker {broker_id} was scaled away (StatefulSet replicas {replicas}) but still holds "
+                        f"{held[broker_id]} replica(s): kept registered until a remove-brokers rebalance moves them"
+                    )
+                    log.warning("%s", message)
+                    self.events.record(sts, "BrokerHoldsReplicas", message, warning=True)
+                continue
+            listed = self.loop.registration(broker_id)  # the registration this was decided on
+            if listed is None or broker_id in self.liveness.pods():
+                continue
+            try:
+                # with the version the round listed: a broker that registered again since (scaled up
+                # again, its Pod back) keeps its new registration
+                self.store.delete(listed.key, listed.version)
+            except VersionConflict:
+                continue
+            requests = self.store.get(keys.isr_requests(broker_id))
+            if requests is not None:
+                with contextlib.suppress(VersionConflict):  # written meanwhile: a broker that is back
+                    self.store.delete(requests.key, requests.version)
+            message = (
+                f"broker {broker_id} was scaled away (StatefulSet replicas {replicas}) and holds nothing: unregistered"
+            )
+            log.info("%s", message)
+            self.events.record(sts, "BrokerUnregistered", message)
 
     def _publish_broker_count(self) -> None:
         count = max(len(self.loop.brokers), self.expected())  # read by the round just run

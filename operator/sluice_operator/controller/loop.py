@@ -246,10 +246,16 @@ class ControllerLoop:
                 partition_changes=current is not None and current.partition_changes,  # never closed again
             )
 
-        doc = documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, bump)
-        assert doc is not None
-        self.epoch = doc.epoch
-        self.partition_changes = doc.partition_changes
+        with self._liveness_lock:
+            doc = documents.update_document(self.store, keys.CONTROLLER, ControllerDocument, bump)
+            assert doc is not None
+            self.epoch = doc.epoch
+            self.partition_changes = doc.partition_changes
+            # The document now names nobody live or dead: the first round publishes liveness again (a
+            # controller that takes its Lease back must not skip it as "unchanged"), and the liveness
+            # thread waits for that round's list of brokers, not the previous term's.
+            self._published = None
+            self.rounds = 0
         log.info("controller epoch %d", self.epoch)
         return self.epoch
 
@@ -405,6 +411,11 @@ class ControllerLoop:
         self.partition_changes = records
 
     # -- one round ------------------------------------------------------------------------------
+
+    def registration(self, broker_id: int) -> Document | None:
+        """Broker ``broker_id``'s ``brokers/<id>`` document as of the last round (None: not registered)."""
+        doc = self._watched.get(keys.broker(broker_id))
+        return None if doc is None or doc.value is None else doc
 
     def registered_brokers(self) -> dict[int, str]:
         self._refresh_watched()
