@@ -957,14 +957,19 @@ class Simulation:
         return True
 
     def heal(self) -> int:
-        """Leaders add back every replica missing from their ISRs (unmeasured: between scenarios)."""
+        """Leaders add back every replica missing from their ISRs (unmeasured: between scenarios), each
+        leader all of a topic's in one write, as a broker's ISR check does (one write per partition
+        took minutes after the churn of 50 changes/s: the 1,000 partitions it leaves short)."""
         healed = 0
         for key, topic in self.topics().items():
+            by_leader: dict[int, list[IsrChange]] = {}
             for i, p in enumerate(topic.partitions):
                 if sorted(p.isr) != sorted(p.replicas) and p.leader in self.brokers and self.brokers[p.leader].alive:
-                    change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(p.replicas))
-                    written = self.brokers[p.leader].view.write_isrs(key[len(keys.TOPICS) :], p.leader, [change])
-                    healed += IsrOutcome.applied(written.outcomes.get(i))
+                    change = IsrChange(i, p.leader_epoch, tuple(p.isr), tuple(p.replicas), p.partition_epoch)
+                    by_leader.setdefault(p.leader, []).append(change)
+            for leader, changes in by_leader.items():
+                written = self.brokers[leader].view.write_isrs(key[len(keys.TOPICS) :], leader, changes)
+                healed += sum(IsrOutcome.applied(written.outcomes.get(c.partition)) for c in changes)
         return healed
 
     def settle(self, what: str, timeout: float = 90.0) -> None:

@@ -193,6 +193,7 @@ def test_a_fold_is_spread_over_rounds_and_records_written_meanwhile_stay(
     """One topic's state a round (FOLD_TOPICS_PER_ROUND); the mark only once all are written, and a
     failover decided between two of those rounds is neither lost nor folded under the old mark."""
     monkeypatch.setattr(loop, "FOLD_TOPICS_PER_ROUND", 1)
+    monkeypatch.setattr(loop, "FOLD_DELETES_PER_ROUND", 2)
     store, controller, fake, views = _cluster(tmp_path)
     fake.down.add(0)
     fail_for(controller, fake, 2.0)  # a record naming every topic
@@ -213,6 +214,10 @@ def test_a_fold_is_spread_over_rounds_and_records_written_meanwhile_stay(
     mark = store.get(keys.PARTITION_CHANGES_FOLD)
     assert mark is not None and mark.value is not None and mark.value["seq"] == waiting[-1]
     assert store.writes["topic_states"] == len(TOPICS)
+    waiting_deletion = [s for s in (record_seq(d.key) for d in store.list(keys.PARTITION_CHANGES)) if s <= waiting[-1]]
+    assert len(waiting_deletion) == max(0, len(waiting) - loop.FOLD_DELETES_PER_ROUND)
+    for _ in range(len(waiting)):  # deleted a few a round (FOLD_DELETES_PER_ROUND)
+        controller.run_round()
     left = sorted(record_seq(d.key) for d in store.list(keys.PARTITION_CHANGES))
     assert left and min(left) > waiting[-1], "a record after the fold was deleted, or one before it kept"
     fresh = TopicView.load(store).topics()
