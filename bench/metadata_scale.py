@@ -981,6 +981,14 @@ class Simulation:
             self.heal()
             time.sleep(1.0)
         log(f"{what}: settled={self.settled()} after {time.monotonic() - started:.1f} s")
+        if not self.settled():  # what is left, so that a run that could not settle says why
+            short = [
+                f"{key[len(keys.TOPICS) :]}-{i}: replicas {p.replicas} leader {p.leader} isr {p.isr}"
+                for key, topic in self.topics().items()
+                for i, p in enumerate(topic.partitions)
+                if sorted(p.isr) != sorted(p.replicas) or p.leader != p.replicas[0]
+            ]
+            log(f"{what}: {len(short)} partition(s) not settled, e.g. " + "; ".join(short[:5]))
 
     def live_watchers(self) -> list[Watcher]:
         return [b.watcher for b in self.brokers.values() if b.alive and b.watcher is not None]
