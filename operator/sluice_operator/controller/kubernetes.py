@@ -496,9 +496,7 @@ class KubernetesController:
             took = time.monotonic() - started
             if took > 1.0:
                 log.warning("a controller round took %.1f s", took)
-            # the next round at the interval, or at once when the liveness thread saw a broker change
-            self.loop.wake.wait(max(0.0, self.interval_s - took))
-            self.loop.wake.clear()
+            self.loop.wait_for_next_round(self.interval_s - took)
 
     def _watch_liveness(self) -> None:
         """Liveness polled and published between rounds while this replica leads (ControllerLoop.watch_liveness)."""
