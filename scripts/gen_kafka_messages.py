@@ -47,7 +47,7 @@ PRIMITIVES = {
 }  # fmt: skip
 PY_TYPES = {
     "bool": "bool", "int8": "int", "int16": "int", "uint16": "int", "int32": "int", "uint32": "int",
-    "int64": "int", "float64": "float", "string": "str", "bytes": "bytes", "records": "bytes", "uuid": "uuid.UUID",
+    "int64": "int", "float64": "float", "string": "str", "bytes": "bytes", "records": "Records", "uuid": "uuid.UUID",
 }  # fmt: skip
 
 
@@ -199,7 +199,7 @@ def module_text(specs: list[dict[str, Any]]) -> str:
         '"""Kafka ' + " and ".join(s["name"] for s in specs) + ' (generated)."""\n',
         "from __future__ import annotations\n",
         "import uuid\nfrom dataclasses import dataclass, field\n",
-        "from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Schema",
+        "from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Records, Schema",
         "from sluice.broker.kafka_wire.codec import Field as F",
         "from sluice.broker.kafka_wire.codec import Versions as V\n",
         "ZERO_UUID = uuid.UUID(int=0)\n\n",

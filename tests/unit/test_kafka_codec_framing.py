@@ -5,16 +5,25 @@ from __future__ import annotations
 import asyncio
 import ssl
 import struct
+import uuid
 from pathlib import Path
 
 import pytest
 
 from sluice.broker.config import BrokerConfig, ConfigError
 from sluice.broker.kafka import transport
-from sluice.broker.kafka.framing import FrameError, parse_request, read_frame, request_header_version, response_frame
+from sluice.broker.kafka.framing import (
+    FrameError,
+    parse_request,
+    read_frame,
+    request_header_version,
+    response_frame,
+    response_segments,
+)
 from sluice.broker.kafka.options import KafkaOptions
 from sluice.broker.kafka_wire import codec
 from sluice.broker.kafka_wire.messages.api_versions_response import ApiVersionsResponse
+from sluice.broker.kafka_wire.messages.fetch_response import FetchableTopicResponse, FetchResponse, PartitionData
 from sluice.broker.kafka_wire.messages.metadata_response import MetadataResponse
 from sluice.broker.main import main
 from sluice.testing.certs import broker_tls_dirs, clients_ca_file
@@ -79,6 +88,32 @@ def test_response_headers() -> None:
     # ApiVersions: header v0 even at flexible versions (KIP-511)
     av = response_frame(18, 6, ApiVersionsResponse(), 3)
     assert codec.decode(ApiVersionsResponse, av[8:], 3) == ApiVersionsResponse()
+
+
+TOPIC_ID = uuid.UUID(int=7)
+
+
+@pytest.mark.parametrize("version", [4, 12, 16])  # int32 lengths before v12, compact ones after
+def test_a_fetch_response_sends_its_large_batches_uncopied_and_the_same_bytes(version: int) -> None:
+    big = [bytes([i]) * (codec.UNCOPIED_FROM + i) for i in range(3)]
+    small = [b"h" * 61, b"tiny"]
+    parts = [small[0], big[0], big[1], small[1], big[2]]
+
+    def response(records: bytes | codec.Chunks) -> FetchResponse:
+        partitions = [PartitionData(partition_index=i, records=records if i == 1 else b"x") for i in range(3)]
+        return FetchResponse(responses=[FetchableTopicResponse(topic="t", topic_id=TOPIC_ID, partitions=partitions)])
+
+    segments = response_segments(1, 9, response(codec.Chunks(parts)), version)
+    joined = response_frame(1, 9, response(b"".join(parts)), version)
+    assert b"".join(segments) == joined  # the same frame, size prefix included
+    assert struct.unpack(">i", joined[:4])[0] == len(joined) - 4
+    # the large chunks are passed on as given; the small ones are copied into the bytes around them
+    assert [s for s in segments if any(s is b for b in big)] == big
+    assert segments[1:3] == big[:2] and segments[4] is big[2]
+    assert segments[3] == b"tiny" and segments[0].endswith(small[0])  # small parts joined the bytes around them
+    assert len(segments) == 6  # and the rest of the response after the last chunk
+    decoded = codec.decode(FetchResponse, joined[8 + (version >= 12) :], version)
+    assert decoded.responses[0].partitions[1].records == b"".join(parts)
 
 
 def test_options() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from sluice.api.v1 import records_pb2
 from sluice.broker.kafka.handlers.produce import convert
-from sluice.broker.kafka.record_batch import split_batches, to_v2_batch
+from sluice.broker.kafka.record_batch import split_batches, stored_records, to_v2_batch, v2_batch_parts
 from sluice.records import BatchBuilder, RecordBatch, RecordDecodeError, control_batch, decode_record_tuples
 
 default_records = pytest.importorskip("kafka.record.default_records")  # the dev extra installs kafka-python
@@ -106,3 +106,49 @@ def test_a_stored_batch_with_malformed_records_is_a_decode_error_not_a_wrong_bat
     batch.records = batch.records[:10]  # not even the first record's fixed part
     with pytest.raises(RecordDecodeError):
         to_v2_batch(batch)
+
+
+def _kafka_batch(records: int, value_size: int) -> bytes:
+    builder = default_records.DefaultRecordBatchBuilder(2, 0, 0, 5, 0, 0, 1 << 26)
+    for i in range(records):
+        builder.append(i, TS + i, b"k%d" % i, bytes([i % 251]) * value_size, [])
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize(
+    ("records", "value_size", "base_offset", "epoch"),
+    [(1, 0, 0, 0), (3, 100, 2**40, 7), (40, 1000, 2**62, 2**30), (300, 900, 5, 0)],  # up to 270 KB
+)
+def test_the_records_of_a_stored_kafka_batch_are_read_out_of_its_stored_bytes(
+    records: int, value_size: int, base_offset: int, epoch: int
+) -> None:
+    """The fetch path sends the records section as a view into the stored value; it must be exactly
+    the records field, whatever the widths of the varints before it (negative ids take ten bytes)."""
+    sent = _kafka_batch(records, value_size)
+    batch = convert(sent)
+    batch.base_offset, batch.partition_leader_epoch = base_offset, epoch
+    batch.producer_id = -1  # Kafka's "no producer id": a ten-byte varint in the stored form
+    raw = batch.SerializeToString()
+    view = stored_records(batch, raw)
+    assert isinstance(view, memoryview) and view.obj is raw  # no copy
+    assert bytes(view) == batch.records
+    header, records = v2_batch_parts(batch, raw)
+    assert bytes(header) + bytes(records) == to_v2_batch(batch)
+
+
+def test_a_stored_batch_of_another_layout_gives_its_records_the_slow_way() -> None:
+    """A value whose fields are not in the order the broker writes them (any protobuf writer may
+    order them so) is still read right: from the parsed batch."""
+    batch = convert(_kafka_batch(3, 10))
+    raw = batch.SerializeToString()
+    assert raw.endswith(b"\x78\x01")  # records_format (15) KAFKA_V2, after the records (14)
+    reordered = raw[-2:] + raw[:-2]
+    assert RecordBatch.FromString(reordered) == batch
+    assert stored_records(batch, reordered) == batch.records
+    assert not isinstance(stored_records(batch, reordered), memoryview)
+    records_first = raw[raw.index(b"\x72") : -2] + raw[: raw.index(b"\x72")] + raw[-2:]
+    assert RecordBatch.FromString(records_first) == batch
+    assert stored_records(batch, records_first) == batch.records  # found at once: a view, and right
+    assert stored_records(batch, None) == batch.records
+    truncated = raw[: raw.index(b"\x72") + 5]  # the length says more than is there
+    assert stored_records(batch, truncated) == batch.records

@@ -82,13 +82,21 @@ def parse_request(frame: bytes) -> Request:
     return Request(header, reader.buf[reader.pos :])
 
 
+def response_segments(api_key: int, correlation_id: int, body: Message, version: int) -> list[codec.Buffer]:
+    """The whole response frame (size, header: v0, or v1 for a flexible response; body) as buffers
+    to send in order: a fetch answer's batches (:class:`~sluice.broker.kafka_wire.codec.Chunks`)
+    are among them as they were read, not copied into the frame."""
+    head = bytearray(8)
+    _SIZE.pack_into(head, 4, correlation_id)
+    if version in body.SCHEMA.flexible and api_key != API_VERSIONS_KEY:
+        head.append(0)  # header v1: no tagged fields
+    segments = codec.encode_segments(head, body, version)
+    first = segments[0]
+    assert isinstance(first, bytearray)  # the head, with room for the size
+    _SIZE.pack_into(first, 0, sum(len(s) for s in segments) - 4)
+    return segments
+
+
 def response_frame(api_key: int, correlation_id: int, body: Message, version: int) -> bytes:
-    """The whole response frame: size, header (v0, or v1 for a flexible response), body."""
-    out = bytearray(8)
-    _SIZE.pack_into(out, 4, correlation_id)
-    flexible = version in body.SCHEMA.flexible
-    if flexible and api_key != API_VERSIONS_KEY:
-        out.append(0)  # header v1: no tagged fields
-    codec.encode_into(out, body, version)
-    _SIZE.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
+    """The whole response frame as one string of bytes (:func:`response_segments` joined)."""
+    return b"".join(response_segments(api_key, correlation_id, body, version))

@@ -51,7 +51,7 @@ from sluice.broker.kafka.framing import (
     Request,
     parse_request,
     read_frame,
-    response_frame,
+    response_segments,
 )
 from sluice.broker.kafka.handlers import Handler, build_handlers
 from sluice.broker.kafka.handlers.api_versions import ApiVersionsHandler
@@ -171,7 +171,8 @@ class KafkaListener:
             if throttle is not None and throttle.hold_response:
                 await asyncio.sleep(throttle.ms / 1000)  # a client older than KIP-219: the response waits
             if answer is not None:  # None: a request Kafka does not answer (Produce with acks=0)
-                writer.write(answer)
+                for segment in answer:  # a fetch answer's batches as read, not joined into one frame
+                    writer.write(segment)
                 await writer.drain()
             if conn.sasl is not None and conn.sasl.closing is not None:  # a failed or illegal SASL exchange
                 log.info("kafka listener: closing the connection from %s: %s", conn.caller.host, conn.sasl.closing)
@@ -179,16 +180,18 @@ class KafkaListener:
             if throttle is not None and not throttle.hold_response:
                 await asyncio.sleep(throttle.ms / 1000)  # muted: no request is read meanwhile (KIP-219)
 
-    async def _answer(self, conn: KafkaContext, frame: bytes) -> tuple[bytes | None, quotas.Throttle | None]:
+    async def _answer(
+        self, conn: KafkaContext, frame: bytes
+    ) -> tuple[list[codec.Buffer] | None, quotas.Throttle | None]:
         request = parse_request(frame)
         response, version = await self._respond(conn, request)
         key, correlation_id = request.header.request_api_key, request.header.correlation_id
-        out = None if response is None else response_frame(key, correlation_id, response, version)
-        response_bytes = 0 if out is None else len(out)
+        out = None if response is None else response_segments(key, correlation_id, response, version)
+        response_bytes = 0 if out is None else sum(len(s) for s in out)
         throttle = quotas.throttle(conn, key, version, len(frame) + 4, response_bytes, request.header.client_id)
         if throttle is not None and quotas.report(response, throttle.ms):
             assert response is not None
-            out = response_frame(key, correlation_id, response, version)  # again, with the throttle time
+            out = response_segments(key, correlation_id, response, version)  # again, with the throttle time
         return out, throttle
 
     async def _respond(self, conn: KafkaContext, request: Request) -> tuple[Message | None, int]:

@@ -33,6 +33,7 @@ bit 3 timestamp type (LogAppendTime), bit 4 transactional, bit 5 control.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -225,6 +226,47 @@ def _zigzag(value: int) -> bytes:
 _NULL = _zigzag(-1)
 
 
+# A stored batch (records.proto's RecordBatch, as the broker serializes it: fields in number order)
+# up to its records: fields 1-13 are varints (tag byte, then 1-10 bytes), field 14's tag is 0x72.
+_VARINT_FIELD = rb"[\x08\x10\x18\x20\x28\x30\x38\x40\x48\x50\x58\x60\x68][\x80-\xff]{0,9}[\x00-\x7f]"
+_UP_TO_RECORDS = re.compile(rb"(?:" + _VARINT_FIELD + rb")*\x72")
+
+
+def stored_records(batch: RecordBatch, stored: bytes | None) -> bytes | memoryview:
+    """The records section of a stored batch: a view into ``stored`` (its serialized form) when
+    its layout is the one the broker writes, else ``batch.records`` (a copy: upb copies a bytes
+    field on each read, 256 KiB for a batch of Kafka's perf tools)."""
+    if stored is not None:
+        m = _UP_TO_RECORDS.match(stored)
+        if m is not None:
+            pos, size, shift = m.end(), 0, 0
+            while pos < len(stored) and shift < 35:
+                byte = stored[pos]
+                size |= (byte & 0x7F) << shift
+                pos += 1
+                shift += 7
+                if byte < 0x80:
+                    if pos + size <= len(stored):
+                        return memoryview(stored)[pos : pos + size]
+                    break
+    return batch.records
+
+
+def v2_batch_parts(batch: RecordBatch, stored: bytes | None = None) -> tuple[bytes | memoryview, ...]:
+    """A stored batch as the Kafka v2 batch a Kafka consumer fetches, as the parts to send in order.
+
+    A batch a Kafka client produced is two: its 61-byte header and its records as sent, taken out
+    of ``stored`` (the batch's serialized form, when at hand) without a copy (:func:`stored_records`).
+    A batch in Sluice's record encoding is converted whole (:func:`to_v2_batch`).
+    """
+    if batch.records_format == KAFKA_V2:  # stored as a Kafka client sent it: back as it came
+        records = stored_records(batch, stored)
+        header = struct.pack(">qiibI", batch.base_offset, HEADER_SIZE - 12 + len(records),
+                             batch.partition_leader_epoch, 2, batch.crc)  # fmt: skip
+        return header + v2_crc_header(batch), records
+    return (to_v2_batch(batch),)
+
+
 def to_v2_batch(batch: RecordBatch) -> bytes:
     """A stored Sluice batch as the Kafka v2 batch a Kafka consumer fetches (same offsets, keys,
     values, headers and timestamps; control and transactional flags kept).
@@ -233,10 +275,7 @@ def to_v2_batch(batch: RecordBatch) -> bytes:
     codec's cost to the conversion's, and Kafka clients accept any codec per batch.
     """
     if batch.records_format == KAFKA_V2:  # stored as a Kafka client sent it: back as it came
-        records = batch.records  # each read of a bytes field copies it
-        header = struct.pack(">qiibI", batch.base_offset, HEADER_SIZE - 12 + len(records),
-                             batch.partition_leader_epoch, 2, batch.crc)  # fmt: skip
-        return header + v2_crc_header(batch) + records
+        return b"".join(v2_batch_parts(batch))
     first_ts, base = batch.first_timestamp, batch.base_offset
     records = _to_v2_records(batch)
     attributes = v2_attributes(batch) & ~0x07  # the records are written uncompressed

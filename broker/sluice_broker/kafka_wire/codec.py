@@ -29,14 +29,22 @@ Rules implemented (KIP-482 for flexible versions):
 * a field may override flexibility (``flexibleVersions: none``: the request
   header's ClientId keeps its int16 length in header v2);
 * a nullable struct is an int8 (-1 null, 1 present) followed by the struct.
+
+A ``records`` value may be given as :class:`Chunks`, the buffers of its batches: :func:`encode_segments`
+then leaves them where they are and returns the message as a list of buffers (the bytes around
+them, and the chunks themselves), which the listener hands to the socket one by one. A fetch
+answer's batches are thus never copied into the response (before, they were joined, written into
+the response and copied again into the frame: a fifth of the broker's CPU catching up through a
+log). :func:`encode` joins them, for every other caller.
 """
 
 from __future__ import annotations
 
 import struct
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 MAX_VERSION = 0x7FFF
 
@@ -124,6 +132,68 @@ class Message:
 
 M = TypeVar("M", bound=Message)
 
+Buffer: TypeAlias = bytes | bytearray | memoryview
+# Chunks shorter than this are copied into the bytes around them: each buffer costs the socket a
+# send call (a few microseconds), about what copying 32 KiB costs.
+UNCOPIED_FROM = 32 * 1024
+
+
+class Chunks:
+    """A ``records`` (or ``bytes``) value given as the buffers it is made of, in order.
+
+    Encoded as their concatenation would be; :func:`encode_segments` passes them on uncopied.
+    """
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: Sequence[Buffer]) -> None:
+        self.parts = parts
+        self.size = sum(len(p) for p in parts)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Chunks):
+            other = bytes(other)
+        return isinstance(other, bytes | bytearray | memoryview) and bytes(self) == other
+
+    __hash__ = None  # type: ignore[assignment]  # compared by content, like the bytes it stands for
+
+
+# A ``records`` field's value: bytes (always, when decoded), or Chunks to send.
+Records: TypeAlias = bytes | Chunks
+
+
+def received(value: Records | None) -> bytes | None:
+    """A ``records`` field of a decoded message, typed as what decoding gives: bytes or None."""
+    assert not isinstance(value, Chunks)  # Chunks are only ever built to be encoded
+    return value
+
+
+class _Segments(bytearray):
+    """The encoder's output when chunks stay uncopied: the bytes written since the last chunk, and
+    ``done``, what came before (bytes, then the chunk's parts)."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done: list[Buffer] = []
+
+    def cut(self, chunks: Chunks) -> None:
+        for part in chunks.parts:
+            if len(part) < UNCOPIED_FROM:
+                self += part
+                continue
+            if self:
+                self.done.append(bytearray(self))
+                self.clear()
+            self.done.append(part)
+
 
 # -- writing ------------------------------------------------------------------------------------
 
@@ -162,7 +232,13 @@ def _write_value(out: bytearray, f: Field, kind: str, value: Any, version: int, 
             out += raw
     elif kind in ("bytes", "records"):
         _length(out, None if value is None else len(value), compact, wide=True)
-        if value is not None:
+        if isinstance(value, Chunks):
+            if isinstance(out, _Segments):
+                out.cut(value)
+            else:
+                for part in value.parts:
+                    out += part
+        elif value is not None:
             out += value
     elif kind == "uuid":
         out += value.bytes
@@ -260,6 +336,18 @@ def encode(msg: Message, version: int) -> bytes:
 
 def encode_into(out: bytearray, msg: Message, version: int) -> None:
     _write_struct(out, msg, version, version in msg.SCHEMA.flexible)
+
+
+def encode_segments(head: bytes | bytearray, msg: Message, version: int) -> list[Buffer]:
+    """``head`` then the body of ``msg`` at ``version``, as buffers to send in order: the
+    :class:`Chunks` of its ``records`` fields as they were given, uncopied. The first buffer is a
+    bytearray that starts with ``head`` (so a size in it can be patched)."""
+    out = _Segments()
+    out += head
+    _write_struct(out, msg, version, version in msg.SCHEMA.flexible)
+    if out:
+        out.done.append(out)
+    return out.done
 
 
 # -- reading ------------------------------------------------------------------------------------

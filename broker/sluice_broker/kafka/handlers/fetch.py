@@ -5,9 +5,11 @@ by isolation level, the aborted-transaction list, FENCED_LEADER_EPOCH /
 UNKNOWN_LEADER_EPOCH on a stale ``current_leader_epoch``,
 NOT_LEADER_OR_FOLLOWER off the leader, OFFSET_OUT_OF_RANGE); this handler
 maps Kafka's request onto it and converts each stored batch into Kafka's v2
-format (:func:`~sluice.broker.kafka.record_batch.to_v2_batch`) with its own
+format (:func:`~sluice.broker.kafka.record_batch.v2_batch_parts`) with its own
 base offset, so a Kafka consumer sees the offsets, keys, values, headers and
-timestamps a gRPC consumer sees.
+timestamps a gRPC consumer sees. A batch a Kafka client produced goes back as it
+was stored, its records never copied on the way to the socket (the parts go into
+the response as :class:`~sluice.broker.kafka_wire.codec.Chunks`).
 
 read_committed differs from the gRPC fetch's (which drops aborted batches and
 markers on the broker): as Kafka does, the answer stops at the LSO but keeps
@@ -41,8 +43,8 @@ from sluice.broker.kafka.context import KafkaContext
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.list_offsets import KAFKA_READ_COMMITTED
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
-from sluice.broker.kafka.record_batch import to_v2_batch
-from sluice.broker.kafka_wire.codec import Message, Versions
+from sluice.broker.kafka.record_batch import v2_batch_parts
+from sluice.broker.kafka_wire.codec import Chunks, Message, Versions
 from sluice.broker.kafka_wire.messages.fetch_request import FetchRequest
 from sluice.broker.kafka_wire.messages.fetch_response import (
     AbortedTransaction,
@@ -119,7 +121,9 @@ class FetchHandler:
                     last_stable_offset=a.last_stable_offset,
                     log_start_offset=a.log_start_offset,
                     aborted_transactions=aborted(a) if read_committed else None,
-                    records=b"".join(to_v2_batch(b) for b in a.batches),
+                    records=Chunks(
+                        [piece for b, raw in zip(a.batches, a.raw, strict=True) for piece in v2_batch_parts(b, raw)]
+                    ),
                 )
                 hint = leader_hint(ctx, a.topic, p.partition, part.error_code)
                 if hint is not None and version >= LEADER_HINTS_FROM:

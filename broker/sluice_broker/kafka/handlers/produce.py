@@ -50,6 +50,7 @@ from sluice.broker.kafka.framing import FrameError
 from sluice.broker.kafka.handlers.leader_hint import LeaderHint, leader_hint
 from sluice.broker.kafka.handlers.metadata import UNKNOWN_TOPIC_ID, topic_uuid
 from sluice.broker.kafka.record_batch import split_batches, to_stored_batch
+from sluice.broker.kafka_wire import codec
 from sluice.broker.kafka_wire.codec import Message, Versions
 from sluice.broker.kafka_wire.messages.produce_request import ProduceRequest
 from sluice.broker.kafka_wire.messages.produce_response import (
@@ -77,7 +78,8 @@ def has_transactional_batch(records: bytes | None) -> bool:
 
 def _txn_refused(ctx: KafkaContext, request: ProduceRequest) -> str | None:
     """Why a request with transactional batches may not be appended (Kafka checks this first), or None."""
-    if not any(has_transactional_batch(p.records) for t in request.topic_data for p in t.partition_data):
+    sent = (codec.received(p.records) for t in request.topic_data for p in t.partition_data)
+    if not any(has_transactional_batch(records) for records in sent):
         return None
     txn_id = request.transactional_id
     if txn_id is None:
@@ -129,7 +131,7 @@ class ProduceHandler:
                     mine.append((pb.TOPIC_AUTHORIZATION_FAILED, authorization.topic_refusal(AclOperation.WRITE, name)))
                     continue
                 try:
-                    batch = convert(p.records)
+                    batch = convert(codec.received(p.records))
                 except errors.SluiceError as exc:
                     mine.append((int(exc.code), exc.message))
                     continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Schema
+from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Records, Schema
 from sluice.broker.kafka_wire.codec import Field as F
 from sluice.broker.kafka_wire.codec import Versions as V
 
@@ -90,7 +90,7 @@ class PartitionData(Message):
     snapshot_id: SnapshotId = field(default_factory=SnapshotId)
     aborted_transactions: list[AbortedTransaction] | None = field(default_factory=list)
     preferred_read_replica: int = -1
-    records: bytes | None = b""
+    records: Records | None = b""
 
 
 PartitionData.SCHEMA = Schema(

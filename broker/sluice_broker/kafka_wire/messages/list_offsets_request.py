@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Schema
+from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Records, Schema
 from sluice.broker.kafka_wire.codec import Field as F
 from sluice.broker.kafka_wire.codec import Versions as V
 

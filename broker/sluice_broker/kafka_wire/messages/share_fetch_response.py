@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Schema
+from sluice.broker.kafka_wire.codec import MAX_VERSION, NONE, Message, Records, Schema
 from sluice.broker.kafka_wire.codec import Field as F
 from sluice.broker.kafka_wire.codec import Versions as V
 
@@ -56,7 +56,7 @@ class PartitionData(Message):
     acknowledge_error_code: int = 0
     acknowledge_error_message: str | None = None
     current_leader: LeaderIdAndEpoch = field(default_factory=LeaderIdAndEpoch)
-    records: bytes | None = b""
+    records: Records | None = b""
     acquired_records: list[AcquiredRecords] = field(default_factory=list)
 
 
