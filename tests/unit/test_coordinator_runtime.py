@@ -46,12 +46,12 @@ class FlakyStorage(RocksStorage):
         self.fail_after = 0
         self.failures = 0
 
-    def scan(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, cf: str, start: bytes, end: bytes, back_to: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         if cf != "log" or self.fail_log_scans <= 0:
-            yield from super().scan(cf, start, end)
+            yield from super().scan(cf, start, end, back_to)
             return
         self.fail_log_scans -= 1
-        for n, item in enumerate(super().scan(cf, start, end)):
+        for n, item in enumerate(super().scan(cf, start, end, back_to)):
             if n == self.fail_after:
                 self.failures += 1
                 raise OSError("injected: reading the log failed part-way")

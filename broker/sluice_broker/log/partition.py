@@ -700,16 +700,13 @@ class PartitionLog:
         limit = self.last_stable_offset if read_committed else self.high_watermark
         if upto is not None:
             limit = upto
-        start_key = self._log_key(fetch_offset)
-        floor = self.storage.floor("log", start_key, self.prefix)
-        if floor is not None:
-            start_key = floor[0]
         out: list[RecordBatch] = []
         raw: list[bytes] = []
         aborted: list[tuple[int, int]] = []
         size = 0
         next_offset = fetch_offset
-        for _key, value in self.storage.scan("log", start_key, self._log_key(limit)):
+        # from the batch that holds fetch_offset (keys are base offsets)
+        for _key, value in self.storage.scan("log", self._log_key(fetch_offset), self._log_key(limit), self.prefix):
             batch = RecordBatch.FromString(value)
             last = batch.base_offset + batch.record_count - 1
             if last < fetch_offset:

@@ -80,8 +80,9 @@ class Storage(Protocol):
 
     def write(self, ws: WriteSet) -> None: ...
 
-    def scan(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Keys in [start, end), ascending."""
+    def scan(self, cf: str, start: bytes, end: bytes, back_to: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys in [start, end), ascending. ``back_to``: begin instead at the greatest key <= start,
+        if one is >= back_to (the batch that holds an offset, when keys are base offsets)."""
         ...
 
     def floor(self, cf: str, key: bytes, lower: bytes) -> tuple[bytes, bytes] | None:
@@ -283,9 +284,14 @@ class RocksStorage:
                 wb.delete_range(key, value, handle)
         self._call(lambda: self._db.write(wb))
 
-    def scan(self, cf: str, start: bytes, end: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, cf: str, start: bytes, end: bytes, back_to: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         it = self._call(lambda: self._cfs[cf].iter())
-        self._call(lambda: it.seek(start))
+        if back_to is not None:  # one iterator for the floor and the scan: a floor() first read its value again
+            self._call(lambda: it.seek_for_prev(start))
+            if not (self._call(it.valid) and it.key() >= back_to):
+                self._call(lambda: it.seek(start))
+        else:
+            self._call(lambda: it.seek(start))
         while self._call(it.valid):
             key = it.key()
             if key >= end:
