@@ -71,6 +71,7 @@ from sluice.client.types import (
     OffsetAndTimestamp,
     PreparedTransaction,
     RecordMetadata,
+    SentRecords,
     TopicPartition,
 )
 
@@ -104,6 +105,7 @@ __all__ = [
     "RecordMetadata",
     "ResourcePatternType",
     "ResourceType",
+    "SentRecords",
     "TopicDescription",
     "TopicPartition",
     "TransactionAbortedError",

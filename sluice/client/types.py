@@ -13,12 +13,14 @@ namedtuple Kafka's Python clients use: ``topic, partition = tp``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 _log = logging.getLogger("concurrent.futures")
 _Callback = Callable[["Future[RecordMetadata]"], object]
@@ -31,6 +33,7 @@ __all__ = [
     "OffsetAndTimestamp",
     "PreparedTransaction",
     "RecordMetadata",
+    "SentRecords",
     "TopicPartition",
 ]
 
@@ -404,6 +407,63 @@ class FutureRecordMetadata(Future[RecordMetadata]):
         if o.exception is not None:
             return f"<FutureRecordMetadata at {id(self):#x} state=finished raised {type(o.exception).__name__}>"
         return f"<FutureRecordMetadata at {id(self):#x} state=finished returned RecordMetadata>"
+
+
+class SentRecords(Sequence[FutureRecordMetadata]):
+    """The records of one :meth:`Producer.send_many`, in the order given: a sequence of futures.
+
+    Kept per batch (the batch's :class:`BatchOutcome`, the first record's index in it, how many,
+    their timestamp),
+    and a record's :class:`FutureRecordMetadata` is made only when asked for (``sent[i]``,
+    iteration): a future per record was most of a bulk send's cost, in allocations and the
+    garbage collections they start. :meth:`wait` waits for every record and raises the first
+    error.
+    """
+
+    __slots__ = ("_runs", "_starts")
+
+    def __init__(self, runs: list[tuple[BatchOutcome, int, int, int]]) -> None:
+        self._runs = runs
+        self._starts: list[int] = []
+        total = 0
+        for _outcome, _first, count, _ts in runs:
+            self._starts.append(total)
+            total += count
+        self._starts.append(total)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    @overload
+    def __getitem__(self, i: int) -> FutureRecordMetadata: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[FutureRecordMetadata]: ...
+
+    def __getitem__(self, i: int | slice) -> FutureRecordMetadata | list[FutureRecordMetadata]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"record {i} of {n}")
+        run = bisect.bisect_right(self._starts, i) - 1
+        outcome, first, _count, ts = self._runs[run]
+        return FutureRecordMetadata(outcome, first + i - self._starts[run], ts)
+
+    def __iter__(self) -> Iterator[FutureRecordMetadata]:
+        for outcome, first, count, ts in self._runs:
+            for index in range(first, first + count):
+                yield FutureRecordMetadata(outcome, index, ts)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until every record is stored (or failed): raises the first record's error, in order,
+        and TimeoutError when ``timeout`` (seconds, for all of them) passes first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for outcome, first, _count, ts in self._runs:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            FutureRecordMetadata(outcome, first, ts).result(left)
 
 
 def failed_future(exc: BaseException) -> FutureRecordMetadata:

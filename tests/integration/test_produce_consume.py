@@ -43,6 +43,42 @@ def test_round_trip_with_keys_headers_and_compression(
     admin.close()
 
 
+def test_send_many_in_a_transaction_and_outside_one(cluster: LocalCluster, unique_topic: str) -> None:
+    """Producer.send_many: every value stored once, in order per partition, batches spread over the
+    partitions; with an explicit partition all there; in a transaction, visible after the commit."""
+    admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
+    admin.create_topic(unique_topic, partitions=3, replication_factor=1)
+    admin.close()
+    values = [b"%06d" % i * 10 for i in range(20_000)]  # 60 B each: several 16 KiB batches
+    p = Producer(bootstrap_servers=cluster.bootstrap_servers, batch_size=16_384, linger_ms=5)
+    futures = p.send_many(unique_topic, values)
+    assert len(futures) == len(values)
+    explicit = p.send_many(unique_topic, [f"to-two-{i}" for i in range(100)], partition=2)
+    futures.wait(timeout=30)
+    metas = [f.result(timeout=0) for f in futures]
+    assert [f.result(0).offset for f in futures[-3:]] == [m.offset for m in metas[-3:]]
+    assert len({m.partition for m in metas}) == 3  # sticky, then another partition when a batch is full
+    assert {f.result(timeout=30).partition for f in explicit} == {2}
+    p.close()
+    t = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id=f"{unique_topic}-txn")
+    t.init_transactions()
+    t.begin_transaction()
+    assert len(t.send_many(unique_topic, [])) == 0
+    t.send_many(unique_topic, [b"txn-%d" % i for i in range(5_000)], partition=0)
+    t.commit_transaction()
+    t.close()
+    got = read_topic(cluster.bootstrap_servers, unique_topic)
+    by_partition: dict[int, list[bytes]] = {}
+    for r in got:
+        by_partition.setdefault(r[0], []).append(r[3])
+    assert sorted(v for vs in by_partition.values() for v in vs) == sorted(
+        values + [b"to-two-%d" % i for i in range(100)] + [b"txn-%d" % i for i in range(5_000)]
+    )
+    stored = {(r[0], r[1]): r[3] for r in got}
+    assert all(stored[(m.partition, m.offset)] == v for m, v in zip(metas, values, strict=True))  # where each is
+    assert [v for v in by_partition[0] if v.startswith(b"txn-")] == [b"txn-%d" % i for i in range(5_000)]
+
+
 def test_list_offsets_and_timestamps(cluster: LocalCluster, unique_topic: str) -> None:
     admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
     admin.create_topic(unique_topic, partitions=1, replication_factor=1)

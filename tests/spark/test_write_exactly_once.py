@@ -104,6 +104,30 @@ def test_tasks_that_fail_once_leave_exactly_one_copy(sluice_cluster: LocalCluste
     assert unfinished(bootstrap, "retried-") == []
 
 
+def test_a_value_column_alone_is_sent_in_bulk_and_a_retried_task_still_leaves_one_copy(
+    sluice_cluster: LocalCluster,
+) -> None:
+    """Rows of a value column only go through Producer.send_many; first attempts fail after
+    preparing, and the retries adopt what they prepared: every row once."""
+    bootstrap = sluice_cluster.bootstrap_servers
+    topic = new_topic(sluice_cluster, "bulk")
+    rows = 20_000
+    job = batch_job(
+        sluice_cluster,
+        topic,
+        "bulk",
+        rows,
+        master="local[2,2]",
+        value_only=True,
+        options={"sluice.test.failTask": "afterPrepare"},
+    )
+    result = run_job(job)
+    assert result["ok"], result["error"]
+    assert result["stderr"].count("InjectedTaskFailure") >= 4
+    assert read_values(bootstrap, topic) == exactly_once(rows)
+    assert unfinished(bootstrap, "bulk-") == []
+
+
 def test_a_job_that_fails_leaves_nothing_visible(sluice_cluster: LocalCluster) -> None:
     bootstrap = sluice_cluster.bootstrap_servers
     topic = new_topic(sluice_cluster, "failed")

@@ -75,7 +75,10 @@ def run_batch(spark: SparkSession, job: dict[str, Any]) -> None:
             return v
 
         value = straggle(value)
-    out = df.select(F.col("id").cast("string").alias("key"), value.alias("value"))
+    if job.get("value_only"):  # the writer's bulk path (Producer.send_many)
+        out = df.select(value.alias("value"))
+    else:
+        out = df.select(F.col("id").cast("string").alias("key"), value.alias("value"))
     writer = out.write.format("sluice").mode("append")
     for k, v in job["options"].items():
         writer = writer.option(k, v)

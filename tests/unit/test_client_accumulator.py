@@ -16,7 +16,7 @@ from sluice.client.producer.accumulator import (
     record_size,
 )
 from sluice.client.producer.partitioner import StickyPartitioner, default_partition, partition_for_key
-from sluice.client.types import TopicPartition
+from sluice.client.types import BatchOutcome, SentRecords, TopicPartition
 from sluice.records import decode_records, verify_crc
 
 TP0 = TopicPartition("t", 0)
@@ -112,6 +112,70 @@ def test_drained_batch_is_a_valid_record_batch_with_futures_resolved_in_order() 
     metas = [f.result(0) for f in futures if f is not None]
     assert [(m.partition, m.offset, m.timestamp) for m in metas] == [(0, 100 + i, 1000 + i) for i in range(3)]
     assert not a.has_incomplete()
+
+
+def test_values_appended_in_bulk_make_the_batches_one_by_one_appends_make() -> None:
+    """append_values (Producer.send_many) gives the same batches, bytes and futures as append."""
+    values = [b"v%d" % i * (i % 7) if i % 5 else None for i in range(200)]
+    one, bulk = acc(batch_size=600), acc(batch_size=600)
+    singles = [one.append(TP0, None, v, None, 1000) for v in values]
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    start, fills = 0, 0
+    while start < len(values):
+        start, full = bulk.append_values(bulk.queue_for(TP0), values, start, 1000, False, 0, runs)
+        fills += full
+    sent = SentRecords(runs)
+    assert len(sent) == len(values) and one.queued_count() == bulk.queued_count() == fills + 1 > 2
+    offset = 0
+    for _ in range(one.queued_count()):
+        a, b = drain_one(one), drain_one(bulk)
+        assert a.wire_parts == b.wire_parts  # the same records, encoded the same
+        one.complete(a, offset)
+        bulk.complete(b, offset)
+        offset += a.record_count
+    sent.wait(timeout=0)
+    assert [f.result(0).offset for f in sent] == [f.result(0).offset for f in singles if f] == list(range(200))
+    assert [sent[i].result(0).offset for i in (0, 57, -1)] == [0, 57, 199]
+    assert [f.result(0).offset for f in sent[198:]] == [198, 199]
+    assert {f.result(0).timestamp for f in sent} == {1000}
+    with pytest.raises(IndexError):
+        sent[200]
+
+
+def test_a_bulk_send_waits_for_every_batch_and_raises_the_first_error() -> None:
+    a = acc(batch_size=110)
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    start = 0
+    while start < 8:
+        start, _ = a.append_values(a.queue_for(TP0), [b"x" * 30] * 8, start, 5, False, 0, runs)
+    sent = SentRecords(runs)
+    assert [count for _o, _first, count, _ts in runs] == [2, 2, 2, 2]  # records of 52 bytes, batches of 110
+    batches = [drain_one(a) for _ in range(a.queued_count())]
+    a.complete(batches[0], 0)
+    with pytest.raises(TimeoutError):
+        sent.wait(timeout=0.01)  # the later batches are not done
+    for batch in batches[1:]:
+        a.fail(batch, errors.NotEnoughReplicasError("test"))
+    with pytest.raises(errors.NotEnoughReplicasError):
+        sent.wait(timeout=1)
+    assert sent[0].result(0).offset == 0 and isinstance(sent[-1].exception(0), errors.NotEnoughReplicasError)
+
+
+def test_bulk_values_start_a_new_batch_when_the_open_one_cannot_take_the_next() -> None:
+    a = acc(batch_size=120)
+    a.append(TP0, None, b"x" * 60)
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    start, full = a.append_values(a.queue_for(TP0), [b"y" * 60, b"z"], 0, 7, False, 0, runs)
+    assert (start, a.queued_count()) == (2, 2)  # y did not fit beside x: a batch of its own, z joined it
+    start, full = a.append_values(a.queue_for(TP0), [b"w" * 500], 0, 7, False, 0, runs)
+    assert (start, full, a.queued_count()) == (1, True, 3)  # larger than batch_size: a batch of its own
+    a.append(TP1, None, b"t", generation=0)
+    start, _ = a.append_values(a.queue_for(TP1), [b"u"], 0, 7, True, 1, runs)
+    assert a.queued_count() == 5  # never into a batch of another transaction
+    assert [(first, count) for _o, first, count, _ts in runs] == [(0, 2), (0, 1), (0, 1)]
+    a.close()
+    with pytest.raises(errors.IllegalStateError):
+        a.append_values(a.queue_for(TP0), [b"v"], 0, 7, False, 0, runs)
 
 
 def test_compression_is_applied_when_sealing() -> None:

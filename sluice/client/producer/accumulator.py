@@ -342,6 +342,75 @@ class RecordAccumulator:
         self._wakeup()
         return FutureRecordMetadata(full.outcome, index, timestamp)
 
+    def append_values(
+        self,
+        part: _PartitionQueue,
+        values: list[bytes | None],
+        start: int,
+        timestamp: int,
+        transactional: bool,
+        generation: int,
+        runs: list[tuple[BatchOutcome, int, int, int]],
+    ) -> tuple[int, bool]:
+        """Append ``values[start:]`` (keyless records of one timestamp, each no larger than a
+        request allows) to the partition's open batch, or to a new one, until that batch is full;
+        (the batch's outcome, the first record's index in it, how many, the timestamp) goes to
+        ``runs``. Returns
+        where the next append starts, and whether the batch filled (keyless sends then move to
+        another partition, as :meth:`append_to` callers do).
+
+        :meth:`append_to` for many records: one lock and one batch lookup per batch, no future per
+        record (:class:`~sluice.client.types.SentRecords` makes them when asked).
+        """
+        batch_size = self._batch_size
+        end = len(values)
+        with self._lock:
+            if self._closing:
+                raise errors.IllegalStateError("cannot send: the producer is closed")
+            queue = part.queue
+            batch = queue[-1] if queue else None
+            first = values[start]
+            created = (
+                batch is None
+                or batch.wire_parts is not None
+                or batch.generation != generation
+                or batch.size + RECORD_OVERHEAD + (len(first) if first is not None else 0) > batch_size
+            )
+            if created:
+                batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
+                batch.append(None, first, None, timestamp)
+                queue.append(batch)
+                self._incomplete.add(batch)
+                i = start + 1
+            else:
+                i = start
+            assert batch is not None
+            if timestamp > batch._max_ts:
+                batch._max_ts = timestamp
+            delta = timestamp - batch._first_ts
+            parts = batch._parts
+            first_index = batch.count - (1 if created else 0)
+            index, size = batch.count, batch.size
+            while i < end:
+                value = values[i]
+                record = RECORD_OVERHEAD + (len(value) if value is not None else 0)
+                if size + record > batch_size:
+                    break
+                if value is None:
+                    parts.append(_pack_record(index, delta, -1, -1, 0))
+                else:
+                    parts.append(_pack_record(index, delta, -1, len(value), 0))
+                    parts.append(value)
+                size += record
+                index += 1
+                i += 1
+            batch.count, batch.size = index, size
+            runs.append((batch.outcome, first_index, index - first_index, timestamp))
+            full = i < end or size >= batch_size
+        if created or full:
+            self._wakeup()  # the sender must learn of the new batch (its linger timer) or of the full one
+        return i, full
+
     # ------------------------------------------------------------------ sender side
 
     def _sendable(self, part: _PartitionQueue, now: float) -> tuple[bool, float]:
