@@ -79,6 +79,18 @@ def test_send_many_in_a_transaction_and_outside_one(cluster: LocalCluster, uniqu
     assert [v for v in by_partition[0] if v.startswith(b"txn-")] == [b"txn-%d" % i for i in range(5_000)]
 
 
+def test_send_many_to_a_topic_that_does_not_exist_fails_every_record_after_one_wait(cluster: LocalCluster) -> None:
+    p = Producer(bootstrap_servers=cluster.bootstrap_servers, max_block_ms=500)
+    started = time.monotonic()
+    sent = p.send_many("no-such-topic-here", [b"a"] * 1000)
+    assert time.monotonic() - started < 10  # one wait for its metadata, not one per record
+    assert len(sent) == 1000
+    with pytest.raises(errors.SluiceError):
+        sent.wait(timeout=1)
+    assert isinstance(sent[999].exception(0), errors.SluiceError)
+    p.close()
+
+
 def test_list_offsets_and_timestamps(cluster: LocalCluster, unique_topic: str) -> None:
     admin = Admin(bootstrap_servers=cluster.bootstrap_servers)
     admin.create_topic(unique_topic, partitions=1, replication_factor=1)

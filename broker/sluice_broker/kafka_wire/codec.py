@@ -334,10 +334,6 @@ def encode(msg: Message, version: int) -> bytes:
     return bytes(out)
 
 
-def encode_into(out: bytearray, msg: Message, version: int) -> None:
-    _write_struct(out, msg, version, version in msg.SCHEMA.flexible)
-
-
 def encode_segments(head: bytes | bytearray, msg: Message, version: int) -> list[Buffer]:
     """``head`` then the body of ``msg`` at ``version``, as buffers to send in order: the
     :class:`Chunks` of its ``records`` fields as they were given, uncopied. The first buffer is a

@@ -387,8 +387,9 @@ class Producer:
         if route is None or now_ms >= route.expires_ms or route.version != self._cluster.version:
             try:
                 route = self._route(topic, now_ms)
-            except errors.SluiceError:
-                return self._send_each(topic, items, partition, timestamp_ms)  # each fails as send() fails it
+            except errors.SluiceError as exc:  # every record fails as send() fails it, without waiting again
+                refused = self._refused(exc, generation)
+                return SentRecords([(refused._outcome, 0, len(items), -1)])
         if partition is not None and not 0 <= partition < route.num:  # send() says why, and refreshes
             return self._send_each(topic, items, partition, timestamp_ms)
         ts = now_ms if timestamp_ms is None else timestamp_ms
