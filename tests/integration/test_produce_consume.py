@@ -56,8 +56,12 @@ def test_send_many_in_a_transaction_and_outside_one(cluster: LocalCluster, uniqu
     explicit = p.send_many(unique_topic, [f"to-two-{i}" for i in range(100)], partition=2)
     futures.wait(timeout=30)
     metas = [f.result(timeout=0) for f in futures]
-    assert [f.result(0).offset for f in futures[-3:]] == [m.offset for m in metas[-3:]]
     assert len({m.partition for m in metas}) == 3  # sticky, then another partition when a batch is full
+    small = []  # calls smaller than a batch, each after the last one was sent: on to another partition
+    for i in range(6):
+        small.append(p.send_many(unique_topic, [b"small-%d-%d" % (i, j) for j in range(10)]))
+        p.flush()
+    assert len({sent[0].result(0).partition for sent in small}) > 1
     assert {f.result(timeout=30).partition for f in explicit} == {2}
     p.close()
     t = Producer(bootstrap_servers=cluster.bootstrap_servers, transactional_id=f"{unique_topic}-txn")
@@ -72,7 +76,10 @@ def test_send_many_in_a_transaction_and_outside_one(cluster: LocalCluster, uniqu
     for r in got:
         by_partition.setdefault(r[0], []).append(r[3])
     assert sorted(v for vs in by_partition.values() for v in vs) == sorted(
-        values + [b"to-two-%d" % i for i in range(100)] + [b"txn-%d" % i for i in range(5_000)]
+        values
+        + [b"to-two-%d" % i for i in range(100)]
+        + [b"small-%d-%d" % (i, j) for i in range(6) for j in range(10)]
+        + [b"txn-%d" % i for i in range(5_000)]
     )
     stored = {(r[0], r[1]): r[3] for r in got}
     assert all(stored[(m.partition, m.offset)] == v for m, v in zip(metas, values, strict=True))  # where each is

@@ -134,7 +134,7 @@ def test_values_appended_in_bulk_make_the_batches_one_by_one_appends_make() -> N
         bulk.complete(b, offset)
         offset += a.record_count
     sent.wait(timeout=0)
-    assert [f.result(0).offset for f in sent] == [f.result(0).offset for f in singles if f] == list(range(200))
+    assert [f.result(0).offset for f in sent] == [f.result(0).offset for f in singles] == list(range(200))
     assert [sent[i].result(0).offset for i in (0, 57, -1)] == [0, 57, 199]
     assert [f.result(0).offset for f in sent[198:]] == [198, 199]
     assert {f.result(0).timestamp for f in sent} == {1000}
@@ -176,6 +176,18 @@ def test_bulk_values_start_a_new_batch_when_the_open_one_cannot_take_the_next() 
     a.close()
     with pytest.raises(errors.IllegalStateError):
         a.append_values(a.queue_for(TP0), [b"v"], 0, 7, False, 0, runs)
+
+
+def test_bulk_values_for_the_sticky_partitioner_append_nothing_where_a_new_batch_is_needed() -> None:
+    """As append_to with abort_on_new_batch: the producer then sticks to another partition."""
+    a = acc(batch_size=120)
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    assert a.append_values(a.queue_for(TP0), [b"v"], 0, 7, False, 0, runs, True) == (0, True)  # no batch yet
+    assert (a.queued_count(), runs) == (0, [])
+    a.append(TP0, None, b"x" * 60)
+    assert a.append_values(a.queue_for(TP0), [b"y", b"z" * 60], 0, 7, False, 0, runs, True) == (1, True)
+    assert a.append_values(a.queue_for(TP0), [b"z" * 60], 0, 7, False, 0, runs, True) == (0, True)  # full
+    assert a.queued_count() == 1
 
 
 def test_compression_is_applied_when_sealing() -> None:

@@ -341,9 +341,10 @@ def encode_segments(head: bytes | bytearray, msg: Message, version: int) -> list
     out = _Segments()
     out += head
     _write_struct(out, msg, version, version in msg.SCHEMA.flexible)
-    if out:
-        out.done.append(out)
-    return out.done
+    done, out.done = out.done, []  # out must not hold the list it goes into: a cycle would keep the
+    if out:  # batches' bytes alive until a garbage collection
+        done.append(out)
+    return done
 
 
 # -- reading ------------------------------------------------------------------------------------

@@ -351,13 +351,14 @@ class RecordAccumulator:
         transactional: bool,
         generation: int,
         runs: list[tuple[BatchOutcome, int, int, int]],
+        abort_on_new_batch: bool = False,
     ) -> tuple[int, bool]:
         """Append ``values[start:]`` (keyless records of one timestamp, each no larger than a
         request allows) to the partition's open batch, or to a new one, until that batch is full;
         (the batch's outcome, the first record's index in it, how many, the timestamp) goes to
-        ``runs``. Returns
-        where the next append starts, and whether the batch filled (keyless sends then move to
-        another partition, as :meth:`append_to` callers do).
+        ``runs``. Returns where the next append starts, and whether the batch filled.
+        ``abort_on_new_batch``: append nothing (``start`` is returned) when a new batch would be
+        needed, as :meth:`append_to` does for the sticky partitioner.
 
         :meth:`append_to` for many records: one lock and one batch lookup per batch, no future per
         record (:class:`~sluice.client.types.SentRecords` makes them when asked).
@@ -377,6 +378,8 @@ class RecordAccumulator:
                 or batch.size + RECORD_OVERHEAD + (len(first) if first is not None else 0) > batch_size
             )
             if created:
+                if abort_on_new_batch:
+                    return start, True
                 batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 batch.append(None, first, None, timestamp)
                 queue.append(batch)

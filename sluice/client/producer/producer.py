@@ -365,8 +365,8 @@ class Producer:
         (a :class:`~sluice.client.types.SentRecords`: ``wait()`` waits for all of them).
 
         What ``[send(topic, value=v, partition=partition, timestamp_ms=timestamp_ms) for v in values]``
-        does (the same errors, batching and transaction; keyless records stick to a partition
-        until its batch is full), with the per-record work of :meth:`send` done once per batch:
+        does (the same sticky partitioning, batches, errors and transaction), with the per-record
+        work of :meth:`send` done once per batch:
         a bulk writer (Spark's sink) spends a fraction of the CPU per record. A value too large
         for a request makes every value go through :meth:`send`, so that each gets its own answer.
         """
@@ -376,12 +376,12 @@ class Producer:
         longest = max((len(v) for v in items if v is not None), default=0)
         if RECORD_OVERHEAD + longest > self._max_record_size or _tracing.tracer is not None:
             return self._send_each(topic, items, partition, timestamp_ms)
-        if not items:
-            return SentRecords([])
         txn = self._txn
         generation = txn.generation  # read before the check, as send() does
         if not txn.send_ok:
             txn.check_can_send()
+        if not items:
+            return SentRecords([])
         now_ms = _time_ns() // 1_000_000
         route = self._routes.get(topic)
         if route is None or now_ms >= route.expires_ms or route.version != self._cluster.version:
@@ -394,18 +394,21 @@ class Producer:
             return self._send_each(topic, items, partition, timestamp_ms)
         ts = now_ms if timestamp_ms is None else timestamp_ms
         runs: list[tuple[BatchOutcome, int, int, int]] = []
+        append, transactional, sticky = self._accumulator.append_values, self._transactional, partition is None
         chosen = route.sticky if partition is None else partition
         start = 0
         while start < len(items):
-            start, full = self._accumulator.append_values(
-                route.queues[chosen], items, start, ts, self._transactional, generation, runs
-            )
-            if self._transactional and route.txn_generation[chosen] != generation:
+            if start and not txn.send_ok:  # the transaction broke meanwhile: raise as the next send() would
+                txn.check_can_send()
+            before = start
+            start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs, sticky)
+            if start == before:  # the sticky partition needs a new batch: stick to another one, as send() does
+                chosen = self._next_sticky(route, chosen)
+                start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs)
+            if transactional and route.txn_generation[chosen] != generation:
                 route.txn_generation[chosen] = generation
                 if txn.maybe_add_partition(route.queues[chosen].tp):
                     self._wakeup()
-            if full and partition is None:
-                chosen = self._next_sticky(route, chosen)
         return SentRecords(runs)
 
     def _send_each(
