@@ -413,11 +413,10 @@ class SentRecords(Sequence[FutureRecordMetadata]):
     """The records of one :meth:`Producer.send_many`, in the order given: a sequence of futures.
 
     Kept per batch (the batch's :class:`BatchOutcome`, the first record's index in it, how many,
-    their timestamp),
-    and a record's :class:`FutureRecordMetadata` is made only when asked for (``sent[i]``,
-    iteration): a future per record was most of a bulk send's cost, in allocations and the
-    garbage collections they start. :meth:`wait` waits for every record and raises the first
-    error.
+    their timestamp); a record's :class:`FutureRecordMetadata` is made only when asked for
+    (``sent[i]``, iteration): a future per record was most of a bulk send's cost, in allocations
+    and the garbage collections they start. :meth:`wait` waits for every record and raises the
+    first error.
     """
 
     __slots__ = ("_runs", "_starts")

@@ -280,6 +280,7 @@ def check_schema(schema: StructType, options: WriteOptions) -> list[str]:
 
 
 Record = tuple[str, Any, Any, int | None, list[tuple[str, Any]] | None]
+ROWS_PER_CHUNK = 4096  # Spark Rows (not Arrow batches) are turned into columns this many at a time
 
 
 def _arrow_values(column: Any, as_bytes: bool) -> list[Any]:
@@ -315,35 +316,35 @@ def _records(iterator: Iterable[Any], columns: list[str], default_topic: str | N
                 headers = [(x["key"], x["value"]) if isinstance(x, dict) else (x[0], x[1]) for x in h]
             yield topic, keys[j], vals[j], parts[j], headers
 
+    for values, n in _column_chunks(iterator, lower):
+        yield from make(values, n)
+
+
+def _column_chunks(iterator: Iterable[Any], lower: list[str]) -> Iterator[tuple[list[list[Any]], int]]:
+    """The input as columns of Python values (key and value as bytes), and how many rows: an Arrow
+    batch at a time, or ROWS_PER_CHUNK Spark Rows at a time."""
     rows: list[Any] = []
     for item in iterator:
         if hasattr(item, "num_rows") and hasattr(item, "column"):  # a pyarrow.RecordBatch
-            values = [_arrow_values(item.column(i), lower[i] in ("key", "value")) for i in range(len(columns))]
-            yield from make(values, item.num_rows)
+            values = [_arrow_values(item.column(i), name in ("key", "value")) for i, name in enumerate(lower)]
+            yield values, item.num_rows
         else:
             rows.append(item)
-            if len(rows) >= 4096:
-                yield from make([list(c) for c in zip(*rows, strict=True)], len(rows))
+            if len(rows) >= ROWS_PER_CHUNK:
+                yield [list(c) for c in zip(*rows, strict=True)], len(rows)
                 rows = []
     if rows:
-        yield from make([list(c) for c in zip(*rows, strict=True)], len(rows))
+        yield [list(c) for c in zip(*rows, strict=True)], len(rows)
 
 
 def _send_values(producer: Producer, topic: str, rows: Iterable[Any]) -> int:
     """Rows of a value column only (Arrow batches, or Spark Rows) sent with ``send_many``: no
     per-row Python in the writer or in the producer's send. The number of rows."""
     count = 0
-    rows_of_values: list[Any] = []
-    for item in rows:
-        if hasattr(item, "num_rows") and hasattr(item, "column"):  # a pyarrow.RecordBatch
-            producer.send_many(topic, _arrow_values(item.column(0), True))
-            count += item.num_rows
-        else:
-            rows_of_values.append(item[0])
-            if len(rows_of_values) >= 4096:
-                count += len(producer.send_many(topic, rows_of_values))
-                rows_of_values = []
-    return count + len(producer.send_many(topic, rows_of_values))
+    for (values,), n in _column_chunks(rows, ["value"]):
+        producer.send_many(topic, values)
+        count += n
+    return count
 
 
 # -- the commit message ----------------------------------------------------------------------------

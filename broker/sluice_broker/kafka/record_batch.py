@@ -33,6 +33,7 @@ bit 3 timestamp type (LogAppendTime), bit 4 transactional, bit 5 control.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import struct
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ import crc32c as _crc32c
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
+from sluice.broker.kafka_wire import codec
 from sluice.records import (
     KAFKA_V2,
     RECORD_STRUCT,
@@ -236,19 +238,10 @@ def stored_records(batch: RecordBatch, stored: bytes | None) -> bytes | memoryvi
     """The records section of a stored batch: a view into ``stored`` (its serialized form) when
     its layout is the one the broker writes, else ``batch.records`` (a copy: upb copies a bytes
     field on each read, 256 KiB for a batch of Kafka's perf tools)."""
-    if stored is not None:
-        m = _UP_TO_RECORDS.match(stored)
-        if m is not None:
-            pos, size, shift = m.end(), 0, 0
-            while pos < len(stored) and shift < 35:
-                byte = stored[pos]
-                size |= (byte & 0x7F) << shift
-                pos += 1
-                shift += 7
-                if byte < 0x80:
-                    if pos + size <= len(stored):
-                        return memoryview(stored)[pos : pos + size]
-                    break
+    if stored is not None and (m := _UP_TO_RECORDS.match(stored)) is not None:
+        reader = codec.Reader(stored, m.end())
+        with contextlib.suppress(codec.DecodeError):  # a length past the end: not the broker's layout
+            return reader.take(reader.uvarint())
     return batch.records
 
 

@@ -153,16 +153,6 @@ class Chunks:
     def __len__(self) -> int:
         return self.size
 
-    def __bytes__(self) -> bytes:
-        return b"".join(self.parts)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Chunks):
-            other = bytes(other)
-        return isinstance(other, bytes | bytearray | memoryview) and bytes(self) == other
-
-    __hash__ = None  # type: ignore[assignment]  # compared by content, like the bytes it stands for
-
 
 # A ``records`` field's value: bytes (always, when decoded), or Chunks to send.
 Records: TypeAlias = bytes | Chunks

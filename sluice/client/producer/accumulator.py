@@ -392,7 +392,7 @@ class RecordAccumulator:
                 batch._max_ts = timestamp
             delta = timestamp - batch._first_ts
             parts = batch._parts
-            first_index = batch.count - (1 if created else 0)
+            first_index = 0 if created else batch.count
             index, size = batch.count, batch.size
             while i < end:
                 value = values[i]

@@ -366,9 +366,9 @@ class Producer:
 
         What ``[send(topic, value=v, partition=partition, timestamp_ms=timestamp_ms) for v in values]``
         does (the same sticky partitioning, batches, errors and transaction), with the per-record
-        work of :meth:`send` done once per batch:
-        a bulk writer (Spark's sink) spends a fraction of the CPU per record. A value too large
-        for a request makes every value go through :meth:`send`, so that each gets its own answer.
+        work of :meth:`send` done once per batch: a bulk writer (Spark's sink) spends a fraction of
+        the CPU per record. A value too large for a request makes every value go through
+        :meth:`send`, so that each gets its own answer.
         """
         items = [v if v is None or v.__class__ is bytes else _as_bytes(v, "value") for v in values]
         if self._closed:
