@@ -106,6 +106,11 @@ APPROVE, STOP, REFRESH = "approve", "stop", "refresh"
 PROPOSAL_READY, REBALANCING, READY, STOPPED, NOT_READY = "ProposalReady", "Rebalancing", "Ready", "Stopped", "NotReady"
 DEFAULT_IN_FLIGHT = 10
 SIZES_TIMEOUT_S = 5.0  # how long a proposal waits for the brokers' DescribeLogDirs answers
+# A rebalance writes its throttle document during its round, and its status says Rebalancing only
+# once Kopf patches it after the round: another rebalance's sweep in between saw a fresh document
+# of a rebalance "not running" and removed it while its first move started (the throttle was then
+# off for a whole status interval). A document this young is only swept when its rebalance is gone.
+SWEEP_GRACE_MS = 60_000
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -349,9 +354,9 @@ def _hold_throttle(runtime: OperatorRuntime, resource: str, spec: Mapping[str, A
 def sweep_throttle(runtime: OperatorRuntime, resource: str = "", *, mine_too: bool = False) -> bool:
     """Remove a replication_throttle document left by another rebalance (not ``resource``) that is
     gone or no longer Rebalancing: one deleted while no operator ran (its DELETED event then never
-    came), say; with ``mine_too``, ``resource``'s own as well. Whether one was removed. A rebalance
-    that has just started and whose status does not say Rebalancing yet writes its document again
-    on its next round."""
+    came), say; with ``mine_too``, ``resource``'s own as well. Whether one was removed. The document
+    of a rebalance that exists stays for ``SWEEP_GRACE_MS`` after it was written, whatever that
+    rebalance's status says: it has just started, and its status does not say Rebalancing yet."""
     found = documents.read(runtime.meta, keys.REPLICATION_THROTTLE, ReplicationThrottleDocument)
     if found is None:
         return False
@@ -368,8 +373,10 @@ def sweep_throttle(runtime: OperatorRuntime, resource: str = "", *, mine_too: bo
         if exc.status != 404:
             raise
         obj = None
-    if obj is not None and (obj.get("status") or {}).get("state") == REBALANCING:
-        return False
+    if obj is not None and (
+        (obj.get("status") or {}).get("state") == REBALANCING or now_ms() - found.value.updated_ms < SWEEP_GRACE_MS
+    ):
+        return False  # running, or just started and its status not patched yet
     return release_throttle(runtime, found.value.resource)
 
 
