@@ -7,6 +7,7 @@ same notion and its own tools can drive it.
     python bench/scale.py txnids      [--ids 10000] [--brokers 3]     # memory; coordinator load after failover
     python bench/scale.py catchup     [--gb 2]      [--kafka]         # a consumer catching up through old data
     python bench/scale.py catchup --kafka --sluice-client kafka        # ... Kafka's ConsumerPerformance on both
+    python bench/scale.py catchup --kafka --repeat 3                   # ... three rounds, medians (order alternates)
     python bench/scale.py restart     [--gb 5]      [--kafka]         # restart time with data on disk
     python bench/scale.py all --smoke [--kafka]                       # every one, tiny sizes: a smoke run
 
@@ -51,6 +52,7 @@ import contextlib
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -86,6 +88,7 @@ class Point:
     reasons: list[str] = field(default_factory=list)
     error: str = ""
     load_1m: float = 0.0
+    run: int = 1  # the round (--repeat): one point per size, system and round
 
 
 def growth(sizes: Sequence[float], values: Sequence[float]) -> str:
@@ -438,13 +441,25 @@ def _read_all(bs: str, topic: str, partitions: int, count: int) -> float:
         consumer.close()
 
 
-def bench_catchup(gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = False) -> list[Point]:
+def bench_catchup(
+    gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = False, run: int = 1, kafka_first: bool = False
+) -> list[Point]:
     """A consumer reading ``gb`` from the start. ``tools_on_sluice``: Sluice is read (and filled) by
     Kafka's own ConsumerPerformance and ProducerPerformance through its Kafka listener, the same
-    client as on Kafka's side, so the difference is the brokers'."""
+    client as on Kafka's side, so the difference is the brokers'. ``kafka_first``: Kafka's point
+    is taken before Sluice's (rounds of ``--repeat`` alternate, so neither always runs second,
+    on the first one's warm page cache and raised load average)."""
+    points = [_kafka_catchup(gb, judge, run)] if kafka and kafka_first else []
+    points.append(_sluice_catchup(gb, judge, tools_on_sluice, run))
+    if kafka and not kafka_first:
+        points.append(_kafka_catchup(gb, judge, run))
+    return points
+
+
+def _sluice_catchup(gb: float, judge: Judge, tools_on_sluice: bool, run: int) -> Point:
     from sluice.testing import LocalCluster
 
-    p = Point("catchup", "sluice", gb)  # with tools_on_sluice the results are saved as catchup-kafka-tools
+    p = Point("catchup", "sluice", gb, run=run)  # with tools_on_sluice the results are saved as catchup-kafka-tools
     with judge.point(p), LocalCluster(brokers=1, kafka_listener=tools_on_sluice) as cluster:
         if tools_on_sluice:
             from bench.kafka.fetch import ensure_jars
@@ -459,17 +474,33 @@ def bench_catchup(gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool = 
             topic, r = _filled_topic(bs, "scale-catchup", gb * 1e9)
             seconds = _read_all(bs, topic, 3, r.records)
             p.figures.update(catchup_mb_s=r.bytes / seconds / 1e6, catchup_s=seconds, bytes=r.bytes)
-    points = [p]
     print(_say(p), flush=True)
-    if kafka:
-        from bench.kafka.cluster import KafkaCluster
-        from bench.kafka.perf import tools_for
+    return p
 
-        q = Point("catchup", "kafka", gb)
-        with judge.point(q), KafkaCluster(nodes=1) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
-            q.figures.update(_tools_catchup(tools_for(k, Path(tmp)), gb))
-        points.append(q)
-        print(_say(q), flush=True)
+
+def _kafka_catchup(gb: float, judge: Judge, run: int) -> Point:
+    from bench.kafka.cluster import KafkaCluster
+    from bench.kafka.perf import tools_for
+
+    q = Point("catchup", "kafka", gb, run=run)
+    with judge.point(q), KafkaCluster(nodes=1) as k, tempfile.TemporaryDirectory(prefix="kbench-") as tmp:
+        q.figures.update(_tools_catchup(tools_for(k, Path(tmp)), gb))
+    print(_say(q), flush=True)
+    return q
+
+
+def catchup_rounds(
+    gb: float, judge: Judge, kafka: bool, tools_on_sluice: bool, rounds: int, quiet_s: float
+) -> list[Point]:
+    """``rounds`` of :func:`bench_catchup`. Each round after the first waits (up to ``quiet_s``) for
+    the load average that the previous round's JVMs and brokers left to fall, and is judged from
+    its own start: otherwise every round after the first was marked busy."""
+    points: list[Point] = []
+    for run in range(1, rounds + 1):
+        if run > 1:
+            verdict.wait_quiet(judge.limits, judge.cpus, quiet_s)
+            judge = Judge(judge.limits)
+        points += bench_catchup(gb, judge, kafka, tools_on_sluice, run=run, kafka_first=run % 2 == 0)
     return points
 
 
@@ -532,23 +563,29 @@ def bench_restart(gb: float, judge: Judge, kafka: bool) -> list[Point]:
 def _say(p: Point) -> str:
     figs = ", ".join(f"{k} {v:,.3g}" for k, v in p.figures.items())
     state = "valid" if p.valid else "NOT VALID: " + "; ".join(p.reasons + ([p.error] if p.error else []))
-    return f"  {p.bench} {p.system} size {p.size:g}: {figs} [load {p.load_1m:.2f}; {state}]"
+    rnd = f" run {p.run}" if p.run > 1 else ""
+    return f"  {p.bench} {p.system} size {p.size:g}{rnd}: {figs} [load {p.load_1m:.2f}; {state}]"
 
 
 def table(points: list[Point]) -> str:
     keys: list[str] = []
     for p in points:
         keys += [k for k in p.figures if k not in keys]
-    rows = ["| benchmark | system | size | " + " | ".join(keys) + " | load avg | valid |",
-            "|---|---|---:|" + "---:|" * len(keys) + "---:|---|"]  # fmt: skip
+    rounds = max((p.run for p in points), default=1) > 1
+    run_head, run_rule = ("run | ", "---:|") if rounds else ("", "")
+    rows = ["| benchmark | system | size | " + run_head + " | ".join(keys) + " | load avg | valid |",
+            "|---|---|---:|" + run_rule + "---:|" * len(keys) + "---:|---|"]  # fmt: skip
     for p in points:
         vals = " | ".join(f"{p.figures[k]:,.3g}" if k in p.figures else "" for k in keys)
         ok = "yes" if p.valid else "NO (busy)" if not p.error else "NO (failed)"
-        rows.append(f"| {p.bench} | {p.system} | {p.size:g} | {vals} | {p.load_1m:.1f} | {ok} |")
+        run = f"{p.run} | " if rounds else ""
+        rows.append(f"| {p.bench} | {p.system} | {p.size:g} | {run}{vals} | {p.load_1m:.1f} | {ok} |")
+    if rounds:
+        rows += ["", *medians(points, keys)]
     notes: list[str] = []
     for system in ("sluice", "kafka"):
         mine = [p for p in points if p.system == system and not p.error]
-        if len(mine) < 2:
+        if len({p.size for p in mine}) < 2:
             continue
         for k in keys:
             if all(k in p.figures for p in mine):
@@ -556,6 +593,26 @@ def table(points: list[Point]) -> str:
     if notes:
         rows += ["", "Growth from the smallest to the largest size:", "", *notes]
     return "\n".join(rows)
+
+
+def medians(points: list[Point], keys: list[str]) -> list[str]:
+    """Per size and figure, each system's median over its valid rounds, and Sluice/Kafka."""
+    lines = ["Medians over the valid rounds:", ""]
+    for size in sorted({p.size for p in points}):
+        for k in keys:
+            med: dict[str, float] = {}
+            said: list[str] = []
+            for system in ("sluice", "kafka"):
+                vals = [
+                    p.figures[k] for p in points if (p.system, p.size) == (system, size) and p.valid and k in p.figures
+                ]
+                if vals:
+                    med[system] = statistics.median(vals)
+                    said.append(f"{system} {med[system]:,.3g} ({len(vals)} valid)")
+            if said:
+                ratio = f"; Sluice/Kafka {med['sluice'] / med['kafka']:.2f}" if len(med) == 2 and med["kafka"] else ""
+                lines.append(f"- size {size:g}, {k}: {', '.join(said)}{ratio}")
+    return lines if len(lines) > 2 else [*lines, "- none: no round was valid"]
 
 
 def chart(points: list[Point], path: Path, title: str) -> bool:
@@ -622,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--failure-timeout-ms", type=int, default=5000,
                     help="txnids: failure detection on both sides (Sluice failure_timeout_ms, Kafka "
                          "broker.session.timeout.ms; default 5000)")  # fmt: skip
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="catchup: rounds (default 1), Kafka first in every other one; medians of the valid rounds",
+    )
     ap.add_argument("--gb", type=float, help="GB written first (catchup default 2, restart 5; smoke 0.05)")
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share)
     ap.add_argument("--max-start-load", type=float, default=verdict.Limits.max_start_load_per_cpu)
@@ -630,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(right after a test suite it is the suite's tail; default 0: no wait)")  # fmt: skip
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.repeat < 1 or (args.repeat > 1 and args.bench != "catchup"):
+        ap.error("--repeat takes a count of at least 1, and only for catchup")
     limits = verdict.Limits(args.max_foreign_share, args.max_start_load)
     verdict.wait_quiet(limits, os.cpu_count() or 1, args.wait_quiet)
     judge = Judge(limits)
@@ -653,8 +718,8 @@ def main(argv: list[str] | None = None) -> int:
                                              judge, args.kafka),
         "txnids": lambda: bench_txnids(args.ids or (200 if args.smoke else 10_000), args.brokers, judge, args.kafka,
                                        args.failure_timeout_ms),
-        "catchup": lambda: bench_catchup(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka,
-                                         args.sluice_client == "kafka"),
+        "catchup": lambda: catchup_rounds(args.gb or (0.05 if args.smoke else 2.0), judge, args.kafka,
+                                          args.sluice_client == "kafka", args.repeat, max(args.wait_quiet, 180.0)),
         "restart": lambda: bench_restart(args.gb or (0.05 if args.smoke else 5.0), judge, args.kafka),
     }  # fmt: skip
     for name in chosen:
