@@ -90,3 +90,45 @@ def test_wait_quiet_waits_for_the_load_to_decay_and_gives_up_at_its_deadline() -
     assert busy == 4.0 and now[0] == 12.0  # never past the deadline; the caller's verdict says "not valid"
     assert verdict.judge_start(busy, 2, limits).valid is False
     assert verdict.wait_quiet(limits, 2, 0, loadavg=lambda: (4.0, 0.0, 0.0), sleep=sleep, clock=lambda: 0.0) == 4.0
+
+
+def test_catchup_rounds_alternate_the_order_and_each_is_judged_from_its_own_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bench import verdict
+
+    order: list[tuple[int, str]] = []
+
+    def point(system: str, run: int) -> scale.Point:
+        order.append((run, system))
+        return scale.Point("catchup", system, 2.0, {"catchup_mb_s": 100.0}, run=run)
+
+    waits: list[float] = []
+    judges: list[scale.Judge] = []
+
+    def new_judge(self: scale.Judge, limits: verdict.Limits) -> None:
+        self.limits, self.cpus = limits, 2
+        judges.append(self)
+
+    monkeypatch.setattr(scale, "_sluice_catchup", lambda gb, judge, tools, run: point("sluice", run))
+    monkeypatch.setattr(scale, "_kafka_catchup", lambda gb, judge, run: point("kafka", run))
+    monkeypatch.setattr(verdict, "wait_quiet", lambda limits, cpus, timeout_s: waits.append(timeout_s) or 0.0)
+    monkeypatch.setattr(scale.Judge, "__init__", new_judge)
+    points = scale.catchup_rounds(2.0, scale.Judge(verdict.Limits()), True, False, rounds=3, quiet_s=60.0)
+    assert order == [(1, "sluice"), (1, "kafka"), (2, "kafka"), (2, "sluice"), (3, "sluice"), (3, "kafka")]
+    assert waits == [60.0, 60.0] and len(judges) == 3  # no wait before the first round; a new judge after
+    assert [p.run for p in points] == [1, 1, 2, 2, 3, 3]
+
+
+def test_rounds_get_a_run_column_and_medians_of_the_valid_ones_only() -> None:
+    pts = [scale.Point("catchup", "sluice", 2, {"catchup_mb_s": 400.0}, run=1),
+           scale.Point("catchup", "kafka", 2, {"catchup_mb_s": 500.0}, run=1),
+           scale.Point("catchup", "kafka", 2, {"catchup_mb_s": 520.0}, run=2),
+           scale.Point("catchup", "sluice", 2, {"catchup_mb_s": 100.0}, valid=False, run=2)]  # fmt: skip
+    md = scale.table(pts)
+    assert "| catchup | sluice | 2 | 2 | 100 | 0.0 | NO (busy) |" in md
+    assert "- size 2, catchup_mb_s: sluice 400 (1 valid), kafka 510 (2 valid); Sluice/Kafka 0.78" in md
+    assert "Growth from" not in md  # one size: no curve to name
+    none_valid = [scale.Point("catchup", "sluice", 2, {"catchup_mb_s": 1.0}, valid=False, run=r) for r in (1, 2)]
+    assert "- none: no round was valid" in scale.table(none_valid)
+    assert "| run |" not in scale.table(pts[:2])  # a single round keeps the table as it was
