@@ -629,8 +629,9 @@ def chart(points: list[Point], path: Path, title: str) -> bool:
     if not keys:
         return False
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.8), squeeze=False)
+    rounds = max((p.run for p in points), default=1) > 1  # rounds of one size: dots, not a line
     for ax, k in zip(axes[0], keys, strict=True):
-        for system, style in (("sluice", "o-"), ("kafka", "s--")):
+        for system, style in (("sluice", "o" if rounds else "o-"), ("kafka", "s" if rounds else "s--")):
             pts = [p for p in points if p.system == system and k in p.figures]
             if pts:
                 ax.plot([p.size for p in pts], [p.figures[k] for p in pts], style, label=system)
@@ -646,13 +647,31 @@ def chart(points: list[Point], path: Path, title: str) -> bool:
     return True
 
 
+def verdict_of(points: list[Point]) -> tuple[bool, str]:
+    """Whether the points can be read, in words. One round: every point valid. Several rounds
+    (``--repeat``): each system has a valid round at every size, since the medians take only
+    those; the words count the valid rounds per system."""
+    if max((p.run for p in points), default=1) == 1:
+        valid = all(p.valid for p in points)
+        return valid, "valid" if valid else "NOT VALID (busy machine or a failed point)"
+    groups: dict[tuple[str, float], list[Point]] = {}
+    for p in points:
+        groups.setdefault((p.system, p.size), []).append(p)
+    valid = all(any(p.valid for p in group) for group in groups.values())
+    counts = ", ".join(
+        f"{system} {sum(p.valid for p in group)} of {len(group)}" for (system, _size), group in groups.items()
+    )
+    state = "valid" if valid else "NOT VALID (a system without a valid round)"
+    return valid, f"{state}; valid rounds: {counts} (the medians take only those)"
+
+
 def save(name: str, points: list[Point], smoke: bool, results: Path, judge: Judge) -> None:
     stem = f"scale-{name}" + ("-smoke" if smoke else "")
     results.mkdir(parents=True, exist_ok=True)
-    valid = all(p.valid for p in points)
+    valid, verdict_text = verdict_of(points)
     label = "SMOKE RUN (small sizes, not a measurement), " if smoke else ""
     header = (f"{label}bench/scale.py {name}, commit {engine.environment().get('git_commit', '')}, "
-              f"{judge.cpus} CPUs: {'valid' if valid else 'NOT VALID (busy machine or a failed point)'}")  # fmt: skip
+              f"{judge.cpus} CPUs: {verdict_text}")  # fmt: skip
     md = table(points)
     (results / f"{stem}.md").write_text(f"{header}\n\n{md}\n")
     record = {"header": header, "environment": engine.environment(), "valid": valid,
@@ -683,7 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat",
         type=int,
         default=1,
-        help="catchup: rounds (default 1), Kafka first in every other one; medians of the valid rounds",
+        help="catchup: rounds (default 1), Kafka first in every other one, each after the first waiting up to "
+        "180 s (or --wait-quiet if longer) for the load to fall; medians of the valid rounds",
     )
     ap.add_argument("--gb", type=float, help="GB written first (catchup default 2, restart 5; smoke 0.05)")
     ap.add_argument("--max-foreign-share", type=float, default=verdict.Limits.max_foreign_share)

@@ -98,9 +98,11 @@ def test_catchup_rounds_alternate_the_order_and_each_is_judged_from_its_own_star
     from bench import verdict
 
     order: list[tuple[int, str]] = []
+    judged_by: list[scale.Judge] = []
 
-    def point(system: str, run: int) -> scale.Point:
+    def point(system: str, run: int, judge: scale.Judge) -> scale.Point:
         order.append((run, system))
+        judged_by.append(judge)
         return scale.Point("catchup", system, 2.0, {"catchup_mb_s": 100.0}, run=run)
 
     waits: list[float] = []
@@ -110,14 +112,15 @@ def test_catchup_rounds_alternate_the_order_and_each_is_judged_from_its_own_star
         self.limits, self.cpus = limits, 2
         judges.append(self)
 
-    monkeypatch.setattr(scale, "_sluice_catchup", lambda gb, judge, tools, run: point("sluice", run))
-    monkeypatch.setattr(scale, "_kafka_catchup", lambda gb, judge, run: point("kafka", run))
+    monkeypatch.setattr(scale, "_sluice_catchup", lambda gb, judge, tools, run: point("sluice", run, judge))
+    monkeypatch.setattr(scale, "_kafka_catchup", lambda gb, judge, run: point("kafka", run, judge))
     monkeypatch.setattr(verdict, "wait_quiet", lambda limits, cpus, timeout_s: waits.append(timeout_s) or 0.0)
     monkeypatch.setattr(scale.Judge, "__init__", new_judge)
     points = scale.catchup_rounds(2.0, scale.Judge(verdict.Limits()), True, False, rounds=3, quiet_s=60.0)
     assert order == [(1, "sluice"), (1, "kafka"), (2, "kafka"), (2, "sluice"), (3, "sluice"), (3, "kafka")]
     assert waits == [60.0, 60.0] and len(judges) == 3  # no wait before the first round; a new judge after
     assert [p.run for p in points] == [1, 1, 2, 2, 3, 3]
+    assert judged_by == [judges[0], judges[0], judges[1], judges[1], judges[2], judges[2]]  # each round its own
 
 
 def test_rounds_get_a_run_column_and_medians_of_the_valid_ones_only() -> None:
@@ -132,3 +135,14 @@ def test_rounds_get_a_run_column_and_medians_of_the_valid_ones_only() -> None:
     none_valid = [scale.Point("catchup", "sluice", 2, {"catchup_mb_s": 1.0}, valid=False, run=r) for r in (1, 2)]
     assert "- none: no round was valid" in scale.table(none_valid)
     assert "| run |" not in scale.table(pts[:2])  # a single round keeps the table as it was
+
+
+def test_rounds_are_valid_when_each_system_has_a_valid_round_at_every_size() -> None:
+    one_busy = [scale.Point("catchup", "sluice", 2, run=1, valid=False), scale.Point("catchup", "sluice", 2, run=2),
+                scale.Point("catchup", "kafka", 2, run=1), scale.Point("catchup", "kafka", 2, run=2)]  # fmt: skip
+    valid, text = scale.verdict_of(one_busy)
+    assert valid and "sluice 1 of 2, kafka 2 of 2" in text
+    no_kafka = [*one_busy[:2], *(scale.Point("catchup", "kafka", 2, run=r, valid=False) for r in (1, 2))]
+    valid, text = scale.verdict_of(no_kafka)
+    assert not valid and text.startswith("NOT VALID (a system without a valid round)") and "kafka 0 of 2" in text
+    assert scale.verdict_of(one_busy[:1]) == (False, "NOT VALID (busy machine or a failed point)")  # one round

@@ -135,7 +135,7 @@ def rebalance_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         if isinstance(runtime, OperatorRuntime) and runtime.store is not None:
             try:
                 release_throttle(runtime, resource)
-            except Exception as exc:  # the next round of another rebalance, or a restart, does not repair this
+            except Exception as exc:  # any other rebalance's next round, or the operator's start, sweeps it (gone)
                 log.warning("SluiceRebalance %s deleted: its throttle could not be removed: %s", resource, exc)
 
 
