@@ -567,11 +567,16 @@ def _say(p: Point) -> str:
     return f"  {p.bench} {p.system} size {p.size:g}{rnd}: {figs} [load {p.load_1m:.2f}; {state}]"
 
 
+def has_rounds(points: list[Point]) -> bool:
+    """Whether the points come from several rounds (``--repeat``)."""
+    return any(p.run > 1 for p in points)
+
+
 def table(points: list[Point]) -> str:
     keys: list[str] = []
     for p in points:
         keys += [k for k in p.figures if k not in keys]
-    rounds = max((p.run for p in points), default=1) > 1
+    rounds = has_rounds(points)
     run_head, run_rule = ("run | ", "---:|") if rounds else ("", "")
     rows = ["| benchmark | system | size | " + run_head + " | ".join(keys) + " | load avg | valid |",
             "|---|---|---:|" + run_rule + "---:|" * len(keys) + "---:|---|"]  # fmt: skip
@@ -629,7 +634,7 @@ def chart(points: list[Point], path: Path, title: str) -> bool:
     if not keys:
         return False
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.8), squeeze=False)
-    rounds = max((p.run for p in points), default=1) > 1  # rounds of one size: dots, not a line
+    rounds = has_rounds(points)  # rounds of one size: dots, not a line
     for ax, k in zip(axes[0], keys, strict=True):
         for system, style in (("sluice", "o" if rounds else "o-"), ("kafka", "s" if rounds else "s--")):
             pts = [p for p in points if p.system == system and k in p.figures]
@@ -651,7 +656,7 @@ def verdict_of(points: list[Point]) -> tuple[bool, str]:
     """Whether the points can be read, in words. One round: every point valid. Several rounds
     (``--repeat``): each system has a valid round at every size, since the medians take only
     those; the words count the valid rounds per system."""
-    if max((p.run for p in points), default=1) == 1:
+    if not has_rounds(points):
         valid = all(p.valid for p in points)
         return valid, "valid" if valid else "NOT VALID (busy machine or a failed point)"
     groups: dict[tuple[str, float], list[Point]] = {}
