@@ -95,6 +95,10 @@ class KafkaTimeoutError(SluiceError):
     retriable = True
 
 
+class BufferExhaustedError(KafkaTimeoutError):
+    """send() waited max_block_ms for room in the producer's buffer_memory (Kafka's BufferExhaustedException)."""
+
+
 class BrokerNotAvailableError(SluiceError):
     """No broker of the bootstrap list or the metadata answered."""
 

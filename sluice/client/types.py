@@ -17,6 +17,7 @@ import bisect
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
@@ -162,6 +163,15 @@ class OffsetAndTimestamp:
     timestamp: int
 
 
+_running = threading.local()  # depth: record callbacks this thread is running (see in_record_callback)
+
+
+def in_record_callback() -> bool:
+    """Whether this thread is running a record's callback: the producer's I/O threads run them, and
+    ``send()`` must not wait for buffer space there (only those threads free it)."""
+    return getattr(_running, "depth", 0) > 0
+
+
 class BatchOutcome:
     """The shared completion of the records of one producer batch.
 
@@ -170,6 +180,14 @@ class BatchOutcome:
     completing a batch of thousands of records is one assignment plus the
     callbacks that were registered, not a future and a condition variable per
     record. Thread-safe: completed once, by the producer's sender thread.
+
+    Registering a callback takes no lock (it is on the per-record path of every
+    ``send(...).add_done_callback(cb)``): the entry goes into a deque, whose append
+    and popleft are atomic, and every entry is run by whoever pops it. The
+    finisher sets ``done`` and then pops until the deque is empty; an adder
+    appends and then looks at ``done``: if it is set, the finisher's drain may have
+    missed the entry, so the adder pops until empty too. Either way each entry runs
+    exactly once, in registration order unless an adder raced the finish.
     """
 
     __slots__ = (
@@ -192,10 +210,8 @@ class BatchOutcome:
         self.base_offset = -1
         self.log_append_time = -1
         self.exception: BaseException | None = None
-        self._lock = threading.Lock()
-        # Futures with a callback (in their _callback slot: no allocation per record), or
-        # (future, fn) for a future's further callbacks; run once, when the batch is done.
-        self._callbacks: list[FutureRecordMetadata | tuple[FutureRecordMetadata, _Callback]] | None = None
+        self._lock = threading.Lock()  # done, the event and the materialised futures; not the callbacks
+        self._callbacks: deque[tuple[FutureRecordMetadata, _Callback]] = deque()
         self._event: threading.Event | None = None
         self._materialised: list[FutureRecordMetadata] | None = None
 
@@ -216,41 +232,34 @@ class BatchOutcome:
             self.exception = exc
             self.done = True
             materialised, self._materialised = self._materialised, None
-            callbacks, self._callbacks = self._callbacks, None
             event = self._event
         if event is not None:
             event.set()
         if materialised:
             for future in materialised:
                 future._settle()
-        if callbacks:
-            for entry in callbacks:
-                if entry.__class__ is tuple:
-                    future, fn = entry  # type: ignore[misc]
-                else:
-                    future = entry  # type: ignore[assignment]
-                    fn = future._callback  # type: ignore[assignment]
+        self._run_callbacks()
+        return True
+
+    def _run_callbacks(self) -> None:
+        """Pop and run the registered callbacks until none is left (the finisher, or an adder that saw ``done``)."""
+        callbacks = self._callbacks
+        if not callbacks:
+            return
+        depth = getattr(_running, "depth", 0)
+        _running.depth = depth + 1
+        try:
+            while callbacks:
+                try:
+                    future, fn = callbacks.popleft()
+                except IndexError:  # another drainer took the last one
+                    return
                 try:
                     fn(future)
                 except Exception:
                     _log.exception("exception calling callback for %r", future)
-        return True
-
-    def _add_callback(self, future: FutureRecordMetadata, fn: _Callback) -> bool:
-        """Register ``fn`` to run when done; False if already done (the caller runs it)."""
-        with self._lock:
-            if self.done:
-                return False
-            if future._callback is None:
-                future._callback = fn
-                entry: FutureRecordMetadata | tuple[FutureRecordMetadata, _Callback] = future
-            else:
-                entry = (future, fn)
-            if self._callbacks is None:
-                self._callbacks = [entry]
-            else:
-                self._callbacks.append(entry)
-            return True
+        finally:
+            _running.depth = depth
 
     def wait(self, timeout: float | None) -> bool:
         if self.done:
@@ -300,14 +309,13 @@ class FutureRecordMetadata(Future[RecordMetadata]):
     ``concurrent.futures.wait`` or ``as_completed`` asks for it.
     """
 
-    __slots__ = ("_callback", "_index", "_outcome", "_timestamp")
+    __slots__ = ("_index", "_outcome", "_timestamp")
 
     def __init__(self, outcome: BatchOutcome | None = None, index: int = 0, timestamp: int = -1) -> None:
         # Future.__init__ is deliberately not called: see _FUTURE_INTERNALS.
         self._outcome = outcome if outcome is not None else BatchOutcome("", -1)
         self._index = index
         self._timestamp = timestamp
-        self._callback: _Callback | None = None  # the first callback (BatchOutcome runs it)
 
     def __getattr__(self, name: str) -> Any:
         if name not in _FUTURE_INTERNALS:
@@ -378,11 +386,15 @@ class FutureRecordMetadata(Future[RecordMetadata]):
 
     def add_done_callback(self, fn: Callable[[Future[RecordMetadata]], object]) -> None:
         o = self._outcome
-        if o.done or not o._add_callback(self, fn):
-            try:
-                fn(self)
-            except Exception:
-                _log.exception("exception calling callback for %r", self)
+        if not o.done:  # no lock: see BatchOutcome
+            o._callbacks.append((self, fn))
+            if o.done:  # it finished meanwhile and may have drained before the append
+                o._run_callbacks()
+            return
+        try:
+            fn(self)
+        except Exception:
+            _log.exception("exception calling callback for %r", self)
 
     def set_result(self, result: RecordMetadata) -> None:
         """Resolve a standalone future (not one of a batch) with ``result``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 import zlib
 
 import pytest
@@ -403,3 +404,107 @@ def test_default_partition() -> None:
     assert default_partition(sticky, "t", b"abc", 5) == zlib.crc32(b"abc") % 5
     p = default_partition(sticky, "t", None, 5)
     assert 0 <= p < 5
+
+
+# ------------------------------------------------------------------ buffer_memory
+
+
+def test_a_new_batch_waits_for_buffer_memory_until_an_acknowledgement_frees_it() -> None:
+    import threading
+
+    a = acc(batch_size=1000, buffer_memory=2000, max_block_ms=10_000, linger_ms=60_000)
+    first = a.append(TP0, None, b"x" * 900)
+    a.append(TP1, None, b"x" * 900)  # two batches: the buffer is full
+    assert a.ready(0.0)[0] == []  # lingering: nothing is sendable yet
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(a.append(TP0, None, b"y" * 900)))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not a._space_waiters and time.monotonic() < deadline:  # bounded: the waiter registers at once
+        time.sleep(0.001)
+    assert got == [] and a._space_waiters == 1
+    assert sorted(a.ready(0.0)[0]) == [TP0, TP1]  # while someone waits, every queued batch goes at once
+    a.append(TP1, None, b"z" * 50)  # an append into an open batch needs no new room: it does not wait
+    batch = drain_one(a, TP0)
+    a.complete(batch, 7)
+    t.join(10)
+    assert not t.is_alive() and len(got) == 1
+    assert first is not None and first.result(0).offset == 7
+    assert a.queued_count() == 2 and a._buffered == 2000
+
+
+def test_buffer_exhausted_after_max_block_ms_fails_the_record_not_the_producer() -> None:
+    a = acc(batch_size=1000, buffer_memory=1000, max_block_ms=50)
+    a.append(TP0, None, b"x" * 900)
+    start = time.monotonic()
+    refused = a.append(TP0, None, b"y" * 900)
+    assert refused is not None and time.monotonic() - start >= 0.05
+    exc = refused.exception(0)
+    assert isinstance(exc, errors.BufferExhaustedError) and exc.retriable
+    assert "buffer_memory (1000 bytes" in str(exc) and "max_block_ms (50 ms)" in str(exc)
+    assert a.queued_count() == 1  # the refused record was not queued
+    a.complete(drain_one(a), 0)
+    assert a._buffered == 0
+    later = a.append(TP0, None, b"z")
+    assert later is not None and not later.done()  # room again: queued
+
+
+def test_send_from_a_record_callback_never_waits_for_buffer_memory() -> None:
+    # Callbacks run on the producer's I/O threads, the ones that free the buffer: waiting there would
+    # stop the producer. The record goes over the bound instead.
+    a = acc(batch_size=1000, buffer_memory=2000, max_block_ms=2000)
+    f = a.append(TP0, None, b"x" * 900)
+    a.append(TP1, None, b"x" * 900)
+    assert f is not None
+    inside: list[object] = []
+    tp2 = TopicPartition("t", 2)
+    # 1,500 bytes need 1,500 of the 1,000 that the failed batch gives back
+    f.add_done_callback(lambda _f: inside.append(a.append(tp2, None, b"y" * 1500)))
+    a.fail(drain_one(a), errors.BrokerNotAvailableError("down"))  # runs the callback on this thread
+    assert len(inside) == 1 and inside[0] is not None and not inside[0].done()  # type: ignore[attr-defined]
+    assert a._buffered > 2000  # over the bound, by design
+
+
+def test_close_wakes_a_send_waiting_for_buffer_memory() -> None:
+    import threading
+
+    a = acc(batch_size=1000, buffer_memory=1000, max_block_ms=60_000)
+    a.append(TP0, None, b"x" * 900)
+    raised: list[BaseException] = []
+
+    def blocked() -> None:
+        try:
+            a.append(TP1, None, b"y" * 900)
+        except Exception as exc:  # the test looks at what was raised
+            raised.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not a._space_waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    a.close()
+    t.join(10)
+    assert not t.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], errors.IllegalStateError)
+
+
+def test_bulk_append_waits_for_buffer_memory_too() -> None:
+    a = acc(batch_size=1000, buffer_memory=1000, max_block_ms=30)
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    q0 = a.queue_for(TP0)
+    end, full = a.append_values(q0, [b"x" * 300] * 3, 0, 1, False, 0, runs)
+    assert end == 3 and not full
+    q1 = a.queue_for(TP1)
+    with pytest.raises(errors.BufferExhaustedError):
+        a.append_values(q1, [b"y" * 300], 0, 1, False, 0, runs)
+    assert a.queued_count() == 1
+
+
+def test_the_hot_path_raises_buffer_exhausted_for_send_to_record_with_the_transaction() -> None:
+    # Producer.send() calls append_to and turns the error into a refused record (which breaks an open
+    # transaction, as every refused record does): append_to raises rather than returning a future.
+    a = acc(batch_size=1000, buffer_memory=1000, max_block_ms=10)
+    a.append(TP0, None, b"x" * 900)
+    with pytest.raises(errors.BufferExhaustedError):
+        a.append_to(a.queue_for(TP1), None, b"y" * 900, None, 1, record_size(None, b"y" * 900, None), True, False, 1)

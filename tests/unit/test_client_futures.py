@@ -12,7 +12,9 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, InvalidStateError
+from typing import Any
 
 import pytest
 
@@ -112,6 +114,64 @@ def test_callbacks_registered_while_completing_run_exactly_once() -> None:
         outcome.complete(0)
         t.join()
         assert count[0] == 200
+
+
+def test_a_callback_appended_just_after_the_finish_drained_still_runs_once() -> None:
+    # The interleaving the lock-free registration must survive, made deterministic: the adder saw
+    # the batch running, then the batch completed and drained its (empty) callbacks, and only then
+    # did the adder's append land. The adder sees ``done`` after its append and runs the entry.
+    outcome, (f, g) = futures(2)
+    ran: list[str] = []
+
+    class FinishFirst(deque[tuple[FutureRecordMetadata, Any]]):
+        def append(self, entry: tuple[FutureRecordMetadata, Any]) -> None:
+            if not outcome.done:
+                outcome.complete(7)  # drains nothing: the entry is not there yet
+            super().append(entry)
+
+    g.add_done_callback(lambda _f: ran.append("before"))  # registered the ordinary way
+    outcome._callbacks = FinishFirst(outcome._callbacks)
+    f.add_done_callback(lambda f: ran.append(f"late {f.result().offset}"))
+    assert ran == ["before", "late 7"]
+    assert not outcome._callbacks
+
+
+def test_two_threads_adding_to_the_same_futures_while_they_complete_run_each_callback_once() -> None:
+    # Registration takes no lock (BatchOutcome's docstring): two threads add a callback to each of the
+    # same futures while a third completes the batch, with a tiny switch interval so that the threads
+    # interleave inside add_done_callback. Every (future, thread) pair must run exactly once, and a
+    # callback that registers another one from inside the drain must run it too.
+    import sys
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for round_ in range(20):
+            ran: list[tuple[int, str]] = []
+            outcome, fs = futures(300)
+
+            def add(tag: str, fs: list[FutureRecordMetadata] = fs, ran: list[tuple[int, str]] = ran) -> None:
+                for f in fs:
+                    f.add_done_callback(lambda f, tag=tag: ran.append((f._index, tag)))  # list.append: atomic
+
+            def nested(
+                f: Future[RecordMetadata], fs: list[FutureRecordMetadata] = fs, ran: list[tuple[int, str]] = ran
+            ) -> None:
+                fs[-1].add_done_callback(lambda _f: ran.append((-1, "nested")))
+
+            fs[0].add_done_callback(nested)
+            threads = [threading.Thread(target=add, args=(tag,)) for tag in ("a", "b")]
+            for t in threads:
+                t.start()
+            if round_ % 2:
+                time.sleep(0.0005)  # let some registrations land before the finish, some after
+            outcome.complete(0)
+            for t in threads:
+                t.join(10)
+            assert sorted(ran) == sorted([(-1, "nested")] + [(i, tag) for i in range(300) for tag in ("a", "b")])
+            assert not outcome._callbacks
+    finally:
+        sys.setswitchinterval(before)
 
 
 def test_concurrent_futures_wait_and_as_completed_work_on_record_futures() -> None:

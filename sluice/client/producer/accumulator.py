@@ -36,12 +36,26 @@ Design:
   ``fail()``. A commit that sees a batch gone thus also sees its error.
 * A transactional batch belongs to one transaction (its ``generation``, see
   ``transaction_manager``): records of another transaction never join it.
+* ``buffer_memory`` bounds what the incomplete batches hold, as Kafka's
+  producer does: each counts ``batch_size`` (or its one larger record) from
+  its creation until it is completed or failed. A ``send()`` that needs a new
+  batch when the buffer is full waits (up to ``max_block_ms``, then
+  BufferExhaustedError) and, meanwhile, every queued batch is sendable at
+  once. Besides bounding memory, this is what lets the sender keep up: a
+  thread that appends without ever blocking holds the GIL, and the sender
+  and gRPC's completion thread get it back only at the interpreter's switch
+  interval (5 ms), a few times per request. For the same reason an append that
+  starts or fills a batch wakes the sender and then releases the GIL for a
+  moment (``time.sleep(0)``): once per batch. Record callbacks run on those
+  threads, so a ``send()`` from a callback never waits (it may go over the
+  bound instead of stopping what frees it).
 
 The accumulator does no I/O and knows nothing of brokers; unit tests drive it directly.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -50,11 +64,22 @@ from dataclasses import dataclass
 
 from sluice import errors
 from sluice.api.v1 import records_pb2
-from sluice.client.types import BatchOutcome, FutureRecordMetadata, TopicPartition, failed_future
+from sluice.client.types import (
+    BatchOutcome,
+    FutureRecordMetadata,
+    TopicPartition,
+    failed_future,
+    in_record_callback,
+)
 from sluice.records import RECORD_STRUCT, BatchBuilder, Headers, RecordBatch, now_ms
 
 monotonic = time.monotonic
 _pack_record = RECORD_STRUCT.pack
+
+# Let the thread just woken have the GIL: without this, a thread that appends without a pause keeps it
+# until the interpreter's switch interval (5 ms) forces it loose, and the sender, and gRPC's thread with a
+# response, wait that long each time (see the module's docstring). Once per batch, not per record.
+_yield_gil = functools.partial(time.sleep, 0)
 
 SEQUENCE_MODULUS = 2**31
 RECORD_OVERHEAD = RECORD_STRUCT.size  # the fixed part of one encoded record
@@ -208,6 +233,8 @@ class AccumulatorConfig:
     delivery_timeout_ms: int = 120_000
     retry_backoff_ms: int = 100
     retry_backoff_max_ms: int = 1000
+    buffer_memory: int = 33_554_432
+    max_block_ms: int = 60_000
 
 
 class RecordAccumulator:
@@ -216,12 +243,17 @@ class RecordAccumulator:
     def __init__(self, config: AccumulatorConfig, wakeup: Callable[[], None] | None = None) -> None:
         self.config = config
         self._batch_size = config.batch_size
+        self._buffer_memory = config.buffer_memory
+        self._max_block = config.max_block_ms / 1000.0
         self._wakeup = wakeup or (lambda: None)
         self._lock = threading.Lock()
         self._parts: dict[TopicPartition, _PartitionQueue] = {}
         self._flushes = 0
         self._closing = False
         self._incomplete: set[ProducerBatch] = set()
+        self._buffered = 0  # bytes the incomplete batches count against buffer_memory (_counted)
+        self._space = threading.Condition(self._lock)  # notified when a batch stops counting
+        self._space_waiters = 0
 
     # ------------------------------------------------------------------ append (any thread)
 
@@ -257,17 +289,20 @@ class RecordAccumulator:
         size = record_size(key, value, headers)
         if size + BATCH_OVERHEAD > self.config.max_request_size:
             return self.too_large(size)
-        return self.append_to(
-            self.queue_for(tp),
-            key,
-            value,
-            headers,
-            now_ms() if timestamp is None else timestamp,
-            size,
-            transactional,
-            abort_on_new_batch,
-            generation,
-        )
+        try:
+            return self.append_to(
+                self.queue_for(tp),
+                key,
+                value,
+                headers,
+                now_ms() if timestamp is None else timestamp,
+                size,
+                transactional,
+                abort_on_new_batch,
+                generation,
+            )
+        except errors.BufferExhaustedError as exc:
+            return failed_future(exc)
 
     def too_large(self, size: int) -> FutureRecordMetadata:
         return failed_future(
@@ -334,12 +369,18 @@ class RecordAccumulator:
             if full is None:
                 if abort_on_new_batch:
                     return None
+                if self._buffered + (size if size > self._batch_size else self._batch_size) > self._buffer_memory:
+                    exhausted = self._wait_for_space(size)
+                    if exhausted is not None:
+                        raise exhausted
                 full = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 index = full.append(key, value, headers, timestamp)
                 queue.append(full)
                 self._incomplete.add(full)
+                self._buffered += self._counted(full)
         # the sender must learn of the new batch (its linger timer) or of the full one
         self._wakeup()
+        _yield_gil()
         return FutureRecordMetadata(full.outcome, index, timestamp)
 
     def append_values(
@@ -380,10 +421,16 @@ class RecordAccumulator:
             if created:
                 if abort_on_new_batch:
                     return start, True
+                first_size = RECORD_OVERHEAD + (len(first) if first is not None else 0)
+                if self._buffered + max(first_size, batch_size) > self._buffer_memory:
+                    exhausted = self._wait_for_space(first_size)
+                    if exhausted is not None:
+                        raise exhausted
                 batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 batch.append(None, first, None, timestamp)
                 queue.append(batch)
                 self._incomplete.add(batch)
+                self._buffered += self._counted(batch)
                 i = start + 1
             else:
                 i = start
@@ -412,7 +459,48 @@ class RecordAccumulator:
             full = i < end or size >= batch_size
         if created or full:
             self._wakeup()  # the sender must learn of the new batch (its linger timer) or of the full one
+            _yield_gil()
         return i, full
+
+    def _counted(self, batch: ProducerBatch) -> int:
+        """What ``batch`` counts against buffer_memory: batch_size, or its one larger record (a batch
+        that starts with a record larger than batch_size takes no other)."""
+        return batch.size if batch.size > self._batch_size else self._batch_size
+
+    def _wait_for_space(self, size: int) -> errors.BufferExhaustedError | None:
+        """Called under the lock when a new batch for a ``size``-byte record would go over
+        buffer_memory: wait until it fits or nothing is incomplete (then a batch always fits); the
+        error if max_block_ms passed first. A record callback does not wait (see the module's
+        docstring); neither does anything once the producer closes (the caller raises)."""
+        need = size if size > self._batch_size else self._batch_size
+        if in_record_callback():
+            return None
+        deadline = monotonic() + self._max_block
+        self._space_waiters += 1
+        self._wakeup()  # every queued batch is sendable while someone waits (_sendable)
+        try:
+            while self._buffered + need > self._buffer_memory and self._incomplete and not self._closing:
+                left = deadline - monotonic()
+                if left <= 0:
+                    return errors.BufferExhaustedError(
+                        f"no room for a {size}-byte record in buffer_memory ({self._buffer_memory} bytes, "
+                        f"{self._buffered} held by {len(self._incomplete)} unacknowledged batches) within "
+                        f"max_block_ms ({self.config.max_block_ms} ms)"
+                    )
+                self._space.wait(left)
+        finally:
+            self._space_waiters -= 1
+        if self._closing:
+            raise errors.IllegalStateError("cannot send: the producer is closed")
+        return None
+
+    def _release(self, batch: ProducerBatch) -> None:
+        """Under the lock: ``batch`` is resolved, it no longer counts (flush waits on the rest)."""
+        if batch in self._incomplete:
+            self._incomplete.remove(batch)
+            self._buffered -= self._counted(batch)
+            if self._space_waiters:
+                self._space.notify_all()
 
     # ------------------------------------------------------------------ sender side
 
@@ -428,7 +516,7 @@ class RecordAccumulator:
             return False, float("inf")
         if head.retry_at > now:
             return False, head.retry_at - now
-        if head.sealed or self._flushes or self._closing or len(part.queue) > 1:
+        if head.sealed or self._flushes or self._closing or len(part.queue) > 1 or self._space_waiters:
             return True, 0.0
         if head.size >= self.config.batch_size:
             return True, 0.0
@@ -536,7 +624,7 @@ class RecordAccumulator:
             part = self._remove_in_flight(batch)
             if part is not None:
                 self._maybe_end_recovery(part)
-            self._incomplete.discard(batch)
+            self._release(batch)
         batch.complete(base_offset, log_append_time)
         self._wakeup()
 
@@ -552,7 +640,7 @@ class RecordAccumulator:
                 if batch in part.queue:
                     part.queue.remove(batch)
                 self._maybe_end_recovery(part)
-            self._incomplete.discard(batch)
+            self._release(batch)
         batch.fail(exc)
         self._wakeup()
 
@@ -701,9 +789,10 @@ class RecordAccumulator:
             return self._flushes > 0
 
     def close(self) -> None:
-        """No more appends; every queued batch is sendable now."""
+        """No more appends (a send() waiting for buffer space raises); every queued batch is sendable now."""
         with self._lock:
             self._closing = True
+            self._space.notify_all()
         self._wakeup()
 
     @property

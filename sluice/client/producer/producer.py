@@ -153,6 +153,11 @@ class Producer:
       success or failure, retries included.
     * ``max_request_size``: the largest record (and request) sent; a larger
       record fails with MessageTooLargeError.
+    * ``buffer_memory``: the bytes of records waiting to be sent or acknowledged
+      (32 MiB, as Kafka's ``buffer.memory``); at least ``max_request_size``. A
+      ``send()`` that finds it full waits for an acknowledgement, up to
+      ``max_block_ms``, then its future fails with BufferExhaustedError
+      (retriable). A ``send()`` from a record's callback does not wait.
     * ``max_block_ms``: how long ``send()`` waits for a topic's metadata and
       transactional calls (init, send_offsets, commit, abort) wait for the
       coordinator, retries included. Transactional calls also stop at
@@ -190,6 +195,7 @@ class Producer:
         sasl_oauthbearer_token_file: str | None = None,
         max_request_size: int = 1_048_576,
         max_block_ms: int = 60_000,
+        buffer_memory: int = 33_554_432,
         retry_backoff_ms: int = 100,
         client_id: str | None = None,
     ) -> None:
@@ -208,6 +214,11 @@ class Producer:
             raise ValueError("max_in_flight must be at least 1")
         if batch_size <= 0 or linger_ms < 0 or delivery_timeout_ms <= 0:
             raise ValueError("batch_size and delivery_timeout_ms must be positive, linger_ms not negative")
+        if buffer_memory < max_request_size:
+            raise ValueError(
+                f"buffer_memory ({buffer_memory}) must be at least max_request_size ({max_request_size}): "
+                "a record that fits a request must fit the buffer"
+            )
         self.client_id = client_id or "sluice-producer"
         self.transactional_id = transactional_id
         self._max_block = max_block_ms / 1000.0
@@ -240,6 +251,8 @@ class Producer:
                 idempotent=idempotent,
                 delivery_timeout_ms=delivery_timeout_ms,
                 retry_backoff_ms=retry_backoff_ms,
+                buffer_memory=buffer_memory,
+                max_block_ms=max_block_ms,
             ),
             wakeup=self._wakeup,
         )
@@ -317,35 +330,38 @@ class Producer:
             return self._refused(accumulator.too_large(size), generation)
         ts = now_ms if timestamp_ms is None else timestamp_ms
         transactional = self._transactional
-        if partition is None and key is None:
-            chosen = route.sticky
-            future = accumulator.append_to(
-                route.queues[chosen], key, value, hdrs, ts, size, transactional, True, generation
-            )
-            if future is None:  # the sticky batch is full or gone: stick to another partition
-                chosen = self._next_sticky(route, chosen)
+        try:  # no cost unless raised
+            if partition is None and key is None:
+                chosen = route.sticky
+                future = accumulator.append_to(
+                    route.queues[chosen], key, value, hdrs, ts, size, transactional, True, generation
+                )
+                if future is None:  # the sticky batch is full or gone: stick to another partition
+                    chosen = self._next_sticky(route, chosen)
+                    future = accumulator.append_to(
+                        route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
+                    )
+            else:
+                if partition is None:
+                    chosen = partition_for_key(key, route.num)  # type: ignore[arg-type]  # key is not None here
+                else:
+                    chosen = partition
+                    if not 0 <= partition < route.num:
+                        self._cluster.refresh_if_stale([topic])
+                        num = self._cluster.partition_count(topic) or route.num
+                        if not 0 <= partition < num:
+                            return self._refused(
+                                errors.UnknownTopicOrPartitionError(
+                                    f"partition {partition} of topic {topic!r} does not exist (it has {num})"
+                                ),
+                                generation,
+                            )
+                        route = self._route(topic, now_ms)
                 future = accumulator.append_to(
                     route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
                 )
-        else:
-            if partition is None:
-                chosen = partition_for_key(key, route.num)  # type: ignore[arg-type]  # key is not None here
-            else:
-                chosen = partition
-                if not 0 <= partition < route.num:
-                    self._cluster.refresh_if_stale([topic])
-                    num = self._cluster.partition_count(topic) or route.num
-                    if not 0 <= partition < num:
-                        return self._refused(
-                            errors.UnknownTopicOrPartitionError(
-                                f"partition {partition} of topic {topic!r} does not exist (it has {num})"
-                            ),
-                            generation,
-                        )
-                    route = self._route(topic, now_ms)
-            future = accumulator.append_to(
-                route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
-            )
+        except errors.BufferExhaustedError as exc:  # waited max_block_ms for buffer_memory
+            return self._refused(exc, generation)
         if transactional and route.txn_generation[chosen] != generation:
             route.txn_generation[chosen] = generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
@@ -401,10 +417,15 @@ class Producer:
             if start and not txn.send_ok:  # the transaction broke meanwhile: raise as the next send() would
                 txn.check_can_send()
             before = start
-            start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs, sticky)
-            if start == before:  # the sticky partition needs a new batch: stick to another one, as send() does
-                chosen = self._next_sticky(route, chosen)
-                start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs)
+            try:
+                start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs, sticky)
+                if start == before:  # the sticky partition needs a new batch: stick to another one, as send() does
+                    chosen = self._next_sticky(route, chosen)
+                    start, _full = append(route.queues[chosen], items, start, ts, transactional, generation, runs)
+            except errors.BufferExhaustedError as exc:  # the rest fail as send() fails each of them
+                refused = self._refused(exc, generation)
+                runs.append((refused._outcome, 0, len(items) - start, -1))
+                break
             if transactional and route.txn_generation[chosen] != generation:
                 route.txn_generation[chosen] = generation
                 if txn.maybe_add_partition(route.queues[chosen].tp):
@@ -422,7 +443,8 @@ class Producer:
         return SentRecords(runs)
 
     def _refused(self, refusal: errors.SluiceError | FutureRecordMetadata, generation: int) -> FutureRecordMetadata:
-        """A record send() could not queue (no metadata in time, too large, no such partition): its failed future.
+        """A record send() could not queue (no metadata in time, too large, no such partition, no room in
+        buffer_memory in time): its failed future.
 
         In a transaction the record's absence breaks the transaction, as
         Kafka's producer does: otherwise a commit would succeed without it.
