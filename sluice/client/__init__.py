@@ -66,6 +66,7 @@ from sluice.client.producer.transaction_manager import TransactionState
 from sluice.client.quotas import ClientQuotaAlteration, ClientQuotaEntity, ClientQuotaFilter, ClientQuotaFilterComponent
 from sluice.client.types import (
     ConsumerRecord,
+    DeliveryCallback,
     FutureRecordMetadata,
     GroupMetadata,
     OffsetAndTimestamp,
@@ -91,6 +92,7 @@ __all__ = [
     "ConsumerGroupDescription",
     "ConsumerGroupListing",
     "ConsumerRecord",
+    "DeliveryCallback",
     "FutureRecordMetadata",
     "GroupMetadata",
     "ListedTransaction",

@@ -25,6 +25,9 @@ from typing import Any, overload
 
 _log = logging.getLogger("concurrent.futures")
 _Callback = Callable[["Future[RecordMetadata]"], object]
+# send(callback=...): Kafka's Callback.onCompletion(metadata, exception). The metadata is always given
+# (offset and timestamp -1 after an error, as Kafka's), the exception is None on success.
+DeliveryCallback = Callable[["RecordMetadata", "BaseException | None"], object]
 
 __all__ = [
     "BatchOutcome",
@@ -196,6 +199,7 @@ class BatchOutcome:
         "_lock",
         "_materialised",
         "base_offset",
+        "delivery_callbacks",
         "done",
         "exception",
         "log_append_time",
@@ -214,6 +218,10 @@ class BatchOutcome:
         self._callbacks: deque[tuple[FutureRecordMetadata, _Callback]] = deque()
         self._event: threading.Event | None = None
         self._materialised: list[FutureRecordMetadata] | None = None
+        # send(callback=...): index, callback, timestamp, flat (no object per record for the
+        # garbage collector to follow while the batch is in flight). Appended only while the batch
+        # is open for records, under the accumulator's lock, so never after it is done.
+        self.delivery_callbacks: list[Any] | None = None
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> bool:
         """Resolve every record with ``base_offset`` (-1: unknown, acks=0); False if already done."""
@@ -238,8 +246,37 @@ class BatchOutcome:
         if materialised:
             for future in materialised:
                 future._settle()
+        if self.delivery_callbacks:
+            self._run_delivery_callbacks()
         self._run_callbacks()
         return True
+
+    def _run_delivery_callbacks(self) -> None:
+        """Run send(callback=...) callbacks in send order: (metadata, None) or (metadata with -1s, error)."""
+        entries, self.delivery_callbacks = self.delivery_callbacks, None
+        assert entries is not None
+        topic, partition, exc = self.topic, self.partition, self.exception
+        base, appended = self.base_offset, self.log_append_time
+        depth = getattr(_running, "depth", 0)
+        _running.depth = depth + 1
+        try:
+            for i in range(0, len(entries), 3):
+                index, fn, timestamp = entries[i], entries[i + 1], entries[i + 2]
+                if exc is not None:
+                    metadata = RecordMetadata(topic, partition, -1, -1)
+                else:
+                    metadata = RecordMetadata(
+                        topic,
+                        partition,
+                        base + index if base >= 0 else -1,
+                        appended if appended >= 0 else timestamp,
+                    )
+                try:
+                    fn(metadata, exc)
+                except Exception:
+                    _log.exception("exception calling the delivery callback of %s-%d", topic, partition)
+        finally:
+            _running.depth = depth
 
     def _run_callbacks(self) -> None:
         """Pop and run the registered callbacks until none is left (the finisher, or an adder that saw ``done``)."""

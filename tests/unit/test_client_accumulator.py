@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from collections import deque
 
 import pytest
 
@@ -508,3 +509,66 @@ def test_the_hot_path_raises_buffer_exhausted_for_send_to_record_with_the_transa
     a.append(TP0, None, b"x" * 900)
     with pytest.raises(errors.BufferExhaustedError):
         a.append_to(a.queue_for(TP1), None, b"y" * 900, None, 1, record_size(None, b"y" * 900, None), True, False, 1)
+
+
+# ------------------------------------------------------------------ send(callback=...)
+
+
+def test_delivery_callbacks_run_in_send_order_with_each_records_metadata() -> None:
+    a = acc(batch_size=10_000)
+    seen: list[tuple[int, int, int, object]] = []
+
+    def cb(md: object, exc: BaseException | None) -> None:
+        seen.append((md.partition, md.offset, md.timestamp, exc))  # type: ignore[attr-defined]
+
+    q = a.queue_for(TP0)
+    for i in range(5):
+        a.append_to(q, None, b"v", None, 1000 + i, record_size(None, b"v", None), False, False, 0, cb)
+    a.append_to(q, None, b"w", None, 2000, record_size(None, b"w", None), False, False, 0)  # no callback
+    a.complete(drain_one(a), 40)
+    assert seen == [(0, 40 + i, 1000 + i, None) for i in range(5)]
+    assert q.queue == deque() and not a.incomplete()
+
+
+def test_delivery_callbacks_of_a_failed_batch_get_the_error_and_minus_one() -> None:
+    a = acc(batch_size=10_000)
+    seen: list[tuple[int, int, object]] = []
+    q = a.queue_for(TP1)
+    for _ in range(3):
+        a.append_to(
+            q, None, b"v", None, 5, record_size(None, b"v", None), False, False, 0,
+            lambda md, exc: seen.append((md.offset, md.timestamp, exc)),
+        )  # fmt: skip
+    err = errors.NotEnoughReplicasError("2 of 3")
+    a.fail(drain_one(a, TP1), err)
+    assert seen == [(-1, -1, err)] * 3
+
+
+def test_a_failing_delivery_callback_is_logged_and_the_others_still_run(caplog: pytest.LogCaptureFixture) -> None:
+    a = acc(batch_size=10_000)
+    seen: list[int] = []
+
+    def bad(md: object, exc: BaseException | None) -> None:
+        raise RuntimeError("callback bug")
+
+    q = a.queue_for(TP0)
+    size = record_size(None, b"v", None)
+    a.append_to(q, None, b"v", None, 1, size, False, False, 0, bad)
+    a.append_to(q, None, b"v", None, 1, size, False, False, 0, lambda md, exc: seen.append(md.offset))
+    a.complete(drain_one(a), 7)
+    assert seen == [8]
+    assert "exception calling the delivery callback of t-0" in caplog.text
+
+
+def test_send_from_a_delivery_callback_never_waits_for_buffer_memory() -> None:
+    a = acc(batch_size=1000, buffer_memory=2000, max_block_ms=2000)
+    inside: list[object] = []
+    tp2 = TopicPartition("t", 2)
+    q = a.queue_for(TP0)
+    a.append_to(
+        q, None, b"x" * 900, None, 1, record_size(None, b"x" * 900, None), False, False, 0,
+        lambda md, exc: inside.append(a.append(tp2, None, b"y" * 1500)),
+    )  # fmt: skip
+    a.append(TP1, None, b"x" * 900)
+    a.fail(drain_one(a), errors.BrokerNotAvailableError("down"))
+    assert len(inside) == 1 and inside[0] is not None and not inside[0].done()  # type: ignore[attr-defined]

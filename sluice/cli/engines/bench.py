@@ -181,11 +181,12 @@ def bench_cluster(
 
 
 class _Acks:
-    """Counts acknowledgements and failures from send() futures (callbacks run on client threads).
+    """Counts acknowledgements and failures: ``delivered`` is send()'s ``callback`` (what Kafka's
+    ProducerPerformance gives its send()), ``__call__`` a future's done-callback.
 
     Called once per record, so it stays cheap: each thread counts successes in
-    its own cell (no lock; the producer runs callbacks on its sender thread, or
-    on the sending thread for a record already done), failures take a lock.
+    its own cell (no lock; the producer runs callbacks on its I/O threads, or
+    on the sending thread for a record refused at once), failures take a lock.
     """
 
     def __init__(self) -> None:
@@ -207,7 +208,9 @@ class _Acks:
         return cell
 
     def __call__(self, fut: Future[RecordMetadata]) -> None:
-        exc = fut.exception()
+        self.delivered(None, fut.exception())
+
+    def delivered(self, _metadata: RecordMetadata | None, exc: BaseException | None) -> None:
         if exc is None:
             try:
                 self._local.cell[0] += 1
@@ -303,11 +306,11 @@ def produce(
             start = time.perf_counter()
             next_commit = start + interval_s
             deadline = start + max_seconds
-            send = producer.send
+            send, delivered = producer.send, acked.delivered
             while sent < count:
                 # Check the clock every 256 records: cheap, and fine-grained enough for 100 ms commits.
                 for _ in range(min(256, count - sent)):
-                    send(topic_name, value=values[sent % nvalues]).add_done_callback(acked)
+                    send(topic_name, value=values[sent % nvalues], callback=delivered)
                     sent += 1
                 now = time.perf_counter()
                 if transactional and now >= next_commit:
@@ -468,10 +471,10 @@ def latency(
         start = time.perf_counter()
         measure_from = start + warmup_seconds
 
-        def on_done(fut: Future[RecordMetadata], t0: float) -> None:
+        def on_done(metadata: RecordMetadata, exc: BaseException | None, t0: float) -> None:
             t1 = time.perf_counter()
-            acked(fut)
-            if t0 >= measure_from and fut.exception() is None:
+            acked.delivered(metadata, exc)
+            if t0 >= measure_from and exc is None:
                 with lock:
                     samples.append((t1 - t0) * 1000.0)
 
@@ -485,8 +488,7 @@ def latency(
                 due = min(total, int((now - start) * rate) + 1)
                 while sent < due:
                     t0 = time.perf_counter()
-                    fut = producer.send(topic, value=values[sent % len(values)])
-                    fut.add_done_callback(functools.partial(on_done, t0=t0))
+                    producer.send(topic, value=values[sent % len(values)], callback=functools.partial(on_done, t0=t0))
                     sent += 1
                 bar.update(sent, f"{acked.acked} acked")
                 time.sleep(0.0005)

@@ -66,6 +66,7 @@ from sluice import errors
 from sluice.api.v1 import records_pb2
 from sluice.client.types import (
     BatchOutcome,
+    DeliveryCallback,
     FutureRecordMetadata,
     TopicPartition,
     failed_future,
@@ -80,6 +81,18 @@ _pack_record = RECORD_STRUCT.pack
 # until the interpreter's switch interval (5 ms) forces it loose, and the sender, and gRPC's thread with a
 # response, wait that long each time (see the module's docstring). Once per batch, not per record.
 _yield_gil = functools.partial(time.sleep, 0)
+
+
+def _add_delivery_callback(outcome: BatchOutcome, index: int, callback: DeliveryCallback, timestamp: int) -> None:
+    """Keep send()'s callback with the batch (under the accumulator's lock, the batch still open)."""
+    entries = outcome.delivery_callbacks
+    if entries is None:
+        outcome.delivery_callbacks = [index, callback, timestamp]
+    else:
+        entries.append(index)
+        entries.append(callback)
+        entries.append(timestamp)
+
 
 SEQUENCE_MODULUS = 2**31
 RECORD_OVERHEAD = RECORD_STRUCT.size  # the fixed part of one encoded record
@@ -323,10 +336,12 @@ class RecordAccumulator:
         transactional: bool,
         abort_on_new_batch: bool,
         generation: int = 0,
+        callback: DeliveryCallback | None = None,
     ) -> FutureRecordMetadata | None:
         """:meth:`append` for callers that looked up the queue (:meth:`queue_for`) and sized the record.
 
-        The producer's per-record hot path: one lock, one encode, one future.
+        The producer's per-record hot path: one lock, one encode, one future. ``callback`` (send's)
+        is kept with the batch's outcome, which runs it when the batch is done.
         """
         with self._lock:
             if self._closing:
@@ -359,6 +374,8 @@ class RecordAccumulator:
                                 parts.append(value)
                         last.count = index + 1
                         last.size = new_size
+                    if callback is not None:
+                        _add_delivery_callback(last.outcome, index, callback, timestamp)
                     if new_size < self._batch_size:
                         return FutureRecordMetadata(last.outcome, index, timestamp)
                     full: ProducerBatch | None = last
@@ -375,6 +392,8 @@ class RecordAccumulator:
                         raise exhausted
                 full = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 index = full.append(key, value, headers, timestamp)
+                if callback is not None:
+                    _add_delivery_callback(full.outcome, index, callback, timestamp)
                 queue.append(full)
                 self._incomplete.add(full)
                 self._buffered += self._counted(full)

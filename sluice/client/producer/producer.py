@@ -65,9 +65,11 @@ from sluice.client.producer.transaction_manager import (
 )
 from sluice.client.types import (
     BatchOutcome,
+    DeliveryCallback,
     FutureRecordMetadata,
     GroupMetadata,
     PreparedTransaction,
+    RecordMetadata,
     SentRecords,
     TopicPartition,
     failed_future,
@@ -167,7 +169,7 @@ class Producer:
       defaults the bound is Kafka's 60 s. After such a timeout the call may be
       repeated, or the transaction aborted.
 
-    Futures are resolved (and their callbacks run) on the producer's I/O
+    Futures are resolved (and their callbacks, and ``send(callback=...)``'s, run) on the producer's I/O
     threads (gRPC's completion thread for an acknowledgement, the sender thread
     otherwise): a callback should be quick and must not block on the producer
     (``flush()`` in a callback deadlocks).
@@ -293,13 +295,20 @@ class Producer:
         partition: int | None = None,
         headers: HeadersArg = None,
         timestamp_ms: int | None = None,
+        callback: DeliveryCallback | None = None,
     ) -> FutureRecordMetadata:
         """Queue a record; the future resolves to its RecordMetadata once stored.
 
-        Blocks only to learn the topic's partitions (up to max_block_ms). Raises
-        IllegalStateError when sending is not legal now (closed, no
-        transaction open on a transactional producer) and ProducerFencedError
-        after the producer was fenced; delivery errors fail the future.
+        Blocks only to learn the topic's partitions (up to max_block_ms) and, with buffer_memory
+        full, for room (as long again). Raises IllegalStateError when sending is not legal now
+        (closed, no transaction open on a transactional producer) and ProducerFencedError after
+        the producer was fenced; delivery errors fail the future.
+
+        ``callback(metadata, exception)`` is Kafka's ``send(record, callback)``: it runs once the
+        record is stored (exception None) or failed (metadata with offset and timestamp -1), on
+        the producer's I/O thread, in send order for a partition; for a record send() refuses
+        at once, on the calling thread before send() returns. It costs less than
+        ``add_done_callback`` on the future: nothing is kept per record but the callback itself.
         """
         # The per-record hot path: keep it to attribute reads, one clock read and one lock (the accumulator's).
         if self._closed:
@@ -319,7 +328,7 @@ class Producer:
             try:
                 route = self._route(topic, now_ms)
             except errors.SluiceError as exc:
-                return self._refused(exc, generation)
+                return self._refused(exc, generation, callback, topic, partition)
         size = RECORD_OVERHEAD + (len(value) if value is not None else 0)
         if key is not None:
             size += len(key)
@@ -327,19 +336,19 @@ class Producer:
             size = record_size(key, value, hdrs)
         accumulator = self._accumulator
         if size > self._max_record_size:
-            return self._refused(accumulator.too_large(size), generation)
+            return self._refused(accumulator.too_large(size), generation, callback, topic, partition)
         ts = now_ms if timestamp_ms is None else timestamp_ms
         transactional = self._transactional
         try:  # no cost unless raised
             if partition is None and key is None:
                 chosen = route.sticky
                 future = accumulator.append_to(
-                    route.queues[chosen], key, value, hdrs, ts, size, transactional, True, generation
+                    route.queues[chosen], key, value, hdrs, ts, size, transactional, True, generation, callback
                 )
                 if future is None:  # the sticky batch is full or gone: stick to another partition
                     chosen = self._next_sticky(route, chosen)
                     future = accumulator.append_to(
-                        route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
+                        route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation, callback
                     )
             else:
                 if partition is None:
@@ -355,13 +364,16 @@ class Producer:
                                     f"partition {partition} of topic {topic!r} does not exist (it has {num})"
                                 ),
                                 generation,
+                                callback,
+                                topic,
+                                partition,
                             )
                         route = self._route(topic, now_ms)
                 future = accumulator.append_to(
-                    route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation
+                    route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation, callback
                 )
         except errors.BufferExhaustedError as exc:  # waited max_block_ms for buffer_memory
-            return self._refused(exc, generation)
+            return self._refused(exc, generation, callback, topic, partition)
         if transactional and route.txn_generation[chosen] != generation:
             route.txn_generation[chosen] = generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
@@ -442,7 +454,14 @@ class Producer:
             runs.append((future._outcome, future._index, 1, future._timestamp))
         return SentRecords(runs)
 
-    def _refused(self, refusal: errors.SluiceError | FutureRecordMetadata, generation: int) -> FutureRecordMetadata:
+    def _refused(
+        self,
+        refusal: errors.SluiceError | FutureRecordMetadata,
+        generation: int,
+        callback: DeliveryCallback | None = None,
+        topic: str = "",
+        partition: int | None = None,
+    ) -> FutureRecordMetadata:
         """A record send() could not queue (no metadata in time, too large, no such partition, no room in
         buffer_memory in time): its failed future.
 
@@ -450,10 +469,14 @@ class Producer:
         Kafka's producer does: otherwise a commit would succeed without it.
         """
         future = failed_future(refusal) if isinstance(refusal, errors.SluiceError) else refusal
-        if self._transactional:
-            exc = future.exception(0)
-            if isinstance(exc, errors.SluiceError):
-                self._txn.send_failed(generation, exc)
+        exc = future.exception(0)
+        if self._transactional and isinstance(exc, errors.SluiceError):
+            self._txn.send_failed(generation, exc)
+        if callback is not None:  # Kafka calls it at once, on the sending thread
+            try:
+                callback(RecordMetadata(topic, -1 if partition is None else partition, -1, -1), exc)
+            except Exception:
+                log.exception("exception calling the delivery callback of a refused record")
         return future
 
     def _route(self, topic: str, now_ms: int) -> _Route:
