@@ -572,3 +572,35 @@ def test_send_from_a_delivery_callback_never_waits_for_buffer_memory() -> None:
     a.append(TP1, None, b"x" * 900)
     a.fail(drain_one(a), errors.BrokerNotAvailableError("down"))
     assert len(inside) == 1 and inside[0] is not None and not inside[0].done()  # type: ignore[attr-defined]
+
+
+def test_a_send_that_waited_for_space_past_its_transactions_end_is_refused() -> None:
+    import threading
+
+    current = [1]
+    a = RecordAccumulator(
+        AccumulatorConfig(linger_ms=0, retry_backoff_ms=0, batch_size=1000, buffer_memory=1000, max_block_ms=10_000),
+        current_generation=lambda: current[0],
+    )
+    q0, q1 = a.queue_for(TP0), a.queue_for(TP1)
+    size = record_size(None, b"x" * 900, None)
+    a.append_to(q0, None, b"x" * 900, None, 1, size, True, False, 1)
+    raised: list[BaseException] = []
+
+    def blocked() -> None:
+        try:
+            a.append_to(q1, None, b"y" * 900, None, 1, size, True, False, 1)
+        except Exception as exc:  # the test looks at what was raised
+            raised.append(exc)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not a._space_waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    current[0] = 2  # another thread ended transaction 1 (its batches failed or committed)
+    a.complete(drain_one(a), 0)
+    t.join(10)
+    assert not t.is_alive() and len(raised) == 1 and isinstance(raised[0], errors.IllegalStateError)
+    assert "transaction ended while send() waited" in str(raised[0])
+    assert a.queued_count() == 0  # nothing of the ended transaction was queued

@@ -253,8 +253,16 @@ class AccumulatorConfig:
 class RecordAccumulator:
     """Per-partition queues of batches. Thread-safe."""
 
-    def __init__(self, config: AccumulatorConfig, wakeup: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: AccumulatorConfig,
+        wakeup: Callable[[], None] | None = None,
+        current_generation: Callable[[], int] | None = None,
+    ) -> None:
         self.config = config
+        # The transaction now open (a transactional producer's): a send() that waited for buffer space
+        # must not add a record of a transaction that ended meanwhile (see _wait_for_space).
+        self._current_generation = current_generation
         self._batch_size = config.batch_size
         self._buffer_memory = config.buffer_memory
         self._max_block = config.max_block_ms / 1000.0
@@ -387,7 +395,7 @@ class RecordAccumulator:
                 if abort_on_new_batch:
                     return None
                 if self._buffered + (size if size > self._batch_size else self._batch_size) > self._buffer_memory:
-                    exhausted = self._wait_for_space(size)
+                    exhausted = self._wait_for_space(size, transactional, generation)
                     if exhausted is not None:
                         raise exhausted
                 full = ProducerBatch(part.tp, transactional, monotonic(), generation)
@@ -442,7 +450,7 @@ class RecordAccumulator:
                     return start, True
                 first_size = RECORD_OVERHEAD + (len(first) if first is not None else 0)
                 if self._buffered + max(first_size, batch_size) > self._buffer_memory:
-                    exhausted = self._wait_for_space(first_size)
+                    exhausted = self._wait_for_space(first_size, transactional, generation)
                     if exhausted is not None:
                         raise exhausted
                 batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
@@ -486,11 +494,13 @@ class RecordAccumulator:
         that starts with a record larger than batch_size takes no other)."""
         return batch.size if batch.size > self._batch_size else self._batch_size
 
-    def _wait_for_space(self, size: int) -> errors.BufferExhaustedError | None:
+    def _wait_for_space(self, size: int, transactional: bool, generation: int) -> errors.BufferExhaustedError | None:
         """Called under the lock when a new batch for a ``size``-byte record would go over
         buffer_memory: wait until it fits or nothing is incomplete (then a batch always fits); the
         error if max_block_ms passed first. A record callback does not wait (see the module's
-        docstring); neither does anything once the producer closes (the caller raises)."""
+        docstring). Raises IllegalStateError if the producer closed meanwhile, or if the record's
+        transaction ended meanwhile (another thread committed or aborted it): the record would
+        otherwise sit in a batch of a transaction that is over."""
         need = size if size > self._batch_size else self._batch_size
         if in_record_callback():
             return None
@@ -511,6 +521,10 @@ class RecordAccumulator:
             self._space_waiters -= 1
         if self._closing:
             raise errors.IllegalStateError("cannot send: the producer is closed")
+        if transactional and self._current_generation is not None and self._current_generation() != generation:
+            raise errors.IllegalStateError(
+                "the record's transaction ended while send() waited for buffer space: it was not sent"
+            )
         return None
 
     def _release(self, batch: ProducerBatch) -> None:

@@ -257,6 +257,7 @@ class Producer:
                 max_block_ms=max_block_ms,
             ),
             wakeup=self._wakeup,
+            current_generation=lambda: self._txn.generation,  # a plain read: no lock under the accumulator's
         )
         self._sender = Sender(
             self._cluster,
