@@ -22,17 +22,31 @@ MIB = 1_048_576
 RECORD = b"r" * 1000
 
 
+def small_buffer_producer(cluster: LocalCluster, **kwargs: object) -> Producer:
+    """A producer whose 1 MiB buffer holds about 16 batches of 64 records, waiting 1.5 s for room."""
+    return Producer(
+        bootstrap_servers=cluster.bootstrap_servers, buffer_memory=MIB, batch_size=65_536, max_block_ms=1500, **kwargs
+    )
+
+
+def send_until_refused(producer: Producer, topic: str) -> tuple[list[FutureRecordMetadata], BaseException]:
+    """Send 1 KB records to a paused broker until one is refused: the queued ones and the refusal."""
+    queued: list[FutureRecordMetadata] = []
+    for _ in range(5000):  # 1 MiB holds about a thousand: far fewer than this
+        f = producer.send(topic, value=RECORD)
+        if f.done() and f.exception(0) is not None:
+            exc = f.exception(0)
+            assert exc is not None
+            return queued, exc
+        queued.append(f)
+    raise AssertionError("the buffer never filled")
+
+
 def test_a_full_buffer_blocks_send_then_fails_it_and_loses_nothing_queued(tmp_path: Path) -> None:
     with LocalCluster(brokers=1, data_dir=tmp_path) as cluster:
         with Admin(bootstrap_servers=cluster.bootstrap_servers) as admin:
             admin.create_topic("buf", partitions=2, replication_factor=1)
-        producer = Producer(
-            bootstrap_servers=cluster.bootstrap_servers,
-            buffer_memory=MIB,
-            batch_size=65_536,
-            max_block_ms=1500,
-            request_timeout_ms=60_000,
-        )
+        producer = small_buffer_producer(cluster, request_timeout_ms=60_000)
         try:
             # Unpaused, 8 MiB go through a 1 MiB buffer: send() waits for acknowledgements instead of
             # holding everything, and the buffer never counts more than its bound.
@@ -46,16 +60,7 @@ def test_a_full_buffer_blocks_send_then_fails_it_and_loses_nothing_queued(tmp_pa
 
             cluster.pause(0)
             try:
-                queued: list[FutureRecordMetadata] = []
-                refused: FutureRecordMetadata | None = None
-                for _ in range(5000):  # 1 MiB holds about 16 batches of 64 records: far fewer than this
-                    f = producer.send("buf", value=RECORD)
-                    if f.done() and f.exception(0) is not None:
-                        refused = f
-                        break
-                    queued.append(f)
-                assert refused is not None, "the buffer never filled"
-                exc = refused.exception(0)
+                queued, exc = send_until_refused(producer, "buf")
                 assert isinstance(exc, errors.BufferExhaustedError) and exc.retriable
                 assert "max_block_ms (1500 ms)" in str(exc)
                 assert 0 < len(queued) <= MIB // len(RECORD)
@@ -75,26 +80,15 @@ def test_a_record_refused_for_buffer_space_breaks_its_transaction_and_the_next_o
     with LocalCluster(brokers=1, data_dir=tmp_path) as cluster:
         with Admin(bootstrap_servers=cluster.bootstrap_servers) as admin:
             admin.create_topic("txbuf", partitions=1, replication_factor=1)
-        producer = Producer(
-            bootstrap_servers=cluster.bootstrap_servers,
-            transactional_id="txbuf",
-            buffer_memory=MIB,
-            batch_size=65_536,
-            max_block_ms=1500,
-        )
+        producer = small_buffer_producer(cluster, transactional_id="txbuf")
         try:
             producer.init_transactions()
             producer.begin_transaction()
             producer.send("txbuf", value=b"first").result(30)  # the partition is in the transaction
             cluster.pause(0)
             try:
-                refused = None
-                for _ in range(5000):  # bounded: 1 MiB holds about 16 batches of 64 records
-                    f = producer.send("txbuf", value=RECORD)
-                    if f.done() and f.exception(0) is not None:
-                        refused = f
-                        break
-                assert refused is not None and isinstance(refused.exception(0), errors.BufferExhaustedError)
+                _queued, exc = send_until_refused(producer, "txbuf")
+                assert isinstance(exc, errors.BufferExhaustedError)
             finally:
                 cluster.resume(0)
             # A commit never succeeds without one of its records: it raises the error that broke it.

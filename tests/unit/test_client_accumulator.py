@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 import zlib
 from collections import deque
+from collections.abc import Callable
 
 import pytest
 
@@ -410,20 +412,32 @@ def test_default_partition() -> None:
 # ------------------------------------------------------------------ buffer_memory
 
 
-def test_a_new_batch_waits_for_buffer_memory_until_an_acknowledgement_frees_it() -> None:
-    import threading
+def blocked_append(a: RecordAccumulator, append: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    """Run ``append`` on a thread and return once it waits for buffer space; its result or exception
+    lands in the list when it ends. Bounded: the waiter registers at once (10 s on a loaded machine)."""
+    out: list[object] = []
 
+    def run() -> None:
+        try:
+            out.append(append())
+        except Exception as exc:  # the tests look at what was raised
+            out.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not a._space_waiters and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert a._space_waiters == 1 and out == []
+    return t, out
+
+
+def test_a_new_batch_waits_for_buffer_memory_until_an_acknowledgement_frees_it() -> None:
     a = acc(batch_size=1000, buffer_memory=2000, max_block_ms=10_000, linger_ms=60_000)
     first = a.append(TP0, None, b"x" * 900)
     a.append(TP1, None, b"x" * 900)  # two batches: the buffer is full
     assert a.ready(0.0)[0] == []  # lingering: nothing is sendable yet
-    got: list[object] = []
-    t = threading.Thread(target=lambda: got.append(a.append(TP0, None, b"y" * 900)))
-    t.start()
-    deadline = time.monotonic() + 10
-    while not a._space_waiters and time.monotonic() < deadline:  # bounded: the waiter registers at once
-        time.sleep(0.001)
-    assert got == [] and a._space_waiters == 1
+    t, got = blocked_append(a, lambda: a.append(TP0, None, b"y" * 900))
     assert sorted(a.ready(0.0)[0]) == [TP0, TP1]  # while someone waits, every queued batch goes at once
     a.append(TP1, None, b"z" * 50)  # an append into an open batch needs no new room: it does not wait
     batch = drain_one(a, TP0)
@@ -467,23 +481,9 @@ def test_send_from_a_record_callback_never_waits_for_buffer_memory() -> None:
 
 
 def test_close_wakes_a_send_waiting_for_buffer_memory() -> None:
-    import threading
-
     a = acc(batch_size=1000, buffer_memory=1000, max_block_ms=60_000)
     a.append(TP0, None, b"x" * 900)
-    raised: list[BaseException] = []
-
-    def blocked() -> None:
-        try:
-            a.append(TP1, None, b"y" * 900)
-        except Exception as exc:  # the test looks at what was raised
-            raised.append(exc)
-
-    t = threading.Thread(target=blocked)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not a._space_waiters and time.monotonic() < deadline:
-        time.sleep(0.001)
+    t, raised = blocked_append(a, lambda: a.append(TP1, None, b"y" * 900))
     a.close()
     t.join(10)
     assert not t.is_alive()
@@ -575,8 +575,6 @@ def test_send_from_a_delivery_callback_never_waits_for_buffer_memory() -> None:
 
 
 def test_a_send_that_waited_for_space_past_its_transactions_end_is_refused() -> None:
-    import threading
-
     current = [1]
     a = RecordAccumulator(
         AccumulatorConfig(linger_ms=0, retry_backoff_ms=0, batch_size=1000, buffer_memory=1000, max_block_ms=10_000),
@@ -585,19 +583,7 @@ def test_a_send_that_waited_for_space_past_its_transactions_end_is_refused() -> 
     q0, q1 = a.queue_for(TP0), a.queue_for(TP1)
     size = record_size(None, b"x" * 900, None)
     a.append_to(q0, None, b"x" * 900, None, 1, size, True, False, 1)
-    raised: list[BaseException] = []
-
-    def blocked() -> None:
-        try:
-            a.append_to(q1, None, b"y" * 900, None, 1, size, True, False, 1)
-        except Exception as exc:  # the test looks at what was raised
-            raised.append(exc)
-
-    t = threading.Thread(target=blocked)
-    t.start()
-    deadline = time.monotonic() + 10
-    while not a._space_waiters and time.monotonic() < deadline:
-        time.sleep(0.001)
+    t, raised = blocked_append(a, lambda: a.append_to(q1, None, b"y" * 900, None, 1, size, True, False, 1))
     current[0] = 2  # another thread ended transaction 1 (its batches failed or committed)
     a.complete(drain_one(a), 0)
     t.join(10)
