@@ -63,6 +63,10 @@ def test_a_full_buffer_blocks_send_then_fails_it_and_loses_nothing_queued(tmp_pa
                 queued, exc = send_until_refused(producer, "buf")
                 assert isinstance(exc, errors.BufferExhaustedError) and exc.retriable
                 assert "max_block_ms (1500 ms)" in str(exc)
+                bulk = producer.send_many("buf", [RECORD] * 10)  # the bulk send is refused the same way
+                assert len(bulk) == 10
+                with pytest.raises(errors.BufferExhaustedError):
+                    bulk.wait(0)
                 assert 0 < len(queued) <= MIB // len(RECORD)
             finally:
                 cluster.resume(0)

@@ -588,5 +588,49 @@ def test_a_send_that_waited_for_space_past_its_transactions_end_is_refused() -> 
     a.complete(drain_one(a), 0)
     t.join(10)
     assert not t.is_alive() and len(raised) == 1 and isinstance(raised[0], errors.IllegalStateError)
-    assert "transaction ended while send() waited" in str(raised[0])
+    assert "transaction is no longer open" in str(raised[0])
     assert a.queued_count() == 0  # nothing of the ended transaction was queued
+
+
+def test_a_waiter_whose_queue_was_replaced_meanwhile_appends_to_the_new_one() -> None:
+    # expire() and abort_queued() swap a partition's deque while a send() waits for space (the lock is
+    # released): the waiter must queue into the deque the sender reads, or its batch would be lost
+    # there, never sent nor failed, and its buffer space never given back.
+    for swap in ("expire", "abort_queued"):
+        a = acc(batch_size=1000, buffer_memory=2000, max_block_ms=10_000, delivery_timeout_ms=1)
+        a.append(TP0, None, b"x" * 900)
+        a.append(TP1, None, b"x" * 900)
+        t, got = blocked_append(a, lambda a=a: a.append(TP1, None, b"y" * 900))
+        if swap == "expire":
+            taken = a.expire(time.monotonic() + 1)  # both batches are past delivery_timeout_ms
+        else:
+            taken = a.abort_queued(lambda b: b.tp == TP0)
+        for batch in taken:
+            a.fail(batch, errors.KafkaTimeoutError("expired"))
+        t.join(10)
+        assert not t.is_alive() and len(got) == 1 and not got[0].done()  # type: ignore[attr-defined]
+        assert a.queued_count() == len(a.incomplete()), swap  # every incomplete batch is where the sender looks
+        for _ in range(4):  # one batch per partition per drain
+            for batch in a.drain([TP0, TP1], 1e12, PID, EPOCH):
+                a.complete(batch, 0)
+        assert not a.incomplete() and a._buffered == 0, swap
+
+
+def test_a_send_that_waited_while_its_transaction_commits_is_refused() -> None:
+    # The transaction manager reports -1 while the transaction is not open for sends (committing,
+    # aborting, in error): a waiter woken then must not queue into it (Kafka: "Cannot call send in
+    # state COMMITTING_TRANSACTION").
+    open_ = [True]
+    a = RecordAccumulator(
+        AccumulatorConfig(linger_ms=0, retry_backoff_ms=0, batch_size=1000, buffer_memory=1000, max_block_ms=10_000),
+        current_generation=lambda: 1 if open_[0] else -1,
+    )
+    q0, q1 = a.queue_for(TP0), a.queue_for(TP1)
+    size = record_size(None, b"x" * 900, None)
+    a.append_to(q0, None, b"x" * 900, None, 1, size, True, False, 1)
+    t, raised = blocked_append(a, lambda: a.append_to(q1, None, b"y" * 900, None, 1, size, True, False, 1))
+    open_[0] = False  # commit_transaction() began
+    a.complete(drain_one(a), 0)
+    t.join(10)
+    assert len(raised) == 1 and isinstance(raised[0], errors.IllegalStateError)
+    assert a.queued_count() == 0 and a._buffered == 0

@@ -354,57 +354,60 @@ class RecordAccumulator:
         with self._lock:
             if self._closing:
                 raise errors.IllegalStateError("cannot send: the producer is closed")
-            queue = part.queue
-            if queue:
-                last = queue[-1]
-                new_size = last.size + size
-                if new_size <= self._batch_size and last.wire_parts is None and last.generation == generation:
-                    index = last.count
-                    if headers:
-                        last.append(key, value, headers, timestamp)
-                    else:
-                        # BatchBuilder.append inlined (the per-record hot path); `last` has
-                        # records already, so its first timestamp is set.
-                        if timestamp > last._max_ts:
-                            last._max_ts = timestamp
-                        parts = last._parts
-                        if key is None:
-                            if value is None:
-                                parts.append(_pack_record(index, timestamp - last._first_ts, -1, -1, 0))
-                            else:
-                                parts.append(_pack_record(index, timestamp - last._first_ts, -1, len(value), 0))
-                                parts.append(value)
+            waited = False
+            while True:  # twice at most: after a wait for buffer space, look at the queue again
+                queue = part.queue
+                if queue:
+                    last = queue[-1]
+                    new_size = last.size + size
+                    if new_size <= self._batch_size and last.wire_parts is None and last.generation == generation:
+                        index = last.count
+                        if headers:
+                            last.append(key, value, headers, timestamp)
                         else:
-                            vlen = -1 if value is None else len(value)
-                            parts.append(_pack_record(index, timestamp - last._first_ts, len(key), vlen, 0))
-                            parts.append(key)
-                            if value is not None:
-                                parts.append(value)
-                        last.count = index + 1
-                        last.size = new_size
-                    if callback is not None:
-                        _add_delivery_callback(last.outcome, index, callback, timestamp)
-                    if new_size < self._batch_size:
-                        return FutureRecordMetadata(last.outcome, index, timestamp)
-                    full: ProducerBatch | None = last
+                            # BatchBuilder.append inlined (the per-record hot path); `last` has
+                            # records already, so its first timestamp is set.
+                            if timestamp > last._max_ts:
+                                last._max_ts = timestamp
+                            parts = last._parts
+                            if key is None:
+                                if value is None:
+                                    parts.append(_pack_record(index, timestamp - last._first_ts, -1, -1, 0))
+                                else:
+                                    parts.append(_pack_record(index, timestamp - last._first_ts, -1, len(value), 0))
+                                    parts.append(value)
+                            else:
+                                vlen = -1 if value is None else len(value)
+                                parts.append(_pack_record(index, timestamp - last._first_ts, len(key), vlen, 0))
+                                parts.append(key)
+                                if value is not None:
+                                    parts.append(value)
+                            last.count = index + 1
+                            last.size = new_size
+                        if callback is not None:
+                            _add_delivery_callback(last.outcome, index, callback, timestamp)
+                        if new_size < self._batch_size:
+                            return FutureRecordMetadata(last.outcome, index, timestamp)
+                        full: ProducerBatch | None = last
+                    else:
+                        full = None
                 else:
                     full = None
-            else:
-                full = None
-            if full is None:
-                if abort_on_new_batch:
-                    return None
-                if self._buffered + (size if size > self._batch_size else self._batch_size) > self._buffer_memory:
-                    exhausted = self._wait_for_space(size, transactional, generation)
-                    if exhausted is not None:
-                        raise exhausted
-                full = ProducerBatch(part.tp, transactional, monotonic(), generation)
-                index = full.append(key, value, headers, timestamp)
-                if callback is not None:
-                    _add_delivery_callback(full.outcome, index, callback, timestamp)
-                queue.append(full)
-                self._incomplete.add(full)
-                self._buffered += self._counted(full)
+                if full is None:
+                    if abort_on_new_batch:
+                        return None
+                    if not waited and self._buffered + max(size, self._batch_size) > self._buffer_memory:
+                        self._wait_for_space(size, transactional, generation)
+                        waited = True
+                        continue  # part.queue may be another deque now, and its last batch may take the record
+                    full = ProducerBatch(part.tp, transactional, monotonic(), generation)
+                    index = full.append(key, value, headers, timestamp)
+                    if callback is not None:
+                        _add_delivery_callback(full.outcome, index, callback, timestamp)
+                    queue.append(full)
+                    self._incomplete.add(full)
+                    self._buffered += self._counted(full)
+                break
         # the sender must learn of the new batch (its linger timer) or of the full one
         self._wakeup()
         _yield_gil()
@@ -436,31 +439,34 @@ class RecordAccumulator:
         with self._lock:
             if self._closing:
                 raise errors.IllegalStateError("cannot send: the producer is closed")
-            queue = part.queue
-            batch = queue[-1] if queue else None
             first = values[start]
-            created = (
-                batch is None
-                or batch.wire_parts is not None
-                or batch.generation != generation
-                or batch.size + RECORD_OVERHEAD + (len(first) if first is not None else 0) > batch_size
-            )
-            if created:
+            first_size = RECORD_OVERHEAD + (len(first) if first is not None else 0)
+            waited = False
+            while True:  # twice at most: after a wait for buffer space, look at the queue again (as append_to)
+                queue = part.queue
+                batch = queue[-1] if queue else None
+                created = (
+                    batch is None
+                    or batch.wire_parts is not None
+                    or batch.generation != generation
+                    or batch.size + first_size > batch_size
+                )
+                if not created:
+                    i = start
+                    break
                 if abort_on_new_batch:
                     return start, True
-                first_size = RECORD_OVERHEAD + (len(first) if first is not None else 0)
-                if self._buffered + max(first_size, batch_size) > self._buffer_memory:
-                    exhausted = self._wait_for_space(first_size, transactional, generation)
-                    if exhausted is not None:
-                        raise exhausted
+                if not waited and self._buffered + max(first_size, batch_size) > self._buffer_memory:
+                    self._wait_for_space(first_size, transactional, generation)
+                    waited = True
+                    continue
                 batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 batch.append(None, first, None, timestamp)
                 queue.append(batch)
                 self._incomplete.add(batch)
                 self._buffered += self._counted(batch)
                 i = start + 1
-            else:
-                i = start
+                break
             assert batch is not None
             if timestamp > batch._max_ts:
                 batch._max_ts = timestamp
@@ -494,16 +500,18 @@ class RecordAccumulator:
         that starts with a record larger than batch_size takes no other)."""
         return batch.size if batch.size > self._batch_size else self._batch_size
 
-    def _wait_for_space(self, size: int, transactional: bool, generation: int) -> errors.BufferExhaustedError | None:
+    def _wait_for_space(self, size: int, transactional: bool, generation: int) -> None:
         """Called under the lock when a new batch for a ``size``-byte record would go over
-        buffer_memory: wait until it fits or nothing is incomplete (then a batch always fits); the
-        error if max_block_ms passed first. A record callback does not wait (see the module's
-        docstring). Raises IllegalStateError if the producer closed meanwhile, or if the record's
-        transaction ended meanwhile (another thread committed or aborted it): the record would
-        otherwise sit in a batch of a transaction that is over."""
-        need = size if size > self._batch_size else self._batch_size
+        buffer_memory: wait until it fits or nothing is incomplete (then a batch always fits), or
+        return at once in a record callback (see the module's docstring). The caller then looks at
+        its partition's queue again: while the lock was released it may have been replaced
+        (expire, abort_queued) or been given an open batch. Raises BufferExhaustedError after
+        max_block_ms, and IllegalStateError if the producer closed meanwhile or the record's
+        transaction is no longer open (committing, aborting, ended by another thread): the
+        record would otherwise sit in a batch of a transaction that is over."""
         if in_record_callback():
-            return None
+            return
+        need = max(size, self._batch_size)
         deadline = monotonic() + self._max_block
         self._space_waiters += 1
         self._wakeup()  # every queued batch is sendable while someone waits (_sendable)
@@ -511,7 +519,7 @@ class RecordAccumulator:
             while self._buffered + need > self._buffer_memory and self._incomplete and not self._closing:
                 left = deadline - monotonic()
                 if left <= 0:
-                    return errors.BufferExhaustedError(
+                    raise errors.BufferExhaustedError(
                         f"no room for a {size}-byte record in buffer_memory ({self._buffer_memory} bytes, "
                         f"{self._buffered} held by {len(self._incomplete)} unacknowledged batches) within "
                         f"max_block_ms ({self.config.max_block_ms} ms)"
@@ -523,9 +531,9 @@ class RecordAccumulator:
             raise errors.IllegalStateError("cannot send: the producer is closed")
         if transactional and self._current_generation is not None and self._current_generation() != generation:
             raise errors.IllegalStateError(
-                "the record's transaction ended while send() waited for buffer space: it was not sent"
+                "the record's transaction is no longer open (it ended, or is committing or aborting) after "
+                "send() waited for buffer space: the record was not sent"
             )
-        return None
 
     def _release(self, batch: ProducerBatch) -> None:
         """Under the lock: ``batch`` is resolved, it no longer counts (flush waits on the rest)."""

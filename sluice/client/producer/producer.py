@@ -160,7 +160,9 @@ class Producer:
       ``send()`` that finds it full waits for an acknowledgement, up to
       ``max_block_ms``, then its future fails with BufferExhaustedError
       (retriable). A ``send()`` from a record's callback does not wait.
-    * ``max_block_ms``: how long ``send()`` waits for a topic's metadata and
+    * ``max_block_ms``: how long ``send()`` waits for a topic's metadata (and,
+      then, for room in ``buffer_memory``: each wait up to this long, where Kafka
+      counts both against one ``max.block.ms``) and
       transactional calls (init, send_offsets, commit, abort) wait for the
       coordinator, retries included. Transactional calls also stop at
       ``delivery_timeout_ms`` if that is shorter (a departure from Kafka, which
@@ -257,7 +259,8 @@ class Producer:
                 max_block_ms=max_block_ms,
             ),
             wakeup=self._wakeup,
-            current_generation=lambda: self._txn.generation,  # a plain read: no lock under the accumulator's
+            # The transaction open for sends, -1 if none: plain reads, no lock taken under the accumulator's.
+            current_generation=lambda: self._txn.generation if self._txn.send_ok else -1,
         )
         self._sender = Sender(
             self._cluster,
@@ -374,7 +377,11 @@ class Producer:
                     route.queues[chosen], key, value, hdrs, ts, size, transactional, False, generation, callback
                 )
         except errors.BufferExhaustedError as exc:  # waited max_block_ms for buffer_memory
-            return self._refused(exc, generation, callback, topic, partition)
+            return self._refused(exc, generation, callback, topic, chosen)
+        except errors.IllegalStateError:
+            if transactional and not txn.send_ok:  # the transaction moved on while send() waited for space
+                txn.check_can_send()  # its own error (abortable, or IllegalStateError naming the state)
+            raise
         if transactional and route.txn_generation[chosen] != generation:
             route.txn_generation[chosen] = generation
             if txn.maybe_add_partition(route.queues[chosen].tp):
