@@ -601,10 +601,8 @@ def test_a_waiter_whose_queue_was_replaced_meanwhile_appends_to_the_new_one() ->
         a.append(TP0, None, b"x" * 900)
         a.append(TP1, None, b"x" * 900)
         t, got = blocked_append(a, lambda a=a: a.append(TP1, None, b"y" * 900))
-        if swap == "expire":
-            taken = a.expire(time.monotonic() + 1)  # both batches are past delivery_timeout_ms
-        else:
-            taken = a.abort_queued(lambda b: b.tp == TP0)
+        # expire: both batches are past delivery_timeout_ms; abort_queued: TP0's only
+        taken = a.expire(time.monotonic() + 1) if swap == "expire" else a.abort_queued(lambda b: b.tp == TP0)
         for batch in taken:
             a.fail(batch, errors.KafkaTimeoutError("expired"))
         t.join(10)
