@@ -43,7 +43,9 @@ For every run the harness also records, from /proc:
 Output: the table on stdout and in ``bench/results/kafka-compare-<N>broker.md``, every run with its
 parameters and load in ``kafka-compare-<N>broker.json`` (and appended to ``kafka-compare-runs.json``),
 the chart in ``kafka-compare-<N>broker.png`` (matplotlib: ``pip install -e '.[bench]'``).
-Smoke runs write ``...-smoke.*`` instead, so they never overwrite a real measurement.
+Smoke runs write ``...-smoke.*`` instead, and a comparison whose verdict is not valid
+``...-not-valid.*``, so neither ever replaces the last valid measurement (every run is appended to
+``kafka-compare-runs.json`` whatever its verdict).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+
 if __name__ == "__main__":
     # Run as a file, Python puts bench/ first on the path, where bench/kafka would shadow any
     # package named kafka; the harness imports itself as bench.* from the repository root instead.
@@ -332,8 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                                  sluice_name)  # fmt: skip
     md = sidebyside.table(comp)
     vtext = sidebyside.verdict_text(comp)
-    stem = (f"kafka-compare-{args.brokers}broker" + ("-kafka-tools" if tools_on_sluice else "")
-            + ("-kafka-tls" if args.kafka_inter_broker_tls else "") + ("-smoke" if args.smoke else ""))  # fmt: skip
+    stem = results_stem(args.brokers, tools_on_sluice, args.kafka_inter_broker_tls, args.smoke, comp.valid)
     args.results.mkdir(parents=True, exist_ok=True)
     both_tools = "both driven by Kafka's own tools, " if tools_on_sluice else ""
     header = (f"{'SMOKE RUN (tiny counts, not a measurement): ' if args.smoke else ''}"
@@ -357,6 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("\n(no chart: matplotlib is not installed; pip install -e '.[bench]')")
     return 1 if any(m.error for m in runs) else 0
+
+
+def results_stem(brokers: int, tools_on_sluice: bool, kafka_tls: bool, smoke: bool, valid: bool) -> str:
+    """The results files' name: a smoke run or a comparison that is not valid never takes the name of
+    the real measurement, so the last valid one stays where the docs point."""
+    stem = f"kafka-compare-{brokers}broker" + ("-kafka-tools" if tools_on_sluice else "")
+    stem += "-kafka-tls" if kafka_tls else ""
+    if smoke:
+        return stem + "-smoke"
+    return stem if valid else stem + "-not-valid"
 
 
 if __name__ == "__main__":

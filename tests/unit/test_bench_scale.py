@@ -1,11 +1,11 @@
-"""bench/scale.py's growth naming and bench/compare_kafka.py's scaled set (pure parts)."""
+"""bench/scale.py's growth naming and bench/compare_kafka.py's scaled set and file names (pure parts)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench import scale
-from bench.compare_kafka import the_set
+from bench.compare_kafka import results_stem, the_set
 
 
 def test_growth_names_the_curve_from_its_ends() -> None:
@@ -146,3 +146,10 @@ def test_rounds_are_valid_when_each_system_has_a_valid_round_at_every_size() -> 
     valid, text = scale.verdict_of(no_kafka)
     assert not valid and text.startswith("NOT VALID (a system without a valid round)") and "kafka 0 of 2" in text
     assert scale.verdict_of(one_busy[:1]) == (False, "NOT VALID (busy machine or a failed point)")  # one round
+
+
+def test_a_comparison_that_is_not_valid_never_replaces_the_measurement_the_docs_quote() -> None:
+    assert results_stem(1, False, False, False, True) == "kafka-compare-1broker"
+    assert results_stem(3, True, True, False, True) == "kafka-compare-3broker-kafka-tools-kafka-tls"
+    assert results_stem(3, False, False, False, False) == "kafka-compare-3broker-not-valid"
+    assert results_stem(1, True, False, True, False) == "kafka-compare-1broker-kafka-tools-smoke"
