@@ -439,13 +439,13 @@ def test_a_new_batch_waits_for_buffer_memory_until_an_acknowledgement_frees_it()
     assert a.ready(0.0)[0] == []  # lingering: nothing is sendable yet
     t, got = blocked_append(a, lambda: a.append(TP0, None, b"y" * 900))
     assert sorted(a.ready(0.0)[0]) == [TP0, TP1]  # while someone waits, every queued batch goes at once
-    a.append(TP1, None, b"z" * 50)  # an append into an open batch needs no new room: it does not wait
+    a.append(TP1, None, b"z" * 50)  # 70 more bytes still fit: this append does not wait
     batch = drain_one(a, TP0)
     a.complete(batch, 7)
     t.join(10)
     assert not t.is_alive() and len(got) == 1
     assert first is not None and first.result(0).offset == 7
-    assert a.queued_count() == 2 and a._buffered == 2000
+    assert a.queued_count() == 2 and a._buffered == sum(b.size for b in a.incomplete())
 
 
 def test_buffer_exhausted_after_max_block_ms_fails_the_record_not_the_producer() -> None:
@@ -632,3 +632,36 @@ def test_a_send_that_waited_while_its_transaction_commits_is_refused() -> None:
     t.join(10)
     assert len(raised) == 1 and isinstance(raised[0], errors.IllegalStateError)
     assert a.queued_count() == 0 and a._buffered == 0
+
+
+def test_buffer_memory_counts_the_bytes_of_records_not_batch_size_per_open_batch() -> None:
+    # Kafka reserves batch.size for every open batch; Sluice counts bytes, so one small record in each
+    # of many partitions does not fill the buffer with empty batches (keyed records over hundreds
+    # of partitions were four times slower with a 256 KiB batch_size counted per batch).
+    a = acc(batch_size=262_144, buffer_memory=1_048_576, max_block_ms=10)
+    futures = [a.append(TopicPartition("t", p), b"k", b"v" * 100) for p in range(300)]
+    assert all(f is not None and not f.done() for f in futures)  # 300 open batches, about 37 KB
+    assert a._buffered == sum(b.size for b in a.incomplete()) < 40_000
+    # ... and an append into an open batch counts too: the bound holds for the bytes themselves
+    big = b"x" * 250_000
+    a.append(TP0, None, big)
+    a.append(TP0, None, big)
+    a.append(TP1, None, big)
+    a.append(TopicPartition("t", 2), None, big)
+    refused = a.append(TopicPartition("t", 3), None, big)  # 37 KB + 5 x 250 KB > 1 MiB
+    assert refused is not None and isinstance(refused.exception(0), errors.BufferExhaustedError)
+    assert a._buffered <= 1_048_576
+
+
+def test_bulk_append_stops_at_buffer_memory_and_goes_on_after_an_acknowledgement() -> None:
+    a = acc(batch_size=100_000, buffer_memory=10_000, max_block_ms=10)
+    runs: list[tuple[BatchOutcome, int, int, int]] = []
+    q0 = a.queue_for(TP0)
+    end, _full = a.append_values(q0, [b"x" * 1000] * 20, 0, 1, False, 0, runs)
+    assert 0 < end < 20 and a._buffered <= 10_000  # stopped where the buffer is full
+    with pytest.raises(errors.BufferExhaustedError):
+        a.append_values(q0, [b"x" * 1000] * 20, end, 1, False, 0, runs)
+    a.complete(drain_one(a), 0)
+    assert a._buffered == 0
+    end2, _full = a.append_values(q0, [b"x" * 1000] * 20, end, 1, False, 0, runs)
+    assert end2 > end

@@ -36,12 +36,15 @@ Design:
   ``fail()``. A commit that sees a batch gone thus also sees its error.
 * A transactional batch belongs to one transaction (its ``generation``, see
   ``transaction_manager``): records of another transaction never join it.
-* ``buffer_memory`` bounds what the incomplete batches hold, as Kafka's
-  producer does: each counts ``batch_size`` (or its one larger record) from
-  its creation until it is completed or failed. A ``send()`` that needs a new
-  batch when the buffer is full waits (up to ``max_block_ms``, then
-  BufferExhaustedError) and, meanwhile, every queued batch is sendable at
-  once. Besides bounding memory, this is what lets the sender keep up: a
+* ``buffer_memory`` bounds the bytes of the records in incomplete batches,
+  from their append until their batch is completed or failed. Kafka counts
+  ``batch.size`` for every batch it opens, because it allocates that much up
+  front; Sluice's batches grow record by record, so it counts their bytes:
+  with a 256 KiB ``batch_size``, keyed records over a few hundred partitions
+  would otherwise fill 32 MiB with nearly empty batches (300 partitions:
+  4,300 against 15,400 records/s). A ``send()`` whose record does not fit
+  waits (up to ``max_block_ms``, then BufferExhaustedError) and, meanwhile,
+  every queued batch is sendable at once. Besides bounding memory, this is what lets the sender keep up: a
   thread that appends without ever blocking holds the GIL, and the sender
   and gRPC's completion thread get it back only at the interpreter's switch
   interval (5 ms), a few times per request. For the same reason an append that
@@ -272,7 +275,7 @@ class RecordAccumulator:
         self._flushes = 0
         self._closing = False
         self._incomplete: set[ProducerBatch] = set()
-        self._buffered = 0  # bytes the incomplete batches count against buffer_memory (_counted)
+        self._buffered = 0  # the encoded bytes of the records of the incomplete batches (buffer_memory)
         self._space = threading.Condition(self._lock)  # notified when a batch stops counting
         self._space_waiters = 0
 
@@ -356,6 +359,10 @@ class RecordAccumulator:
                 raise errors.IllegalStateError("cannot send: the producer is closed")
             waited = False
             while True:  # twice at most: after a wait for buffer space, look at the queue again
+                if not waited and self._buffered + size > self._buffer_memory:
+                    self._wait_for_space(size, transactional, generation)
+                    waited = True
+                    continue  # part.queue may be another deque now, and its last batch may be gone
                 queue = part.queue
                 if queue:
                     last = queue[-1]
@@ -363,7 +370,9 @@ class RecordAccumulator:
                     if new_size <= self._batch_size and last.wire_parts is None and last.generation == generation:
                         index = last.count
                         if headers:
+                            before = last.size
                             last.append(key, value, headers, timestamp)
+                            self._buffered += last.size - before
                         else:
                             # BatchBuilder.append inlined (the per-record hot path); `last` has
                             # records already, so its first timestamp is set.
@@ -384,6 +393,7 @@ class RecordAccumulator:
                                     parts.append(value)
                             last.count = index + 1
                             last.size = new_size
+                            self._buffered += size
                         if callback is not None:
                             _add_delivery_callback(last.outcome, index, callback, timestamp)
                         if new_size < self._batch_size:
@@ -396,17 +406,13 @@ class RecordAccumulator:
                 if full is None:
                     if abort_on_new_batch:
                         return None
-                    if not waited and self._buffered + max(size, self._batch_size) > self._buffer_memory:
-                        self._wait_for_space(size, transactional, generation)
-                        waited = True
-                        continue  # part.queue may be another deque now, and its last batch may take the record
                     full = ProducerBatch(part.tp, transactional, monotonic(), generation)
                     index = full.append(key, value, headers, timestamp)
                     if callback is not None:
                         _add_delivery_callback(full.outcome, index, callback, timestamp)
                     queue.append(full)
                     self._incomplete.add(full)
-                    self._buffered += self._counted(full)
+                    self._buffered += full.size
                 break
         # the sender must learn of the new batch (its linger timer) or of the full one
         self._wakeup()
@@ -443,6 +449,10 @@ class RecordAccumulator:
             first_size = RECORD_OVERHEAD + (len(first) if first is not None else 0)
             waited = False
             while True:  # twice at most: after a wait for buffer space, look at the queue again (as append_to)
+                if not waited and self._buffered + first_size > self._buffer_memory:
+                    self._wait_for_space(first_size, transactional, generation)
+                    waited = True
+                    continue
                 queue = part.queue
                 batch = queue[-1] if queue else None
                 created = (
@@ -456,15 +466,11 @@ class RecordAccumulator:
                     break
                 if abort_on_new_batch:
                     return start, True
-                if not waited and self._buffered + max(first_size, batch_size) > self._buffer_memory:
-                    self._wait_for_space(first_size, transactional, generation)
-                    waited = True
-                    continue
                 batch = ProducerBatch(part.tp, transactional, monotonic(), generation)
                 batch.append(None, first, None, timestamp)
                 queue.append(batch)
                 self._incomplete.add(batch)
-                self._buffered += self._counted(batch)
+                self._buffered += batch.size
                 i = start + 1
                 break
             assert batch is not None
@@ -474,11 +480,12 @@ class RecordAccumulator:
             parts = batch._parts
             first_index = 0 if created else batch.count
             index, size = batch.count, batch.size
+            room = self._buffer_memory - self._buffered + size  # the batch may grow to this (buffer_memory)
             while i < end:
                 value = values[i]
                 record = RECORD_OVERHEAD + (len(value) if value is not None else 0)
-                if size + record > batch_size:
-                    break
+                if size + record > batch_size or (i != start and size + record > room):
+                    break  # full, or buffer_memory reached (the first record always goes: progress)
                 if value is None:
                     parts.append(_pack_record(index, delta, -1, -1, 0))
                 else:
@@ -487,6 +494,7 @@ class RecordAccumulator:
                 size += record
                 index += 1
                 i += 1
+            self._buffered += size - batch.size
             batch.count, batch.size = index, size
             runs.append((batch.outcome, first_index, index - first_index, timestamp))
             full = i < end or size >= batch_size
@@ -494,11 +502,6 @@ class RecordAccumulator:
             self._wakeup()  # the sender must learn of the new batch (its linger timer) or of the full one
             _yield_gil()
         return i, full
-
-    def _counted(self, batch: ProducerBatch) -> int:
-        """What ``batch`` counts against buffer_memory: batch_size, or its one larger record (a batch
-        that starts with a record larger than batch_size takes no other)."""
-        return batch.size if batch.size > self._batch_size else self._batch_size
 
     def _wait_for_space(self, size: int, transactional: bool, generation: int) -> None:
         """Called under the lock when a new batch for a ``size``-byte record would go over
@@ -511,7 +514,7 @@ class RecordAccumulator:
         record would otherwise sit in a batch of a transaction that is over."""
         if in_record_callback():
             return
-        need = max(size, self._batch_size)
+        need = size
         deadline = monotonic() + self._max_block
         self._space_waiters += 1
         self._wakeup()  # every queued batch is sendable while someone waits (_sendable)
@@ -539,7 +542,7 @@ class RecordAccumulator:
         """Under the lock: ``batch`` is resolved, it no longer counts (flush waits on the rest)."""
         if batch in self._incomplete:
             self._incomplete.remove(batch)
-            self._buffered -= self._counted(batch)
+            self._buffered -= batch.size
             if self._space_waiters:
                 self._space.notify_all()
 

@@ -156,8 +156,9 @@ class Producer:
     * ``max_request_size``: the largest record (and request) sent; a larger
       record fails with MessageTooLargeError.
     * ``buffer_memory``: the bytes of records waiting to be sent or acknowledged
-      (32 MiB, as Kafka's ``buffer.memory``); at least ``max_request_size``. A
-      ``send()`` that finds it full waits for an acknowledgement, up to
+      (32 MiB, as Kafka's ``buffer.memory``; Kafka counts ``batch.size`` per
+      open batch, Sluice the records' bytes); at least ``max_request_size``. A
+      ``send()`` whose record does not fit waits for an acknowledgement, up to
       ``max_block_ms``, then its future fails with BufferExhaustedError
       (retriable). A ``send()`` from a record's callback does not wait.
     * ``max_block_ms``: how long ``send()`` waits for a topic's metadata (and,
