@@ -44,10 +44,10 @@ Design:
   would otherwise fill 32 MiB with nearly empty batches (300 partitions:
   4,300 against 15,400 records/s). A ``send()`` whose record does not fit
   waits (up to ``max_block_ms``, then BufferExhaustedError) and, meanwhile,
-  every queued batch is sendable at once. Besides bounding memory, this is what lets the sender keep up: a
-  thread that appends without ever blocking holds the GIL, and the sender
-  and gRPC's completion thread get it back only at the interpreter's switch
-  interval (5 ms), a few times per request. For the same reason an append that
+  every queued batch is sendable at once. Besides bounding memory, this is
+  what lets the sender keep up: a thread that appends without ever blocking
+  holds the GIL, and the sender and gRPC's completion thread get it back only
+  at the interpreter's switch interval (5 ms), a few times per request. For the same reason an append that
   starts or fills a batch wakes the sender and then releases the GIL for a
   moment (``time.sleep(0)``): once per batch. Record callbacks run on those
   threads, so a ``send()`` from a callback never waits (it may go over the
